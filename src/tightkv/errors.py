@@ -1,0 +1,17 @@
+"""User-facing errors: one line, no traceback, a non-zero exit."""
+
+
+class TightKVError(Exception):
+    """An error caused by user input (bad file, bad flag, context overflow).
+
+    The CLI prints ``str(err)`` on one line and exits non-zero; the server maps it
+    to a 4xx response.
+    """
+
+
+class GGUFError(TightKVError):
+    """A GGUF file is missing, truncated, corrupt or unsupported."""
+
+
+class ContextOverflowError(TightKVError):
+    """A prompt (plus the tokens asked for) does not fit the context."""
