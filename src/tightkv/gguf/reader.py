@@ -1,0 +1,92 @@
+"""Open a GGUF file through the `gguf` package: metadata as plain Python values,
+tensors as zero-copy views of the memory-mapped file.
+
+Every way a file can be wrong becomes a one-line `GGUFError` naming the file.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import GGUFError
+
+GGUF_MAGIC = b"GGUF"
+
+
+@dataclass
+class TensorInfo:
+    """One tensor of a GGUF file, its data left in the memory map."""
+
+    name: str
+    qtype: str  # GGML type name, e.g. "Q4_K"
+    shape: tuple[int, ...]  # numpy order: (rows, cols) for a matrix
+    data: np.ndarray  # uint8 (rows, row_bytes) for block types, typed otherwise
+
+
+@dataclass
+class GGUFFile:
+    """A parsed GGUF: metadata values and tensor views."""
+
+    path: Path
+    metadata: dict[str, Any]
+    tensors: dict[str, TensorInfo]
+
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get("general.architecture", ""))
+
+
+def _field_value(field) -> Any:
+    value = field.contents()
+    if isinstance(value, np.generic):
+        value = value.item()
+    return value
+
+
+def _check_header(path: Path) -> None:
+    if not path.exists():
+        raise GGUFError(f"{path}: no such file")
+    if path.is_dir():
+        raise GGUFError(f"{path}: is a directory, not a GGUF file")
+    size = path.stat().st_size
+    if size < 24:
+        raise GGUFError(f"{path}: truncated GGUF ({size} bytes)")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise GGUFError(f"{path}: not a GGUF file (bad magic {magic!r})")
+
+
+def read_gguf(path: str | os.PathLike) -> GGUFFile:
+    """Parse a GGUF file's header and map its tensors without copying them.
+
+    Raises `GGUFError` with a one-line message for a missing, truncated, corrupt
+    or otherwise unreadable file.
+    """
+    import gguf
+
+    path = Path(path)
+    _check_header(path)
+    try:
+        reader = gguf.GGUFReader(path, "r")
+    except Exception as err:  # the gguf package raises many kinds on bad files
+        raise GGUFError(f"{path}: corrupt or truncated GGUF ({_short(err)})") from None
+    metadata = {name: _field_value(f) for name, f in reader.fields.items() if not name.startswith("GGUF.")}
+    tensors = {}
+    file_size = path.stat().st_size
+    for t in reader.tensors:
+        end = int(t.data_offset) + int(t.n_bytes)
+        if end > file_size:
+            raise GGUFError(f"{path}: truncated GGUF (tensor {t.name} ends past the end of the file)")
+        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+        tensors[t.name] = TensorInfo(t.name, t.tensor_type.name, shape, t.data)
+    return GGUFFile(path, metadata, tensors)
+
+
+def _short(err: Exception) -> str:
+    text = str(err).strip().splitlines()
+    return text[0][:200] if text else type(err).__name__
