@@ -1,0 +1,210 @@
+"""The Python API: `Model` opens a GGUF and generates.
+
+    from tightkv import Model
+    m = Model.from_pretrained("gemma3:270m")
+    print(m.ask("What is gravity?"))
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+import numpy as np
+
+from .errors import ContextOverflowError, TightKVError
+from .registry import resolve
+
+DEFAULT_KV = "f16"
+
+
+def default_threads() -> int:
+    """Physical cores, as llama.cpp defaults to."""
+    import psutil
+
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+class Model:
+    """A loaded GGUF model with its tokenizer and a per-layer KV cache.
+
+    Args:
+        path_or_name: a path to a .gguf file or a registry name; None opens the
+            embedded Gemma 3 270M.
+        kv: KV cache type for keys and values (e.g. "f16"); `TIGHTKV_KV_CACHE_TYPE`
+            sets the default.
+        context_length: tokens of context; defaults to the model's trained context.
+        threads: CPU threads; defaults to the physical cores.
+    """
+
+    def __init__(self, path_or_name: str | os.PathLike | None = None, *, kv: str | None = None,
+                 context_length: int | None = None, threads: int | None = None):
+        import torch
+
+        from .gguf.reader import read_gguf
+        from .gguf.tokenizer import load_tokenizer
+        from .models.base import build_model
+
+        torch.set_num_threads(threads or default_threads())
+        self.path: Path = resolve(path_or_name)
+        self.gguf = read_gguf(self.path)
+        self.tokenizer = load_tokenizer(self.gguf.metadata)
+        self.net = build_model(self.gguf)
+        self.args = self.net.args
+        self.kv = kv or os.environ.get("TIGHTKV_KV_CACHE_TYPE") or DEFAULT_KV
+        self.context_length = self._check_context_length(context_length)
+        self.chat_template: str | None = self.gguf.metadata.get("tokenizer.chat_template")
+        self._chat_cache: list | None = None
+        self._chat_ids: list[int] = []
+
+    @classmethod
+    def from_pretrained(cls, name: str, **kwargs) -> "Model":
+        """Open a model by registry name (or path)."""
+        return cls(name, **kwargs)
+
+    def _check_context_length(self, n: int | None) -> int:
+        trained = self.args.context_length
+        if n is None:
+            return trained
+        if n <= 0:
+            raise TightKVError(f"context_length must be positive, got {n}")
+        if n > trained:
+            raise TightKVError(f"context_length {n} exceeds the model's trained context of {trained} tokens")
+        return n
+
+    # --- low-level surface -------------------------------------------------
+    def tokenize(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids for text. special=True parses control-token strings as control tokens."""
+        return self.tokenizer.encode(text, add_bos=add_bos, special=special)
+
+    def detokenize(self, ids: list[int]) -> str:
+        """Text for token ids."""
+        return self.tokenizer.decode(list(ids))
+
+    def new_cache(self, kv: str | None = None) -> list:
+        """A fresh per-layer KV cache."""
+        from .kv.cache import make_layer_cache
+
+        kind = kv or self.kv
+        return [make_layer_cache(kind, h, d, dv, window) for h, d, dv, window in self.net.cache_layout()]
+
+    def logits(self, ids: list[int]) -> np.ndarray:
+        """Logits [len(ids), vocab] at every position, from one chunked prefill."""
+        import torch
+
+        from .engine.generate import PREFILL_CHUNK
+
+        ids = list(ids)
+        if len(ids) > self.context_length:
+            raise ContextOverflowError(f"{len(ids)} tokens exceed the context of {self.context_length}")
+        cache = self.new_cache()
+        out = np.empty((len(ids), self.args.vocab_size), dtype=np.float32)
+        with torch.inference_mode():
+            for s in range(0, len(ids), PREFILL_CHUNK):
+                part = torch.tensor(ids[s : s + PREFILL_CHUNK])
+                out[s : s + part.numel()] = self.net(part, cache, logits_at=torch.arange(part.numel())).numpy()
+        return out
+
+    # --- generation ----------------------------------------------------------
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenize(prompt, add_bos=True, special=False)
+        return [int(t) for t in prompt]
+
+    def generate(self, prompt: str | list[int], max_tokens: int | None = 256, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
+                 seed: int | None = None, stop: list[str] | str | None = None, stream: bool = False,
+                 cache: list | None = None, progress=None):
+        """Generate a continuation of a prompt (text or token ids).
+
+        Returns a `GenerationResult` (.text, .ids, .stats); with stream=True, an
+        iterator of text pieces that ends with a `GenerationStats` record.
+        """
+        from .engine.generate import check_context, stream as stream_pieces
+        from .engine.sampling import SamplingParams
+
+        ids = self._prompt_ids(prompt)
+        limit = check_context(len(ids), max_tokens, self.context_length)
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                repeat_penalty=repeat_penalty, seed=seed)
+        params.validate()
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        cache = cache if cache is not None else self.new_cache()
+        pieces = stream_pieces(self.net, self.tokenizer, ids, cache, params, limit, stops, progress)
+        return pieces if stream else _collect(pieces)
+
+    def ask(self, prompt: str, **kwargs) -> str:
+        """One answer as a string: through the chat template when the model has one."""
+        if self.chat_template:
+            return self.chat([{"role": "user", "content": prompt}], reset=True, **kwargs)
+        return self.generate(prompt, **kwargs).text
+
+    def chat(self, messages: list[dict], reset: bool = False, **kwargs) -> str:
+        """Answer a conversation; the KV cache is reused across turns when the
+        conversation extends the previous one, so a turn prefills only new tokens."""
+        ids = self.chat_ids(messages)
+        cache = self._reuse_chat_cache(ids, reset)
+        result = self.generate(ids, cache=cache, **kwargs)
+        self._chat_ids = ids + result.ids
+        return result.text
+
+    def chat_ids(self, messages: list[dict]) -> list[int]:
+        """Prompt token ids for a conversation."""
+        from .engine.chat import plain_prompt, render_chat
+
+        if self.chat_template:
+            bos, eos = self._token_text(self.tokenizer.bos_id), self._token_text(self.tokenizer.eos_id)
+            text = render_chat(self.chat_template, messages, bos_token=bos, eos_token=eos)
+            return self.tokenize(text, add_bos=not (bos and text.startswith(bos)), special=True)
+        return self.tokenize(plain_prompt(messages))
+
+    def _token_text(self, token_id: int | None) -> str:
+        tokens = self.gguf.metadata.get("tokenizer.ggml.tokens", [])
+        return tokens[token_id] if token_id is not None and 0 <= token_id < len(tokens) else ""
+
+    def _reuse_chat_cache(self, ids: list[int], reset: bool) -> list:
+        old = self._chat_ids
+        cache = self._chat_cache
+        if reset or cache is None:
+            self._chat_cache, self._chat_ids = self.new_cache(), []
+            return self._chat_cache
+        common = _common_prefix(old, ids)
+        held = cache[0].offset
+        keep = min(common, held, len(ids) - 1)
+        try:
+            for c in cache:
+                c.trim(held - keep)
+        except ValueError:
+            self._chat_cache = cache = self.new_cache()
+        return cache
+
+    def close(self) -> None:
+        """Release the cache and the mapped weights."""
+        self._chat_cache = None
+        self.net = None
+        self.gguf = None
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _collect(pieces):
+    from .engine.generate import GenerationResult
+
+    text = []
+    for piece in pieces:
+        if isinstance(piece, str):
+            text.append(piece)
+        else:
+            return GenerationResult("".join(text), piece.ids, piece)
+    raise RuntimeError("generation ended without a stats record")

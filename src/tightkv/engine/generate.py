@@ -1,0 +1,181 @@
+"""The generation loop: chunked prefill, incremental decode, stops, streaming.
+
+Layers, from the bottom: `prefill` runs a prompt into a cache; `generate_tokens`
+yields token ids; `stream` turns them into UTF-8-safe text pieces and ends
+with a `GenerationStats` record.
+"""
+from __future__ import annotations
+
+import codecs
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+from ..errors import ContextOverflowError
+from .sampling import Sampler, SamplingParams
+
+PREFILL_CHUNK = 512
+
+
+@dataclass
+class GenerationStats:
+    """The last record of a stream: counts, speeds and why generation ended."""
+
+    prompt_tokens: int
+    generated_tokens: int
+    prompt_seconds: float
+    generation_seconds: float
+    finish_reason: str  # "stop" or "length"
+    kv_bytes: int = 0
+    cached_tokens: int = 0  # prompt tokens that were already in the cache
+    ids: list[int] = field(default_factory=list, repr=False)  # the generated token ids
+
+    @property
+    def prompt_tps(self) -> float:
+        evaluated = self.prompt_tokens - self.cached_tokens
+        return evaluated / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
+
+    @property
+    def generation_tps(self) -> float:
+        return self.generated_tokens / self.generation_seconds if self.generation_seconds > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens,
+            "prompt_tps": round(self.prompt_tps, 2), "generation_tps": round(self.generation_tps, 2),
+            "prompt_seconds": round(self.prompt_seconds, 4), "generation_seconds": round(self.generation_seconds, 4),
+            "finish_reason": self.finish_reason, "kv_bytes": self.kv_bytes, "cached_tokens": self.cached_tokens,
+        }
+
+
+@dataclass
+class GenerationResult:
+    """What a non-streaming `generate` returns."""
+
+    text: str
+    ids: list[int]
+    stats: GenerationStats
+
+
+@torch.inference_mode()
+def prefill(model, ids: list[int], cache: list, chunk: int = PREFILL_CHUNK,
+            progress: Callable[[int, int], None] | None = None) -> torch.Tensor | None:
+    """Run ids into the cache in chunks; return the logits (vocab,) after the last one."""
+    logits = None
+    for s in range(0, len(ids), chunk):
+        part = torch.tensor(ids[s : s + chunk], dtype=torch.long)
+        last = s + chunk >= len(ids)
+        at = torch.tensor([part.numel() - 1]) if last else torch.tensor([], dtype=torch.long)
+        out = model(part, cache, logits_at=at)
+        if last:
+            logits = out[0]
+        if progress:
+            progress(min(s + chunk, len(ids)), len(ids))
+    return logits
+
+
+def check_context(prompt_len: int, max_tokens: int | None, context_length: int) -> int:
+    """The number of tokens that may be generated; a prompt that cannot fit is an error."""
+    if prompt_len >= context_length:
+        raise ContextOverflowError(
+            f"prompt of {prompt_len} tokens does not fit the context of {context_length} tokens")
+    room = context_length - prompt_len
+    if max_tokens is None:
+        return room
+    if max_tokens > room:
+        raise ContextOverflowError(
+            f"prompt of {prompt_len} tokens plus max_tokens {max_tokens} exceeds the context of {context_length} tokens")
+    return max_tokens
+
+
+@torch.inference_mode()
+def generate_tokens(model, prompt: list[int], cache: list, sampler: Sampler, max_tokens: int,
+                    stop_ids: set[int], timing: dict, progress=None) -> Iterator[int]:
+    """Yield sampled token ids. Prefill covers the prompt past what the cache already holds.
+
+    `timing` receives prompt_seconds, generation_seconds, finish_reason, cached_tokens.
+    """
+    t0 = time.perf_counter()
+    cached = cache[0].offset
+    logits = prefill(model, prompt[cached:], cache, progress=progress)
+    if logits is None:
+        raise ValueError("the cache already holds the whole prompt; nothing to predict from")
+    timing.update(prompt_seconds=time.perf_counter() - t0, cached_tokens=cached, finish_reason="length")
+    t1 = time.perf_counter()
+    history = list(prompt)
+    try:
+        for _ in range(max_tokens):
+            token = sampler(logits, history)
+            if token in stop_ids:
+                timing["finish_reason"] = "stop"
+                return
+            history.append(token)
+            yield token
+            logits = model(torch.tensor([token]), cache)[0]
+    finally:
+        timing["generation_seconds"] = time.perf_counter() - t1
+
+
+class StopMatcher:
+    """Holds back text that may be the start of a stop string."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """Return (text safe to emit, whether a stop string was reached)."""
+        self.pending += text
+        for s in self.stops:
+            i = self.pending.find(s)
+            if i >= 0:
+                out, self.pending = self.pending[:i], ""
+                return out, True
+        hold = max((_overlap(self.pending, s) for s in self.stops), default=0)
+        out = self.pending[: len(self.pending) - hold]
+        self.pending = self.pending[len(out):]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest suffix of text that is a proper prefix of stop."""
+    for n in range(min(len(text), len(stop) - 1), 0, -1):
+        if text.endswith(stop[:n]):
+            return n
+    return 0
+
+
+def stream(model, tokenizer, prompt: list[int], cache: list, params: SamplingParams,
+           max_tokens: int, stop: list[str] | None = None, progress=None) -> Iterator[str | GenerationStats]:
+    """Yield text pieces, then one `GenerationStats` carrying the generated ids."""
+    sampler = Sampler(params)
+    matcher = StopMatcher(stop or [])
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    timing: dict = {}
+    ids: list[int] = []
+    tokens = generate_tokens(model, prompt, cache, sampler, max_tokens, tokenizer.eot_ids, timing, progress)
+    stopped = False
+    for token in tokens:
+        ids.append(token)
+        text, stopped = matcher.feed(decoder.decode(tokenizer.token_bytes(token)))
+        if text:
+            yield text
+        if stopped:
+            tokens.close()
+            timing["finish_reason"] = "stop"
+            break
+    if not stopped:
+        tail = matcher.feed(decoder.decode(b"", final=True))[0] + matcher.flush()
+        if tail:
+            yield tail
+    yield GenerationStats(
+        prompt_tokens=len(prompt), generated_tokens=len(ids),
+        prompt_seconds=timing.get("prompt_seconds", 0.0), generation_seconds=timing.get("generation_seconds", 0.0),
+        finish_reason=timing.get("finish_reason", "length"), kv_bytes=sum(c.nbytes for c in cache),
+        cached_tokens=timing.get("cached_tokens", 0), ids=ids)

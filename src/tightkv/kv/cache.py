@@ -1,0 +1,158 @@
+"""The per-layer KV-cache protocol, and the dense (f32 / f16 / bf16) cache.
+
+A model calls ``cache.attend(q, k, v, scale)`` once per layer and step: the cache
+stores the new keys and values in its own format, then attends the queries over
+what it stores. Model files know nothing about formats; a format knows nothing
+about models.
+
+Shapes: ``q`` (H, T, D) for the T new positions ``offset .. offset+T-1``;
+``k`` (Hkv, T, D) and ``v`` (Hkv, T, Dv) are the new tokens after RoPE; the output
+is (H, T, Dv). H is a multiple of Hkv (grouped-query attention).
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+DENSE_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+class LayerCache(Protocol):
+    """What every per-layer cache provides."""
+
+    offset: int  # absolute position of the next token
+    window: int | None  # sliding window in tokens, None for global attention
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        """Append k, v for the new positions, then attend q over the stored history."""
+        ...
+
+    def trim(self, n: int) -> None:
+        """Forget the last n tokens."""
+        ...
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held for the stored history, metadata included."""
+        ...
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """Tensors that reproduce this cache with `load_state`."""
+        ...
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        ...
+
+
+def causal_window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Boolean (T, S): query at q_pos sees key at k_pos if k <= q and q - k < window."""
+    diff = q_pos[:, None] - k_pos[None, :]
+    mask = diff >= 0
+    if window is not None:
+        mask &= diff < window
+    return mask
+
+
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """Softmax attention, q (H, T, D), k (Hkv, S, D), v (Hkv, S, Dv), mask (T, S) -> (H, T, Dv)."""
+    group = q.shape[0] // k.shape[0]
+    if group > 1:
+        k = k.repeat_interleave(group, dim=0)
+        v = v.repeat_interleave(group, dim=0)
+    return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scale)
+
+
+class DenseCache:
+    """Keys and values stored as plain tensors of one float dtype.
+
+    Global layers keep every token; sliding-window layers keep only their last
+    ``window`` tokens (unlike llama.cpp, which keeps a full-size cache for them).
+    Storage grows in steps so that decode appends without reallocating.
+    """
+
+    step = 256
+
+    def __init__(self, kind: str, num_kv_heads: int, head_dim: int, value_dim: int | None = None,
+                 window: int | None = None):
+        self.kind = kind
+        self.dtype = DENSE_DTYPES[kind]
+        self.window = window
+        self.offset = 0
+        self.start = 0  # absolute position of the first stored token
+        self.length = 0  # tokens stored
+        self.keys = torch.empty(num_kv_heads, 0, head_dim, dtype=self.dtype)  # (Hkv, capacity, D)
+        self.values = torch.empty(num_kv_heads, 0, value_dim or head_dim, dtype=self.dtype)  # (Hkv, capacity, Dv)
+
+    def attend(self, q, k, v, scale):
+        self._append(k, v)
+        T = q.shape[1]
+        q_pos = torch.arange(self.offset - T, self.offset)
+        k_pos = torch.arange(self.start, self.start + self.length)
+        mask = causal_window_mask(q_pos, k_pos, self.window)
+        out = dense_attention(q, self.keys[:, : self.length], self.values[:, : self.length], mask, scale)
+        self._drop_outside_window()
+        return out
+
+    def _append(self, k, v):
+        T = k.shape[1]
+        need = self.length + T
+        if need > self.keys.shape[1]:
+            capacity = (need + self.step - 1) // self.step * self.step
+            self.keys = _grow(self.keys, capacity)
+            self.values = _grow(self.values, capacity)
+        self.keys[:, self.length : need] = k
+        self.values[:, self.length : need] = v
+        self.length = need
+        self.offset += T
+
+    def _drop_outside_window(self):
+        if self.window is None or self.length <= self.window:
+            return
+        drop = self.length - self.window
+        if drop < self.step:
+            return  # shift a whole step at once; the mask hides the extra tokens
+        keep = self.window
+        self.keys[:, :keep] = self.keys[:, drop : self.length].clone()
+        self.values[:, :keep] = self.values[:, drop : self.length].clone()
+        self.start += drop
+        self.length = keep
+
+    def trim(self, n):
+        needed_from = max(0, self.offset - n - self.window + 1) if self.window else 0
+        if n > self.length or self.start > needed_from:
+            raise ValueError("cannot trim: this sliding-window cache no longer holds the tokens it would need")
+        self.offset -= n
+        self.length -= n
+
+    @property
+    def nbytes(self):
+        kept = min(self.length, self.window) if self.window else self.length
+        per_token = (self.keys.shape[0] * (self.keys.shape[2] + self.values.shape[2])) * self.keys.element_size()
+        return kept * per_token
+
+    def state(self):
+        meta = torch.tensor([self.offset, self.start, self.length], dtype=torch.int64)
+        return {"keys": self.keys[:, : self.length].clone(), "values": self.values[:, : self.length].clone(), "meta": meta}
+
+    def load_state(self, state):
+        self.offset, self.start, self.length = (int(x) for x in state["meta"])
+        self.keys = state["keys"].to(self.dtype).clone()
+        self.values = state["values"].to(self.dtype).clone()
+
+
+def _grow(t: torch.Tensor, capacity: int) -> torch.Tensor:
+    new = torch.empty(t.shape[0], capacity, t.shape[2], dtype=t.dtype)
+    new[:, : t.shape[1]] = t
+    return new
+
+
+def make_layer_cache(kind: str, num_kv_heads: int, head_dim: int, value_dim: int | None = None,
+                     window: int | None = None) -> LayerCache:
+    """A per-layer cache of the named KV type."""
+    if kind in DENSE_DTYPES:
+        return DenseCache(kind, num_kv_heads, head_dim, value_dim, window)
+    from ..errors import TightKVError
+
+    raise TightKVError(f"unknown KV cache type '{kind}' (available: {', '.join(DENSE_DTYPES)})")

@@ -1,0 +1,156 @@
+"""Pieces shared by every model family: config from GGUF metadata, weight
+loading that keeps blocks quantized, RMSNorm, RoPE and the family registry.
+
+A family module (``models/<arch>.py``) defines ``ModelArgs`` and ``Model`` and is
+found by the GGUF's ``general.architecture``.
+"""
+from __future__ import annotations
+
+import importlib
+import warnings
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import GGUFError
+from ..gguf.reader import GGUFFile
+
+# GGUF architecture name -> module under tightkv.models
+ARCHITECTURES = {"gemma3": "gemma3"}
+
+
+@dataclass
+class BaseModelArgs:
+    """Hyper-parameters read from GGUF metadata (``{arch}.*`` keys)."""
+
+    architecture: str
+    vocab_size: int
+    context_length: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+
+    @classmethod
+    def from_gguf(cls, g: GGUFFile, **extra: Any) -> "BaseModelArgs":
+        """Build the config from metadata; keys a family does not know are ignored."""
+        m, arch = g.metadata, g.architecture
+
+        def key(name, default=None):
+            value = m.get(f"{arch}.{name}", default)
+            if value is None:
+                raise GGUFError(f"{g.path}: missing metadata key {arch}.{name}")
+            return value
+
+        heads = key("attention.head_count")
+        hidden = key("embedding_length")
+        kv_heads = key("attention.head_count_kv", heads)
+        values = dict(
+            architecture=arch,
+            vocab_size=len(m.get("tokenizer.ggml.tokens", [])) or int(g.tensors["token_embd.weight"].shape[0]),
+            context_length=int(key("context_length")),
+            hidden_size=int(hidden),
+            num_layers=int(key("block_count")),
+            num_heads=int(heads),
+            num_kv_heads=int(kv_heads),
+            head_dim=int(key("attention.key_length", hidden // heads)),
+            intermediate_size=int(key("feed_forward_length")),
+            rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+            rope_theta=float(key("rope.freq_base", 10000.0)),
+        )
+        values.update(extra)
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+
+class Weights:
+    """Tensor access over a GGUF: quantized matrices stay as blocks in the mmap."""
+
+    def __init__(self, g: GGUFFile):
+        self.g = g
+
+    def has(self, name: str) -> bool:
+        return name in self.g.tensors
+
+    def vector(self, name: str) -> torch.Tensor:
+        """A small float tensor (norm weights, biases), copied out as float32."""
+        from ..gguf import quants
+
+        t = self._get(name)
+        raw = _as_torch(t.data)
+        return quants.dequantize(raw, t.qtype, t.shape).reshape(t.shape).float().clone()
+
+    def linear(self, name: str):
+        """A `QuantLinear` over the tensor's blocks, zero-copy from the file."""
+        from ..gguf import quants
+        from ..kernels.qmatmul import QuantLinear
+
+        t = self._get(name)
+        quants.check_supported(t.qtype, name)
+        out_features, in_features = t.shape
+        return QuantLinear(_as_torch(t.data), t.qtype, in_features, out_features)
+
+    def _get(self, name: str):
+        try:
+            return self.g.tensors[name]
+        except KeyError:
+            raise GGUFError(f"{self.g.path}: missing tensor {name}") from None
+
+
+def _as_torch(array: np.ndarray) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # read-only mmap: we never write
+        return torch.from_numpy(array)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x (..., d) normalised by its root mean square, times weight (d)."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, scale: float = 1.0):
+    """cos, sin (T, head_dim/2) for NeoX-style rotation at the given positions (T,)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    angles = (positions.to(torch.float64)[:, None] * scale) * inv_freq[None, :]
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (H, T, D) by halves: pairs (i, i + D/2), as NeoX and HF do."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+def load_family(g: GGUFFile):
+    """The family module for a GGUF's architecture, or a one-line error."""
+    arch = g.architecture
+    module = ARCHITECTURES.get(arch)
+    if module is None:
+        known = ", ".join(sorted(ARCHITECTURES))
+        raise GGUFError(f"{g.path}: unsupported architecture '{arch}' (supported: {known})")
+    return importlib.import_module(f"tightkv.models.{module}")
+
+
+def build_model(g: GGUFFile):
+    """Instantiate the family's `Model` for a parsed GGUF."""
+    family = load_family(g)
+    args = family.ModelArgs.from_gguf(g)
+    return family.Model(args, Weights(g))
+
+
+__all__ = [
+    "BaseModelArgs", "Weights", "rms_norm", "rope_cos_sin", "apply_rope_neox", "gelu_tanh",
+    "load_family", "build_model",
+]

@@ -1,0 +1,130 @@
+"""Gemma 3 (text): sliding-window layers with their own RoPE base, Q/K norms,
+pre and post norms around attention and MLP, a scaled embedding, GELU-tanh,
+and the output tied to the embedding.
+
+Follows llama.cpp's gemma3 graph: 5 of every 6 layers attend to the last
+``sliding_window`` tokens with RoPE base 10000; every 6th layer is global with
+the file's RoPE base (and linear RoPE scaling, if the file has one). GGUF stores
+the norm weights with Gemma's ``+1`` already added.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .base import BaseModelArgs, Weights, apply_rope_neox, gelu_tanh, rms_norm, rope_cos_sin
+
+
+@dataclass
+class ModelArgs(BaseModelArgs):
+    sliding_window: int = 512
+    sliding_window_pattern: int = 6
+    rope_local_theta: float = 10000.0
+    rope_scale: float = 1.0  # linear scaling of global-layer positions
+
+    @classmethod
+    def from_gguf(cls, g, **extra):
+        m = g.metadata
+        factor = m.get("gemma3.rope.scaling.factor")
+        extra.setdefault("sliding_window", int(m.get("gemma3.attention.sliding_window", 512)))
+        if factor and m.get("gemma3.rope.scaling.type", "linear") == "linear":
+            extra.setdefault("rope_scale", 1.0 / float(factor))
+        return super().from_gguf(g, **extra)
+
+    def is_sliding(self, layer: int) -> bool:
+        return layer % self.sliding_window_pattern < self.sliding_window_pattern - 1
+
+    @property
+    def attention_scale(self) -> float:
+        if self.num_layers == 62:  # Gemma 3 27B scales by hidden / heads, as llama.cpp does
+            return 1.0 / math.sqrt(self.hidden_size / self.num_heads)
+        return 1.0 / math.sqrt(self.head_dim)
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, args: ModelArgs, w: Weights, i: int):
+        super().__init__()
+        p = f"blk.{i}."
+        self.args = args
+        self.sliding = args.is_sliding(i)
+        self.theta = args.rope_local_theta if self.sliding else args.rope_theta
+        self.rope_scale = 1.0 if self.sliding else args.rope_scale
+        self.wq, self.wk, self.wv = w.linear(p + "attn_q.weight"), w.linear(p + "attn_k.weight"), w.linear(p + "attn_v.weight")
+        self.wo = w.linear(p + "attn_output.weight")
+        self.q_norm = w.vector(p + "attn_q_norm.weight")  # (head_dim,)
+        self.k_norm = w.vector(p + "attn_k_norm.weight")  # (head_dim,)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        a = self.args
+        T, D = x.shape[0], a.head_dim
+        q = self.wq(x).view(T, a.num_heads, D).transpose(0, 1)  # (H, T, D)
+        k = self.wk(x).view(T, a.num_kv_heads, D).transpose(0, 1)  # (Hkv, T, D)
+        v = self.wv(x).view(T, a.num_kv_heads, D).transpose(0, 1)  # (Hkv, T, D)
+        q = rms_norm(q, self.q_norm, a.rms_norm_eps)
+        k = rms_norm(k, self.k_norm, a.rms_norm_eps)
+        cos, sin = rope_cos_sin(positions, D, self.theta, self.rope_scale)
+        q, k = apply_rope_neox(q, cos, sin), apply_rope_neox(k, cos, sin)
+        out = cache.attend(q, k, v, a.attention_scale)  # (H, T, D)
+        return self.wo(out.transpose(0, 1).reshape(T, a.num_heads * D))
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, w: Weights, i: int):
+        super().__init__()
+        p = f"blk.{i}."
+        self.gate, self.up, self.down = (w.linear(p + f"ffn_{n}.weight") for n in ("gate", "up", "down"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(gelu_tanh(self.gate(x)) * self.up(x))
+
+
+class Block(torch.nn.Module):
+    def __init__(self, args: ModelArgs, w: Weights, i: int):
+        super().__init__()
+        p = f"blk.{i}."
+        self.eps = args.rms_norm_eps
+        self.attn = Attention(args, w, i)
+        self.mlp = MLP(w, i)
+        names = ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
+        self.attn_norm, self.post_attn_norm, self.ffn_norm, self.post_ffn_norm = (
+            w.vector(p + n + ".weight") for n in names)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        h = self.attn(rms_norm(x, self.attn_norm, self.eps), positions, cache)
+        x = x + rms_norm(h, self.post_attn_norm, self.eps)
+        h = self.mlp(rms_norm(x, self.ffn_norm, self.eps))
+        return x + rms_norm(h, self.post_ffn_norm, self.eps)
+
+
+class Model(torch.nn.Module):
+    """Gemma 3 text model over quantized GGUF weights."""
+
+    def __init__(self, args: ModelArgs, w: Weights):
+        super().__init__()
+        self.args = args
+        self.embed = w.linear("token_embd.weight")  # (vocab, hidden) blocks, also the output layer
+        self.output = w.linear("output.weight") if w.has("output.weight") else self.embed
+        self.layers = torch.nn.ModuleList(Block(args, w, i) for i in range(args.num_layers))
+        self.norm = w.vector("output_norm.weight")
+
+    def cache_layout(self) -> list[tuple[int, int, int, int | None]]:
+        """Per layer: (kv heads, key dim, value dim, sliding window or None)."""
+        a = self.args
+        return [(a.num_kv_heads, a.head_dim, a.head_dim, a.sliding_window if a.is_sliding(i) else None)
+                for i in range(a.num_layers)]
+
+    def forward(self, ids: torch.Tensor, cache: list, logits_at: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Run ids (T,) at positions cache.offset.. ; logits (len(logits_at), vocab) for the
+        chosen row indices, or None when logits_at is empty."""
+        start = cache[0].offset
+        positions = torch.arange(start, start + ids.shape[0])
+        x = self.embed.embed_rows(ids) * math.sqrt(self.args.hidden_size)  # (T, hidden)
+        for layer, c in zip(self.layers, cache):
+            x = layer(x, positions, c)
+        if logits_at is not None and logits_at.numel() == 0:
+            return None
+        if logits_at is not None:
+            x = x[logits_at]
+        return self.output(rms_norm(x, self.norm, self.args.rms_norm_eps))
