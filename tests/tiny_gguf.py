@@ -149,7 +149,7 @@ def dequantized_tensors(path: str | Path) -> dict[str, np.ndarray]:
 
 
 GEMMA3_DEFAULTS = dict(hidden=64, heads=4, kv_heads=2, head_dim=32, layers=6, intermediate=128,
-                       sliding_window=8, context=256, vocab=300, rope_base=1e6, eps=1e-6)
+                       sliding_window=8, context=512, vocab=300, rope_base=1e6, eps=1e-6)
 
 GEMMA3_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"

@@ -1,0 +1,125 @@
+"""Gemma 3 against an independent float reference: transformers' Gemma3ForCausalLM
+loading the same tiny random GGUF through its own GGUF loader (its own dequantizer,
+its own `norm - 1` undoing of Gemma's stored +1, its own attention and RoPE).
+
+The tiny model (tests/tiny_gguf.py) has GQA (4 query / 2 KV heads), head_dim 32
+!= hidden/heads, 5 sliding layers with window 8 and one global layer, so 32
+positions exercise both the window and the global RoPE base.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tiny_gguf import write_gemma3
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tightkv.kernels.qmatmul")
+pytest.importorskip("tightkv.gguf.tokenizer")
+
+from tightkv import Model  # noqa: E402
+
+HEAD_DIM = 32
+ATOL = 1e-3
+
+
+@pytest.fixture(scope="module")
+def gguf_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny_gemma3")
+    for qtype in ("F32", "Q8_0", "Q4_0"):
+        write_gemma3(d / f"gemma3-{qtype}.gguf", seed=0, qtype=qtype)
+    return d
+
+
+def hf_model(gguf_dir, qtype: str):
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(
+        str(gguf_dir), gguf_file=f"gemma3-{qtype}.gguf", dtype=torch.float32,
+        attn_implementation="eager",
+        # GGUF has no key for these; the HF defaults (256) belong to the real checkpoints
+        query_pre_attn_scalar=HEAD_DIM)
+    assert type(m).__name__ == "Gemma3ForCausalLM"
+    assert m.config.sliding_window == 8
+    assert m.config.layer_types == ["sliding_attention"] * 5 + ["full_attention"]
+    assert m.config.rope_parameters["sliding_attention"]["rope_theta"] == 10000.0
+    assert m.config.rope_parameters["full_attention"]["rope_theta"] == 1e6
+    return m.eval()
+
+
+def hf_logits(gguf_dir, qtype: str, ids: list[int]) -> np.ndarray:
+    m = hf_model(gguf_dir, qtype)
+    with torch.inference_mode():
+        return m(torch.tensor([ids]), use_cache=False).logits[0].float().numpy()
+
+
+def random_ids(n: int, seed: int = 1, vocab: int = 300) -> list[int]:
+    return np.random.default_rng(seed).integers(0, vocab, size=n).tolist()
+
+
+def step_logits(m: Model, ids: list[int]) -> np.ndarray:
+    """Token-by-token decode through an f32 cache, logits (T, vocab)."""
+    cache = m.new_cache("f32")
+    rows = []
+    with torch.inference_mode():
+        for tok in ids:
+            rows.append(m.net(torch.tensor([tok]), cache)[0].numpy())
+    assert cache[0].offset == len(ids)
+    return np.stack(rows)
+
+
+def chunked_logits(m: Model, ids: list[int], sizes: list[int]) -> np.ndarray:
+    """Prefill in uneven chunks through an f32 cache, logits (T, vocab)."""
+    cache = m.new_cache("f32")
+    rows, s = [], 0
+    with torch.inference_mode():
+        for n in sizes:
+            part = torch.tensor(ids[s : s + n])
+            rows.append(m.net(part, cache, logits_at=torch.arange(n)).numpy())
+            s += n
+    assert s == len(ids)
+    return np.concatenate(rows)
+
+
+def assert_close(ours: np.ndarray, ref: np.ndarray, atol: float = ATOL) -> None:
+    assert ours.shape == ref.shape
+    err = np.abs(ours - ref).max()
+    assert err <= atol, f"max |ours - reference| = {err:.3g} > {atol} (reference scale {np.abs(ref).max():.3g})"
+
+
+@pytest.fixture(scope="module")
+def f32_pair(gguf_dir):
+    ids = random_ids(32)
+    return Model(str(gguf_dir / "gemma3-F32.gguf"), kv="f32", threads=1), ids, hf_logits(gguf_dir, "F32", ids)
+
+
+def test_reference_is_not_trivial(f32_pair):
+    _, ids, ref = f32_pair
+    assert ref.shape == (32, 300)
+    assert ref.std() > 0.5  # logits vary enough for 1e-3 to mean something
+    assert len(set(ref.argmax(-1).tolist())) > 3
+
+
+def test_prefill_matches_hf(f32_pair):
+    m, ids, ref = f32_pair
+    assert_close(m.logits(ids), ref)
+
+
+def test_token_by_token_matches_hf(f32_pair):
+    m, ids, ref = f32_pair
+    assert_close(step_logits(m, ids), ref)
+
+
+def test_uneven_chunks_match_hf(f32_pair):
+    m, ids, ref = f32_pair
+    assert_close(chunked_logits(m, ids, [5, 1, 11, 15]), ref)
+
+
+def test_long_sequence_matches_hf(f32_pair, gguf_dir):
+    """Past the cache's 256-token growth step, where sliding layers drop old tokens."""
+    m, _, _ = f32_pair
+    ids = random_ids(300, seed=2)
+    ref = hf_logits(gguf_dir, "F32", ids)
+    assert_close(m.logits(ids), ref)
+    assert_close(chunked_logits(m, ids, [200, 70, 1, 29]), ref)
