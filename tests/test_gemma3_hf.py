@@ -29,17 +29,18 @@ def gguf_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny_gemma3")
     for qtype in ("F32", "Q8_0", "Q4_0"):
         write_gemma3(d / f"gemma3-{qtype}.gguf", seed=0, qtype=qtype)
+    write_gemma3(d / "gemma3-rope8.gguf", seed=3, rope_scaling_factor=8.0)
     return d
 
 
-def hf_model(gguf_dir, qtype: str):
+def hf_model(gguf_dir, name: str, **config):
     from transformers import AutoModelForCausalLM
 
     m = AutoModelForCausalLM.from_pretrained(
-        str(gguf_dir), gguf_file=f"gemma3-{qtype}.gguf", dtype=torch.float32,
+        str(gguf_dir), gguf_file=f"gemma3-{name}.gguf", dtype=torch.float32,
         attn_implementation="eager",
-        # GGUF has no key for these; the HF defaults (256) belong to the real checkpoints
-        query_pre_attn_scalar=HEAD_DIM)
+        # the GGUF has no key for this; the HF default (256) belongs to the real checkpoints
+        query_pre_attn_scalar=HEAD_DIM, **config)
     assert type(m).__name__ == "Gemma3ForCausalLM"
     assert m.config.sliding_window == 8
     assert m.config.layer_types == ["sliding_attention"] * 5 + ["full_attention"]
@@ -48,8 +49,8 @@ def hf_model(gguf_dir, qtype: str):
     return m.eval()
 
 
-def hf_logits(gguf_dir, qtype: str, ids: list[int]) -> np.ndarray:
-    m = hf_model(gguf_dir, qtype)
+def hf_logits(gguf_dir, name: str, ids: list[int], **config) -> np.ndarray:
+    m = hf_model(gguf_dir, name, **config)
     with torch.inference_mode():
         return m(torch.tensor([ids]), use_cache=False).logits[0].float().numpy()
 
@@ -123,3 +124,17 @@ def test_long_sequence_matches_hf(f32_pair, gguf_dir):
     ref = hf_logits(gguf_dir, "F32", ids)
     assert_close(m.logits(ids), ref)
     assert_close(chunked_logits(m, ids, [200, 70, 1, 29]), ref)
+
+
+def test_linear_rope_scaling_matches_hf(gguf_dir):
+    """gemma3.rope.scaling.{type,factor} scale global-layer positions only (Gemma 3 4B+).
+    transformers' GGUF loader ignores these keys, so the reference gets them as config."""
+    rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    ids = random_ids(32, seed=4)
+    ref = hf_logits(gguf_dir, "rope8", ids, rope_parameters=rope)
+    m = Model(str(gguf_dir / "gemma3-rope8.gguf"), kv="f32", threads=1)
+    assert_close(m.logits(ids), ref)
+    assert_close(step_logits(m, ids), ref)
+    unscaled = hf_logits(gguf_dir, "rope8", ids)
+    assert np.abs(unscaled - ref).max() > 100 * ATOL  # the scaling is visible in 32 positions

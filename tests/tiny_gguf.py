@@ -149,7 +149,8 @@ def dequantized_tensors(path: str | Path) -> dict[str, np.ndarray]:
 
 
 GEMMA3_DEFAULTS = dict(hidden=64, heads=4, kv_heads=2, head_dim=32, layers=6, intermediate=128,
-                       sliding_window=8, context=512, vocab=300, rope_base=1e6, eps=1e-6)
+                       sliding_window=8, context=512, vocab=300, rope_base=1e6, eps=1e-6,
+                       rope_scaling_factor=None)
 
 GEMMA3_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
@@ -193,7 +194,8 @@ def write_gemma3(path: str | Path, seed: int = 0, qtype: str = "F32", **cfg: Any
     """A tiny random Gemma 3 text model (tied output) as llama.cpp would write it.
 
     Defaults (GEMMA3_DEFAULTS): hidden 64, 4 query / 2 KV heads of dim 32, 6 layers
-    (layer 5 is the one global layer), sliding window 8, FFN 128, vocab 300.
+    (layer 5 is the one global layer), sliding window 8, FFN 128, vocab 300,
+    context 512; rope_scaling_factor adds linear RoPE scaling metadata.
     """
     c = {**GEMMA3_DEFAULTS, **cfg}
     metadata = {
@@ -209,5 +211,8 @@ def write_gemma3(path: str | Path, seed: int = 0, qtype: str = "F32", **cfg: Any
         "{arch}.attention.sliding_window": c["sliding_window"],
         "{arch}.rope.freq_base": c["rope_base"],
     }
+    if c["rope_scaling_factor"]:  # linear, global layers only (Gemma 3 4B and up use 8)
+        metadata["{arch}.rope.scaling.type"] = "linear"
+        metadata["{arch}.rope.scaling.factor"] = float(c["rope_scaling_factor"])
     vocab = spm_vocab(c["vocab"], chat_template=GEMMA3_CHAT_TEMPLATE)
     return write_gguf(path, "gemma3", metadata, gemma3_tensors(seed, **cfg), vocab, qtype=qtype)
