@@ -59,9 +59,9 @@ def random_ids(n: int, seed: int = 1, vocab: int = 300) -> list[int]:
     return np.random.default_rng(seed).integers(0, vocab, size=n).tolist()
 
 
-def step_logits(m: Model, ids: list[int]) -> np.ndarray:
-    """Token-by-token decode through an f32 cache, logits (T, vocab)."""
-    cache = m.new_cache("f32")
+def step_logits(m: Model, ids: list[int], kv: str = "f32") -> np.ndarray:
+    """Token-by-token decode through a cache of type kv, logits (T, vocab)."""
+    cache = m.new_cache(kv)
     rows = []
     with torch.inference_mode():
         for tok in ids:
@@ -87,6 +87,13 @@ def assert_close(ours: np.ndarray, ref: np.ndarray, atol: float = ATOL) -> None:
     assert ours.shape == ref.shape
     err = np.abs(ours - ref).max()
     assert err <= atol, f"max |ours - reference| = {err:.3g} > {atol} (reference scale {np.abs(ref).max():.3g})"
+
+
+def assert_rel_close(ours: np.ndarray, ref: np.ndarray, rtol: float = 1e-2) -> None:
+    """max |ours - ref| within rtol of the reference's largest logit."""
+    assert ours.shape == ref.shape
+    err, scale = np.abs(ours - ref).max(), np.abs(ref).max()
+    assert err <= rtol * scale, f"max |ours - reference| = {err:.3g} > {rtol} * {scale:.3g}"
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +124,12 @@ def test_uneven_chunks_match_hf(f32_pair):
     assert_close(chunked_logits(m, ids, [5, 1, 11, 15]), ref)
 
 
+@pytest.mark.parametrize("kv", ["f16", "bf16"])
+def test_half_precision_kv_close_to_hf(f32_pair, kv):
+    m, ids, ref = f32_pair
+    assert_rel_close(step_logits(m, ids, kv), ref)
+
+
 def test_long_sequence_matches_hf(f32_pair, gguf_dir):
     """Past the cache's 256-token growth step, where sliding layers drop old tokens."""
     m, _, _ = f32_pair
@@ -124,6 +137,7 @@ def test_long_sequence_matches_hf(f32_pair, gguf_dir):
     ref = hf_logits(gguf_dir, "F32", ids)
     assert_close(m.logits(ids), ref)
     assert_close(chunked_logits(m, ids, [200, 70, 1, 29]), ref)
+    assert_close(step_logits(m, ids), ref)
 
 
 def test_linear_rope_scaling_matches_hf(gguf_dir):
@@ -138,3 +152,43 @@ def test_linear_rope_scaling_matches_hf(gguf_dir):
     assert_close(step_logits(m, ids), ref)
     unscaled = hf_logits(gguf_dir, "rope8", ids)
     assert np.abs(unscaled - ref).max() > 100 * ATOL  # the scaling is visible in 32 positions
+
+
+@pytest.fixture
+def backend():
+    """Switch QuantLinear's backend inside a test; restored afterwards."""
+    from tightkv.kernels import qmatmul
+
+    before = qmatmul.get_backend()
+    yield qmatmul.set_backend
+    qmatmul.set_backend(before)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_quantized_reference_backend_matches_hf(gguf_dir, qtype, backend):
+    """Same blocks, two dequantizers (ours in torch, gguf-py's in HF): float-equal results."""
+    ids = random_ids(32)
+    ref = hf_logits(gguf_dir, qtype, ids)
+    m = Model(str(gguf_dir / f"gemma3-{qtype}.gguf"), kv="f32", threads=1)
+    backend("reference")
+    assert_close(m.logits(ids), ref)
+    assert_close(step_logits(m, ids), ref)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_fast_backend_matches_reference(gguf_dir, qtype, backend):
+    """The fast path (compiled GEMV for decode, dequantized tiles for prefill) against
+    the reference path, for a whole prefill and for token-by-token decode."""
+    from tightkv.kernels import qmatmul
+
+    ids = random_ids(32)
+    m = Model(str(gguf_dir / f"gemma3-{qtype}.gguf"), kv="f32", threads=1)
+    backend("reference")
+    ref_prefill, ref_steps = m.logits(ids), step_logits(m, ids)
+    backend("fast")
+    fast_prefill, fast_steps = m.logits(ids), step_logits(m, ids)
+    status = qmatmul.kernel_status()
+    assert_rel_close(fast_prefill, ref_prefill)
+    assert_rel_close(fast_steps, ref_steps)
+    if status.startswith("loaded"):  # float32 accumulation either way: far tighter than 1e-2
+        assert_close(fast_steps, ref_steps)
