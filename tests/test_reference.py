@@ -1,0 +1,76 @@
+"""The embedded model against llama.cpp's own outputs (../shared/reference)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+NEAR_TIE = 0.5
+
+
+def test_tokenize_matches_llamacpp(embedded, reference):
+    for case in reference["tokenize"]:
+        ids = embedded.tokenize(case["text"], add_bos=case["add_bos"], special=case.get("special", False))
+        assert ids == case["ids"], case["text"]
+
+
+def test_greedy_matches_llamacpp_up_to_near_ties(embedded, reference):
+    for case in reference["greedy"]:
+        assert embedded.tokenize(case["prompt"]) == case["ids"]
+        result = embedded.generate(case["ids"], max_tokens=len(case["generated_ids"]), temperature=0)
+        for i, (ours, theirs) in enumerate(zip(result.ids, case["generated_ids"])):
+            if ours != theirs:
+                assert case["top2_margins"][i] < NEAR_TIE, (case["prompt"], i, result.text)
+                break
+        else:
+            assert result.ids == case["generated_ids"]
+
+
+def test_logits_match_llamacpp(embedded, reference):
+    diffs = []
+    for case in reference["logits"]:
+        logits = embedded.logits(case["ids"])[case["position"]]
+        top = np.array(case["top20_ids"])
+        diff = np.abs(logits[top] - np.array(case["top20_logits"]))
+        diffs.append(diff)
+        if case["top20_logits"][0] - case["top20_logits"][1] >= NEAR_TIE:
+            assert int(np.argmax(logits)) == case["top20_ids"][0], case["prompt"]
+    diffs = np.concatenate(diffs)
+    assert diffs.max() <= 0.75, diffs.max()
+    assert diffs.mean() <= 0.2, diffs.mean()
+
+
+def test_greedy_is_deterministic(embedded):
+    a = embedded.generate("The capital of France is", max_tokens=12)
+    b = embedded.generate("The capital of France is", max_tokens=12)
+    assert a.ids == b.ids and a.text == b.text
+    assert a.stats.generated_tokens == 12 and a.stats.finish_reason == "length"
+    assert a.text == embedded.detokenize(a.ids)
+
+
+def test_streaming_ends_with_stats(embedded):
+    pieces = list(embedded.generate("Once upon a time", max_tokens=10, stream=True))
+    *texts, stats = pieces
+    assert all(isinstance(t, str) for t in texts)
+    assert stats.generated_tokens == 10 and stats.prompt_tokens == len(embedded.tokenize("Once upon a time"))
+    assert stats.prompt_tps > 0 and stats.generation_tps > 0
+    assert "".join(texts) == embedded.generate("Once upon a time", max_tokens=10).text
+
+
+def test_stop_string_cuts_text(embedded):
+    full = embedded.generate("The capital of France is", max_tokens=24).text
+    stop = full.split()[3]
+    cut = embedded.generate("The capital of France is", max_tokens=24, stop=[stop])
+    assert cut.stats.finish_reason == "stop"
+    assert stop not in cut.text and full.startswith(cut.text)
+
+
+def test_seeded_sampling_repeats(embedded):
+    kw = dict(max_tokens=12, temperature=0.9, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1, seed=7)
+    assert embedded.generate("My favorite food is", **kw).ids == embedded.generate("My favorite food is", **kw).ids
+
+
+def test_context_overflow_is_an_error(embedded):
+    from tightkv.errors import ContextOverflowError
+
+    with pytest.raises(ContextOverflowError):
+        embedded.generate("hello", max_tokens=embedded.context_length)
