@@ -40,7 +40,59 @@ class GGUFFile:
         return str(self.metadata.get("general.architecture", ""))
 
 
-def _field_value(field) -> Any:
+def _compact_reader_class():
+    """`gguf.GGUFReader`, except that arrays are read in bulk.
+
+    The stock reader makes two numpy views per element of every array: for a
+    262,144-token vocabulary that is ~9 s and ~500 MB of Python objects. Here a
+    numeric array becomes one numpy array and a string array one list of str.
+    """
+    import struct
+
+    import gguf
+    from gguf import GGUFValueType
+
+    class CompactReader(gguf.GGUFReader):
+        def __init__(self, path, mode="r"):
+            self.arrays: dict[str, Any] = {}
+            self._pending: Any = None
+            super().__init__(path, mode)
+
+        def _get_field_parts(self, orig_offs, raw_type):
+            if GGUFValueType(raw_type) != GGUFValueType.ARRAY:
+                return super()._get_field_parts(orig_offs, raw_type)
+            raw_itype = self._get(orig_offs, np.uint32)
+            alen = self._get(orig_offs + 4, np.uint64)
+            start, count = orig_offs + 12, int(alen[0])
+            itype = GGUFValueType(int(raw_itype[0]))
+            nptype = self.gguf_scalar_to_np.get(itype)
+            if nptype is not None:
+                values = self._get(start, nptype, count)
+                self._pending = np.array(values)
+                end = start + values.nbytes
+            elif itype == GGUFValueType.STRING:
+                view, strings, offs = memoryview(self.data), [], start
+                for _ in range(count):
+                    (n,) = struct.unpack_from("<Q", view, offs)
+                    strings.append(bytes(view[offs + 8 : offs + 8 + n]).decode("utf-8", errors="replace"))
+                    offs += 8 + n
+                self._pending, end = strings, offs
+            else:
+                return super()._get_field_parts(orig_offs, raw_type)
+            return end - orig_offs, [raw_itype, alen], [], [GGUFValueType.ARRAY, itype]
+
+        def _push_field(self, field, skip_sum=False):
+            if self._pending is not None:
+                self.arrays[field.name] = self._pending
+                self._pending = None
+            return super()._push_field(field, skip_sum)
+
+    return CompactReader
+
+
+def _field_value(reader, name: str, field) -> Any:
+    if name in reader.arrays:
+        return reader.arrays[name]
     value = field.contents()
     if isinstance(value, np.generic):
         value = value.item()
@@ -67,15 +119,14 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
     Raises `GGUFError` with a one-line message for a missing, truncated, corrupt
     or otherwise unreadable file.
     """
-    import gguf
-
     path = Path(path)
     _check_header(path)
     try:
-        reader = gguf.GGUFReader(path, "r")
+        reader = _compact_reader_class()(path, "r")
     except Exception as err:  # the gguf package raises many kinds on bad files
         raise GGUFError(f"{path}: corrupt or truncated GGUF ({_short(err)})") from None
-    metadata = {name: _field_value(f) for name, f in reader.fields.items() if not name.startswith("GGUF.")}
+    metadata = {name: _field_value(reader, name, f) for name, f in reader.fields.items()
+                if not name.startswith("GGUF.")}
     tensors = {}
     file_size = path.stat().st_size
     for t in reader.tensors:
