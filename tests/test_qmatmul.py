@@ -1,0 +1,111 @@
+"""QuantLinear: the fast path matches the reference, rows dequantize exactly."""
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from test_quants import random_blocks
+
+from tightkv.gguf import quants
+from tightkv.kernels import qmatmul as qm
+
+BLOCK_TYPES = list(qm.BLOCK_TYPES)
+FLOAT_TYPES = ["F32", "F16", "BF16"]
+OUT, IN = 80, 512
+
+
+@pytest.fixture(autouse=True)
+def _restore_backend():
+    yield
+    qm.set_backend("fast")
+
+
+def make_linear(qtype: str, out: int = OUT, inp: int = IN, seed: int = 0) -> qm.QuantLinear:
+    if qtype in FLOAT_TYPES:
+        w = torch.randn(out, inp, generator=torch.Generator().manual_seed(seed)).to(qm.FLOAT_TYPES[qtype])
+        return qm.QuantLinear(w, qtype, inp, out)
+    return qm.QuantLinear(torch.from_numpy(random_blocks(qtype, out, inp, seed)), qtype, inp, out)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("qtype", BLOCK_TYPES + FLOAT_TYPES)
+def test_fast_matches_reference(qtype):
+    lin = make_linear(qtype)
+    w = quants.dequantize(lin.raw, qtype, (OUT, IN))
+    for rows in (1, 7, 20):  # 1 and 7 rows: block dot kernel; 20: dequantized tiles + matmul
+        x = torch.randn(rows, IN)
+        qm.set_backend("reference")
+        ref = lin(x)
+        qm.set_backend("fast")
+        fast = lin(x)
+        assert fast.dtype == torch.float32 and fast.shape == (rows, OUT)
+        assert rel_err(fast, ref) < 1e-2
+        assert rel_err(ref, x @ w.T) < 1e-5
+
+
+def test_kernel_is_available_here():
+    qm._kernel()
+    assert qm.kernel_status() == "loaded"
+
+
+@pytest.mark.parametrize("qtype", BLOCK_TYPES)
+def test_kernel_dequant_bit_exact(qtype):
+    lib = qm._kernel()
+    if lib is None:
+        pytest.skip(qm.kernel_status())
+    lin = make_linear(qtype, seed=1)
+    out = torch.empty(OUT, IN)
+    assert lib.tk_dequant(qm._TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), OUT, IN, out.data_ptr(), 2) == 0
+    ref = quants.dequantize(lin.raw, qtype, (OUT, IN))
+    assert torch.equal(out.view(torch.int32), ref.view(torch.int32))
+
+
+def test_tiled_paths_with_small_tiles(monkeypatch):
+    monkeypatch.setattr(qm, "TILE_ELEMS", 3 * IN)  # 3-row tiles, a ragged last one
+    lin = make_linear("Q6_K")
+    x = torch.randn(2, 5, IN)  # leading dims are kept
+    qm.set_backend("reference")
+    ref = lin(x)
+    qm.set_backend("fast")
+    assert ref.shape == (2, 5, OUT)
+    assert rel_err(lin(x), ref) < 1e-2
+    assert rel_err(lin(x.reshape(10, IN)).reshape(2, 5, OUT), ref) < 1e-2
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "BF16"])
+def test_embed_rows_exact(qtype):
+    lin = make_linear(qtype)
+    ids = torch.tensor([3, 0, 79, 3])
+    rows = lin.embed_rows(ids)
+    w = quants.dequantize(lin.raw, qtype, (OUT, IN))
+    assert rows.dtype == torch.float32 and rows.shape == (4, IN)
+    assert torch.equal(rows.view(torch.int32), w[ids].view(torch.int32))
+
+
+def test_zero_copy_from_read_only_memmap(tmp_path):
+    blocks = random_blocks("Q5_0", OUT, 640)
+    path = tmp_path / "w.bin"
+    blocks.tofile(path)
+    mm = np.memmap(path, dtype=np.uint8, mode="r", shape=blocks.shape)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        raw = qm.as_tensor(mm[:])
+    lin = qm.QuantLinear(raw, "Q5_0", 640, OUT)
+    assert lin.raw.data_ptr() == mm.ctypes.data  # used in place, not copied
+    x = torch.randn(1, 640)
+    w = quants.dequantize(torch.from_numpy(blocks), "Q5_0", (OUT, 640))
+    assert rel_err(lin(x), x @ w.T) < 1e-2
+
+
+def test_no_compile_env_disables_kernel(monkeypatch):
+    monkeypatch.setenv("TIGHTKV_NO_COMPILE", "1")
+    with pytest.raises(RuntimeError, match="TIGHTKV_NO_COMPILE"):
+        qm._load()
+
+
+def test_bad_backend_name():
+    with pytest.raises(ValueError):
+        qm.set_backend("turbo")
