@@ -190,7 +190,8 @@ def gemma3_tensors(seed: int = 0, **cfg: Any) -> dict[str, np.ndarray]:
     return t
 
 
-def write_gemma3(path: str | Path, seed: int = 0, qtype: str = "F32", **cfg: Any) -> Path:
+def write_gemma3(path: str | Path, seed: int = 0, qtype: str = "F32", qtypes: Mapping[str, str] | None = None,
+                 **cfg: Any) -> Path:
     """A tiny random Gemma 3 text model (tied output) as llama.cpp would write it.
 
     Defaults (GEMMA3_DEFAULTS): hidden 64, 4 query / 2 KV heads of dim 32, 6 layers
@@ -215,4 +216,4 @@ def write_gemma3(path: str | Path, seed: int = 0, qtype: str = "F32", **cfg: Any
         metadata["{arch}.rope.scaling.type"] = "linear"
         metadata["{arch}.rope.scaling.factor"] = float(c["rope_scaling_factor"])
     vocab = spm_vocab(c["vocab"], chat_template=GEMMA3_CHAT_TEMPLATE)
-    return write_gguf(path, "gemma3", metadata, gemma3_tensors(seed, **cfg), vocab, qtype=qtype)
+    return write_gguf(path, "gemma3", metadata, gemma3_tensors(seed, **cfg), vocab, qtype=qtype, qtypes=qtypes)

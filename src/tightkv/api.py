@@ -40,13 +40,13 @@ class Model:
         import torch
 
         from .gguf.reader import read_gguf
-        from .gguf.tokenizer import load_tokenizer
-        from .models.base import build_model
+        from .models.base import build_model, load_family
 
         torch.set_num_threads(threads or default_threads())
         self.path: Path = resolve(path_or_name)
         self.gguf = read_gguf(self.path)
-        self.tokenizer = load_tokenizer(self.gguf.metadata)
+        load_family(self.gguf)  # an unsupported architecture is the first thing to report
+        self.tokenizer = self._load_tokenizer()
         self.net = build_model(self.gguf)
         self.args = self.net.args
         self.kv = kv or os.environ.get("TIGHTKV_KV_CACHE_TYPE") or DEFAULT_KV
@@ -54,6 +54,15 @@ class Model:
         self.chat_template: str | None = self.gguf.metadata.get("tokenizer.chat_template")
         self._chat_cache: list | None = None
         self._chat_ids: list[int] = []
+
+    def _load_tokenizer(self):
+        from .errors import GGUFError
+        from .gguf.tokenizer import load_tokenizer
+
+        try:
+            return load_tokenizer(self.gguf.metadata)
+        except GGUFError as err:
+            raise GGUFError(f"{self.path}: {err}") from None
 
     @classmethod
     def from_pretrained(cls, name: str, **kwargs) -> "Model":
