@@ -40,6 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--verbose", action="store_true", help="print token counts, speeds and KV size")
     _add_model_flags(run)
     _add_sampling_flags(run)
+
+    ppl = sub.add_parser("ppl", help="perplexity and KL divergence against the f16 cache")
+    ppl.add_argument("model", nargs="?", default=None, help="registry name or .gguf path (default: embedded)")
+    ppl.add_argument("--file", "-f", required=True, help="text file to score")
+    ppl.add_argument("--chunks", type=int, default=None, help="number of chunks (default: all)")
+    ppl.add_argument("--compare", default=None, help="comma-separated KV types or presets, e.g. f16,q8_0,tq4")
+    ppl.add_argument("--json", default=None, help="write the results as JSON")
+    _add_model_flags(ppl)
+    ppl.set_defaults(ctx=2048)
     return parser
 
 
@@ -87,7 +96,33 @@ def _print_stats(s) -> None:
     print(f"finish reason:        {s.finish_reason}", file=err)
 
 
-COMMANDS = {"run": cmd_run}
+def cmd_ppl(ns: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from .api import Model
+    from .eval.ppl import format_table, perplexity
+
+    path = Path(ns.file)
+    if not path.is_file():
+        raise TightKVError(f"{path}: no such text file")
+    if ns.ctx < 16:
+        raise TightKVError(f"--ctx must be at least 16, got {ns.ctx}")
+    kv_types = [k.strip() for k in (ns.compare or ns.kv or "f16").split(",") if k.strip()]
+    model = Model(ns.model, threads=ns.threads)
+    for kind in kv_types:
+        model.new_cache(kind)  # a bad type name fails here, before any work
+    results = perplexity(model, path.read_text(encoding="utf-8", errors="replace"), ns.ctx, ns.chunks, kv_types)
+    print(format_table(results))
+    base = results["f16"]
+    print(f"Final estimate: PPL = {base['ppl']:.4f} +/- {base['ppl_stderr']:.5f}")
+    if ns.json:
+        doc = {"model": str(model.path), "text": path.name, "ctx": ns.ctx, "chunks": ns.chunks, "results": results}
+        Path(ns.json).write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "ppl": cmd_ppl}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -115,9 +115,12 @@ class Model(torch.nn.Module):
         return [(a.num_kv_heads, a.head_dim, a.head_dim, a.sliding_window if a.is_sliding(i) else None)
                 for i in range(a.num_layers)]
 
-    def forward(self, ids: torch.Tensor, cache: list, logits_at: torch.Tensor | None = None) -> torch.Tensor | None:
+    def forward(self, ids: torch.Tensor, cache: list, logits_at: torch.Tensor | None = None,
+                hidden: bool = False) -> torch.Tensor | None:
         """Run ids (T,) at positions cache.offset.. ; logits (len(logits_at), vocab) for the
-        chosen row indices, or None when logits_at is empty."""
+        chosen row indices (all rows if None), or None when logits_at is empty. With
+        hidden=True, the final-normed hidden states (rows, hidden_size) instead:
+        `self.output` turns them into logits."""
         start = cache[0].offset
         positions = torch.arange(start, start + ids.shape[0])
         x = self.embed.embed_rows(ids) * math.sqrt(self.args.hidden_size)  # (T, hidden)
@@ -127,4 +130,5 @@ class Model(torch.nn.Module):
             return None
         if logits_at is not None:
             x = x[logits_at]
-        return self.output(rms_norm(x, self.norm, self.args.rms_norm_eps))
+        x = rms_norm(x, self.norm, self.args.rms_norm_eps)
+        return x if hidden else self.output(x)

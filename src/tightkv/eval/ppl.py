@@ -1,0 +1,116 @@
+"""Perplexity and KL divergence against the f16 cache, the llama-perplexity way.
+
+Protocol (as ../reference/gemma3-270m-ppl-essays-llamacpp.json): tokenize the
+whole text without BOS; chunk i is [BOS] + tokens[i*(C-1) : (i+1)*(C-1)]; the
+logits at positions C/2 .. C-2 are scored against the next token.
+
+Every cache type runs in lockstep on the same chunk, and the f16 baseline's
+log-probabilities are compared with each type's a slice of rows at a time, so
+the full [tokens, vocab] logits are never held.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+BASELINE = "f16"
+ROW_SLICE = 64  # scored rows turned into logits at once (64 x vocab floats per type)
+
+
+@dataclass
+class PplResult:
+    """Per cache type: negative log-likelihoods, KL divergences and top-1 agreement."""
+
+    nll: list[float] = field(default_factory=list)
+    kld: list[float] = field(default_factory=list)
+    same_top1: list[bool] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        nll = np.array(self.nll, dtype=np.float64)
+        kld = np.array(self.kld, dtype=np.float64)
+        ppl = float(np.exp(nll.mean()))
+        return {
+            "ppl": ppl,
+            "ppl_stderr": float(ppl * nll.std() / math.sqrt(len(nll))),
+            "kld_mean": float(kld.mean()),
+            "kld_p99": float(np.percentile(kld, 99)),
+            "kld_p999": float(np.percentile(kld, 99.9)),
+            "same_top1": float(np.mean(self.same_top1)),
+            "n_scored": int(len(nll)),
+        }
+
+
+def chunks(tokens: list[int], bos: int, ctx: int, n_chunks: int | None) -> list[list[int]]:
+    """[BOS] + ctx-1 tokens per chunk; only whole chunks."""
+    step = ctx - 1
+    available = len(tokens) // step
+    n = available if n_chunks is None else min(n_chunks, available)
+    return [[bos] + tokens[i * step : (i + 1) * step] for i in range(n)]
+
+
+@torch.inference_mode()
+def _scored_hidden(net, ids: list[int], cache: list, first: int, sub: int) -> torch.Tensor:
+    """Final hidden states (len(ids)-1-first, hidden) at the scored positions."""
+    out = []
+    for s in range(0, len(ids), sub):
+        part = ids[s : s + sub]
+        rows = torch.arange(max(first - s, 0), min(len(part), len(ids) - 1 - s))
+        rows = rows[rows >= 0]
+        h = net(torch.tensor(part), cache, logits_at=rows, hidden=True)
+        if h is not None:
+            out.append(h)
+    return torch.cat(out)
+
+
+@torch.inference_mode()
+def score_chunk(net, ids: list[int], caches: dict[str, list], results: dict[str, PplResult],
+                sub: int = 512) -> None:
+    """Run one chunk through every cache type and add its scores."""
+    first = len(ids) // 2
+    hidden = {name: _scored_hidden(net, ids, cache, first, sub) for name, cache in caches.items()}
+    targets = torch.tensor(ids[first + 1 :])
+    for s in range(0, targets.numel(), ROW_SLICE):
+        tgt = targets[s : s + ROW_SLICE]
+        base = torch.log_softmax(net.output(hidden[BASELINE][s : s + ROW_SLICE]).double(), dim=-1)
+        base_top = base.argmax(-1)
+        for name, h in hidden.items():
+            logp = base if name == BASELINE else torch.log_softmax(net.output(h[s : s + ROW_SLICE]).double(), -1)
+            r = results[name]
+            r.nll += (-logp.gather(1, tgt[:, None])[:, 0]).tolist()
+            r.kld += (base.exp() * (base - logp)).sum(-1).clamp_min(0).tolist()
+            r.same_top1 += (logp.argmax(-1) == base_top).tolist()
+
+
+def perplexity(model, text: str, ctx: int, n_chunks: int | None, kv_types: list[str],
+               progress: bool = True) -> dict[str, dict]:
+    """PPL, its standard error, and KLD against f16 for each KV type on text."""
+    from tqdm import tqdm
+
+    names = [BASELINE] + [k for k in kv_types if k != BASELINE]
+    tokens = model.tokenize(text, add_bos=False)
+    todo = chunks(tokens, model.tokenizer.bos_id, ctx, n_chunks)
+    if not todo:
+        from ..errors import TightKVError
+
+        raise TightKVError(f"text has {len(tokens)} tokens: too short for one chunk of {ctx}")
+    results = {name: PplResult() for name in names}
+    bar = tqdm(todo, desc="perplexity", unit="chunk", disable=not progress)
+    for ids in bar:
+        caches = {name: model.new_cache(name) for name in names}
+        score_chunk(model.net, ids, caches, results)
+        bar.set_postfix({n: f"{math.exp(np.mean(r.nll)):.3f}" for n, r in results.items()})
+    return {name: results[name].summary() for name in names if name in kv_types or name == BASELINE}
+
+
+def format_table(results: dict[str, dict]) -> str:
+    """One row per KV type, llama-perplexity's figures plus KLD against f16."""
+    base = results[BASELINE]["ppl"]
+    lines = [f"{'kv':<16} {'PPL':>9} {'± se':>8} {'ΔPPL':>8} {'KLD mean':>9} {'KLD p99':>8} "
+             f"{'KLD p99.9':>9} {'same top1':>9}"]
+    for name, r in results.items():
+        lines.append(f"{name:<16} {r['ppl']:9.4f} {r['ppl_stderr']:8.5f} {100 * (r['ppl'] / base - 1):+7.2f}% "
+                     f"{r['kld_mean']:9.5f} {r['kld_p99']:8.4f} {r['kld_p999']:9.4f} {100 * r['same_top1']:8.2f}%")
+    return "\n".join(lines)
