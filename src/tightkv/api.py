@@ -90,10 +90,9 @@ class Model:
 
     def new_cache(self, kv: str | None = None) -> list:
         """A fresh per-layer KV cache."""
-        from .kv.cache import make_layer_cache
+        from .kv.spec import parse_kv
 
-        kind = kv or self.kv
-        return [make_layer_cache(kind, h, d, dv, window) for h, d, dv, window in self.net.cache_layout()]
+        return parse_kv(kv or self.kv).make_caches(self.net.cache_layout())
 
     def logits(self, ids: list[int]) -> np.ndarray:
         """Logits [len(ids), vocab] at every position, from one chunked prefill."""

@@ -150,9 +150,9 @@ def _grow(t: torch.Tensor, capacity: int) -> torch.Tensor:
 
 def make_layer_cache(kind: str, num_kv_heads: int, head_dim: int, value_dim: int | None = None,
                      window: int | None = None) -> LayerCache:
-    """A per-layer cache of the named KV type."""
+    """A per-layer cache of the named KV type or spec (see spec.py), e.g. "f16", "tq4", "q8_0:tq4"."""
     if kind in DENSE_DTYPES:
         return DenseCache(kind, num_kv_heads, head_dim, value_dim, window)
-    from ..errors import TightKVError
+    from .spec import parse_kv
 
-    raise TightKVError(f"unknown KV cache type '{kind}' (available: {', '.join(DENSE_DTYPES)})")
+    return parse_kv(kind).make_cache(0, 1, num_kv_heads, head_dim, value_dim, window)

@@ -1,0 +1,389 @@
+"""The compressed per-layer KV cache: attention straight from the packed codes.
+
+Layout of one layer's history (positions are absolute token indices):
+
+    [0, S)           sink: exact (fp16), the first S tokens
+    [S, cend)        body: compressed by the K and V codecs, in units of `tile` tokens
+    [cend, offset)   recent pool: exact (fp16); holds at least the last R tokens
+
+A query at position p sees the key/value j as it is stored *for it*: exact when
+j < S or j >= b(p), compressed otherwise, where
+
+    c(p) = S + tile * floor(max(0, p + 1 - S - R) / tile)   (body end at p in decode)
+    b(p) = max(c(p), body end before this call)
+
+So decode and a chunked prefill of any chunk size see exactly the same data, and
+a prefill really attends over compressed keys: the chunk is appended (its tokens
+that leave the recent window are encoded) before it is attended. Tokens are
+encoded from their fp16 exact copy, so the codes never depend on the chunking.
+
+Attention (`attend`) never materializes the history in full precision: it rotates
+the queries into the key codec's domain once, walks the body block by block (a
+block is decoded, scored and folded into an online softmax, then freed), keeps
+value sums for the body in the value codec's domain and rotates them back once.
+
+Our variants centre: a fixed per-channel vector c_k (the mean of the first keys
+the layer compresses) is subtracted before encoding; scores of body keys get
+q . c_k added back, which is exact. Values likewise: out += c_v * (body weight).
+Sliding-window layers keep only what a future query can see.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .codecs import Codec
+
+_NEG_INF = float("-inf")
+
+
+def boundary(p: torch.Tensor | int, sink: int, recent: int, tile: int):
+    """c(p): where the compressed body ends for a query at position p (decode order)."""
+    if isinstance(p, int):
+        return sink + tile * (max(0, p + 1 - sink - recent) // tile)
+    return sink + tile * torch.div((p + 1 - sink - recent).clamp_min(0), tile, rounding_mode="floor")
+
+
+class CompressedCache:
+    """A layer cache with independent K and V codecs, an exact sink and recent window.
+
+    Args:
+        kcodec, vcodec: codecs for keys and values (see codecs.py).
+        num_kv_heads: Hkv.
+        window: the layer's sliding window in tokens, or None for global attention.
+        sink, recent: exact first / last tokens (0 turns each off).
+    """
+
+    step = 256  # growth of the stores, in tokens (exact) and units (body)
+    block_elems = 1 << 18  # body elements decoded at a time per K or V (1 MiB of float32)
+
+    def __init__(self, kcodec: Codec, vcodec: Codec, num_kv_heads: int, window: int | None = None,
+                 sink: int = 4, recent: int = 128):
+        self.kc, self.vc = kcodec, vcodec
+        self.tile = max(kcodec.tile, vcodec.tile)
+        if self.tile % kcodec.tile or self.tile % vcodec.tile:
+            raise ValueError(f"tiles {kcodec.tile} and {vcodec.tile} do not nest")
+        self.hkv, self.dk, self.dv = num_kv_heads, kcodec.dim, vcodec.dim
+        self.window, self.sink, self.recent = window, sink, recent
+        self.offset = 0
+        # exact store: [sink entries for positions 0..nsink-1][pool entries for positions pool0..offset-1]
+        self.ek = torch.empty(self.hkv, 0, self.dk, dtype=torch.float16)  # (Hkv, capacity, D)
+        self.ev = torch.empty(self.hkv, 0, self.dv, dtype=torch.float16)  # (Hkv, capacity, Dv)
+        self.nsink = 0  # sink entries at the front of the exact store
+        self.pool0 = sink  # position of the first pool entry
+        # body store: fields (Hkv, capacity units, ...); unit u holds positions cstart + u*tile ..
+        self.kf: dict[str, torch.Tensor] = {}
+        self.vf: dict[str, torch.Tensor] = {}
+        self.cstart = self.cend = sink
+        self.kr, self.vr = self.tile // kcodec.tile, self.tile // vcodec.tile  # codec units per unit
+        self.kcenter: torch.Tensor | None = None  # (Hkv, D) fp16
+        self.vcenter: torch.Tensor | None = None  # (Hkv, Dv) fp16
+
+    # --- protocol -------------------------------------------------------------
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        b = self.append(k, v)
+        out = self.attend_stored(q, b, scale)
+        self._forget()
+        return out
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store new tokens: exact first, then encode those that leave the recent window.
+        Returns b (T,): for each new position, where the body it sees ends."""
+        start, end = self.offset, self.offset + k.shape[1]
+        body_before = self.cend
+        self._append_exact(k, v)
+        self._compress(max(self.cend, boundary(end - 1, self.sink, self.recent, self.tile)))
+        return boundary(torch.arange(start, end), self.sink, self.recent, self.tile).clamp_min(body_before)
+
+    def attend_stored(self, q: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
+        """Attend q (H, T, D), the last T positions, over the stored history -> (H, T, Dv)."""
+        q_pos = torch.arange(self.offset - q.shape[1], self.offset)
+        out = self._attention(q, q_pos, b, scale)
+        return out if out.dtype == q.dtype else out.to(q.dtype)
+
+    def trim(self, n: int) -> None:
+        if n <= 0:
+            return
+        new = self.offset - n
+        if new < 0:
+            raise ValueError(f"cannot trim {n} tokens from a cache holding {self.offset}")
+        if self.window is not None and not self._holds_from(max(0, new - self.window + 1)):
+            raise ValueError("cannot trim: this sliding-window cache no longer holds the tokens it would need")
+        if new < self.cend:
+            keep_to = max(self.sink, new)
+            if keep_to < self.cstart or (keep_to - self.cstart) % self.tile:
+                raise ValueError(f"cannot trim into a compressed tile of {self.tile} tokens")
+            self.cend = keep_to
+        if new < self.sink:
+            self.nsink = min(self.nsink, new)
+        self.pool0 = min(self.pool0, max(self.sink, new))
+        self.offset = new
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: body codes and scales, exact sink and pool, centring vectors."""
+        u0, u1 = self._live_units()
+        total = sum(t[:, u0:u1].numel() * t.element_size() for f in (self.kf, self.vf) for t in f.values())
+        ns, p0, p1 = self._live_exact()
+        total += (ns + p1 - p0) * self.hkv * (self.dk + self.dv) * 2
+        for c in (self.kcenter, self.vcenter):
+            if c is not None:
+                total += c.numel() * c.element_size()
+        return total
+
+    def state(self) -> dict[str, torch.Tensor]:
+        u0, u1 = self._live_units()
+        p0, p1 = self._live_exact()[1:]
+        out = {f"k.{n}": t[:, u0:u1].clone() for n, t in self.kf.items()}
+        out.update({f"v.{n}": t[:, u0:u1].clone() for n, t in self.vf.items()})
+        idx = torch.cat([torch.arange(self.nsink), self._pool_index(p0) + torch.arange(p1 - p0)])
+        out["ek"], out["ev"] = self.ek[:, idx].clone(), self.ev[:, idx].clone()
+        if self.kcenter is not None:
+            out["kcenter"] = self.kcenter.clone()
+        if self.vcenter is not None:
+            out["vcenter"] = self.vcenter.clone()
+        out["meta"] = torch.tensor([self.offset, self.cstart + u0 * self.tile, self.cend, self.nsink, p0,
+                                    self.sink, self.recent, self.tile], dtype=torch.int64)
+        return out
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        offset, cstart, cend, nsink, p0, sink, recent, tile = (int(x) for x in state["meta"])
+        if (sink, recent, tile) != (self.sink, self.recent, self.tile):
+            raise ValueError("state was saved by a cache with another sink, recent window or tile")
+        self.offset, self.cstart, self.cend, self.nsink, self.pool0 = offset, cstart, cend, nsink, p0
+        self.kf = {n[2:]: t.clone() for n, t in state.items() if n.startswith("k.")}
+        self.vf = {n[2:]: t.clone() for n, t in state.items() if n.startswith("v.")}
+        self.kcenter, self.vcenter = state.get("kcenter"), state.get("vcenter")
+        self.ek, self.ev = state["ek"].to(torch.float16).clone(), state["ev"].to(torch.float16).clone()
+
+    # --- storage ----------------------------------------------------------------
+    def _pool_index(self, pos: int) -> int:
+        return self.nsink + (pos - self.pool0)
+
+    def _append_exact(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write the new tokens after the held ones: sink entries first, then the pool."""
+        T = k.shape[1]
+        start, end = self.offset, self.offset + T
+        i0 = start if start < self.sink else self._pool_index(start)  # below the sink the pool is empty
+        if i0 + T > self.ek.shape[1]:
+            cap = (i0 + T + self.step - 1) // self.step * self.step
+            self.ek, self.ev = _grow(self.ek, cap, 1), _grow(self.ev, cap, 1)
+        self.ek[:, i0 : i0 + T] = k
+        self.ev[:, i0 : i0 + T] = v
+        if start < self.sink:
+            self.nsink = min(self.sink, end)
+        self.offset = end
+
+    def _compress(self, new_end: int) -> None:
+        """Encode positions [cend, new_end) from their exact copies into the body."""
+        if new_end <= self.cend:
+            return
+        i0 = self._pool_index(self.cend)
+        k = self.ek[:, i0 : i0 + new_end - self.cend].float()
+        v = self.ev[:, i0 : i0 + new_end - self.cend].float()
+        if self.kc.center and self.kcenter is None:
+            self.kcenter = self._pool_mean(self.ek).half()
+        if self.vc.center and self.vcenter is None:
+            self.vcenter = self._pool_mean(self.ev).half()
+        if self.kcenter is not None:
+            k = k - self.kcenter.float()[:, None]
+        if self.vcenter is not None:
+            v = v - self.vcenter.float()[:, None]
+        kf, vf = self.kc.encode(k), self.vc.encode(v)
+        units = (new_end - self.cend) // self.tile
+        have = (self.cend - self.cstart) // self.tile
+        for store, new in ((self.kf, kf), (self.vf, vf)):
+            for name, t in new.items():
+                if t.shape[1] != units:  # several codec units per cache unit
+                    t = t.reshape(t.shape[0], units, t.shape[1] // units, *t.shape[2:])
+                old = store.get(name)
+                if old is None or old.shape[1] < have + units:
+                    cap = max(have + units, (have + units + self.step - 1) // self.step * self.step)
+                    old = _grow(old if old is not None else t[:, :0], cap, 1)
+                    store[name] = old
+                old[:, have : have + units] = t
+        self.cend = new_end
+
+    def _decode(self, which: str, u0: int, u1: int) -> torch.Tensor:
+        """Body units [u0, u1) of keys or values, decoded to the codec's domain (Hkv, n, dim)."""
+        codec, fields, r = (self.kc, self.kf, self.kr) if which == "k" else (self.vc, self.vf, self.vr)
+        if r == 1:
+            return codec.decode({n: t[:, u0:u1] for n, t in fields.items()})
+        return codec.decode({n: t[:, u0:u1].flatten(1, 2) for n, t in fields.items()})
+
+    def _pool_mean(self, store: torch.Tensor) -> torch.Tensor:
+        """Mean of the first recent + tile pool tokens: the tokens held when decode first
+        compresses, so the centre does not depend on how the prompt was chunked."""
+        first = max(self.cend, self.pool0)
+        i0 = self._pool_index(first)
+        i1 = self._pool_index(min(self.offset, first + self.recent + self.tile))
+        return store[:, i0:i1].float().mean(1)
+
+    def _horizon(self) -> int:
+        """Positions below this are invisible to every future query."""
+        return 0 if self.window is None else max(0, self.offset - self.window + 1)
+
+    def _live_units(self) -> tuple[int, int]:
+        n = (self.cend - self.cstart) // self.tile
+        dead = max(0, self._horizon() - self.cstart) // self.tile
+        return min(dead, n), n
+
+    def _live_exact(self) -> tuple[int, int, int]:
+        """Live sink entries [0, ns) (the sink lives while any of it is visible) and live
+        pool positions [p0, offset)."""
+        h = self._horizon()
+        ns = self.nsink if self.nsink > h else 0
+        return ns, min(self.offset, max(self.cend, h, self.pool0)), self.offset
+
+    def _holds_from(self, pos: int) -> bool:
+        """Whether every position in [pos, offset) is still stored (exact or compressed)."""
+        if pos < self.sink and self.nsink < min(self.sink, self.offset):
+            return False
+        p = max(pos, self.sink)
+        return self.cstart <= p if self.cend > self.cstart else self.pool0 <= p
+
+    def _forget(self) -> None:
+        """Compact the stores once enough of them is dead (compressed, or out of the window)."""
+        u0, n = self._live_units()
+        if u0 and (u0 >= 64 or 2 * u0 >= n):
+            for store in (self.kf, self.vf):
+                for name, t in store.items():
+                    store[name] = t[:, u0:].clone()
+            self.cstart += u0 * self.tile
+        ns, p0, p1 = self._live_exact()
+        p0 = max(self.cend, self.pool0)  # dead tokens not yet compressed stay until they are
+        dead = (self.nsink - ns) + (p0 - self.pool0)
+        if dead >= 64 or (dead and 2 * dead >= self.ek.shape[1]):
+            idx = torch.cat([torch.arange(ns), self._pool_index(p0) + torch.arange(p1 - p0)])
+            cap = max(self.step, (idx.numel() + self.step - 1) // self.step * self.step)
+            self.ek, self.ev = _take(self.ek, idx, cap), _take(self.ev, idx, cap)
+            self.nsink, self.pool0 = ns, p0
+
+    # --- attention ----------------------------------------------------------------
+    def _attention(self, q: torch.Tensor, q_pos: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
+        """q (H, T, D) at positions q_pos (T,); body visible below b (T,) -> (H, T, Dv)."""
+        H, T, D = q.shape
+        g = H // self.hkv
+        qf = q.float().reshape(self.hkv, g * T, D)
+        win = self.window
+        # exact part: sink and pool, masked per query
+        pos = torch.cat([torch.arange(self.nsink), torch.arange(self.pool0, max(self.pool0, self.offset))])
+        n_ex = pos.numel()
+        diff = q_pos[:, None] - pos[None, :]
+        mask = (diff >= 0) & ((pos[None, :] < self.sink) | (pos[None, :] >= b[:, None]))
+        if win is not None:
+            mask &= diff < win
+        s = (qf @ self.ek[:, :n_ex].float().transpose(1, 2)).view(self.hkv, g, T, n_ex) * scale
+        s = s.masked_fill(~mask, _NEG_INF)
+        m = s.amax(-1)
+        m_safe = torch.where(m == _NEG_INF, 0.0, m)
+        p = torch.exp(s - m_safe[..., None])
+        l = p.sum(-1)
+        acc = p.view(self.hkv, g * T, n_ex) @ self.ev[:, :n_ex].float()  # (Hkv, gT, Dv)
+        # compressed body, block by block
+        n_units = (self.cend - self.cstart) // self.tile
+        u0 = 0
+        lo = int(q_pos[0]) - win + 1 if win is not None else 0
+        hi = int(b.max())
+        u_lo = max(u0, (lo - self.cstart) // self.tile) if lo > self.cstart else u0
+        u_hi = min(n_units, max(0, -(-(hi - self.cstart) // self.tile)))
+        if u_hi > u_lo:
+            qk = self.kc.to_code(qf)
+            qc = (qf @ self.kcenter.float()[:, :, None]).view(self.hkv, g, T, 1) if self.kcenter is not None else None
+            acc_c = torch.zeros(self.hkv, g * T, self.dv)
+            l_c = torch.zeros(self.hkv, g, T) if self.vcenter is not None else None
+            step = max(1, self.block_elems // (self.tile * self.hkv * max(self.dk, self.dv)))
+            for u in range(u_lo, u_hi, step):
+                ue = min(u + step, u_hi)
+                kb = self._decode("k", u, ue)  # (Hkv, n, D) code domain
+                n = kb.shape[1]
+                kpos = self.cstart + u * self.tile + torch.arange(n)
+                diff = q_pos[:, None] - kpos[None, :]
+                mask = (kpos[None, :] < b[:, None]) & (diff >= 0)
+                if win is not None:
+                    mask &= diff < win
+                s = (qk @ kb.transpose(1, 2)).view(self.hkv, g, T, n)
+                if qc is not None:
+                    s = s + qc
+                s = (s * scale).masked_fill(~mask, _NEG_INF)
+                m_new = torch.maximum(m, s.amax(-1))
+                m_safe = torch.where(m_new == _NEG_INF, 0.0, m_new)
+                alpha = torch.exp(m - m_safe)
+                p = torch.exp(s - m_safe[..., None])
+                l = l * alpha + p.sum(-1)
+                a = alpha.view(self.hkv, g * T, 1)
+                acc = acc * a
+                vb = self._decode("v", u, ue)  # (Hkv, n, Dv)
+                acc_c = acc_c * a + p.view(self.hkv, g * T, n) @ vb
+                if l_c is not None:
+                    l_c = l_c * alpha + p.sum(-1)
+                m = m_new
+            acc = acc + self.vc.from_code(acc_c)
+            if l_c is not None:
+                acc = acc + l_c.view(self.hkv, g * T, 1) * self.vcenter.float()[:, None, :]
+        out = acc / l.view(self.hkv, g * T, 1)
+        return out.view(H, T, self.dv)
+
+    # --- for tests and tools: never used by attention -------------------------------
+    def dequantized(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The held history decoded to float32 in the original domain: keys (Hkv, N, D),
+        values (Hkv, N, Dv), positions (N,), exact flags (N,). Test helper: builds the
+        full-precision copy that `attend` never does."""
+        u0, n = 0, (self.cend - self.cstart) // self.tile
+        ks = [self.ek[:, : self.nsink].float()]
+        vs = [self.ev[:, : self.nsink].float()]
+        pos = [torch.arange(self.nsink)]
+        exact = [torch.ones(self.nsink, dtype=torch.bool)]
+        if n > u0:
+            k = self.kc.from_code(self._decode("k", u0, n))
+            v = self.vc.from_code(self._decode("v", u0, n))
+            if self.kcenter is not None:
+                k = k + self.kcenter.float()[:, None]
+            if self.vcenter is not None:
+                v = v + self.vcenter.float()[:, None]
+            ks.append(k)
+            vs.append(v)
+            pos.append(self.cstart + u0 * self.tile + torch.arange(k.shape[1]))
+            exact.append(torch.zeros(k.shape[1], dtype=torch.bool))
+        i0 = self._pool_index(self.pool0)
+        top = max(self.pool0, self.offset)
+        ks.append(self.ek[:, i0 : self._pool_index(top)].float())
+        vs.append(self.ev[:, i0 : self._pool_index(top)].float())
+        pos.append(torch.arange(self.pool0, top))
+        exact.append(torch.ones(top - self.pool0, dtype=torch.bool))
+        return torch.cat(ks, 1), torch.cat(vs, 1), torch.cat(pos), torch.cat(exact)
+
+
+def _grow(t: torch.Tensor, capacity: int, dim: int) -> torch.Tensor:
+    shape = list(t.shape)
+    shape[dim] = capacity
+    new = torch.empty(shape, dtype=t.dtype)
+    new.narrow(dim, 0, t.shape[dim]).copy_(t)
+    return new
+
+
+def _take(t: torch.Tensor, idx: torch.Tensor, capacity: int) -> torch.Tensor:
+    new = torch.empty(t.shape[0], capacity, t.shape[2], dtype=t.dtype)
+    new[:, : idx.numel()] = t[:, idx]
+    return new
+
+
+def layer_bytes(kcodec: Codec, vcodec: Codec, num_kv_heads: int, window: int | None, sink: int,
+                recent: int, tokens: int) -> int:
+    """What `CompressedCache.nbytes` is after `tokens` tokens: bits per element times
+    elements for the body, fp16 for the exact sink and pool, plus centring vectors."""
+    tile = max(kcodec.tile, vcodec.tile)
+    h = num_kv_heads
+    cend = boundary(tokens - 1, sink, recent, tile) if tokens > sink else sink
+    horizon = 0 if window is None else max(0, tokens - window + 1)
+    units = (cend - sink) // tile
+    dead = min(units, max(0, horizon - sink) // tile)
+    live = units - dead
+    body = live * tile * h * (kcodec.dim * kcodec.bits + vcodec.dim * vcodec.bits) / 8
+    n_sink = min(sink, tokens)
+    exact = (n_sink if n_sink > horizon else 0) + max(0, tokens - max(cend, horizon, sink))
+    meta = 0
+    if units:
+        meta += (h * kcodec.dim * 2 if kcodec.center else 0) + (h * vcodec.dim * 2 if vcodec.center else 0)
+    return int(round(body)) + exact * h * (kcodec.dim + vcodec.dim) * 2 + meta
