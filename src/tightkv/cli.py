@@ -49,6 +49,17 @@ def build_parser() -> argparse.ArgumentParser:
     ppl.add_argument("--json", default=None, help="write the results as JSON")
     _add_model_flags(ppl)
     ppl.set_defaults(ctx=2048)
+
+    bench = sub.add_parser("bench", help="prompt and generation speed, optionally beside llama.cpp")
+    bench.add_argument("model", nargs="?", default=None, help="registry name or .gguf path (default: embedded)")
+    bench.add_argument("--depths", default="16,2048", help="context depths for tg, comma-separated")
+    bench.add_argument("--n-prompt", "-p", type=int, default=512)
+    bench.add_argument("--n-gen", type=int, default=128)
+    bench.add_argument("--reps", "-r", type=int, default=3, help="repetitions; the median is reported")
+    bench.add_argument("--compare", default=None, help="comma-separated KV types")
+    bench.add_argument("--vs-llamacpp", action="store_true", help="also run llama.cpp (llama-cpp-python)")
+    bench.add_argument("--json", default=None)
+    _add_model_flags(bench)
     return parser
 
 
@@ -122,7 +133,48 @@ def cmd_ppl(ns: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "ppl": cmd_ppl}
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise TightKVError(f"{flag} takes comma-separated integers, got '{text}'") from None
+    if not values or min(values) < 1:
+        raise TightKVError(f"{flag} needs positive integers, got '{text}'")
+    return values
+
+
+def cmd_bench(ns: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from .api import Model, default_threads
+    from .eval.bench import format_table, run_llamacpp, run_tightkv
+
+    depths = _int_list(ns.depths, "--depths")
+    threads = ns.threads or default_threads()
+    kv_types = [k.strip() for k in (ns.compare or ns.kv or "f16").split(",") if k.strip()]
+    model = Model(ns.model, threads=threads, context_length=ns.ctx)
+    if max(depths) + ns.n_gen + 1 > model.context_length:
+        raise TightKVError(f"depth {max(depths)} + {ns.n_gen} tokens exceeds the context of {model.context_length}")
+    for kind in kv_types:
+        model.new_cache(kind)
+    rows = []
+    for kind in kv_types:
+        print(f"tightkv {kind} ...", file=sys.stderr, flush=True)
+        rows += run_tightkv(model, kind, depths, ns.n_prompt, ns.n_gen, ns.reps)
+    if ns.vs_llamacpp:
+        for kind in dict.fromkeys(["f16", "q8_0"] + kv_types):
+            print(f"llama.cpp {kind} ...", file=sys.stderr, flush=True)
+            rows += run_llamacpp(model.path, kind, depths, ns.n_prompt, ns.n_gen, ns.reps, threads)
+    print(format_table(rows))
+    print(f"model {model.path.name}, {threads} threads, medians of {ns.reps} runs")
+    if ns.json:
+        doc = {"model": str(model.path), "threads": threads, "reps": ns.reps, "rows": [r.as_dict() for r in rows]}
+        Path(ns.json).write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "ppl": cmd_ppl, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:

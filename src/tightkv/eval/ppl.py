@@ -57,8 +57,8 @@ def _scored_hidden(net, ids: list[int], cache: list, first: int, sub: int) -> to
     out = []
     for s in range(0, len(ids), sub):
         part = ids[s : s + sub]
-        rows = torch.arange(max(first - s, 0), min(len(part), len(ids) - 1 - s))
-        rows = rows[rows >= 0]
+        lo, hi = max(first - s, 0), min(len(part), len(ids) - 1 - s)
+        rows = torch.arange(lo, max(lo, hi))
         h = net(torch.tensor(part), cache, logits_at=rows, hidden=True)
         if h is not None:
             out.append(h)

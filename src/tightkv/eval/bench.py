@@ -1,0 +1,184 @@
+"""Prompt and generation speed, llama-bench style, optionally beside llama.cpp.
+
+Tests: ``pp512`` (a 512-token prompt into an empty cache) and ``tg128 @ dN``
+(128 decode steps after N tokens of context). Both engines get the same token
+ids, the same threads and the same depths; no sampling is timed, as in
+llama-bench. llama.cpp (llama-cpp-python) runs in a child process so that the
+two engines' memory never mixes.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+LLAMA_KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+INSTALL_HINT = ('llama-cpp-python is not installed; install it with\n'
+                '  CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_CURL=OFF" pip install llama-cpp-python==0.3.36')
+
+
+@dataclass
+class Row:
+    engine: str
+    kv: str
+    test: str
+    depth: int
+    tok_s: float
+    tok_s_runs: list[float]
+    kv_bytes: int = 0
+    peak_rss: int = 0
+    gb_s: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {"engine": self.engine, "kv": self.kv, "test": self.test, "depth": self.depth,
+                "tok_s": round(self.tok_s, 2), "tok_s_runs": [round(x, 2) for x in self.tok_s_runs],
+                "kv_bytes": self.kv_bytes, "peak_rss": self.peak_rss, "gb_s": round(self.gb_s, 2)}
+
+
+def bench_tokens(n: int, vocab: int, seed: int = 0) -> list[int]:
+    """Deterministic token ids, the same for both engines."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(1000, min(vocab, 200_000), size=n).tolist()
+
+
+def test_name(kind: str, n: int, depth: int) -> str:
+    return f"{kind}{n}" + (f" @ d{depth}" if depth else "")
+
+
+def peak_rss() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# --- tightkv ---------------------------------------------------------------------
+def _ours_pp(model, kv: str, ids: list[int]) -> float:
+    from ..engine.generate import prefill
+
+    cache = model.new_cache(kv)
+    t = time.perf_counter()
+    prefill(model.net, ids, cache)
+    return len(ids) / (time.perf_counter() - t)
+
+
+def _ours_tg(model, kv: str, context: list[int], steps: list[int]) -> tuple[float, int]:
+    import torch
+
+    from ..engine.generate import prefill
+
+    cache = model.new_cache(kv)
+    prefill(model.net, context, cache)
+    with torch.inference_mode():
+        model.net(torch.tensor(steps[:1]), cache)  # warm the decode path
+        t = time.perf_counter()
+        for tok in steps[1:]:
+            model.net(torch.tensor([tok]), cache)
+        elapsed = time.perf_counter() - t
+    return (len(steps) - 1) / elapsed, sum(c.nbytes for c in cache)
+
+
+def run_tightkv(model, kv: str, depths: list[int], n_prompt: int, n_gen: int, reps: int) -> list[Row]:
+    vocab = model.args.vocab_size
+    rows = []
+    weight_bytes = model.path.stat().st_size
+    prompt = [model.tokenizer.bos_id] + bench_tokens(n_prompt - 1, vocab, 1)
+    _ours_pp(model, kv, prompt[:64])  # warm-up: kernels compiled, pages touched
+    runs = [_ours_pp(model, kv, prompt) for _ in range(reps)]
+    rows.append(Row("tightkv", kv, test_name("pp", n_prompt, 0), 0, statistics.median(runs), runs))
+    for depth in depths:
+        context = [model.tokenizer.bos_id] + bench_tokens(depth - 1, vocab, 2)
+        steps = bench_tokens(n_gen + 1, vocab, 3)
+        measured = [_ours_tg(model, kv, context, steps) for _ in range(reps)]
+        runs = [m[0] for m in measured]
+        kv_bytes = measured[-1][1]
+        tps = statistics.median(runs)
+        rows.append(Row("tightkv", kv, test_name("tg", n_gen, depth), depth, tps, runs, kv_bytes, peak_rss(),
+                        (weight_bytes + kv_bytes) * tps / 1e9))
+    return rows
+
+
+# --- llama.cpp (child process) --------------------------------------------------
+def _llama_child(path, kv, depths, n_prompt, n_gen, reps, threads, queue):
+    try:
+        queue.put(("ok", _llama_measure(path, kv, depths, n_prompt, n_gen, reps, threads)))
+    except Exception as err:  # reported to the parent as one line
+        queue.put(("error", f"{type(err).__name__}: {err}"))
+
+
+def _llama_measure(path, kv, depths, n_prompt, n_gen, reps, threads):
+    from llama_cpp import Llama
+
+    kw = {} if kv in ("f16", "f32") else {"flash_attn": True}
+    ctx = max(depths + [n_prompt]) + n_gen + 8
+    m = Llama(str(path), n_ctx=ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
+              type_k=LLAMA_KV_TYPES[kv], type_v=LLAMA_KV_TYPES[kv], verbose=False, **kw)
+    vocab = m.n_vocab()
+    out = []
+    prompt = [m.token_bos()] + bench_tokens(n_prompt - 1, vocab, 1)
+    runs = []
+    for _ in range(reps + 1):
+        m.reset()
+        t = time.perf_counter()
+        m.eval(prompt)
+        runs.append(len(prompt) / (time.perf_counter() - t))
+    out.append(("pp", n_prompt, 0, runs[1:]))
+    for depth in depths:
+        context = [m.token_bos()] + bench_tokens(depth - 1, vocab, 2)
+        steps = bench_tokens(n_gen + 1, vocab, 3)
+        runs = []
+        for _ in range(reps):
+            m.reset()
+            m.eval(context)
+            m.eval(steps[:1])
+            t = time.perf_counter()
+            for tok in steps[1:]:
+                m.eval([tok])
+            runs.append((len(steps) - 1) / (time.perf_counter() - t))
+        out.append(("tg", n_gen, depth, runs))
+    return out, peak_rss()
+
+
+def run_llamacpp(path, kv: str, depths: list[int], n_prompt: int, n_gen: int, reps: int, threads: int) -> list[Row]:
+    """Measure llama.cpp in a child process; raises TightKVError if it is not installed."""
+    import importlib.util
+
+    from ..errors import TightKVError
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise TightKVError(INSTALL_HINT.replace("\n", " "))
+    if kv not in LLAMA_KV_TYPES:
+        return []
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_llama_child, args=(str(path), kv, depths, n_prompt, n_gen, reps, threads, queue))
+    proc.start()
+    status, payload = queue.get()
+    proc.join()
+    if status != "ok":
+        raise TightKVError(f"llama.cpp failed: {payload}")
+    measured, rss = payload
+    rows = []
+    for kind, n, depth, runs in measured:
+        rows.append(Row("llama.cpp", kv, test_name(kind, n, depth), depth, statistics.median(runs), runs,
+                        peak_rss=rss))
+    return rows
+
+
+def format_table(rows: list[Row], bandwidth: float | None = None) -> str:
+    """A llama-bench-like table, with the ratio to llama.cpp's same test and KV type."""
+    theirs = {(r.test, r.kv): r.tok_s for r in rows if r.engine == "llama.cpp"}
+    lines = [f"| engine    | kv     | test            |      t/s | vs llama.cpp f16 | vs same kv | KV MiB | GB/s |",
+             "|-----------|--------|-----------------|---------:|---------:|---------:|-------:|-----:|"]
+    for r in rows:
+        f16 = theirs.get((r.test, "f16"))
+        same = theirs.get((r.test, r.kv))
+        ratio = f"{r.tok_s / f16:.2f}x" if f16 and r.engine == "tightkv" else ""
+        ratio_same = f"{r.tok_s / same:.2f}x" if same and r.engine == "tightkv" else ""
+        kv_mib = f"{r.kv_bytes / 2**20:.1f}" if r.kv_bytes else ""
+        gbs = f"{r.gb_s:.1f}" if r.gb_s else ""
+        lines.append(f"| {r.engine:<9} | {r.kv:<6} | {r.test:<15} | {r.tok_s:8.2f} | {ratio:>8} | {ratio_same:>8} "
+                     f"| {kv_mib:>6} | {gbs:>4} |")
+    return "\n".join(lines)

@@ -1,0 +1,48 @@
+"""Smoke versions of the quality and speed commands (the full sweeps are in bench/)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import ESSAYS
+
+
+def _cli(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "tightkv.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_ppl_smoke_f16_against_itself(embedded):
+    from tightkv.eval.ppl import perplexity
+
+    text = ESSAYS.read_text()[:20000]
+    r = perplexity(embedded, text, ctx=512, n_chunks=1, kv_types=["f16", "f32"], progress=False)
+    assert r["f16"]["kld_mean"] == 0 and r["f16"]["same_top1"] == 1.0
+    assert r["f16"]["n_scored"] == 255
+    assert 5 < r["f16"]["ppl"] < 60
+    assert abs(r["f32"]["ppl"] / r["f16"]["ppl"] - 1) < 0.002 and r["f32"]["kld_mean"] < 1e-3
+
+
+def test_ppl_cli_writes_json(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text(ESSAYS.read_text()[:6000])
+    out = tmp_path / "ppl.json"
+    r = _cli("ppl", "--file", str(text), "--ctx", "256", "--chunks", "1", "--compare", "f16,bf16",
+             "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "Final estimate: PPL = " in r.stdout
+    doc = json.loads(out.read_text())
+    for kind in ("f16", "bf16"):
+        assert set(doc["results"][kind]) >= {"ppl", "ppl_stderr", "kld_mean", "kld_p99", "kld_p999", "same_top1"}
+
+
+def test_bench_cli_table(tmp_path):
+    out = tmp_path / "bench.json"
+    r = _cli("bench", "--depths", "16,64", "-p", "32", "--n-gen", "4", "-r", "1", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "tg4 @ d64" in r.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert {(row["engine"], row["test"]) for row in rows} == {("tightkv", "pp32"), ("tightkv", "tg4 @ d16"),
+                                                               ("tightkv", "tg4 @ d64")}
+    assert all(row["tok_s"] > 0 for row in rows)
