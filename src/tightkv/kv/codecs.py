@@ -102,7 +102,7 @@ class Codec:
 
     def to_code(self, x: torch.Tensor) -> torch.Tensor:
         """Original domain -> code domain (x @ R.T)."""
-        return x if self.rotation is None else x @ self.rotation.T
+        return x if self.rotation is None else x @ self.rotation.mT
 
     def from_code(self, y: torch.Tensor) -> torch.Tensor:
         """Code domain -> original domain (y @ R)."""
@@ -278,7 +278,7 @@ class TurboQuantProd(TurboQuant):
         y = self.to_code(x / norm.clamp_min(1e-30)[..., None])
         idx = self.quantize_unit(y)
         r = y - self.codebook[idx]
-        signs = (r @ self.projection.T) >= 0
+        signs = (r @ self.projection.mT) >= 0
         return {"idx": pack(idx, self.code_bits), "norm": _f16(norm),
                 "signs": pack(signs, 1), "rnorm": _f16(r.norm(dim=-1))}
 
