@@ -103,9 +103,12 @@ def main() -> None:
                 lins.append(qm.QuantLinear(qm.as_tensor(t.data), t.qtype, k, n))
         xs = {lin.in_features: torch.randn(1, lin.in_features) for lin in lins}
         total = sum(lin.nbytes for lin in lins) / 1e9
-        step = timeit(lambda: [lin(xs[lin.in_features]) for lin in lins], budget=2.0)
-        print(f"\ndecode step, all {len(lins)} weight matrices ({total * 1e3:.0f} MB, output layer tied to token_embd): "
-              f"{step * 1e3:.1f} ms = {total / step:.1f} GB/s")
+        print(f"\ndecode step: all {len(lins)} weight matrices once, 1 row ({total * 1e3:.0f} MB; output tied to token_embd)")
+        for threads in sorted({args.threads, 1}, reverse=True):
+            torch.set_num_threads(threads)
+            step = timeit(lambda: [lin(xs[lin.in_features]) for lin in lins], budget=2.0)
+            print(f"  fast, {threads} thread(s): {step * 1e3:.1f} ms = {total / step:.1f} GB/s")
+        torch.set_num_threads(args.threads)
 
 
 if __name__ == "__main__":

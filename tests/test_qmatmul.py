@@ -32,10 +32,11 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("qtype", BLOCK_TYPES + FLOAT_TYPES)
-def test_fast_matches_reference(qtype):
+def test_fast_matches_reference(qtype, monkeypatch):
+    monkeypatch.setattr(qm, "GEMV_MAX_ROWS", 8)
     lin = make_linear(qtype)
     w = quants.dequantize(lin.raw, qtype, (OUT, IN))
-    for rows in (1, 7, 20):  # 1 and 7 rows: block dot kernel; 20: dequantized tiles + matmul
+    for rows in (1, 7, 20):  # 1 and 7 rows: block-dot kernel; 20 (> GEMV_MAX_ROWS): dequantized tiles
         x = torch.randn(rows, IN)
         qm.set_backend("reference")
         ref = lin(x)
@@ -65,6 +66,7 @@ def test_kernel_dequant_bit_exact(qtype):
 
 def test_tiled_paths_with_small_tiles(monkeypatch):
     monkeypatch.setattr(qm, "TILE_ELEMS", 3 * IN)  # 3-row tiles, a ragged last one
+    monkeypatch.setattr(qm, "GEMV_MAX_ROWS", 4)
     lin = make_linear("Q6_K")
     x = torch.randn(2, 5, IN)  # leading dims are kept
     qm.set_backend("reference")

@@ -4,25 +4,31 @@
 stored as GGML blocks. `raw` is used in place, never copied or repacked: the
 module keeps a reference to it, so the memory map under a zero-copy `raw` stays
 mapped as long as the module lives, and the engine must not close it. Resident
-memory is the touched pages of the file and nothing else, plus one shared
-dequantization scratch tile of at most `TILE_ELEMS` floats per thread.
+memory is the touched pages of the file and nothing else (plus, above
+`GEMV_MAX_ROWS` input rows, one reused per-thread scratch tile of at most
+`TILE_ELEMS` floats).
 
 Two backends, switched by `set_backend`:
 
 - ``"reference"``: dequantize a tile of rows with `tightkv.gguf.quants` and
   `F.linear` in float32; never the whole matrix at once.
 - ``"fast"`` (default): a small C++ kernel, compiled once per machine with the
-  system C++ compiler into ``$TIGHTKV_HOME/kernels`` and loaded with ctypes.
-  For up to `GEMV_MAX_ROWS` input rows it reads each block once and multiplies
-  it against float32 activations with SIMD (AVX-512, AVX2 or plain C); for more
-  rows it dequantizes row tiles (bit-exact with the reference) and calls torch's
-  float32 matmul. It shares torch's OpenMP thread pool and uses
-  `torch.get_num_threads()` threads. Without a compiler, or with
+  system C++ compiler (about 5 s) into ``$TIGHTKV_HOME/kernels`` and loaded with
+  ctypes. It reads each block once, decodes 16 weights at a time with SIMD
+  (AVX-512, AVX2 or plain C) and multiplies them into up to 4 float32 activation
+  rows (float32 accumulation, no activation quantization). Above
+  `GEMV_MAX_ROWS` rows it dequantizes row tiles (bit-exact with the reference)
+  for torch's float32 matmul. Threads: `torch.get_num_threads()`, in the
+  kernel's own pool, whose callers never wait for a helper thread that has not
+  started (robust on busy or oversubscribed cores). Without a compiler, or with
   ``TIGHTKV_NO_COMPILE=1``, "fast" runs the reference path.
 
-Measured on this project's 2-core AVX-512 box (see bench/bench_qmatmul.py),
-this kernel beat torch.compile (Inductor) of a plain-torch block dot on the raw
-bytes (8 GB/s after a 15 s first compile per shape) and Numba (3-4 GB/s).
+Why this kernel (measured on the 2-core AVX-512 dev box, 262144x640 Q8_0, one
+row): it reads the blocks at 30 GB/s on one thread and about 45 GB/s on two;
+torch.compile (Inductor) of a plain-torch block dot over the same raw bytes ran
+at 8 GB/s after a 15 s compile per shape; Numba 3-4 GB/s (REFERENCES.md). For
+64 rows it beats dequantize + float32 matmul 2-4x (MKL's sgemm on this AMD CPU).
+See bench/bench_qmatmul.py.
 """
 from __future__ import annotations
 
@@ -44,9 +50,11 @@ import torch.nn.functional as F
 from ..gguf import quants
 
 BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+_TYPE_IDS = {name: i for i, name in enumerate(BLOCK_TYPES)}  # the kernel's type numbers
 FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-GEMV_MAX_ROWS = 8  # above this many input rows: dequantized tiles + float32 matmul
+GEMV_MAX_ROWS = 512  # above this many input rows: dequantized tiles + float32 matmul
 TILE_ELEMS = 1 << 22  # weight elements per dequantized tile (16 MB of float32)
+PARALLEL_MIN_BYTES = 1 << 16  # smaller weights run the block-dot kernel on one thread
 
 _BACKEND = "fast"
 
@@ -96,25 +104,39 @@ class QuantLinear(torch.nn.Module):
             if raw.stride(1) != 1:
                 raw = raw.contiguous()
         self.register_buffer("raw", raw, persistent=False)
+        self._tid = _TYPE_IDS.get(qtype, -1)  # kernel type id; -1 for float types
+        self._nbytes = raw.numel() * raw.element_size()
 
     def extra_repr(self) -> str:
         return f"{self.qtype}, in_features={self.in_features}, out_features={self.out_features}"
 
     @property
     def nbytes(self) -> int:
-        return self.raw.numel() * self.raw.element_size()
+        """Bytes of the weight as stored (the only memory this layer holds)."""
+        return self._nbytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x float32 (..., in_features) -> float32 (..., out_features)."""
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features).float().contiguous()  # (M, in)
+        k, n = self.in_features, self.out_features
+        x2 = x if x.dim() == 2 else x.reshape(-1, k)  # (M, in)
+        if x2.dtype != torch.float32:
+            x2 = x2.float()
+        if not x2.is_contiguous():
+            x2 = x2.contiguous()
+        m = x2.shape[0]
         if self.qtype == "F32":
             y = F.linear(x2, self.raw)
-        elif _BACKEND == "fast" and self.qtype in BLOCK_TYPES and (lib := _kernel()) is not None:
-            y = self._fast(lib, x2)
+        elif self._tid >= 0 and _BACKEND == "fast" and (lib := _lib if _lib_state == "loaded" else _kernel()) is not None:
+            nth = torch.get_num_threads() if self._nbytes * m >= PARALLEL_MIN_BYTES else 1
+            if m <= GEMV_MAX_ROWS:
+                y = torch.empty(m, n)  # (M, out)
+                if lib.tk_gemv(self._tid, self.raw.data_ptr(), self.raw.stride(0), n, k, x2.data_ptr(), m, y.data_ptr(), nth):
+                    raise RuntimeError(f"tightkv kernel: bad {self.qtype} shape {n}x{k}")
+            else:
+                y = self._tiled(x2, lambda r0, r1: self._fast_tile(lib, r0, r1, nth))
         else:
             y = self._tiled(x2, self._ref_tile)
-        return y.reshape(*lead, self.out_features)
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
 
     def embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` (n,) of W, dequantized exactly: float32 (n, in_features)."""
@@ -145,25 +167,14 @@ class QuantLinear(torch.nn.Module):
     def _ref_tile(self, r0: int, r1: int) -> torch.Tensor:
         return quants.dequantize(self.raw[r0:r1], self.qtype, (r1 - r0, self.in_features))
 
-    def _fast(self, lib, x2: torch.Tensor) -> torch.Tensor:
-        m, n, k = x2.shape[0], self.out_features, self.in_features
-        tid = _TYPE_IDS[self.qtype]
-        nth = torch.get_num_threads()
-        if m <= GEMV_MAX_ROWS:
-            y = torch.empty(m, n, dtype=torch.float32)  # (M, out)
-            rc = lib.tk_gemv(tid, self.raw.data_ptr(), self.raw.stride(0), n, k, x2.data_ptr(), m, y.data_ptr(), nth)
-        else:
-            def tile(r0: int, r1: int) -> torch.Tensor:
-                buf = _scratch((r1 - r0) * k)[: (r1 - r0) * k].view(r1 - r0, k)
-                ptr = self.raw.data_ptr() + r0 * self.raw.stride(0)
-                if lib.tk_dequant(tid, ptr, self.raw.stride(0), r1 - r0, k, buf.data_ptr(), nth):
-                    raise RuntimeError(f"tightkv kernel: bad {self.qtype} shape {n}x{k}")
-                return buf
-
-            return self._tiled(x2, tile)
-        if rc:
-            raise RuntimeError(f"tightkv kernel: bad {self.qtype} shape {n}x{k}")
-        return y
+    def _fast_tile(self, lib, r0: int, r1: int, nth: int) -> torch.Tensor:
+        """Rows r0:r1 of W dequantized by the kernel (bit-exact) into a reused buffer."""
+        k = self.in_features
+        buf = _scratch((r1 - r0) * k)[: (r1 - r0) * k].view(r1 - r0, k)
+        ptr = self.raw.data_ptr() + r0 * self.raw.stride(0)
+        if lib.tk_dequant(self._tid, ptr, self.raw.stride(0), r1 - r0, k, buf.data_ptr(), nth):
+            raise RuntimeError(f"tightkv kernel: bad {self.qtype} shape {self.out_features}x{k}")
+        return buf
 
 
 _local = threading.local()
@@ -179,7 +190,6 @@ def _scratch(numel: int) -> torch.Tensor:
 
 # -- the compiled kernel ---------------------------------------------------------
 
-_TYPE_IDS = {name: i for i, name in enumerate(BLOCK_TYPES)}
 _lib: ctypes.CDLL | None = None
 _lib_state = "unloaded"  # unloaded | loaded | unavailable
 _lib_lock = threading.Lock()
@@ -230,7 +240,7 @@ def _load() -> ctypes.CDLL:
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if not cxx:
         raise RuntimeError("no C++ compiler found")
-    base = ["-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17"]
+    base = ["-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17", "-pthread"]
     key = hashlib.sha256("\0".join([_SOURCE, cxx, *base, _cpu_id()]).encode()).hexdigest()[:16]
     cache = _cache_dir()
     so = cache / f"qmatmul-{key}.so"
@@ -241,13 +251,9 @@ def _load() -> ctypes.CDLL:
             src = Path(tmp) / "qmatmul.cpp"
             src.write_text(_SOURCE)
             out = Path(tmp) / so.name
-            err = ""
-            for extra in (["-fopenmp"], []):  # without OpenMP the kernel runs single-threaded
-                proc = subprocess.run([cxx, *base, *extra, str(src), "-o", str(out)], capture_output=True, text=True)
-                if proc.returncode == 0:
-                    break
+            proc = subprocess.run([cxx, *base, str(src), "-o", str(out)], capture_output=True, text=True)
+            if proc.returncode != 0:
                 err = proc.stderr.strip() or f"{cxx} exited with {proc.returncode}"
-            else:
                 raise RuntimeError(f"kernel compile failed: {err[:300]}")
             os.replace(out, so)
     lib = ctypes.CDLL(str(so))
@@ -263,13 +269,131 @@ _SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+static inline void cpu_relax() { _mm_pause(); }
+#else
+static inline void cpu_relax() { std::this_thread::yield(); }
 #endif
+
+// A tiny thread pool. A job's chunks are split in one contiguous range per
+// thread; each thread claims chunks from the front of its own range with a
+// compare-and-swap (so it streams through memory), then steals from the others'
+// ranges. The caller works too and, once no chunk is left, waits only for chunks
+// that other threads have already started: a helper that is slow to wake (busy
+// or oversubscribed cores) never stalls a call, the caller does its share.
+// (OpenMP's static split waits for every thread at the end of each region.)
+typedef void (*chunk_fn)(const void *ctx, int64_t chunk);
+
+namespace {
+const int MAX_THREADS = 64;
+struct alignas(64) Cursor {
+  std::atomic<uint64_t> v{0};  // job generation << 32 | next chunk of this range
+};
+struct Job {  // one slot per generation parity, rewritten only after that job ended
+  std::atomic<chunk_fn> fn{nullptr};
+  std::atomic<const void *> ctx{nullptr};
+  std::atomic<int64_t> nchunks{0};
+  std::atomic<int> nranges{1};
+};
+struct Pool {
+  alignas(64) std::atomic<uint32_t> gen{0};
+  alignas(64) std::atomic<int64_t> done{0};  // chunks finished in the current job
+  alignas(64) std::atomic<int> sleepers{0};
+  std::atomic<bool> busy{false};             // one caller at a time; others run alone
+  Cursor cur[MAX_THREADS];
+  Job jobs[2];
+  std::mutex mu;                             // only for sleeping and starting threads
+  std::condition_variable cv;
+  int started = 0;
+};
+Pool &pool = *new Pool;  // never destroyed: helpers may still wait on it at exit
+
+// Run chunks of job generation g, own range first, until none is left.
+void work(uint32_t g, int id) {
+  const Job &job = pool.jobs[g & 1];
+  int nr = job.nranges.load(std::memory_order_relaxed);
+  nr = nr < 1 ? 1 : nr > MAX_THREADS ? MAX_THREADS : nr;  // a stale job's value only fails claims
+  int64_t mine = 0;
+  for (int k = 0; k < nr; k++) {
+    const int r = (id + k) % nr;
+    std::atomic<uint64_t> &cur = pool.cur[r].v;
+    uint64_t s = cur.load(std::memory_order_acquire);
+    while ((uint32_t)(s >> 32) == g) {
+      const int64_t c = (int64_t)(uint32_t)s, n = job.nchunks.load(std::memory_order_relaxed);
+      if (c >= (r + 1) * n / nr) break;
+      if (cur.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
+        // success proves job g was still running, so the slot holds its fn and ctx
+        job.fn.load(std::memory_order_relaxed)(job.ctx.load(std::memory_order_relaxed), c);
+        mine++;
+        s = cur.load(std::memory_order_acquire);
+      }
+    }
+  }
+  if (mine) pool.done.fetch_add(mine, std::memory_order_release);
+}
+
+void helper(int id) {
+  uint32_t seen = 0;
+  for (;;) {
+    uint32_t g = pool.gen.load(std::memory_order_acquire);
+    for (int i = 0; i < 4000 && g == seen; i++) {  // spin ~0.1 ms: catches back-to-back calls
+      cpu_relax();
+      g = pool.gen.load(std::memory_order_acquire);
+    }
+    if (g == seen) {
+      std::unique_lock<std::mutex> lk(pool.mu);
+      pool.sleepers.fetch_add(1, std::memory_order_seq_cst);
+      while ((g = pool.gen.load(std::memory_order_seq_cst)) == seen) pool.cv.wait(lk);
+      pool.sleepers.fetch_sub(1, std::memory_order_relaxed);
+    }
+    seen = g;
+    work(g, id);
+  }
+}
+}  // namespace
+
+static void run_chunks(chunk_fn fn, const void *ctx, int64_t nchunks, int nth) {
+  int nr = nth < nchunks ? nth : (int)nchunks;
+  if (nr > MAX_THREADS) nr = MAX_THREADS;
+  if (nr < 2 || nchunks >= (1LL << 31) || pool.busy.exchange(true, std::memory_order_acquire)) {
+    for (int64_t c = 0; c < nchunks; c++) fn(ctx, c);
+    return;
+  }
+  if (pool.started < nr - 1) {
+    std::lock_guard<std::mutex> lk(pool.mu);
+    while (pool.started < nr - 1) std::thread(helper, ++pool.started).detach();
+  }
+  uint32_t g = pool.gen.load(std::memory_order_relaxed) + 1;
+  if (g == 0) g = 1;  // helpers start having "seen" generation 0
+  Job &job = pool.jobs[g & 1];
+  job.fn.store(fn, std::memory_order_relaxed);
+  job.ctx.store(ctx, std::memory_order_relaxed);
+  job.nchunks.store(nchunks, std::memory_order_relaxed);
+  job.nranges.store(nr, std::memory_order_relaxed);
+  pool.done.store(0, std::memory_order_relaxed);
+  for (int r = 0; r < nr; r++) pool.cur[r].v.store((uint64_t)g << 32 | (uint64_t)(r * nchunks / nr), std::memory_order_release);
+  pool.gen.store(g, std::memory_order_seq_cst);
+  if (pool.sleepers.load(std::memory_order_seq_cst) > 0) {
+    { std::lock_guard<std::mutex> lk(pool.mu); }
+    pool.cv.notify_all();
+  }
+  work(g, 0);
+  while (pool.done.load(std::memory_order_acquire) < nchunks) cpu_relax();
+  pool.busy.store(false, std::memory_order_release);
+}
+
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 8")
+#define ALWAYS_INLINE_LAMBDA __attribute__((always_inline))
 static inline float h2f(const uint8_t *p) { _Float16 h; memcpy(&h, p, 2); return (float)h; }
 static inline uint32_t u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 
@@ -285,6 +409,7 @@ static inline V vmul(V a, V b) { return _mm512_mul_ps(a, b); }
 static inline V vadd(V a, V b) { return _mm512_add_ps(a, b); }
 static inline V vsub(V a, V b) { return _mm512_sub_ps(a, b); }
 static inline V vfma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+static inline V vfms(V a, V b, V c) { return _mm512_fmsub_ps(a, b, c); }
 static inline float vsum(V a) { return _mm512_reduce_add_ps(a); }
 static inline V cvt(VI a) { return _mm512_cvtepi32_ps(a); }
 static inline VI ld_i8(const uint8_t *p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)); }
@@ -306,6 +431,7 @@ static inline V vmul(V x, V y) { return {_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(
 static inline V vadd(V x, V y) { return {_mm256_add_ps(x.a, y.a), _mm256_add_ps(x.b, y.b)}; }
 static inline V vsub(V x, V y) { return {_mm256_sub_ps(x.a, y.a), _mm256_sub_ps(x.b, y.b)}; }
 static inline V vfma(V x, V y, V z) { return {_mm256_fmadd_ps(x.a, y.a, z.a), _mm256_fmadd_ps(x.b, y.b, z.b)}; }
+static inline V vfms(V x, V y, V z) { return {_mm256_fmsub_ps(x.a, y.a, z.a), _mm256_fmsub_ps(x.b, y.b, z.b)}; }
 static inline float vsum(V x) {
   __m256 s = _mm256_add_ps(x.a, x.b);
   __m128 t = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
@@ -346,6 +472,7 @@ static inline V vmul(V a, V b) { V r; L16 r.v[i] = a.v[i] * b.v[i]; return r; }
 static inline V vadd(V a, V b) { V r; L16 r.v[i] = a.v[i] + b.v[i]; return r; }
 static inline V vsub(V a, V b) { V r; L16 r.v[i] = a.v[i] - b.v[i]; return r; }
 static inline V vfma(V a, V b, V c) { V r; L16 r.v[i] = a.v[i] * b.v[i] + c.v[i]; return r; }
+static inline V vfms(V a, V b, V c) { V r; L16 r.v[i] = a.v[i] * b.v[i] - c.v[i]; return r; }
 static inline float vsum(V a) { float s = 0; L16 s += a.v[i]; return s; }
 static inline V cvt(VI a) { V r; L16 r.v[i] = (float)a.v[i]; return r; }
 static inline VI ld_i8(const uint8_t *p) { VI r; L16 r.v[i] = (int8_t)p[i]; return r; }
@@ -362,7 +489,7 @@ static inline VI ibit16(uint32_t h) { VI r; L16 r.v[i] = ((h >> i) & 1) << 4; re
 // f(e, q, s, mn) for elements e..e+15 of the block, whose values are s*q - mn.
 struct Q8_0 {
   enum { QK = 32, TS = 34, MIN = 0 };
-  template <class F> static inline void visit(const uint8_t *b, F &&f) {
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
     float d = h2f(b);
     f(0, cvt(ld_i8(b + 2)), d, 0.f);
     f(16, cvt(ld_i8(b + 18)), d, 0.f);
@@ -370,7 +497,7 @@ struct Q8_0 {
 };
 struct Q4_0 {
   enum { QK = 32, TS = 18, MIN = 0 };
-  template <class F> static inline void visit(const uint8_t *b, F &&f) {
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
     float d = h2f(b);
     VI q = ld_u8(b + 2);
     f(0, cvt(isub(iand(q, 15), 8)), d, 0.f);
@@ -379,7 +506,7 @@ struct Q4_0 {
 };
 struct Q4_1 {
   enum { QK = 32, TS = 20, MIN = 1 };
-  template <class F> static inline void visit(const uint8_t *b, F &&f) {
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
     float d = h2f(b), m = h2f(b + 2);
     VI q = ld_u8(b + 4);
     f(0, cvt(iand(q, 15)), d, -m);
@@ -388,7 +515,7 @@ struct Q4_1 {
 };
 struct Q5_0 {
   enum { QK = 32, TS = 22, MIN = 0 };
-  template <class F> static inline void visit(const uint8_t *b, F &&f) {
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
     float d = h2f(b);
     uint32_t h = u32(b + 2);
     VI q = ld_u8(b + 6);
@@ -398,7 +525,7 @@ struct Q5_0 {
 };
 struct Q5_1 {
   enum { QK = 32, TS = 24, MIN = 1 };
-  template <class F> static inline void visit(const uint8_t *b, F &&f) {
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
     float d = h2f(b), m = h2f(b + 2);
     uint32_t h = u32(b + 4);
     VI q = ld_u8(b + 8);
@@ -408,12 +535,12 @@ struct Q5_1 {
 };
 struct Q2_K {
   enum { QK = 256, TS = 84, MIN = 1 };
-  template <class F> static inline void visit(const uint8_t *b, F &&f) {
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
     const uint8_t *sc = b, *qs = b + 16;
     float d = h2f(b + 80), dmin = h2f(b + 82);
-    for (int h = 0; h < 2; h++)
-      for (int j = 0; j < 4; j++)
-        for (int u = 0; u < 2; u++) {
+    UNROLL for (int h = 0; h < 2; h++)
+      UNROLL for (int j = 0; j < 4; j++)
+        UNROLL for (int u = 0; u < 2; u++) {
           int s = sc[8 * h + 2 * j + u];
           f(128 * h + 32 * j + 16 * u, cvt(iand(isrl(ld_u8(qs + 32 * h + 16 * u), 2 * j), 3)), d * (float)(s & 15), dmin * (float)(s >> 4));
         }
@@ -421,12 +548,12 @@ struct Q2_K {
 };
 struct Q3_K {
   enum { QK = 256, TS = 110, MIN = 0 };
-  template <class F> static inline void visit(const uint8_t *b, F &&f) {
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
     const uint8_t *hm = b, *qs = b + 32, *ls = b + 96, *hs = b + 104;
     float d = h2f(b + 108);
-    for (int h = 0; h < 2; h++)
-      for (int j = 0; j < 4; j++)
-        for (int u = 0; u < 2; u++) {
+    UNROLL for (int h = 0; h < 2; h++)
+      UNROLL for (int j = 0; j < 4; j++)
+        UNROLL for (int u = 0; u < 2; u++) {
           int k = 8 * h + 2 * j + u;
           int lo = k < 8 ? (ls[k] & 15) : (ls[k - 8] >> 4);
           int hi = (hs[k % 4] >> (2 * (k / 4))) & 3;
@@ -447,15 +574,15 @@ static inline void k_scale_min(const uint8_t *q, int j, int *sc, int *m) {
 }
 struct Q4_K {
   enum { QK = 256, TS = 144, MIN = 1 };
-  template <class F> static inline void visit(const uint8_t *b, F &&f) {
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
     float d = h2f(b), dmin = h2f(b + 2);
     const uint8_t *scales = b + 4, *qs = b + 16;
-    for (int j = 0; j < 4; j++) {
+    UNROLL for (int j = 0; j < 4; j++) {
       int s1, m1, s2, m2;
       k_scale_min(scales, 2 * j, &s1, &m1);
       k_scale_min(scales, 2 * j + 1, &s2, &m2);
       float d1 = d * (float)s1, n1 = dmin * (float)m1, d2 = d * (float)s2, n2 = dmin * (float)m2;
-      for (int u = 0; u < 2; u++) {
+      UNROLL for (int u = 0; u < 2; u++) {
         VI q = ld_u8(qs + 32 * j + 16 * u);
         f(64 * j + 16 * u, cvt(iand(q, 15)), d1, n1);
         f(64 * j + 32 + 16 * u, cvt(isrl(q, 4)), d2, n2);
@@ -465,15 +592,15 @@ struct Q4_K {
 };
 struct Q5_K {
   enum { QK = 256, TS = 176, MIN = 1 };
-  template <class F> static inline void visit(const uint8_t *b, F &&f) {
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
     float d = h2f(b), dmin = h2f(b + 2);
     const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
-    for (int j = 0; j < 4; j++) {
+    UNROLL for (int j = 0; j < 4; j++) {
       int s1, m1, s2, m2;
       k_scale_min(scales, 2 * j, &s1, &m1);
       k_scale_min(scales, 2 * j + 1, &s2, &m2);
       float d1 = d * (float)s1, n1 = dmin * (float)m1, d2 = d * (float)s2, n2 = dmin * (float)m2;
-      for (int u = 0; u < 2; u++) {
+      UNROLL for (int u = 0; u < 2; u++) {
         VI q = ld_u8(qs + 32 * j + 16 * u), h = ld_u8(qh + 16 * u);
         f(64 * j + 16 * u, cvt(ior(iand(q, 15), isll(iand(isrl(h, 2 * j), 1), 4))), d1, n1);
         f(64 * j + 32 + 16 * u, cvt(ior(isrl(q, 4), isll(iand(isrl(h, 2 * j + 1), 1), 4))), d2, n2);
@@ -483,13 +610,13 @@ struct Q5_K {
 };
 struct Q6_K {
   enum { QK = 256, TS = 210, MIN = 0 };
-  template <class F> static inline void visit(const uint8_t *b, F &&f) {
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
     const int8_t *sc = (const int8_t *)(b + 192);
     float d = h2f(b + 208);
-    for (int h = 0; h < 2; h++) {
+    UNROLL for (int h = 0; h < 2; h++) {
       const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
       const int8_t *s = sc + 8 * h;
-      for (int u = 0; u < 2; u++) {
+      UNROLL for (int u = 0; u < 2; u++) {
         int l = 16 * u;
         VI a = ld_u8(ql + l), c = ld_u8(ql + 32 + l), hh = ld_u8(qh + l);
         f(128 * h + l, cvt(isub(ior(iand(a, 15), isll(iand(hh, 3), 4)), 32)), d * (float)s[u], 0.f);
@@ -501,89 +628,92 @@ struct Q6_K {
   }
 };
 
-// y[m, r] = sum_k W[r, k] x[m, k] for rows r0..r1 and M activation rows.
-// xs: per-16-element sums of x (M, K/16), for types with a min term.
+// y[m, r] = sum_k W[r, k] x[m, k] for rows r0..r1 and M activation rows: each
+// 16-element unit of W is decoded once (s*q - mn) and multiplied into all M rows.
 template <class T, int M>
-static void gemv_rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, int64_t K,
-                      const float *x, const float *xs, float *y, int64_t N) {
+static void gemv_rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, int64_t K, const float *x, float *y, int64_t N) {
   const int64_t nb = K / T::QK;
   for (int64_t r = r0; r < r1; r++) {
     const uint8_t *b = w + r * ldw;
     V acc[M][2];
-    float msum[M];
-    for (int m = 0; m < M; m++) { acc[m][0] = acc[m][1] = vzero(); msum[m] = 0.f; }
+    for (int m = 0; m < M; m++) acc[m][0] = acc[m][1] = vzero();
     for (int64_t j = 0; j < nb; j++, b += T::TS) {
-      const int64_t base = j * T::QK;
-      T::visit(b, [&](int e, V q, float s, float mn) {
-        V vs = vset(s);
-        const int p = (e >> 4) & 1;
-        for (int m = 0; m < M; m++) acc[m][p] = vfma(vmul(q, vld(x + m * K + base + e)), vs, acc[m][p]);
-        if (T::MIN)
-          for (int m = 0; m < M; m++) msum[m] += mn * xs[m * (K / 16) + (base + e) / 16];
+      const float *xb = x + j * T::QK;
+      T::visit(b, [&](int e, V q, float s, float mn) ALWAYS_INLINE_LAMBDA {
+        const V wv = T::MIN ? vfms(q, vset(s), vset(mn)) : vmul(q, vset(s));
+        const int p = (e >> 4) & 1;  // two dependency chains per row
+        for (int m = 0; m < M; m++) acc[m][p] = vfma(wv, vld(xb + m * K + e), acc[m][p]);
       });
     }
-    for (int m = 0; m < M; m++) y[m * N + r] = vsum(vadd(acc[m][0], acc[m][1])) - msum[m];
+    for (int m = 0; m < M; m++) y[m * N + r] = vsum(vadd(acc[m][0], acc[m][1]));
   }
 }
 
+struct GemvCtx {
+  const uint8_t *w;
+  int64_t ldw, N, K, rows;
+  const float *x;
+  float *y;
+};
+
 template <class T, int M>
-static void gemv_par(const uint8_t *w, int64_t ldw, int64_t N, int64_t K, const float *x, const float *xs, float *y, int nth) {
-  const int64_t work = N * ldw;
-#ifdef _OPENMP
-  #pragma omp parallel num_threads(nth) if (nth > 1 && work > (1 << 17))
-  {
-    int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
-#else
-  {
-    int64_t t = 0, n = 1;
-#endif
-    int64_t chunk = (N + n - 1) / n;
-    int64_t r0 = t * chunk, r1 = r0 + chunk < N ? r0 + chunk : N;
-    if (r0 < r1) gemv_rows<T, M>(w, ldw, r0, r1, K, x, xs, y, N);
-  }
-  (void)work;
+static void gemv_chunk(const void *p, int64_t c) {
+  const GemvCtx *g = (const GemvCtx *)p;
+  int64_t r0 = c * g->rows, r1 = r0 + g->rows < g->N ? r0 + g->rows : g->N;
+  gemv_rows<T, M>(g->w, g->ldw, r0, r1, g->K, g->x, g->y, g->N);
+}
+
+// Rows per claimed chunk: about CHUNK_BYTES of weights, at most 64 chunks per thread.
+static const int64_t CHUNK_BYTES = 1 << 15;
+static const int64_t MB = 4;  // activation rows per pass over the weights
+static int64_t chunk_rows(int64_t N, int64_t row_bytes, int nth) {
+  int64_t n = N * row_bytes / CHUNK_BYTES, most = 64 * (int64_t)(nth > 1 ? nth : 1);
+  n = n < 1 ? 1 : n > most ? most : n;
+  return (N + n - 1) / n;
 }
 
 template <class T>
 static int gemv(const uint8_t *w, int64_t ldw, int64_t N, int64_t K, const float *x, int64_t M, float *y, int nth) {
   if (K % T::QK || ldw < K / T::QK * T::TS) return 1;
-  float *xs = NULL;
-  if (T::MIN) {
-    xs = (float *)malloc(sizeof(float) * (size_t)(M * (K / 16) + 1));
-    for (int64_t i = 0; i < M * (K / 16); i++) {
-      float s = 0.f;
-      for (int k = 0; k < 16; k++) s += x[i * 16 + k];
-      xs[i] = s;
+  const int64_t rows = chunk_rows(N, ldw, nth), nchunks = (N + rows - 1) / rows;
+  for (int64_t m0 = 0; m0 < M; m0 += MB) {
+    GemvCtx g = {w, ldw, N, K, rows, x + m0 * K, y + m0 * N};
+    switch (M - m0 < MB ? M - m0 : MB) {
+      case 1: run_chunks(gemv_chunk<T, 1>, &g, nchunks, nth); break;
+      case 2: run_chunks(gemv_chunk<T, 2>, &g, nchunks, nth); break;
+      case 3: run_chunks(gemv_chunk<T, 3>, &g, nchunks, nth); break;
+      default: run_chunks(gemv_chunk<T, 4>, &g, nchunks, nth); break;
     }
   }
-  for (int64_t m0 = 0; m0 < M; m0 += 4) {
-    const float *xm = x + m0 * K, *xsm = xs ? xs + m0 * (K / 16) : NULL;
-    float *ym = y + m0 * N;
-    switch (M - m0 < 4 ? M - m0 : 4) {
-      case 1: gemv_par<T, 1>(w, ldw, N, K, xm, xsm, ym, nth); break;
-      case 2: gemv_par<T, 2>(w, ldw, N, K, xm, xsm, ym, nth); break;
-      case 3: gemv_par<T, 3>(w, ldw, N, K, xm, xsm, ym, nth); break;
-      default: gemv_par<T, 4>(w, ldw, N, K, xm, xsm, ym, nth); break;
-    }
-  }
-  free(xs);
   return 0;
 }
 
+struct DequantCtx {
+  const uint8_t *w;
+  int64_t ldw, N, K, rows;
+  float *out;
+};
+
 // out (N, K) float32 = dequantized rows; bit-exact with gguf-py (no FMA contraction).
 template <class T>
-static int dequant(const uint8_t *w, int64_t ldw, int64_t N, int64_t K, float *out, int nth) {
-  if (K % T::QK || ldw < K / T::QK * T::TS) return 1;
-  const int64_t nb = K / T::QK;
-#ifdef _OPENMP
-  #pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1 && N * K > (1 << 15))
-#endif
-  for (int64_t r = 0; r < N; r++) {
-    const uint8_t *b = w + r * ldw;
-    float *o = out + r * K;
+static void dequant_chunk(const void *p, int64_t c) {
+  const DequantCtx *g = (const DequantCtx *)p;
+  const int64_t nb = g->K / T::QK;
+  int64_t r0 = c * g->rows, r1 = r0 + g->rows < g->N ? r0 + g->rows : g->N;
+  for (int64_t r = r0; r < r1; r++) {
+    const uint8_t *b = g->w + r * g->ldw;
+    float *o = g->out + r * g->K;
     for (int64_t j = 0; j < nb; j++, b += T::TS, o += T::QK)
       T::visit(b, [&](int e, V q, float s, float mn) { vst(o + e, vsub(vmul(q, vset(s)), vset(mn))); });
   }
+}
+
+template <class T>
+static int dequant(const uint8_t *w, int64_t ldw, int64_t N, int64_t K, float *out, int nth) {
+  if (K % T::QK || ldw < K / T::QK * T::TS) return 1;
+  const int64_t rows = chunk_rows(N, K * 4, nth);
+  DequantCtx g = {w, ldw, N, K, rows, out};
+  run_chunks(dequant_chunk<T>, &g, (N + rows - 1) / rows, nth);
   return 0;
 }
 
