@@ -110,15 +110,21 @@ class CompressedCache:
             raise ValueError(f"cannot trim {n} tokens from a cache holding {self.offset}")
         if self.window is not None and not self._holds_from(max(0, new - self.window + 1)):
             raise ValueError("cannot trim: this sliding-window cache no longer holds the tokens it would need")
-        if new < self.cend:
-            keep_to = max(self.sink, new)
-            if keep_to < self.cstart or (keep_to - self.cstart) % self.tile:
-                raise ValueError(f"cannot trim into a compressed tile of {self.tile} tokens")
-            self.cend = keep_to
+        # the body end for the new offset, as far as exact copies of its tokens remain
+        top = max(self.sink, new)
+        target = boundary(new - 1, self.sink, self.recent, self.tile) if new > self.sink else self.sink
+        lower = max(target, min(self.pool0, top))
+        g = self.cstart + -(-max(0, lower - self.cstart) // self.tile) * self.tile
+        if g < self.cend and g <= top:
+            self.cend = g
+        elif self.cend > top:
+            raise ValueError(f"cannot trim into a compressed tile of {self.tile} tokens")
         if new < self.sink:
             self.nsink = min(self.nsink, new)
-        self.pool0 = min(self.pool0, max(self.sink, new))
+        self.pool0 = min(self.pool0, top)
         self.offset = new
+        if self.cend == self.cstart == self.sink:  # nothing compressed: centre afresh, as a new cache would
+            self.kcenter = self.vcenter = None
 
     @property
     def nbytes(self) -> int:
