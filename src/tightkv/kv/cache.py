@@ -56,12 +56,19 @@ def causal_window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | N
 
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """Softmax attention, q (H, T, D), k (Hkv, S, D), v (Hkv, S, Dv), mask (T, S) -> (H, T, Dv)."""
-    group = q.shape[0] // k.shape[0]
+    """Softmax attention, q (H, T, D), k (Hkv, S, D), v (Hkv, S, Dv), mask (T, S) -> (H, T, Dv).
+
+    The query heads that share a KV head are folded into its rows, so K and V are
+    never repeated.
+    """
+    H, T, D = q.shape
+    Hkv = k.shape[0]
+    group = H // Hkv
+    q = q.reshape(Hkv, group * T, D)
     if group > 1:
-        k = k.repeat_interleave(group, dim=0)
-        v = v.repeat_interleave(group, dim=0)
-    return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scale)
+        mask = mask.repeat(group, 1)
+    out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scale)
+    return out.reshape(H, T, -1)
 
 
 class DenseCache:

@@ -122,6 +122,19 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, scale: fl
     return angles.cos().float(), angles.sin().float()
 
 
+class RopeTables:
+    """cos/sin for one forward's positions, computed once per (theta, scale)."""
+
+    def __init__(self, positions: torch.Tensor, head_dim: int):
+        self.positions, self.head_dim, self.tables = positions, head_dim, {}
+
+    def get(self, theta: float, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (theta, scale)
+        if key not in self.tables:
+            self.tables[key] = rope_cos_sin(self.positions, self.head_dim, theta, scale)
+        return self.tables[key]
+
+
 def apply_rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x (H, T, D) by halves: pairs (i, i + D/2), as NeoX and HF do."""
     half = x.shape[-1] // 2
@@ -151,6 +164,6 @@ def build_model(g: GGUFFile):
 
 
 __all__ = [
-    "BaseModelArgs", "Weights", "rms_norm", "rope_cos_sin", "apply_rope_neox", "gelu_tanh",
+    "BaseModelArgs", "Weights", "rms_norm", "rope_cos_sin", "RopeTables", "apply_rope_neox", "gelu_tanh",
     "load_family", "build_model",
 ]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import BaseModelArgs, Weights, apply_rope_neox, gelu_tanh, rms_norm, rope_cos_sin
+from .base import BaseModelArgs, RopeTables, Weights, apply_rope_neox, gelu_tanh, rms_norm
 
 
 @dataclass
@@ -56,7 +56,7 @@ class Attention(torch.nn.Module):
         self.q_norm = w.vector(p + "attn_q_norm.weight")  # (head_dim,)
         self.k_norm = w.vector(p + "attn_k_norm.weight")  # (head_dim,)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: RopeTables, cache) -> torch.Tensor:
         a = self.args
         T, D = x.shape[0], a.head_dim
         q = self.wq(x).view(T, a.num_heads, D).transpose(0, 1)  # (H, T, D)
@@ -64,7 +64,7 @@ class Attention(torch.nn.Module):
         v = self.wv(x).view(T, a.num_kv_heads, D).transpose(0, 1)  # (Hkv, T, D)
         q = rms_norm(q, self.q_norm, a.rms_norm_eps)
         k = rms_norm(k, self.k_norm, a.rms_norm_eps)
-        cos, sin = rope_cos_sin(positions, D, self.theta, self.rope_scale)
+        cos, sin = rope.get(self.theta, self.rope_scale)
         q, k = apply_rope_neox(q, cos, sin), apply_rope_neox(k, cos, sin)
         out = cache.attend(q, k, v, a.attention_scale)  # (H, T, D)
         return self.wo(out.transpose(0, 1).reshape(T, a.num_heads * D))
@@ -91,8 +91,8 @@ class Block(torch.nn.Module):
         self.attn_norm, self.post_attn_norm, self.ffn_norm, self.post_ffn_norm = (
             w.vector(p + n + ".weight") for n in names)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
-        h = self.attn(rms_norm(x, self.attn_norm, self.eps), positions, cache)
+    def forward(self, x: torch.Tensor, rope: RopeTables, cache) -> torch.Tensor:
+        h = self.attn(rms_norm(x, self.attn_norm, self.eps), rope, cache)
         x = x + rms_norm(h, self.post_attn_norm, self.eps)
         h = self.mlp(rms_norm(x, self.ffn_norm, self.eps))
         return x + rms_norm(h, self.post_ffn_norm, self.eps)
@@ -122,10 +122,10 @@ class Model(torch.nn.Module):
         hidden=True, the final-normed hidden states (rows, hidden_size) instead:
         `self.output` turns them into logits."""
         start = cache[0].offset
-        positions = torch.arange(start, start + ids.shape[0])
+        rope = RopeTables(torch.arange(start, start + ids.shape[0]), self.args.head_dim)
         x = self.embed.embed_rows(ids) * math.sqrt(self.args.hidden_size)  # (T, hidden)
         for layer, c in zip(self.layers, cache):
-            x = layer(x, positions, c)
+            x = layer(x, rope, c)
         if logits_at is not None and logits_at.numel() == 0:
             return None
         if logits_at is not None:
