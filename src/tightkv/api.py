@@ -54,6 +54,7 @@ class Model:
         self.chat_template: str | None = self.gguf.metadata.get("tokenizer.chat_template")
         self._chat_cache: list | None = None
         self._chat_ids: list[int] = []
+        self.last_stats = None  # GenerationStats of the last chat turn
 
     def _load_tokenizer(self):
         from .errors import GGUFError
@@ -152,6 +153,7 @@ class Model:
         cache = self._reuse_chat_cache(ids, reset)
         result = self.generate(ids, cache=cache, **kwargs)
         self._chat_ids = ids + result.ids
+        self.last_stats = result.stats
         return result.text
 
     def chat_ids(self, messages: list[dict]) -> list[int]:

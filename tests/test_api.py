@@ -1,0 +1,62 @@
+"""The Python surface on a tiny Gemma 3 with a chat template."""
+from __future__ import annotations
+
+import pytest
+
+from tightkv import Model
+from tightkv.errors import ContextOverflowError, TightKVError
+from tiny_gguf import write_gemma3
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return Model(write_gemma3(tmp_path_factory.mktemp("m") / "chat.gguf"), kv="f32")
+
+
+def test_chat_template_from_gguf(tiny):
+    ids = tiny.chat_ids([{"role": "user", "content": "hello"}])
+    text = tiny.tokenizer.decode(ids)
+    assert ids[0] == tiny.tokenizer.bos_id and ids.count(tiny.tokenizer.bos_id) == 1
+    start, end = (tiny.tokenizer.encode(t, add_bos=False, special=True) for t in ("<start_of_turn>", "<end_of_turn>"))
+    assert len(start) == 1 and ids.count(start[0]) == 2 and ids.count(end[0]) == 1
+    assert "hello" in text
+
+
+def test_chat_reuses_cache_across_turns(tiny):
+    msgs = [{"role": "user", "content": "hello"}]
+    reply = tiny.chat(msgs, max_tokens=4, reset=True)
+    first = tiny.last_stats
+    assert first.cached_tokens == 0
+    msgs += [{"role": "assistant", "content": reply}, {"role": "user", "content": "again"}]
+    tiny.chat(msgs, max_tokens=4)
+    second = tiny.last_stats
+    assert second.cached_tokens >= first.prompt_tokens  # turn 1's prompt is not prefilled again
+    assert second.prompt_tokens > second.cached_tokens
+
+
+def test_generate_from_ids_and_text_agree(tiny):
+    a = tiny.generate("hello world", max_tokens=6)
+    b = tiny.generate(tiny.tokenize("hello world"), max_tokens=6)
+    assert a.ids == b.ids and len(a.ids) <= 6
+
+
+def test_context_length_limits(tmp_path):
+    path = write_gemma3(tmp_path / "c.gguf")
+    with pytest.raises(TightKVError, match="exceeds the model's trained context"):
+        Model(path, context_length=10**6)
+    m = Model(path, context_length=16)
+    with pytest.raises(ContextOverflowError):
+        m.generate("hello", max_tokens=20)
+    assert m.generate("hello", max_tokens=None).stats.finish_reason in ("stop", "length")
+
+
+def test_context_manager(tmp_path):
+    with Model(write_gemma3(tmp_path / "cm.gguf")) as m:
+        assert m.generate("hi", max_tokens=2).stats.generated_tokens <= 2
+    assert m.net is None
+
+
+def test_bad_sampling_values(tiny):
+    for kw in ({"temperature": -1}, {"top_p": 0}, {"min_p": 2}, {"top_k": -3}):
+        with pytest.raises(TightKVError):
+            tiny.generate("hi", max_tokens=2, **kw)
