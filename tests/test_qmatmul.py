@@ -111,3 +111,54 @@ def test_no_compile_env_disables_kernel(monkeypatch):
 def test_bad_backend_name():
     with pytest.raises(ValueError):
         qm.set_backend("turbo")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags, simd", [(("-mno-avx512f",), 256), (("-mno-avx512f", "-mno-avx2", "-mno-fma"), 0)])
+def test_other_simd_builds(flags, simd):
+    """The AVX2 and portable builds of the kernel (compiled here on purpose) agree too."""
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64") or qm._kernel() is None:
+        pytest.skip("needs an x86-64 machine with a C++ compiler")
+    lib = qm._load(flags)
+    assert lib.tk_simd() == simd
+    for qtype in BLOCK_TYPES:
+        lin = make_linear(qtype, seed=2)
+        w = quants.dequantize(lin.raw, qtype, (OUT, IN))
+        x = torch.randn(7, IN)
+        y = torch.empty(7, OUT)
+        assert lib.tk_gemv(qm._TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), OUT, IN, x.data_ptr(), 7, y.data_ptr(), 2) == 0
+        assert rel_err(y, x @ w.T) < 1e-5
+        out = torch.empty(OUT, IN)
+        assert lib.tk_dequant(qm._TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), OUT, IN, out.data_ptr(), 2) == 0
+        assert torch.equal(out.view(torch.int32), w.view(torch.int32))
+
+
+def test_concurrent_callers_and_thread_counts():
+    """Two Python threads at once, and changing thread counts, give the same results."""
+    import threading
+
+    lins = [make_linear(q, out=600, inp=512, seed=i) for i, q in enumerate(["Q8_0", "Q4_K", "Q5_0", "Q6_K"])]
+    xs = [torch.randn(3, 512, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        want = [lin(x) for lin, x in zip(lins, xs)]
+        errors = []
+
+        def run(offset):
+            for i in range(40):
+                j = (i + offset) % 4
+                torch.set_num_threads(1 + (i % 3))
+                if not torch.equal(lins[j](xs[j]), want[j]):
+                    errors.append((offset, i))
+
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+    finally:
+        torch.set_num_threads(old)

@@ -234,14 +234,19 @@ def _cpu_id() -> str:
     return platform.machine() + platform.processor()
 
 
-def _load() -> ctypes.CDLL:
+def _load(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """Compile (once, cached by source, compiler, flags and CPU) and load the kernel.
+
+    `extra_flags` (e.g. ``("-mno-avx512f",)``) exist for testing the AVX2 and
+    plain-C paths on an AVX-512 machine.
+    """
     if os.environ.get("TIGHTKV_NO_COMPILE", "") not in ("", "0"):
         raise RuntimeError("disabled by TIGHTKV_NO_COMPILE")
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if not cxx:
         raise RuntimeError("no C++ compiler found")
-    base = ["-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17", "-pthread"]
-    key = hashlib.sha256("\0".join([_SOURCE, cxx, *base, _cpu_id()]).encode()).hexdigest()[:16]
+    flags = ["-O3", "-march=native", *extra_flags, "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17", "-pthread"]
+    key = hashlib.sha256("\0".join([_SOURCE, cxx, *flags, _cpu_id()]).encode()).hexdigest()[:16]
     cache = _cache_dir()
     so = cache / f"qmatmul-{key}.so"
     if not so.exists():
@@ -251,7 +256,7 @@ def _load() -> ctypes.CDLL:
             src = Path(tmp) / "qmatmul.cpp"
             src.write_text(_SOURCE)
             out = Path(tmp) / so.name
-            proc = subprocess.run([cxx, *base, str(src), "-o", str(out)], capture_output=True, text=True)
+            proc = subprocess.run([cxx, *flags, str(src), "-o", str(out)], capture_output=True, text=True)
             if proc.returncode != 0:
                 err = proc.stderr.strip() or f"{cxx} exited with {proc.returncode}"
                 raise RuntimeError(f"kernel compile failed: {err[:300]}")
@@ -260,7 +265,7 @@ def _load() -> ctypes.CDLL:
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.tk_gemv.argtypes = [i32, p, i64, i64, i64, p, i64, p, i32]
     lib.tk_dequant.argtypes = [i32, p, i64, i64, i64, p, i32]
-    lib.tk_gemv.restype = lib.tk_dequant.restype = i32
+    lib.tk_gemv.restype = lib.tk_dequant.restype = lib.tk_simd.restype = i32
     return lib
 
 
@@ -310,6 +315,7 @@ struct Pool {
   std::mutex mu;                             // only for sleeping and starting threads
   std::condition_variable cv;
   int started = 0;
+  int used = 0;  // cursors used so far; written only by the caller holding busy
 };
 Pool &pool = *new Pool;  // never destroyed: helpers may still wait on it at exit
 
@@ -376,7 +382,11 @@ static void run_chunks(chunk_fn fn, const void *ctx, int64_t nchunks, int nth) {
   job.nchunks.store(nchunks, std::memory_order_relaxed);
   job.nranges.store(nr, std::memory_order_relaxed);
   pool.done.store(0, std::memory_order_relaxed);
-  for (int r = 0; r < nr; r++) pool.cur[r].v.store((uint64_t)g << 32 | (uint64_t)(r * nchunks / nr), std::memory_order_release);
+  // Stamp every cursor ever used, so no cursor still carries an older generation
+  // that a stale helper could claim from with this job's slot values.
+  if (nr > pool.used) pool.used = nr;
+  for (int r = 0; r < pool.used; r++)
+    pool.cur[r].v.store((uint64_t)g << 32 | (uint64_t)(r < nr ? r * nchunks / nr : nchunks), std::memory_order_release);
   pool.gen.store(g, std::memory_order_seq_cst);
   if (pool.sleepers.load(std::memory_order_seq_cst) > 0) {
     { std::lock_guard<std::mutex> lk(pool.mu); }
@@ -460,29 +470,33 @@ static inline VI ibit16(uint32_t h) {
   __m256i a = _mm256_cmpeq_epi32(_mm256_and_si256(hv, ma), ma), b = _mm256_cmpeq_epi32(_mm256_and_si256(hv, mb), mb);
   return {_mm256_and_si256(a, sixteen), _mm256_and_si256(b, sixteen)};
 }
-#else
-struct V { float v[16]; };
-struct VI { int32_t v[16]; };
-#define L16 for (int i = 0; i < 16; i++)
-static inline V vset(float a) { V r; L16 r.v[i] = a; return r; }
-static inline V vzero() { return vset(0.f); }
-static inline V vld(const float *p) { V r; L16 r.v[i] = p[i]; return r; }
-static inline void vst(float *p, V a) { L16 p[i] = a.v[i]; }
-static inline V vmul(V a, V b) { V r; L16 r.v[i] = a.v[i] * b.v[i]; return r; }
-static inline V vadd(V a, V b) { V r; L16 r.v[i] = a.v[i] + b.v[i]; return r; }
-static inline V vsub(V a, V b) { V r; L16 r.v[i] = a.v[i] - b.v[i]; return r; }
-static inline V vfma(V a, V b, V c) { V r; L16 r.v[i] = a.v[i] * b.v[i] + c.v[i]; return r; }
-static inline V vfms(V a, V b, V c) { V r; L16 r.v[i] = a.v[i] * b.v[i] - c.v[i]; return r; }
-static inline float vsum(V a) { float s = 0; L16 s += a.v[i]; return s; }
-static inline V cvt(VI a) { V r; L16 r.v[i] = (float)a.v[i]; return r; }
-static inline VI ld_i8(const uint8_t *p) { VI r; L16 r.v[i] = (int8_t)p[i]; return r; }
-static inline VI ld_u8(const uint8_t *p) { VI r; L16 r.v[i] = p[i]; return r; }
-static inline VI iand(VI a, int c) { VI r; L16 r.v[i] = a.v[i] & c; return r; }
-static inline VI ior(VI a, VI b) { VI r; L16 r.v[i] = a.v[i] | b.v[i]; return r; }
-static inline VI isub(VI a, int c) { VI r; L16 r.v[i] = a.v[i] - c; return r; }
-static inline VI isrl(VI a, int c) { VI r; L16 r.v[i] = (int32_t)((uint32_t)a.v[i] >> c); return r; }
-static inline VI isll(VI a, int c) { VI r; L16 r.v[i] = a.v[i] << c; return r; }
-static inline VI ibit16(uint32_t h) { VI r; L16 r.v[i] = ((h >> i) & 1) << 4; return r; }
+#else  // portable: GCC/clang vector extensions, lowered to whatever SIMD the target has
+typedef float V __attribute__((vector_size(64)));
+typedef int32_t VI __attribute__((vector_size(64)));
+typedef uint8_t VB __attribute__((vector_size(16)));
+typedef int8_t VSB __attribute__((vector_size(16)));
+static inline V vset(float a) { return V{a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a}; }  // keeps -0.0
+static inline V vzero() { return V{}; }
+static inline V vld(const float *p) { V r; memcpy(&r, p, 64); return r; }
+static inline void vst(float *p, V a) { memcpy(p, &a, 64); }
+static inline V vmul(V a, V b) { return a * b; }
+static inline V vadd(V a, V b) { return a + b; }
+static inline V vsub(V a, V b) { return a - b; }
+static inline V vfma(V a, V b, V c) { return a * b + c; }
+static inline V vfms(V a, V b, V c) { return a * b - c; }
+static inline float vsum(V a) { float s = 0; for (int i = 0; i < 16; i++) s += a[i]; return s; }
+static inline V cvt(VI a) { return __builtin_convertvector(a, V); }
+static inline VI ld_i8(const uint8_t *p) { VSB b; memcpy(&b, p, 16); return __builtin_convertvector(b, VI); }
+static inline VI ld_u8(const uint8_t *p) { VB b; memcpy(&b, p, 16); return __builtin_convertvector(b, VI); }
+static inline VI iand(VI a, int c) { return a & c; }
+static inline VI ior(VI a, VI b) { return a | b; }
+static inline VI isub(VI a, int c) { return a - c; }
+static inline VI isrl(VI a, int c) { return a >> c; }  // lanes are non-negative here
+static inline VI isll(VI a, int c) { return a << c; }
+static inline VI ibit16(uint32_t h) {
+  const VI lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  return (((VI{} + (int32_t)(h & 0xFFFF)) >> lane) & 1) << 4;
+}
 #endif
 
 // Each block type walks its block in 16-element units, calling
@@ -724,6 +738,17 @@ static int dequant(const uint8_t *w, int64_t ldw, int64_t N, int64_t K, float *o
     case 6: return CALL(Q3_K); case 7: return CALL(Q4_K); case 8: return CALL(Q5_K);    \
     case 9: return CALL(Q6_K); default: return 2;                                        \
   }
+
+// 512, 256 or 0: the SIMD width this build uses (AVX-512, AVX2, plain C).
+extern "C" int tk_simd() {
+#if defined(__AVX512F__)
+  return 512;
+#elif defined(__AVX2__) && defined(__FMA__)
+  return 256;
+#else
+  return 0;
+#endif
+}
 
 extern "C" int tk_gemv(int type, const uint8_t *w, int64_t ldw, int64_t N, int64_t K, const float *x, int64_t M, float *y, int nth) {
 #define GEMV(T) gemv<T>(w, ldw, N, K, x, M, y, nth)
