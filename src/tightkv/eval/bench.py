@@ -177,7 +177,7 @@ def run_llamacpp(path, kv: str, depths: list[int], n_prompt: int, n_gen: int, re
 def format_table(rows: list[Row], bandwidth: float | None = None) -> str:
     """A llama-bench-like table, with the ratio to llama.cpp's same test and KV type."""
     theirs = {(r.test, r.kv): r.tok_s for r in rows if r.engine == "llama.cpp"}
-    lines = [f"| engine    | kv     | test            |      t/s | vs llama.cpp f16 | vs same kv | KV MiB | GB/s |",
+    lines = ["| engine    | kv     | test            |      t/s | vs llama.cpp f16 | vs same kv | KV MiB | GB/s |",
              "|-----------|--------|-----------------|---------:|---------:|---------:|-------:|-----:|"]
     for r in rows:
         f16 = theirs.get((r.test, "f16"))

@@ -1,0 +1,5 @@
+"""The CLI verbs, one module each: NAME, HELP, add_arguments(parser), run(ns) -> exit code.
+
+Modules import their heavy dependencies inside `run`, so `tightkv --help` stays light.
+"""
+VERBS = ["run", "ppl", "bench"]

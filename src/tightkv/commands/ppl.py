@@ -1,0 +1,47 @@
+"""`tightkv ppl`: perplexity and KLD against f16."""
+from __future__ import annotations
+
+import argparse
+
+from ..errors import TightKVError
+
+from .common import add_model_flags, kv_list
+
+NAME = "ppl"
+HELP = "perplexity and KL divergence against the f16 cache"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=None, help="registry name or .gguf path (default: embedded)")
+    p.add_argument("--file", "-f", required=True, help="text file to score")
+    p.add_argument("--chunks", type=int, default=None, help="number of chunks (default: all)")
+    p.add_argument("--compare", default=None, help="comma-separated KV types or presets, e.g. f16,q8_0,tq4")
+    p.add_argument("--json", default=None, help="write the results as JSON")
+    add_model_flags(p)
+    p.set_defaults(ctx=2048)
+
+
+def run(ns: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from ..api import Model
+    from ..eval.ppl import format_table, perplexity
+
+    path = Path(ns.file)
+    if not path.is_file():
+        raise TightKVError(f"{path}: no such text file")
+    if ns.ctx < 16:
+        raise TightKVError(f"--ctx must be at least 16, got {ns.ctx}")
+    kv_types = kv_list(ns.compare or ns.kv)
+    model = Model(ns.model, threads=ns.threads)
+    for kind in kv_types:
+        model.new_cache(kind)  # a bad type name fails here, before any work
+    results = perplexity(model, path.read_text(encoding="utf-8", errors="replace"), ns.ctx, ns.chunks, kv_types)
+    print(format_table(results))
+    base = results["f16"]
+    print(f"Final estimate: PPL = {base['ppl']:.4f} +/- {base['ppl_stderr']:.5f}")
+    if ns.json:
+        doc = {"model": str(model.path), "text": path.name, "ctx": ns.ctx, "chunks": ns.chunks, "results": results}
+        Path(ns.json).write_text(json.dumps(doc, indent=1))
+    return 0
