@@ -2,4 +2,4 @@
 
 Modules import their heavy dependencies inside `run`, so `tightkv --help` stays light.
 """
-VERBS = ["run", "ppl", "bench"]
+VERBS = ["run", "ppl", "bench", "serve", "client"]

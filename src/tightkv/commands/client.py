@@ -1,0 +1,100 @@
+"""`tightkv client "message"`: chat with a running `tightkv serve` (or any
+OpenAI-compatible server) through /v1/chat/completions; streams by default."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from urllib.parse import urlsplit
+
+from ..errors import TightKVError
+
+NAME = "client"
+HELP = "send a chat message to a running server and print the answer"
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("message", nargs="*", help="the message (default: read standard input)")
+    p.add_argument("--url", default=None, help=f"server address (default $TIGHTKV_URL or {DEFAULT_URL})")
+    p.add_argument("--api-key", default=None, help="bearer key (default $TIGHTKV_API_KEY)")
+    p.add_argument("--no-stream", dest="stream", action="store_false", help="wait for the whole answer")
+    p.add_argument("--model", default=None, help="model id (default: the server's)")
+    p.add_argument("--system", default=None, help="a system message first")
+    p.add_argument("-n", "--max-tokens", type=int, default=None)
+    p.add_argument("--temperature", "--temp", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the server")
+
+
+def _endpoint(url: str) -> str:
+    url = url.rstrip("/")
+    if not urlsplit(url).scheme:
+        url = "http://" + url
+    if url.endswith("/v1"):
+        url = url[:-3]
+    return url + "/v1/chat/completions"
+
+
+def _error_message(raw: bytes) -> str:
+    try:
+        doc = json.loads(raw)
+        err = doc.get("error", doc)
+        return err.get("message", str(err)) if isinstance(err, dict) else str(err)
+    except (ValueError, AttributeError):
+        return raw.decode("utf-8", "replace").strip()[:300]
+
+
+def run(ns: argparse.Namespace) -> int:
+    import urllib.error
+    import urllib.request
+
+    message = " ".join(ns.message)
+    if not message and not sys.stdin.isatty():
+        message = sys.stdin.read()
+    if not message:
+        raise TightKVError('no message given (usage: tightkv client "message")')
+    url = _endpoint(ns.url or os.environ.get("TIGHTKV_URL") or DEFAULT_URL)
+    key = ns.api_key or os.environ.get("TIGHTKV_API_KEY")
+    messages = ([{"role": "system", "content": ns.system}] if ns.system else []) + [{"role": "user", "content": message}]
+    body = {"messages": messages, "stream": ns.stream}
+    for name in ("model", "max_tokens", "temperature", "seed"):
+        if getattr(ns, name) is not None:
+            body[name] = getattr(ns, name)
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    host = urlsplit(url).hostname or ""
+    handlers = [urllib.request.ProxyHandler({})] if host in ("127.0.0.1", "localhost", "::1") else []
+    opener = urllib.request.build_opener(*handlers)
+    try:
+        response = opener.open(request, timeout=ns.timeout)
+    except urllib.error.HTTPError as err:
+        raise TightKVError(f"server answered {err.code}: {_error_message(err.read())}") from None
+    except (urllib.error.URLError, OSError) as err:
+        raise TightKVError(f"cannot reach {url}: {getattr(err, 'reason', err)}") from None
+    with response:
+        if not ns.stream:
+            doc = json.loads(response.read())
+            print(doc["choices"][0]["message"]["content"])
+            return 0
+        for raw in response:
+            line = raw.decode("utf-8").rstrip("\r\n")
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                sys.stdout.write("\n")
+                raise TightKVError(f"server error: {_error_message(data.encode())}")
+            for choice in chunk.get("choices", []):
+                text = (choice.get("delta") or {}).get("content")
+                if text:
+                    sys.stdout.write(text)
+                    sys.stdout.flush()
+        sys.stdout.write("\n")
+    return 0

@@ -1,0 +1,301 @@
+"""The FastAPI app: `/v1/*` (OpenAI), `/api/*` (Ollama), `/health`, `/metrics`.
+
+    app = create_app(ServerConfig(model="gemma3:270m"))
+
+The model loads on the scheduler's worker thread after the app starts; until
+then `/health` answers 503 "Loading model" and generation routes 503.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, PlainTextResponse
+
+from .. import __version__
+from .common import ApiError, error_response
+from .scheduler import Scheduler
+
+log = logging.getLogger("tightkv.server")
+
+DEFAULT_CTX = 4096  # like Ollama: a trained context of 32K+ would waste memory on every request
+MAX_BODY = 32 * 2**20  # bytes
+
+
+@dataclass
+class ServerConfig:
+    model: str | None = None  # registry name or .gguf path; None: the embedded model
+    kv: str | None = None
+    ctx: int | None = None  # None: min(trained context, DEFAULT_CTX)
+    threads: int | None = None
+    api_key: str | None = None
+    parallel: int = 4  # requests decoded at once (round-robin)
+    max_queue: int = 32  # requests waiting beyond those
+    alias: str | None = None  # the model id clients see
+
+
+class ServedModel:
+    """The one model this server serves: its names and what the listing routes show."""
+
+    def __init__(self, config: ServerConfig, path: Path):
+        from ..registry import DEFAULT_MODEL
+
+        name = config.model
+        is_path = name is not None and (name.endswith(".gguf") or "/" in name or os.sep in name)
+        self.path = path
+        self.id = config.alias or (Path(name).stem if is_path else name or DEFAULT_MODEL)
+        names = {self.id, path.name, path.stem, str(path), name or DEFAULT_MODEL}
+        names |= {f"{n}:latest" for n in list(names) if ":" not in n and "/" not in n}
+        self.names = names
+        self.canonical = None if is_path else _canonical(name or DEFAULT_MODEL)
+        stat = path.stat()
+        self.size = stat.st_size
+        self.mtime = stat.st_mtime
+        self.created = int(stat.st_mtime)
+        self.metadata: dict[str, Any] = {}
+        self.context_length = 0
+        self.chat_template: str | None = None
+        self.n_params = 0
+        self._digest: str | None = None
+        self._digest_lock = threading.Lock()
+
+    def knows(self, name: str | None) -> bool:
+        if name is None or name in self.names:
+            return True
+        return self.canonical is not None and _canonical(name) == self.canonical
+
+    def loaded(self, model) -> None:
+        self.metadata = dict(model.gguf.metadata)
+        self.context_length = model.context_length
+        self.chat_template = model.chat_template
+        self.n_params = sum(_prod(t.shape) for t in model.gguf.tensors.values())
+
+    def digest(self) -> str:
+        """sha256 of the GGUF file (computed once, on first use)."""
+        with self._digest_lock:
+            if self._digest is None:
+                h = hashlib.sha256()
+                with open(self.path, "rb") as f:
+                    for block in iter(lambda: f.read(1 << 22), b""):
+                        h.update(block)
+                self._digest = h.hexdigest()
+            return self._digest
+
+    def details(self) -> dict:
+        arch = str(self.metadata.get("general.architecture", ""))
+        return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch] if arch else None,
+                "parameter_size": _human_params(self.n_params), "quantization_level": self.quantization()}
+
+    def quantization(self) -> str:
+        import gguf
+
+        ft = self.metadata.get("general.file_type")
+        try:
+            return gguf.LlamaFileType(int(ft)).name.removeprefix("MOSTLY_").replace("ALL_", "")
+        except (TypeError, ValueError):
+            return "unknown"
+
+    def modified_at(self) -> str:
+        return datetime.fromtimestamp(self.mtime).astimezone().isoformat()
+
+
+def _canonical(name: str) -> str | None:
+    """The registry's canonical name ('gemma3' -> 'gemma3:270m'), if it knows one."""
+    from .. import registry
+
+    lookup = getattr(registry, "lookup", None)
+    if lookup is None:
+        return None
+    try:
+        return lookup(name).name
+    except Exception:  # noqa: BLE001 - an unknown name is just not ours
+        return None
+
+
+def _prod(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _human_params(n: int) -> str:
+    if n >= 1e9:
+        return f"{n / 1e9:.1f}B"
+    if n >= 1e6:
+        return f"{n / 1e6:.2f}M"
+    return f"{n / 1e3:.2f}K"
+
+
+class ServerState:
+    """Everything the routes share: config, the served model, the scheduler."""
+
+    def __init__(self, config: ServerConfig, load: Callable[[], Any] | None = None,
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 on_ready: Callable[[Any], None] | None = None):
+        from ..registry import resolve
+
+        self.config = config
+        self.started = time.time()
+        self.served = ServedModel(config, resolve(config.model))
+
+        def ready(model) -> None:
+            self.served.loaded(model)
+            if on_ready:
+                on_ready(model)
+
+        self.scheduler = Scheduler(load or self._load, config.parallel, config.max_queue,
+                                   on_ready=ready, on_failure=on_failure)
+
+    def _load(self):
+        from ..api import Model
+
+        c = self.config
+        model = Model(self.served.path, kv=c.kv, context_length=c.ctx, threads=c.threads)
+        if c.ctx is None:
+            model.context_length = min(model.context_length, DEFAULT_CTX)
+        model.generate([model.tokenizer.bos_id or 0], max_tokens=1)  # warm up the kernels
+        return model
+
+    def check_model(self, name: str | None) -> None:
+        if not self.served.knows(name):
+            raise ApiError(404, f"model '{name}' not found (this server serves '{self.served.id}')",
+                           "not_found_error", param="model", code="model_not_found")
+
+
+class GuardMiddleware:
+    """API key (Bearer) on every route but /health, and a cap on body size."""
+
+    def __init__(self, app, api_key: str | None):
+        self.app = app
+        self.key = api_key.encode() if api_key else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        headers = dict(scope.get("headers") or [])
+        err = None
+        if self.key is not None and path != "/health":
+            auth = headers.get(b"authorization", b"")
+            scheme, _, token = auth.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
+                err = ApiError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
+                               "authentication_error", code="invalid_api_key")
+        length = headers.get(b"content-length", b"0")
+        if err is None and length.isdigit() and int(length) > MAX_BODY:
+            err = ApiError(413, f"the request body is larger than {MAX_BODY} bytes", code="request_too_large")
+        if err is not None:
+            response = error_response(path, err)
+            if err.status == 401 and not path.startswith("/api"):
+                response.headers["WWW-Authenticate"] = "Bearer"
+            return await response(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+def create_app(config: ServerConfig, load: Callable[[], Any] | None = None,
+               on_failure: Callable[[BaseException], None] | None = None,
+               on_ready: Callable[[Any], None] | None = None) -> FastAPI:
+    """The ASGI app. `load` replaces loading `config.model`; `on_ready(model)` and
+    `on_failure(error)` are called from the worker thread when loading ends."""
+    from contextlib import asynccontextmanager
+
+    from . import ollama, openai
+
+    state = ServerState(config, load, on_failure, on_ready)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        state.scheduler.start()
+        try:
+            yield
+        finally:
+            state.scheduler.stop(timeout=2.0)
+
+    app = FastAPI(title="tightkv", version=__version__, lifespan=lifespan,
+                  description="OpenAI- and Ollama-compatible API over one local GGUF model.")
+    app.state.tk = state
+    app.add_middleware(GuardMiddleware, api_key=config.api_key)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, err: ApiError):
+        return error_response(request.url.path, err)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, err: RequestValidationError):
+        first = err.errors()[0] if err.errors() else {"msg": "invalid request"}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return error_response(request.url.path, ApiError(400, f"'{where}': {first['msg']}" if where else first["msg"]))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, err: StarletteHTTPException):
+        kind = {404: "not_found_error", 405: "invalid_request_error"}.get(err.status_code, "invalid_request_error")
+        message = f"no route {request.method} {request.url.path}" if err.status_code in (404, 405) else str(err.detail)
+        return error_response(request.url.path, ApiError(err.status_code, message, kind,
+                                                         headers=getattr(err, "headers", None)))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, err: Exception):
+        log.error("unhandled error", exc_info=err)
+        return error_response(request.url.path, ApiError(500, "internal server error (see the server log)",
+                                                         "server_error", code="server_error"))
+
+    @app.get("/health", summary="200 when ready, 503 while the model loads")
+    async def health():
+        s = state.scheduler.state
+        if s == "ready":
+            return {"status": "ok"}
+        message = "Loading model" if s == "loading" else "Model failed to load" if s == "failed" else "Shutting down"
+        return JSONResponse({"error": {"code": 503, "message": message, "type": "unavailable_error"}},
+                            status_code=503)
+
+    @app.get("/metrics", summary="Prometheus text: requests processing and deferred, tokens, KV bytes")
+    async def metrics():
+        sch = state.scheduler
+        rows = [
+            ("requests_processing", "gauge", "requests generating now", sch.processing),
+            ("requests_deferred", "gauge", "requests waiting for a slot", sch.deferred),
+            ("requests_served_total", "counter", "requests completed", sch.served),
+            ("requests_cancelled_total", "counter", "requests stopped because the client went away", sch.cancelled),
+            ("tokens_predicted_total", "counter", "tokens generated", sch.tokens),
+            ("kv_cache_bytes", "gauge", "bytes held by active KV caches", sch.kv_bytes()),
+        ]
+        text = "".join(f"# HELP tightkv:{n} {h}\n# TYPE tightkv:{n} {t}\ntightkv:{n} {v}\n" for n, t, h, v in rows)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    @app.get("/", include_in_schema=False)
+    async def root():
+        return PlainTextResponse("tightkv is running")
+
+    app.include_router(openai.router)
+    app.include_router(ollama.router)
+    _document_bodies(app)
+    return app
+
+
+def _document_bodies(app: FastAPI) -> None:
+    """Add the request schemas of our hand-parsed bodies to the OpenAPI document."""
+    from fastapi.openapi.utils import get_openapi
+
+    from .common import COMPONENTS
+
+    def openapi():
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            doc.setdefault("components", {}).setdefault("schemas", {}).update(COMPONENTS)
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi
+

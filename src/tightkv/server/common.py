@@ -1,0 +1,238 @@
+"""What the OpenAI and Ollama routes share: errors in both shapes, request
+parsing, running a job and streaming it with disconnect detection."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+from typing import Any, AsyncIterator, Callable
+
+import anyio
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+from starlette.responses import JSONResponse, StreamingResponse
+
+from ..errors import ContextOverflowError, TightKVError
+from .scheduler import ACCEPTED, DONE, ERROR, PIECE, Job, Prepared, Unavailable
+
+log = logging.getLogger("tightkv.server")
+
+
+class ApiError(Exception):
+    """An error answer: OpenAI-shaped on /v1/*, Ollama's flat shape on /api/*."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | int | None = None, headers: dict[str, str] | None = None, **extra: Any):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param = status, message, type, param
+        self.code = code
+        self.headers = headers
+        self.extra = extra
+
+    def body(self, path: str) -> dict:
+        if is_ollama(path):
+            return {"error": self.message}
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code,
+                          **self.extra}}
+
+
+def is_ollama(path: str) -> bool:
+    return path == "/api" or path.startswith("/api/")
+
+
+def error_response(path: str, err: ApiError) -> JSONResponse:
+    cls = OllamaJSON if is_ollama(path) else JSONResponse
+    return cls(err.body(path), status_code=err.status, headers=err.headers)
+
+
+def as_api_error(err: BaseException) -> ApiError:
+    """Map an engine or scheduler exception to the answer a client gets."""
+    if isinstance(err, ApiError):
+        return err
+    if isinstance(err, ContextOverflowError):
+        return ApiError(400, str(err), "exceed_context_size_error", code="exceed_context_size_error")
+    if isinstance(err, TightKVError):
+        return ApiError(400, str(err))
+    if isinstance(err, Unavailable):
+        headers = {"Retry-After": str(err.retry_after)} if err.retry_after else None
+        return ApiError(503, str(err), "unavailable_error", code="unavailable", headers=headers)
+    log.error("request failed", exc_info=(type(err), err, err.__traceback__))
+    return ApiError(500, "internal server error (see the server log)", "server_error", code="server_error")
+
+
+# --- JSON ---------------------------------------------------------------------
+def dumps(obj: Any) -> str:
+    """Compact JSON, UTF-8 kept, as OpenAI and llama.cpp send it."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+_GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
+                             "\u2029": "\\u2029"})
+
+
+def go_dumps(obj: Any) -> str:
+    """JSON as Go's encoding/json writes it (Ollama): compact, HTML characters escaped."""
+    return dumps(obj).translate(_GO_ESCAPES)
+
+
+class OllamaJSON(JSONResponse):
+    media_type = "application/json; charset=utf-8"
+
+    def render(self, content: Any) -> bytes:
+        return go_dumps(content).encode("utf-8")
+
+
+COMPONENTS: dict[str, dict] = {}  # request schemas, merged into the OpenAPI document
+
+
+def request_body(schema: type[BaseModel]) -> dict:
+    """`openapi_extra` documenting a JSON body we parse ourselves (to answer 400, not 422)."""
+    doc = schema.model_json_schema(ref_template="#/components/schemas/{model}")
+    COMPONENTS.update(doc.pop("$defs", {}))
+    COMPONENTS[schema.__name__] = doc
+    ref = {"$ref": f"#/components/schemas/{schema.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+async def parse_body(request: Request, schema: type[BaseModel]) -> Any:
+    """The request's JSON body validated against `schema`; any problem is a 400."""
+    raw = await request.body()
+    if not raw.strip():
+        raise ApiError(400, "the request body is empty; send a JSON object")
+    try:
+        data = json.loads(raw, parse_constant=_no_constants)
+    except (ValueError, RecursionError) as err:
+        raise ApiError(400, f"the request body is not valid JSON: {_one_line(err)}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"] if not _union_tag(p))
+        msg = first["msg"]
+        if first["type"] == "missing":
+            msg = "is required"
+        raise ApiError(400, f"'{where}': {msg}" if where else msg, param=where or None) from None
+
+
+def _union_tag(part: Any) -> bool:
+    """pydantic puts union members ('str', 'list[TextPart]', 'StreamOptions') into error locations."""
+    if isinstance(part, int):
+        return False
+    return "[" in part or part in ("str", "int", "float", "bool", "none") or part[:1].isupper()
+
+
+def _one_line(err: BaseException) -> str:
+    return str(err).splitlines()[0][:200]
+
+
+def finite(value: float | None, name: str) -> None:
+    if value is not None and not math.isfinite(value):
+        raise ApiError(400, f"'{name}' must be a finite number", param=name)
+
+
+def stop_list(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
+
+
+# --- running jobs ------------------------------------------------------------------
+async def start_job(request: Request, prepare: Callable[[Any], Prepared]) -> Job:
+    """Queue a job and wait until the worker has accepted (tokenized, validated) it."""
+    job = Job(prepare, asyncio.get_running_loop())
+    try:
+        request.app.state.tk.scheduler.submit(job)
+    except Unavailable as err:
+        raise as_api_error(err) from None
+    watcher = asyncio.create_task(_watch_disconnect(request, job))
+    try:
+        kind, value = await job.next_event()
+    except BaseException:
+        job.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if kind == ERROR:
+        raise as_api_error(value)
+    assert kind == ACCEPTED
+    job.prompt_tokens = value
+    return job
+
+
+async def collect(request: Request, job: Job):
+    """All of a job's text and its stats (non-streaming answers)."""
+    watcher = asyncio.create_task(_watch_disconnect(request, job))
+    parts = []
+    try:
+        while True:
+            kind, value = await job.next_event()
+            if kind == PIECE:
+                parts.append(value)
+            elif kind == DONE:
+                return "".join(parts), value
+            elif kind == ERROR:
+                raise as_api_error(value)
+    finally:
+        watcher.cancel()
+        job.cancel()  # no-op once done; stops the worker if we leave early
+
+
+async def events(job: Job) -> AsyncIterator[tuple[str, Any]]:
+    """A job's PIECE events, then one DONE or ERROR event."""
+    while True:
+        kind, value = await job.next_event()
+        yield kind, value
+        if kind in (DONE, ERROR):
+            return
+
+
+async def _watch_disconnect(request: Request, job: Job) -> None:
+    try:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                job.cancel()
+                return
+    except (asyncio.CancelledError, Exception):
+        return
+
+
+class JobStream(StreamingResponse):
+    """A streamed answer that stops its job when the client goes away.
+
+    It always listens for `http.disconnect` while streaming (whatever ASGI
+    version the server speaks), so a client that vanishes during a long prefill
+    or in the queue is noticed too, not only at the next write.
+    """
+
+    def __init__(self, job: Job, content: AsyncIterator[str], media_type: str):
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        super().__init__(content, media_type=media_type, headers=headers)
+        self.job = job
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                async def stream() -> None:
+                    try:
+                        await self.stream_response(send)
+                    except OSError:  # the client is gone
+                        pass
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(stream)
+                await self.listen_for_disconnect(receive)
+                tg.cancel_scope.cancel()
+        finally:
+            self.job.cancel()
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()

@@ -1,0 +1,256 @@
+"""Ollama routes (CONVENTIONS B1): /api/chat and /api/generate as NDJSON,
+/api/tags, /api/show, /api/ps, /api/version. Errors are `{"error": "..."}`;
+an error after the stream started is a last NDJSON line `{"error": "..."}`."""
+from __future__ import annotations
+
+import math
+import time
+from datetime import datetime, timedelta, timezone
+
+import anyio
+from fastapi import APIRouter, Request
+
+from .. import __version__
+from .common import (ApiError, JobStream, OllamaJSON, as_api_error, collect, events, finite, go_dumps, parse_body,
+                     request_body, start_job, stop_list)
+from .scheduler import DONE, ERROR, PIECE, Prepared
+from .schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaShowRequest
+
+router = APIRouter(prefix="/api", tags=["Ollama"])
+
+# Ollama's sampling defaults (api/types.go DefaultOptions)
+DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "min_p": 0.0, "repeat_penalty": 1.1}
+
+
+def created_at() -> str:
+    """RFC 3339 with fractional seconds in UTC, as Go's time.Time marshals."""
+    now = datetime.now(timezone.utc)
+    frac = f"{now.microsecond:06d}".rstrip("0")
+    return now.strftime("%Y-%m-%dT%H:%M:%S") + (f".{frac}" if frac else "") + "Z"
+
+
+def _check(req, state) -> None:
+    if not req.model:
+        raise ApiError(400, "model is required")
+    if not state.served.knows(req.model):
+        raise ApiError(404, f'model "{req.model}" not found (this server serves "{state.served.id}")')
+    if req.format not in (None, ""):
+        raise ApiError(400, "'format' (structured output) is not supported")
+    if getattr(req, "tools", None):
+        raise ApiError(400, "'tools' is not supported")
+
+
+def _ready(state) -> None:
+    if state.scheduler.state != "ready":
+        raise ApiError(503, "Loading model", "unavailable_error", headers={"Retry-After": "1"})
+
+
+def _options(req) -> tuple[int | None, dict]:
+    o = req.options
+    options = dict(DEFAULTS)
+    max_tokens = None
+    if o is not None:
+        for name in ("temperature", "top_p", "min_p", "repeat_penalty"):
+            finite(getattr(o, name), name)
+        for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty"):
+            if getattr(o, name) is not None:
+                options[name] = getattr(o, name)
+        if o.seed is not None and o.seed >= 0:
+            options["seed"] = o.seed % 2**64
+        options["stop"] = stop_list(o.stop)
+        if o.num_predict is not None and o.num_predict >= 0:
+            max_tokens = o.num_predict
+    return max_tokens, options
+
+
+def _final(job, stats) -> dict:
+    """The timing fields of Ollama's last record, durations in nanoseconds."""
+    total = time.perf_counter() - job.created
+    return {
+        "done_reason": stats.finish_reason,
+        "total_duration": int(total * 1e9),
+        "load_duration": 0,
+        "prompt_eval_count": stats.prompt_tokens,
+        "prompt_eval_duration": int(stats.prompt_seconds * 1e9),
+        "eval_count": stats.generated_tokens,
+        "eval_duration": int(stats.generation_seconds * 1e9),
+    }
+
+
+def _load_reply(model_id: str, req, chat: bool) -> OllamaJSON:
+    """Ollama answers a request without a prompt by loading (or unloading) the model."""
+    reason = "unload" if req.keep_alive in (0, "0", "0s", "0m") else "load"
+    body = {"model": model_id, "created_at": created_at()}
+    body.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
+    body.update(done=True, done_reason=reason)
+    return OllamaJSON(body)
+
+
+def _stream(job, model_id: str, piece, final) -> JobStream:
+    async def ndjson():
+        async for kind, value in events(job):
+            if kind == PIECE:
+                yield go_dumps({"model": model_id, "created_at": created_at(), **piece(value), "done": False}) + "\n"
+            elif kind == DONE:
+                yield go_dumps({"model": model_id, "created_at": created_at(), **piece(""), "done": True,
+                                **final(value)}) + "\n"
+            elif kind == ERROR:
+                yield go_dumps({"error": as_api_error(value).message}) + "\n"
+
+    return JobStream(job, ndjson(), "application/x-ndjson")
+
+
+@router.post("/chat", summary="Chat, streamed as NDJSON (default) or one JSON", openapi_extra=request_body(OllamaChatRequest))
+async def chat(request: Request):
+    req = await parse_body(request, OllamaChatRequest)
+    state = request.app.state.tk
+    _check(req, state)
+    model_id = state.served.id
+    if req.messages is None:
+        _ready(state)
+        return _load_reply(model_id, req, chat=True)
+    if not req.messages:
+        raise ApiError(400, "messages must not be empty")
+    if any(m.images for m in req.messages):
+        raise ApiError(400, "images are not supported by this model")
+    max_tokens, options = _options(req)
+    messages = [{"role": m.role, "content": m.content} for m in req.messages]
+
+    def prepare(model) -> Prepared:
+        opts = dict(options)
+        if not model.chat_template:
+            from .openai import PLAIN_CHAT_STOPS
+
+            opts["stop"] = opts.get("stop", []) + PLAIN_CHAT_STOPS
+        return Prepared(model.chat_ids(messages), max_tokens, opts)
+
+    job = await start_job(request, prepare)
+
+    def final(stats) -> dict:
+        return _final(job, stats)
+
+    if not req.stream:
+        text, stats = await collect(request, job)
+        return OllamaJSON({"model": model_id, "created_at": created_at(),
+                           "message": {"role": "assistant", "content": text}, "done": True, **final(stats)})
+    return _stream(job, model_id, lambda text: {"message": {"role": "assistant", "content": text}}, final)
+
+
+@router.post("/generate", summary="Completion, streamed as NDJSON (default) or one JSON",
+             openapi_extra=request_body(OllamaGenerateRequest))
+async def generate(request: Request):
+    req = await parse_body(request, OllamaGenerateRequest)
+    state = request.app.state.tk
+    _check(req, state)
+    model_id = state.served.id
+    if req.images:
+        raise ApiError(400, "images are not supported by this model")
+    for name in ("template", "suffix"):
+        if getattr(req, name):
+            raise ApiError(400, f"'{name}' is not supported")
+    if not req.prompt:
+        _ready(state)
+        return _load_reply(model_id, req, chat=False)
+    max_tokens, options = _options(req)
+    context = list(req.context or [])
+
+    def prepare(model) -> Prepared:
+        vocab = model.tokenizer.vocab_size
+        if any(not 0 <= t < vocab for t in context):
+            raise ApiError(400, f"'context' token ids must be in [0, {vocab})")
+        if req.raw or not model.chat_template:
+            text = req.prompt if req.raw or not req.system else f"{req.system}\n\n{req.prompt}"
+            ids = model.tokenize(text, add_bos=not context)
+        else:
+            messages = ([{"role": "system", "content": req.system}] if req.system else [])
+            ids = model.chat_ids(messages + [{"role": "user", "content": req.prompt}])
+            if context and ids and ids[0] == model.tokenizer.bos_id:
+                ids = ids[1:]
+        return Prepared(context + ids, max_tokens, options)
+
+    job = await start_job(request, prepare)
+
+    def final(stats) -> dict:
+        out = _final(job, stats)
+        out = {"done_reason": out.pop("done_reason"), "context": job.prompt + stats.ids, **out}
+        return out
+
+    if not req.stream:
+        text, stats = await collect(request, job)
+        return OllamaJSON({"model": model_id, "created_at": created_at(), "response": text, "done": True,
+                           **final(stats)})
+    return _stream(job, model_id, lambda text: {"response": text}, final)
+
+
+def _listing(served, digest: str) -> dict:
+    return {"name": served.id, "model": served.id, "modified_at": served.modified_at(), "size": served.size,
+            "digest": digest, "details": served.details()}
+
+
+@router.get("/tags", summary="The served model, as Ollama lists local models")
+async def tags(request: Request):
+    served = request.app.state.tk.served
+    digest = await anyio.to_thread.run_sync(served.digest)
+    return OllamaJSON({"models": [_listing(served, digest)]})
+
+
+@router.get("/ps", summary="The loaded model")
+async def ps(request: Request):
+    state = request.app.state.tk
+    if state.scheduler.state != "ready":
+        return OllamaJSON({"models": []})
+    served = state.served
+    digest = await anyio.to_thread.run_sync(served.digest)
+    entry = _listing(served, digest)
+    del entry["modified_at"]
+    forever = datetime.now(timezone.utc).astimezone() + timedelta(days=365 * 100)
+    entry.update(expires_at=forever.isoformat(), size_vram=0, context_length=served.context_length)
+    return OllamaJSON({"models": [entry]})
+
+
+@router.post("/show", summary="Model details and GGUF metadata", openapi_extra=request_body(OllamaShowRequest))
+async def show(request: Request):
+    req = await parse_body(request, OllamaShowRequest)
+    state = request.app.state.tk
+    name = req.model or req.name
+    if not name:
+        raise ApiError(400, "model is required")
+    if not state.served.knows(name):
+        raise ApiError(404, f'model "{name}" not found')
+    _ready(state)
+    served = state.served
+    info = {k: _plain(v, req.verbose) for k, v in served.metadata.items() if k != "tokenizer.chat_template"}
+    info["general.parameter_count"] = served.n_params
+    return OllamaJSON({
+        "modelfile": f"# Modelfile generated by tightkv\nFROM {served.path}\n",
+        "parameters": "",
+        "template": served.chat_template or "{{ .Prompt }}",
+        "details": served.details(),
+        "model_info": info,
+        "capabilities": ["completion"],
+        "modified_at": served.modified_at(),
+    })
+
+
+def _plain(value, verbose: bool):
+    """A metadata value as JSON; long arrays (the vocabulary) only when verbose, as Ollama does."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, (list, tuple)):
+        if len(value) > 64 and not verbose:
+            return None
+        return [_plain(v, verbose) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value
+
+
+@router.get("/version", summary="Server version")
+async def version():
+    return OllamaJSON({"version": __version__})

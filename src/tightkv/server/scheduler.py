@@ -1,0 +1,282 @@
+"""One worker thread owns the model; requests wait in a bounded FIFO queue.
+
+The model is not thread-safe, so everything that touches it (loading,
+tokenizing, prefill, decode) runs on the worker thread. Up to `parallel`
+requests are active at once and the worker steps them round-robin, one token
+each, so every stream makes progress; the rest wait in arrival order. When
+`max_queue` requests are already waiting, `submit` refuses (the HTTP layer
+answers 503 with Retry-After).
+
+A request is a `Job`: the HTTP side awaits its events on an asyncio queue, the
+worker posts them with `loop.call_soon_threadsafe`. `Job.cancel()` (a client
+went away) is seen by the worker before the job's next token: its generator is
+closed and its KV cache dropped at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import ctypes
+import gc
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+log = logging.getLogger("tightkv.server")
+
+# event kinds posted to a job
+ACCEPTED, PIECE, DONE, ERROR = "accepted", "piece", "done", "error"
+
+
+class Unavailable(Exception):
+    """The server cannot take the job now (loading, failed, or queue full)."""
+
+    def __init__(self, message: str, retry_after: int | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass
+class Prepared:
+    """What a job's `prepare(model)` returns: prompt ids and `Model.generate` arguments."""
+
+    ids: list[int]
+    max_tokens: int | None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class Job:
+    """One generation request, shared between the event loop and the worker."""
+
+    def __init__(self, prepare: Callable[[Any], Prepared], loop: asyncio.AbstractEventLoop):
+        self.prepare = prepare  # runs on the worker: model -> Prepared (may raise)
+        self.loop = loop
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.created = time.perf_counter()
+        self.prompt: list[int] = []
+        self.prepared: Prepared | None = None
+        self.pieces = None  # the engine's stream, while active
+        self.cache: list | None = None  # its KV cache, while active
+        self.started = 0.0
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def post(self, kind: str, value: Any = None) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        except RuntimeError:  # the event loop is gone (shutdown)
+            self.cancel()
+
+    async def next_event(self) -> tuple[str, Any]:
+        return await self.events.get()
+
+
+class Scheduler:
+    """Loads the model on its worker thread, then runs jobs fairly."""
+
+    def __init__(self, load: Callable[[], Any], parallel: int = 4, max_queue: int = 32,
+                 on_ready: Callable[[Any], None] | None = None,
+                 on_failure: Callable[[BaseException], None] | None = None):
+        if parallel < 1 or max_queue < 0:
+            raise ValueError("parallel must be >= 1 and max_queue >= 0")
+        self._load = load
+        self.parallel = parallel
+        self.max_queue = max_queue
+        self._on_ready = on_ready
+        self._on_failure = on_failure
+        self.model = None
+        self.state = "loading"  # -> "ready" | "failed" | "stopped"
+        self.error: BaseException | None = None
+        self._cv = threading.Condition()
+        self._inbox: collections.deque[Job] = collections.deque()
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._active: list[Job] = []
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="tightkv-worker", daemon=True)
+        self._job_seconds = 2.0  # running mean, for Retry-After
+        self.served = 0
+        self.tokens = 0
+        self.cancelled = 0
+
+    # --- event-loop side ---------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    def submit(self, job: Job) -> None:
+        """Queue a job, or raise `Unavailable`."""
+        with self._cv:
+            if self.state == "loading":
+                raise Unavailable("Loading model", retry_after=1)
+            if self.state != "ready":
+                raise Unavailable("the model is not available")
+            if len(self._active) + len(self._inbox) + len(self._waiting) >= self.parallel + self.max_queue:
+                raise Unavailable("the server is busy: too many requests are waiting", self.retry_after())
+            self._inbox.append(job)
+            self._cv.notify()
+
+    def retry_after(self) -> int:
+        waiting = len(self._inbox) + len(self._waiting)
+        return max(1, min(60, round(self._job_seconds * (1 + waiting) / self.parallel)))
+
+    @property
+    def processing(self) -> int:
+        return len(self._active)
+
+    @property
+    def deferred(self) -> int:
+        return len(self._inbox) + len(self._waiting)
+
+    def kv_bytes(self) -> int:
+        total = 0
+        for job in list(self._active):
+            cache = getattr(job, "cache", None)
+            if cache:
+                total += sum(c.nbytes for c in cache)
+        return total
+
+    # --- worker side -------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self.model = self._load()
+        except BaseException as err:  # noqa: BLE001 - reported, then the server stops
+            with self._cv:
+                self.state, self.error = "failed", err
+            if self._on_failure:
+                self._on_failure(err)
+            return
+        with self._cv:
+            self.state = "ready"
+        if self._on_ready:
+            self._on_ready(self.model)
+        try:
+            self._serve()
+        finally:
+            with self._cv:
+                self.state = "stopped"
+                jobs = list(self._inbox) + list(self._waiting) + self._active
+                self._inbox.clear(), self._waiting.clear()
+                self._active = []
+            for job in jobs:
+                _close(job)
+                job.post(ERROR, Unavailable("the server is shutting down"))
+
+    def _serve(self) -> None:
+        while True:
+            with self._cv:
+                idle = not (self._inbox or self._waiting or self._active or self._stop)
+            if idle:
+                _release_memory()
+            with self._cv:
+                while not (self._inbox or self._waiting or self._active or self._stop):
+                    self._cv.wait()
+                if self._stop:
+                    return
+                new = list(self._inbox)
+                self._inbox.clear()
+            for job in new:
+                self._prepare(job)
+            self._admit()
+            self._step()
+
+    def _prepare(self, job: Job) -> None:
+        """Tokenize and validate a new job; a bad request fails here, before it waits."""
+        if job.cancelled:
+            return
+        from ..engine.generate import check_context
+        from ..engine.sampling import SamplingParams
+
+        try:
+            prep = job.prepare(self.model)
+            check_context(len(prep.ids), prep.max_tokens, self.model.context_length)
+            sampling = {k: v for k, v in prep.options.items() if k in SamplingParams.__dataclass_fields__}
+            SamplingParams(**sampling).validate()
+        except BaseException as err:  # noqa: BLE001 - the request's error, not the server's
+            job.post(ERROR, err)
+            return
+        job.prompt, job.prepared = prep.ids, prep
+        job.post(ACCEPTED, len(prep.ids))
+        with self._cv:
+            self._waiting.append(job)
+
+    def _admit(self) -> None:
+        with self._cv:
+            kept = collections.deque(j for j in self._waiting if not j.cancelled)
+            self.cancelled += len(self._waiting) - len(kept)
+            self._waiting = kept
+            while self._waiting and len(self._active) < self.parallel:
+                job = self._waiting.popleft()
+                prep = job.prepared
+                try:
+                    job.cache = self.model.new_cache()
+                    job.pieces = self.model.generate(prep.ids, max_tokens=prep.max_tokens, stream=True,
+                                                     cache=job.cache, **prep.options)
+                except BaseException as err:  # noqa: BLE001
+                    job.post(ERROR, err)
+                    _close(job)
+                    continue
+                job.started = time.perf_counter()
+                self._active.append(job)
+
+    def _step(self) -> None:
+        """One token for each active job, in turn."""
+        for job in list(self._active):
+            finished = job.cancelled
+            if finished:
+                self.cancelled += 1
+            else:
+                try:
+                    item = next(job.pieces)
+                except BaseException as err:  # noqa: BLE001 - reported on the job's stream
+                    if not isinstance(err, StopIteration):
+                        log.error("generation failed: %r", err)
+                    job.post(ERROR, err if not isinstance(err, StopIteration) else RuntimeError("no stats"))
+                    finished = True
+                else:
+                    if isinstance(item, str):
+                        job.post(PIECE, item)
+                    else:
+                        job.post(DONE, item)
+                        finished = True
+                        self.served += 1
+                        self.tokens += item.generated_tokens
+                        seconds = time.perf_counter() - job.started
+                        self._job_seconds = 0.8 * self._job_seconds + 0.2 * seconds
+            if finished:
+                _close(job)
+                with self._cv:
+                    self._active.remove(job)
+
+
+def _close(job: Job) -> None:
+    """Stop a job's generator and drop its cache."""
+    pieces, job.pieces = job.pieces, None
+    job.cache = None
+    if pieces is not None:
+        try:
+            pieces.close()
+        except BaseException:  # noqa: BLE001
+            pass
+
+
+def _release_memory() -> None:
+    """When idle: collect cycles and hand freed heap pages back to the OS."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

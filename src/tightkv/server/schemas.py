@@ -1,0 +1,107 @@
+"""Request bodies. Types are strict (JSON types, no coercion of "5" to 5) and
+unknown fields are ignored, as OpenAI-compatible servers do; the routes reject
+the known fields we cannot honour instead of ignoring them."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+# --- OpenAI ---------------------------------------------------------------------
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _OpenAISampling(_Body):
+    model: str | None = Field(None, description="the served model's id; optional")
+    max_tokens: int | None = Field(None, ge=1, description="absent: up to the end of the context")
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, description="default 1.0; 0 is greedy")
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0, description="extra: 0 disables")
+    min_p: float | None = Field(None, ge=0, le=1, description="extra")
+    repeat_penalty: float | None = Field(None, gt=0, description="extra: 1.0 disables")
+    seed: int | None = Field(None, description="negative: random")
+    stop: str | list[str] | None = Field(None, max_length=16)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int | None = Field(None, ge=1, description="only 1")
+    presence_penalty: float | None = Field(None, description="only 0")
+    frequency_penalty: float | None = Field(None, description="only 0")
+    logprobs: bool | int | None = Field(None, description="not supported")
+
+
+class ChatCompletionRequest(_OpenAISampling):
+    messages: list[ChatMessage] = Field(..., description="at least one message")
+    tools: list[Any] | None = Field(None, description="not supported")
+    response_format: dict | None = Field(None, description="only {'type': 'text'}")
+
+
+class CompletionRequest(_OpenAISampling):
+    prompt: str | list[str] | list[int] = Field(..., description="text, a list with one text, or token ids")
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+# --- Ollama ----------------------------------------------------------------------
+class OllamaOptions(_Body):
+    temperature: float | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repeat_penalty: float | None = Field(None, gt=0)
+    seed: int | None = None
+    num_predict: int | None = Field(None, description="-1 or -2: up to the end of the context")
+    stop: str | list[str] | None = None
+    num_ctx: int | None = Field(None, description="ignored: the server's --ctx applies")
+
+
+class OllamaMessage(_Body):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    images: list[str] | None = None
+
+
+class _OllamaRequest(_Body):
+    model: str = Field(..., description="the served model's name")
+    stream: bool = True
+    options: OllamaOptions | None = None
+    format: str | dict | None = Field(None, description="not supported")
+    keep_alive: str | int | float | None = None
+
+
+class OllamaChatRequest(_OllamaRequest):
+    messages: list[OllamaMessage] | None = Field(None, description="absent or null: just load the model")
+    tools: list[Any] | None = Field(None, description="not supported")
+
+
+class OllamaGenerateRequest(_OllamaRequest):
+    prompt: str | None = Field(None, description="empty: just load the model")
+    system: str | None = None
+    template: str | None = Field(None, description="not supported")
+    suffix: str | None = Field(None, description="not supported")
+    context: list[int] | None = None
+    raw: bool = False
+    images: list[str] | None = None
+
+
+class OllamaShowRequest(_Body):
+    model: str | None = None
+    name: str | None = Field(None, description="older clients' spelling of model")
+    verbose: bool = False
