@@ -36,25 +36,32 @@ class Model:
     """
 
     def __init__(self, path_or_name: str | os.PathLike | None = None, *, kv: str | None = None,
-                 context_length: int | None = None, threads: int | None = None):
+                 context_length: int | None = None, threads: int | None = None,
+                 rope_scaling: float | dict | None = None):
         import torch
 
         from .gguf.reader import read_gguf
         from .models.base import build_model, load_family
 
         torch.set_num_threads(threads or default_threads())
-        self.path: Path = resolve(path_or_name)
+        self.path: Path = resolve(path_or_name)  # a registry model is pulled on first use
         self.gguf = read_gguf(self.path)
         load_family(self.gguf)  # an unsupported architecture is the first thing to report
+        self.rope_factor: float | None = _apply_rope_scaling(self.gguf, rope_scaling)
         self.tokenizer = self._load_tokenizer()
         self.net = build_model(self.gguf)
         self.args = self.net.args
+        if self.rope_factor is not None and not hasattr(self.args, "rope_scale"):
+            raise TightKVError(f"RoPE scaling is not supported for {self.args.architecture} models")
         self.kv = kv or os.environ.get("TIGHTKV_KV_CACHE_TYPE") or DEFAULT_KV
         self.context_length = self._check_context_length(context_length)
         self.chat_template: str | None = self.gguf.metadata.get("tokenizer.chat_template")
         self._chat_cache: list | None = None
         self._chat_ids: list[int] = []
         self.last_stats = None  # GenerationStats of the last chat turn
+
+    def __repr__(self) -> str:
+        return f"Model({str(self.path)!r}, kv={self.kv!r}, context_length={self.context_length})"
 
     def _load_tokenizer(self):
         from .errors import GGUFError
@@ -67,8 +74,20 @@ class Model:
 
     @classmethod
     def from_pretrained(cls, name: str, **kwargs) -> "Model":
-        """Open a model by registry name (or path)."""
+        """Open a model by registry name (e.g. "gemma3:270m", "qwen3:4b") or .gguf path.
+
+        A registry model that is not in the store yet (``$TIGHTKV_HOME``, default
+        ``~/.cache/tightkv``) is pulled first, with a progress bar on stderr.
+        Keyword arguments go to `Model`.
+        """
         return cls(name, **kwargs)
+
+    @property
+    def max_context_length(self) -> int:
+        """The longest context allowed: the trained context, times the RoPE-scaling
+        factor when one was given."""
+        trained = self.args.context_length
+        return int(trained * self.rope_factor) if self.rope_factor else trained
 
     def _check_context_length(self, n: int | None) -> int:
         trained = self.args.context_length
@@ -76,8 +95,12 @@ class Model:
             return trained
         if n <= 0:
             raise TightKVError(f"context_length must be positive, got {n}")
-        if n > trained:
-            raise TightKVError(f"context_length {n} exceeds the model's trained context of {trained} tokens")
+        if n > self.max_context_length:
+            if self.rope_factor:
+                raise TightKVError(f"context_length {n} exceeds {self.max_context_length} tokens, the model's "
+                                   f"trained context of {trained} times the RoPE scaling factor {self.rope_factor:g}")
+            raise TightKVError(f"context_length {n} exceeds the model's trained context of {trained} tokens "
+                               f"(pass rope_scaling={-(-n // trained)} to stretch it, at some loss of quality)")
         return n
 
     # --- low-level surface -------------------------------------------------
@@ -197,6 +220,33 @@ class Model:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _apply_rope_scaling(gguf, rope_scaling: float | dict | None) -> float | None:
+    """Apply an explicit linear RoPE scaling to the GGUF metadata before the model is
+    built, as llama.cpp's ``--rope-scaling linear --rope-scale N`` does; returns the
+    factor (None when not asked for)."""
+    if rope_scaling is None:
+        return None
+    if isinstance(rope_scaling, dict):
+        kind = str(rope_scaling.get("type", rope_scaling.get("rope_type", "linear")))
+        factor = rope_scaling.get("factor")
+    else:
+        kind, factor = "linear", rope_scaling
+    if kind != "linear":
+        raise TightKVError(f"RoPE scaling type '{kind}' is not supported (only 'linear')")
+    try:
+        factor = float(factor)
+    except (TypeError, ValueError):
+        raise TightKVError(f"RoPE scaling factor must be a number, got {factor!r}") from None
+    if not factor >= 1.0:
+        raise TightKVError(f"RoPE scaling factor must be >= 1, got {factor:g}")
+    arch = gguf.architecture
+    m = gguf.metadata
+    existing = float(m.get(f"{arch}.rope.scaling.factor") or 1.0)
+    m[f"{arch}.rope.scaling.type"] = "linear"
+    m[f"{arch}.rope.scaling.factor"] = existing * factor
+    return factor
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

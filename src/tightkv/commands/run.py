@@ -1,7 +1,15 @@
-"""`tightkv run [MODEL] [PROMPT]`."""
+"""`tightkv run [MODEL] [PROMPT]`: one answer, or an interactive chat.
+
+The first argument is the model when it is a registry name (``qwen3:4b``,
+``phi3.5``) or a ``.gguf`` path; otherwise every argument is the prompt, for the
+embedded model. With a prompt (or piped stdin) it answers once, streaming to
+stdout; with neither, on a terminal, it opens a chat whose KV cache persists
+across turns (see `tightkv.repl`).
+"""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..errors import TightKVError
@@ -9,37 +17,114 @@ from ..errors import TightKVError
 from .common import add_model_flags, add_sampling_flags
 
 NAME = "run"
-HELP = "generate from a prompt (the embedded model by default)"
+HELP = "chat with a model, or answer one prompt (the embedded model by default)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("args", nargs="*", metavar="[MODEL] [PROMPT]", help="a registry name or .gguf path, then the prompt")
+    p.add_argument("args", nargs="*", metavar="[MODEL] [PROMPT]",
+                   help="a registry name (e.g. gemma3:270m, qwen3:4b) or .gguf path, then the prompt")
     p.add_argument("--verbose", action="store_true", help="print token counts, speeds and KV size")
     add_model_flags(p)
+    p.add_argument("-ctk", "--cache-type-k", default=None, metavar="TYPE",
+                   help="KV cache type for keys (llama.cpp's flag; default f16)")
+    p.add_argument("-ctv", "--cache-type-v", default=None, metavar="TYPE",
+                   help="KV cache type for values (default f16)")
+    p.add_argument("--rope-scale", type=float, default=None, metavar="FACTOR",
+                   help="linear RoPE scaling: allows --ctx up to FACTOR x the trained context")
+    p.add_argument("--system", default=None, help="system message (chat models)")
     add_sampling_flags(p)
+    one_line_errors(p)
 
 
-def _split_model_and_prompt(args: list[str]) -> tuple[str | None, str | None]:
-    from ..registry import EMBEDDED, looks_like_path
+def one_line_errors(p: argparse.ArgumentParser) -> None:
+    """Make a bad flag value a one-line message (no usage block), exit status 2."""
+    def error(message: str) -> None:
+        p.exit(2, f"error: {message} (see: {p.prog} --help)\n")
 
-    if args and (args[0] in EMBEDDED or (looks_like_path(args[0]) and args[0].endswith(".gguf"))):
+    p.error = error  # type: ignore[method-assign]
+
+
+def split_model_and_prompt(args: list[str]) -> tuple[str | None, str | None]:
+    """(model or None, prompt or None) from the positional arguments."""
+    from ..registry import is_model_name, looks_like_path
+
+    if args and (is_model_name(args[0]) or (looks_like_path(args[0]) and args[0].endswith(".gguf"))):
         return args[0], " ".join(args[1:]) or None
     return None, " ".join(args) or None
 
 
-def run(ns: argparse.Namespace) -> int:
+def kv_spec(ns: argparse.Namespace) -> str | None:
+    """The KV spec from --kv or --cache-type-k/-v (else $TIGHTKV_KV_CACHE_TYPE), validated."""
+    from ..kv.spec import parse_kv
+
+    k, v = getattr(ns, "cache_type_k", None), getattr(ns, "cache_type_v", None)
+    if k or v:
+        if ns.kv:
+            raise TightKVError("use either --kv or --cache-type-k/--cache-type-v, not both")
+        k, v = (k or "f16").strip().lower(), (v or "f16").strip().lower()
+        spec = k if k == v else f"{k}:{v}"
+    else:
+        spec = ns.kv
+    source = "--kv" if spec else "TIGHTKV_KV_CACHE_TYPE"
+    spec = spec or os.environ.get("TIGHTKV_KV_CACHE_TYPE") or None
+    if spec:
+        try:
+            parse_kv(spec)
+        except TightKVError as err:
+            raise TightKVError(f"{source}: {err}") from None
+    return spec
+
+
+def sampling_options(ns: argparse.Namespace) -> dict:
+    """generate() keyword arguments from the sampling flags, validated."""
+    from ..engine.sampling import SamplingParams
+
+    if ns.max_tokens is not None and ns.max_tokens < 1:
+        raise TightKVError(f"-n/--max-tokens must be at least 1, got {ns.max_tokens}")
+    SamplingParams(temperature=ns.temperature, top_k=ns.top_k, top_p=ns.top_p, min_p=ns.min_p,
+                   repeat_penalty=ns.repeat_penalty, seed=ns.seed).validate()
+    return {"max_tokens": ns.max_tokens, "temperature": ns.temperature, "top_k": ns.top_k, "top_p": ns.top_p,
+            "min_p": ns.min_p, "repeat_penalty": ns.repeat_penalty, "seed": ns.seed, "stop": list(ns.stop or [])}
+
+
+def open_model(name: str | None, ns: argparse.Namespace):
+    """The Model for the run flags (pulls a registry model on first use)."""
+    import time
+
     from ..api import Model
 
-    name, prompt = _split_model_and_prompt(ns.args)
-    if prompt is None and not sys.stdin.isatty():
+    if ns.ctx is not None and ns.ctx < 0:
+        raise TightKVError(f"-c/--ctx must be positive (or 0 for the model's context), got {ns.ctx}")
+    if ns.threads is not None and ns.threads < 1:
+        raise TightKVError(f"--threads must be at least 1, got {ns.threads}")
+    rope = getattr(ns, "rope_scale", None)
+    t0 = time.perf_counter()
+    model = Model(name, kv=kv_spec(ns), context_length=ns.ctx or None, threads=ns.threads, rope_scaling=rope)
+    model.load_seconds = time.perf_counter() - t0
+    return model
+
+
+def run(ns: argparse.Namespace) -> int:
+    from ..repl import print_stats, run_repl
+
+    name, prompt = split_model_and_prompt(ns.args)
+    options = sampling_options(ns)
+    interactive = prompt is None and sys.stdin.isatty()
+    if prompt is None and not interactive:
         prompt = sys.stdin.read()
-    if not prompt:
-        raise TightKVError("no prompt given (usage: tightkv run [MODEL] PROMPT)")
-    model = Model(name, kv=ns.kv, context_length=ns.ctx, threads=ns.threads)
-    ids = model.chat_ids([{"role": "user", "content": prompt}]) if model.chat_template else prompt
-    pieces = model.generate(ids, max_tokens=ns.max_tokens, temperature=ns.temperature, top_k=ns.top_k,
-                            top_p=ns.top_p, min_p=ns.min_p, repeat_penalty=ns.repeat_penalty, seed=ns.seed,
-                            stop=ns.stop, stream=True)
+        if not prompt.strip():
+            raise TightKVError("no prompt given (usage: tightkv run [MODEL] PROMPT, or run it on a terminal to chat)")
+    kv_spec(ns)  # a bad cache type fails before the model loads
+    model = open_model(name, ns)
+    if interactive:
+        return run_repl(model, options, verbose=ns.verbose, system=ns.system)
+    if model.chat_template:
+        messages = ([{"role": "system", "content": ns.system}] if ns.system else []) + \
+                   [{"role": "user", "content": prompt}]
+        ids = model.chat_ids(messages)
+    else:
+        ids = prompt  # a base model: plain text completion
+    pieces = model.generate(ids, stream=True, **options)
     stats = None
     for piece in pieces:
         if isinstance(piece, str):
@@ -48,16 +133,7 @@ def run(ns: argparse.Namespace) -> int:
         else:
             stats = piece
     sys.stdout.write("\n")
+    sys.stdout.flush()
     if ns.verbose and stats:
-        _print_stats(stats)
+        print_stats(stats, load_seconds=getattr(model, "load_seconds", None))
     return 0
-
-
-def _print_stats(s) -> None:
-    err = sys.stderr
-    print(f"prompt eval count:    {s.prompt_tokens} token(s) ({s.cached_tokens} cached)", file=err)
-    print(f"prompt eval rate:     {s.prompt_tps:.2f} tokens/s", file=err)
-    print(f"eval count:           {s.generated_tokens} token(s)", file=err)
-    print(f"eval rate:            {s.generation_tps:.2f} tokens/s", file=err)
-    print(f"kv cache:             {s.kv_bytes / 2**20:.2f} MiB", file=err)
-    print(f"finish reason:        {s.finish_reason}", file=err)

@@ -1,0 +1,22 @@
+"""`tightkv rm NAME...`: delete pulled models (blobs that no other model uses go too)."""
+from __future__ import annotations
+
+import argparse
+
+NAME = "rm"
+HELP = "remove pulled models"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from .run import one_line_errors
+
+    p.add_argument("models", nargs="+", metavar="NAME")
+    one_line_errors(p)
+
+
+def run(ns: argparse.Namespace) -> int:
+    from ..registry import remove
+
+    for name in remove(ns.models):
+        print(f"deleted '{name}'")
+    return 0

@@ -1,0 +1,341 @@
+"""The interactive chat of `tightkv run`, with Ollama's REPL commands.
+
+The conversation's KV cache persists across turns: each turn renders the whole
+conversation through the chat template, keeps the cached prefix it shares with
+the previous turn, and prefills only the new tokens (``--verbose`` shows
+``prompt eval count: N token(s) (M cached)``).
+
+Commands: ``/set parameter NAME VALUE``, ``/set system TEXT``, ``/set verbose``,
+``/set quiet``, ``/show [info|parameters|template|system]``, ``/clear``,
+``/bye``, ``/?``; ``\"\"\"`` starts and ends a multi-line message; Ctrl-C stops a
+reply (and at the prompt, cancels the line); Ctrl-D exits.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Callable
+
+from .errors import TightKVError
+
+HELP = '''Available Commands:
+  /set parameter NAME VALUE   Set a parameter: temperature, top_p, top_k, min_p, seed,
+                              num_predict, repeat_penalty, num_ctx, stop
+  /set system TEXT            Set the system message
+  /set verbose | quiet        Show or hide token counts and speeds after each reply
+  /show [info|parameters|template|system]
+                              Show the model, the parameters, the chat template
+  /clear                      Clear the conversation and its KV cache
+  /bye                        Exit
+  /?, /help                   This help
+
+Use """ to begin and end a multi-line message.
+Ctrl-C stops a reply; Ctrl-D (on an empty line) exits.'''
+
+# Ollama's parameter names -> generate() keyword arguments
+PARAMETERS = {"temperature": ("temperature", float), "top_p": ("top_p", float), "top_k": ("top_k", int),
+              "min_p": ("min_p", float), "seed": ("seed", int), "num_predict": ("max_tokens", int),
+              "max_tokens": ("max_tokens", int), "repeat_penalty": ("repeat_penalty", float),
+              "stop": ("stop", str), "num_ctx": ("num_ctx", int)}
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a reply."""
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class ChatSession:
+    """A conversation with a model whose KV cache is kept between turns.
+
+    Args:
+        model: a `tightkv.Model`.
+        options: generate() keyword arguments (max_tokens, temperature, ...).
+        system: an optional system message.
+    """
+
+    def __init__(self, model, options: dict, system: str | None = None):
+        self.model = model
+        self.options = dict(options)
+        self.options["stop"] = list(self.options.get("stop") or [])
+        self.system = system
+        self.verbose = False
+        self.messages: list[dict] = []
+        self.cache: list | None = None
+        self.held: list[int] = []  # ids the cache was filled from (valid up to its offset)
+
+    def clear(self) -> None:
+        self.messages, self.cache, self.held = [], None, []
+
+    def conversation(self, user: str) -> list[dict]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + self.messages + [{"role": "user", "content": user}]
+
+    def _reuse_cache(self, ids: list[int]) -> list:
+        if self.cache is None:
+            self.cache, self.held = self.model.new_cache(), []
+            return self.cache
+        keep = min(_common_prefix(self.held, ids), self.cache[0].offset, len(ids) - 1)
+        try:
+            for c in self.cache:
+                c.trim(c.offset - keep)
+        except ValueError:  # a compressed or sliding cache that cannot go back that far
+            self.cache, self.held = self.model.new_cache(), []
+        return self.cache
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.cache[0].offset if self.cache else 0
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(c.nbytes for c in self.cache) if self.cache else 0
+
+    def reply(self, text: str, write: Callable[[str], None], stop_requested: Callable[[], bool] = lambda: False):
+        """Answer one user message, streaming pieces to `write`; returns the
+        GenerationStats, or None when `stop_requested` turned true mid-reply (the
+        turn is then dropped from the conversation)."""
+        model = self.model
+        ids = model.chat_ids(self.conversation(text))
+        options = dict(self.options)
+        if not model.chat_template:  # a base model: stop where it would write the next user turn
+            options["stop"] = options["stop"] + ["\nUser:"]
+
+        def progress(done: int, total: int) -> None:
+            if stop_requested():
+                raise Interrupted
+
+        pieces = model.generate(ids, stream=True, cache=self._reuse_cache(ids), progress=progress, **options)
+        out: list[str] = []
+        stats = None
+        try:
+            for piece in pieces:
+                if isinstance(piece, str):
+                    out.append(piece)
+                    write(piece)
+                    if stop_requested():
+                        raise Interrupted
+                else:
+                    stats = piece
+        except Interrupted:
+            pieces.close()
+            self.held = ids  # the cache holds a prefix of these (plus some reply tokens)
+            return None
+        reply = "".join(out)
+        self.messages += [{"role": "user", "content": text},
+                          {"role": "assistant", "content": reply if model.chat_template else reply.strip()}]
+        self.held = ids + stats.ids
+        return stats
+
+    def set_parameter(self, name: str, value: str) -> str:
+        """Apply `/set parameter NAME VALUE`; returns what to print."""
+        if name not in PARAMETERS:
+            raise TightKVError(f"unknown parameter '{name}' (known: {', '.join(sorted(PARAMETERS))})")
+        key, kind = PARAMETERS[name]
+        try:
+            parsed = kind(value)
+        except ValueError:
+            raise TightKVError(f"parameter {name} takes {kind.__name__} values, got '{value}'") from None
+        if key == "num_ctx":
+            self.model.context_length = self.model._check_context_length(parsed)
+            return f"Set parameter 'num_ctx' to '{parsed}'"
+        if key == "stop":
+            self.options["stop"].append(parsed)
+            return f"Set parameter 'stop' to '{', '.join(self.options['stop'])}'"
+        if key == "max_tokens" and parsed < 1:
+            parsed = None  # Ollama's -1: until the model stops
+        trial = {**self.options, key: parsed}
+        from .engine.sampling import SamplingParams
+
+        SamplingParams(**{k: trial[k] for k in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")
+                          if k in trial}).validate()
+        self.options[key] = parsed
+        return f"Set parameter '{name}' to '{value}'"
+
+
+def print_stats(s, load_seconds: float | None = None, file=None) -> None:
+    """Ollama's --verbose timings, plus the cached prompt tokens and the KV size."""
+    err = file or sys.stderr
+    if load_seconds is not None:
+        print(f"load duration:        {load_seconds:.3f}s", file=err)
+    print(f"prompt eval count:    {s.prompt_tokens} token(s) ({s.cached_tokens} cached)", file=err)
+    print(f"prompt eval duration: {s.prompt_seconds:.3f}s", file=err)
+    print(f"prompt eval rate:     {s.prompt_tps:.2f} tokens/s", file=err)
+    print(f"eval count:           {s.generated_tokens} token(s)", file=err)
+    print(f"eval duration:        {s.generation_seconds:.3f}s", file=err)
+    print(f"eval rate:            {s.generation_tps:.2f} tokens/s", file=err)
+    print(f"kv cache:             {s.kv_bytes / 2**20:.2f} MiB", file=err)
+    print(f"finish reason:        {s.finish_reason}", file=err)
+    err.flush()
+
+
+def show(session: ChatSession, what: str) -> str:
+    """The text of `/show ...`."""
+    from .commands.show import describe, format_pairs
+
+    m = session.model
+    what = what or "info"
+    if what == "info":
+        pairs = describe(m.gguf)
+        pairs += [("context in use", f"{session.cached_tokens} of {m.context_length} tokens"),
+                  ("kv cache type", str(m.kv)), ("kv cache size", f"{session.kv_bytes / 2**20:.2f} MiB"),
+                  ("file", str(m.path))]
+        return "  Model\n" + format_pairs(pairs)
+    if what == "parameters":
+        o = session.options
+        pairs = [("num_ctx", m.context_length), ("num_predict", o.get("max_tokens") or -1)]
+        pairs += [(k, o.get(k)) for k in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")]
+        pairs += [("stop", ", ".join(o.get("stop") or []) or "(none)")]
+        return "  Parameters\n" + format_pairs(pairs)
+    if what == "template":
+        return m.chat_template or "(no chat template: the model runs as plain text completion)"
+    if what == "system":
+        return session.system or "(no system message)"
+    raise TightKVError(f"unknown /show target '{what}' (info, parameters, template, system)")
+
+
+def _setup_readline() -> None:
+    try:
+        import readline  # noqa: F401  (line editing and history for input())
+
+        from .registry import home
+
+        path = home() / "history"
+        try:
+            readline.read_history_file(path)
+        except OSError:
+            pass
+        readline.set_history_length(1000)
+        import atexit
+
+        def save():
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                readline.write_history_file(path)
+            except OSError:
+                pass
+        atexit.register(save)
+    except ImportError:
+        pass
+
+
+def read_message(prompt: str = ">>> ", more: str = "... ") -> str:
+    """One message from the terminal; '\"\"\"' opens and closes a multi-line message.
+    Raises EOFError on Ctrl-D and KeyboardInterrupt on Ctrl-C."""
+    line = input(prompt)
+    stripped = line.strip()
+    if not stripped.startswith('"""'):
+        return line
+    body = stripped[3:]
+    if body.endswith('"""') and len(body) >= 3:
+        return body[:-3]
+    lines = [body] if body else []
+    while True:
+        nxt = input(more)
+        if nxt.rstrip().endswith('"""'):
+            lines.append(nxt.rstrip()[:-3])
+            break
+        lines.append(nxt)
+    return "\n".join(lines)
+
+
+def run_repl(model, options: dict, verbose: bool = False, system: str | None = None) -> int:
+    """The chat loop; returns the exit code."""
+    session = ChatSession(model, options, system=system)
+    session.verbose = verbose
+    _setup_readline()
+    out = sys.stdout
+    kind = "chat" if model.chat_template else "plain completion: no chat template"
+    print(f"tightkv: {model.path.name} ({kind}). Send a message (/? for help, /bye or Ctrl-D to exit)",
+          file=sys.stderr, flush=True)
+    while True:
+        try:
+            text = read_message()
+        except EOFError:
+            out.write("\n")
+            out.flush()
+            return 0
+        except KeyboardInterrupt:
+            out.write("\nUse Ctrl + d or /bye to exit.\n")
+            out.flush()
+            continue
+        if not text.strip():
+            continue
+        if text.strip().startswith("/"):
+            try:
+                if _command(session, text.strip()) == "bye":
+                    return 0
+            except TightKVError as err:
+                print(f"error: {err}", file=sys.stderr, flush=True)
+            continue
+        _turn(session, text)
+
+
+def _turn(session: ChatSession, text: str) -> None:
+    out = sys.stdout
+    flag = {"stop": False}
+
+    def on_sigint(signum, frame):
+        flag["stop"] = True
+
+    def write(piece: str) -> None:
+        out.write(piece)
+        out.flush()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        stats = session.reply(text, write, lambda: flag["stop"])
+    except TightKVError as err:
+        out.flush()
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if stats is None:
+        out.write("\n(stopped)\n\n")
+        out.flush()
+        return
+    out.write("\n\n")
+    out.flush()
+    if session.verbose:
+        print_stats(stats)
+
+
+def _command(session: ChatSession, line: str) -> str | None:
+    words = line.split()
+    cmd, args = words[0].lower(), words[1:]
+    if cmd in ("/bye", "/exit", "/quit"):
+        return "bye"
+    if cmd in ("/?", "/help"):
+        print(HELP, flush=True)
+    elif cmd == "/clear":
+        session.clear()
+        print("Cleared session context", flush=True)
+    elif cmd == "/show":
+        print(show(session, args[0].lower() if args else ""), flush=True)
+    elif cmd == "/set":
+        if not args:
+            raise TightKVError("usage: /set parameter NAME VALUE | /set system TEXT | /set verbose | /set quiet")
+        what = args[0].lower()
+        if what == "parameter":
+            if len(args) < 3:
+                raise TightKVError("usage: /set parameter NAME VALUE")
+            print(session.set_parameter(args[1].lower(), " ".join(args[2:])), flush=True)
+        elif what == "system":
+            session.system = line.split(None, 2)[2] if len(args) > 1 else None
+            print("Set system message.", flush=True)
+        elif what in ("verbose", "quiet"):
+            session.verbose = what == "verbose"
+            print(f"Set '{what}' mode.", flush=True)
+        else:
+            raise TightKVError(f"unknown /set target '{args[0]}' (parameter, system, verbose, quiet)")
+    else:
+        raise TightKVError(f"unknown command '{words[0]}' (type /? for help)")
+    return None
