@@ -357,3 +357,23 @@ def test_fuzzed_requests_never_5xx(server):
             json.loads(raw)["error"]
     assert request(server, "GET", "/health")[0] == 200
     wait_idle(server)
+
+
+# --- tightkv client ------------------------------------------------------------------------------
+def test_tightkv_client_with_api_key(server):
+    import subprocess
+    import sys
+
+    _, doc = post(server, CHAT, {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 6,
+                                 "temperature": 0})
+    want = doc["choices"][0]["message"]["content"]
+    base = [sys.executable, "-m", "tightkv.cli", "client", "hello", "--url", server.url + "/v1", "-n", "6",
+            "--temperature", "0"]
+    for extra in ([], ["--no-stream"]):
+        out = subprocess.run(base + extra + ["--api-key", KEY], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout == want + "\n", out.stderr
+    out = subprocess.run(base, capture_output=True, text=True, timeout=60,
+                         env={**__import__("os").environ, "TIGHTKV_API_KEY": "wrong"})
+    assert out.returncode == 1 and out.stderr.startswith("error: server answered 401")
+    out = subprocess.run(base[:5] + ["--url", "http://127.0.0.1:9"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "cannot reach" in out.stderr and "Traceback" not in out.stderr

@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, PlainTextResponse
 
 from .. import __version__
+from ..errors import TightKVError
 from .common import ApiError, error_response
 from .scheduler import Scheduler
 
@@ -56,9 +57,13 @@ class ServedModel:
         self.path = path
         self.id = config.alias or (Path(name).stem if is_path else name or DEFAULT_MODEL)
         names = {self.id, path.name, path.stem, str(path), name or DEFAULT_MODEL}
+        if (name or DEFAULT_MODEL) == DEFAULT_MODEL:
+            names.add(DEFAULT_MODEL.split(":")[0])  # 'gemma3' names the default, as Ollama's bare names do
         names |= {f"{n}:latest" for n in list(names) if ":" not in n and "/" not in n}
         self.names = names
         self.canonical = None if is_path else _canonical(name or DEFAULT_MODEL)
+        if not path.is_file():
+            raise TightKVError(f"{path}: no such model file")
         stat = path.stat()
         self.size = stat.st_size
         self.mtime = stat.st_mtime

@@ -1,0 +1,128 @@
+"""The server app in-process (no subprocess): /health while loading and after a
+failed load, the OpenAPI document, scheduler limits, CLI errors."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from tightkv.server.app import ServerConfig, create_app
+from tightkv.server.scheduler import Job, Prepared, Scheduler, Unavailable
+from tiny_gguf import write_gemma3
+
+starlette_testclient = pytest.importorskip("starlette.testclient")
+
+
+@pytest.fixture(scope="module")
+def gguf(tmp_path_factory):
+    return write_gemma3(tmp_path_factory.mktemp("unit") / "unit.gguf")
+
+
+def test_health_is_503_while_loading_then_ok(gguf):
+    from tightkv import Model
+
+    release = threading.Event()
+
+    def slow_load():
+        release.wait(30)
+        return Model(gguf, threads=1)
+
+    app = create_app(ServerConfig(model=str(gguf)), load=slow_load)
+    with starlette_testclient.TestClient(app) as tc:
+        r = tc.get("/health")
+        assert r.status_code == 503
+        assert r.json() == {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+        r = tc.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 503 and r.json()["error"]["type"] == "unavailable_error"
+        assert r.headers["retry-after"] == "1"
+        r = tc.post("/api/chat", json={"model": "unit", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 503 and r.json() == {"error": "Loading model"}
+        release.set()
+        for _ in range(300):
+            if tc.get("/health").status_code == 200:
+                break
+            threading.Event().wait(0.05)
+        assert tc.get("/health").json() == {"status": "ok"}
+        r = tc.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 3
+
+
+def test_failed_load_is_reported(gguf):
+    failures = []
+
+    def bad_load():
+        raise RuntimeError("boom")
+
+    app = create_app(ServerConfig(model=str(gguf)), load=bad_load, on_failure=failures.append)
+    with starlette_testclient.TestClient(app) as tc:
+        for _ in range(100):
+            if failures:
+                break
+            threading.Event().wait(0.05)
+        r = tc.get("/health")
+        assert r.status_code == 503 and r.json()["error"]["message"] == "Model failed to load"
+        r = tc.post("/v1/completions", json={"prompt": "x"})
+        assert r.status_code == 503 and "boom" not in r.text
+    assert str(failures[0]) == "boom"
+
+
+def test_openapi_documents_request_bodies(gguf):
+    app = create_app(ServerConfig(model=str(gguf)), load=lambda: None)
+    doc = app.openapi()
+    for path in ("/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate", "/api/show"):
+        ref = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+        assert ref.rsplit("/", 1)[1] in doc["components"]["schemas"]
+    chat = doc["components"]["schemas"]["ChatCompletionRequest"]
+    assert "messages" in chat["required"]
+    for path in ("/v1/models", "/api/tags", "/api/version", "/health", "/metrics"):
+        assert path in doc["paths"]
+
+
+class _FakeModel:
+    context_length = 100
+
+    def new_cache(self):
+        return []
+
+    def generate(self, ids, max_tokens, stream, cache, **kw):
+        raise AssertionError("not reached")
+
+
+def test_scheduler_bounds_the_queue():
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    gate = threading.Event()
+
+    def load():
+        gate.wait(10)
+        return _FakeModel()
+
+    sch = Scheduler(load, parallel=1, max_queue=1)
+    sch.start()
+    job = Job(lambda m: Prepared([1], 1), loop)
+    with pytest.raises(Unavailable, match="Loading"):
+        sch.submit(job)
+    sch.stop(timeout=0)  # stops once loaded
+    gate.set()
+    sch._thread.join(10)
+    loop.close()
+
+    sch = Scheduler(lambda: _FakeModel(), parallel=1, max_queue=1)
+    sch.state = "ready"  # not started: jobs stay in the inbox
+    sch.submit(Job(lambda m: Prepared([1], 1), loop))
+    sch.submit(Job(lambda m: Prepared([1], 1), loop))
+    with pytest.raises(Unavailable) as err:
+        sch.submit(Job(lambda m: Prepared([1], 1), loop))
+    assert err.value.retry_after >= 1
+
+
+def test_serve_cli_errors_are_one_line(tmp_path):
+    for args, text in [(["no-such-model-xyz"], "error:"), ([str(tmp_path / "missing.gguf")], "error:"),
+                       (["--port", "70000"], "--port"), (["--parallel", "0"], "--parallel")]:
+        out = subprocess.run([sys.executable, "-m", "tightkv.cli", "serve", *args], capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode != 0 and text in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
