@@ -256,7 +256,7 @@ def create_app(config: ServerConfig, load: Callable[[], Any] | None = None,
         return error_response(request.url.path, ApiError(500, "internal server error (see the server log)",
                                                          "server_error", code="server_error"))
 
-    @app.get("/health", summary="200 when ready, 503 while the model loads")
+    @app.api_route("/health", methods=["GET", "HEAD"], summary="200 when ready, 503 while the model loads")
     async def health():
         s = state.scheduler.state
         if s == "ready":
@@ -279,7 +279,7 @@ def create_app(config: ServerConfig, load: Callable[[], Any] | None = None,
         text = "".join(f"# HELP tightkv:{n} {h}\n# TYPE tightkv:{n} {t}\ntightkv:{n} {v}\n" for n, t, h, v in rows)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
-    @app.get("/", include_in_schema=False)
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def root():
         return PlainTextResponse("tightkv is running")
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import JSONResponse, StreamingResponse
 
 from ..errors import ContextOverflowError, TightKVError
-from .scheduler import ACCEPTED, DONE, ERROR, PIECE, Job, Prepared, Unavailable
+from .scheduler import ACCEPTED, DONE, ERROR, PIECE, Cancelled, Job, Prepared, Unavailable
 
 log = logging.getLogger("tightkv.server")
 
@@ -54,6 +54,8 @@ def as_api_error(err: BaseException) -> ApiError:
         return ApiError(400, str(err), "exceed_context_size_error", code="exceed_context_size_error")
     if isinstance(err, TightKVError):
         return ApiError(400, str(err))
+    if isinstance(err, Cancelled):
+        return ApiError(499, "the client closed the request", code="client_closed_request")
     if isinstance(err, Unavailable):
         headers = {"Retry-After": str(err.retry_after)} if err.retry_after else None
         return ApiError(503, str(err), "unavailable_error", code="unavailable", headers=headers)

@@ -38,6 +38,10 @@ class Unavailable(Exception):
         self.retry_after = retry_after
 
 
+class Cancelled(Exception):
+    """The job was cancelled (its client went away) before it finished."""
+
+
 @dataclass
 class Prepared:
     """What a job's `prepare(model)` returns: prompt ids and `Model.generate` arguments."""
@@ -196,6 +200,8 @@ class Scheduler:
     def _prepare(self, job: Job) -> None:
         """Tokenize and validate a new job; a bad request fails here, before it waits."""
         if job.cancelled:
+            self.cancelled += 1
+            job.post(ERROR, Cancelled("cancelled"))
             return
         from ..engine.generate import check_context
         from ..engine.sampling import SamplingParams
@@ -215,9 +221,11 @@ class Scheduler:
 
     def _admit(self) -> None:
         with self._cv:
-            kept = collections.deque(j for j in self._waiting if not j.cancelled)
-            self.cancelled += len(self._waiting) - len(kept)
-            self._waiting = kept
+            for job in self._waiting:
+                if job.cancelled:
+                    self.cancelled += 1
+                    job.post(ERROR, Cancelled("cancelled"))
+            self._waiting = collections.deque(j for j in self._waiting if not j.cancelled)
             while self._waiting and len(self._active) < self.parallel:
                 job = self._waiting.popleft()
                 prep = job.prepared
@@ -238,6 +246,7 @@ class Scheduler:
             finished = job.cancelled
             if finished:
                 self.cancelled += 1
+                job.post(ERROR, Cancelled("cancelled"))
             else:
                 try:
                     item = next(job.pieces)
