@@ -43,7 +43,11 @@ class Model:
         from .gguf.reader import read_gguf
         from .models.base import build_model, load_family
 
-        torch.set_num_threads(threads or default_threads())
+        from .kernels import qmatmul
+
+        self.threads = threads or default_threads()
+        torch.set_num_threads(self.threads)
+        qmatmul.set_threads(self.threads)
         self.path: Path = resolve(path_or_name)  # a registry model is pulled on first use
         self.gguf = read_gguf(self.path)
         load_family(self.gguf)  # an unsupported architecture is the first thing to report

@@ -76,6 +76,22 @@ def prefill(model, ids: list[int], cache: list, chunk: int = PREFILL_CHUNK,
     return logits
 
 
+@torch.inference_mode()
+def decode_step(model, token: int, cache: list) -> torch.Tensor:
+    """Logits (vocab,) after one more token.
+
+    Torch's own ops run on one thread here: at one token they are too small to
+    gain from a parallel region, and OpenMP's barriers stall badly when a core
+    is busy. The weight kernels, where decode time goes, keep their own threads.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return model(torch.tensor([token]), cache)[0]
+    finally:
+        torch.set_num_threads(threads)
+
+
 def check_context(prompt_len: int, max_tokens: int | None, context_length: int) -> int:
     """The number of tokens that may be generated; a prompt that cannot fit is an error."""
     if prompt_len >= context_length:
@@ -113,7 +129,7 @@ def generate_tokens(model, prompt: list[int], cache: list, sampler: Sampler, max
                 return
             history.append(token)
             yield token
-            logits = model(torch.tensor([token]), cache)[0]
+            logits = decode_step(model, token, cache)
     finally:
         timing["generation_seconds"] = time.perf_counter() - t1
 

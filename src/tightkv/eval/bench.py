@@ -72,18 +72,15 @@ def _ours_pp(model, kv: str, ids: list[int]) -> float:
 
 
 def _ours_tg(model, kv: str, context: list[int], steps: list[int]) -> tuple[float, int]:
-    import torch
-
-    from ..engine.generate import prefill
+    from ..engine.generate import decode_step, prefill
 
     cache = model.new_cache(kv)
     prefill(model.net, context, cache)
-    with torch.inference_mode():
-        model.net(torch.tensor(steps[:1]), cache)  # warm the decode path
-        t = time.perf_counter()
-        for tok in steps[1:]:
-            model.net(torch.tensor([tok]), cache)
-        elapsed = time.perf_counter() - t
+    decode_step(model.net, steps[0], cache)  # warm the decode path
+    t = time.perf_counter()
+    for tok in steps[1:]:
+        decode_step(model.net, tok, cache)
+    elapsed = time.perf_counter() - t
     return (len(steps) - 1) / elapsed, sum(c.nbytes for c in cache)
 
 

@@ -59,6 +59,15 @@ PARALLEL_MIN_BYTES = 1 << 16  # smaller weights run the block-dot kernel on one 
 _BACKEND = "fast"
 
 
+_THREADS: int | None = None  # kernel threads; None follows torch.get_num_threads()
+
+
+def set_threads(n: int | None) -> None:
+    """Threads for the block kernels, independent of torch's (None: follow torch)."""
+    global _THREADS
+    _THREADS = n if n is None else max(1, int(n))
+
+
 def set_backend(name: str) -> None:
     """Choose "fast" (compiled kernel where available) or "reference" for all QuantLinears."""
     global _BACKEND
@@ -127,7 +136,7 @@ class QuantLinear(torch.nn.Module):
         if self.qtype == "F32":
             y = F.linear(x2, self.raw)
         elif self._tid >= 0 and _BACKEND == "fast" and (lib := _lib if _lib_state == "loaded" else _kernel()) is not None:
-            nth = torch.get_num_threads() if self._nbytes * m >= PARALLEL_MIN_BYTES else 1
+            nth = (_THREADS or torch.get_num_threads()) if self._nbytes * m >= PARALLEL_MIN_BYTES else 1
             if m <= GEMV_MAX_ROWS:
                 y = torch.empty(m, n)  # (M, out)
                 if lib.tk_gemv(self._tid, self.raw.data_ptr(), self.raw.stride(0), n, k, x2.data_ptr(), m, y.data_ptr(), nth):
