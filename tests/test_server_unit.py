@@ -119,9 +119,14 @@ def test_scheduler_bounds_the_queue():
     assert err.value.retry_after >= 1
 
 
-def test_serve_cli_errors_are_one_line(tmp_path):
+def test_serve_cli_errors_are_one_line(tmp_path, gguf):
+    from test_server_helpers import free_port
+
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(gguf.read_bytes()[:1000])
     for args, text in [(["no-such-model-xyz"], "error:"), ([str(tmp_path / "missing.gguf")], "error:"),
-                       (["--port", "70000"], "--port"), (["--parallel", "0"], "--parallel")]:
+                       (["--port", "70000"], "--port"), (["--parallel", "0"], "--parallel"),
+                       ([str(bad), "--port", str(free_port())], "corrupt or truncated")]:
         out = subprocess.run([sys.executable, "-m", "tightkv.cli", "serve", *args], capture_output=True, text=True,
                              timeout=120)
         assert out.returncode != 0 and text in out.stderr, out.stderr

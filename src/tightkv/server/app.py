@@ -256,7 +256,7 @@ def create_app(config: ServerConfig, load: Callable[[], Any] | None = None,
         return error_response(request.url.path, ApiError(500, "internal server error (see the server log)",
                                                          "server_error", code="server_error"))
 
-    @app.api_route("/health", methods=["GET", "HEAD"], summary="200 when ready, 503 while the model loads")
+    @app.get("/health", summary="200 when ready, 503 while the model loads")
     async def health():
         s = state.scheduler.state
         if s == "ready":
@@ -264,6 +264,8 @@ def create_app(config: ServerConfig, load: Callable[[], Any] | None = None,
         message = "Loading model" if s == "loading" else "Model failed to load" if s == "failed" else "Shutting down"
         return JSONResponse({"error": {"code": 503, "message": message, "type": "unavailable_error"}},
                             status_code=503)
+
+    app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
 
     @app.get("/metrics", summary="Prometheus text: requests processing and deferred, tokens, KV bytes")
     async def metrics():

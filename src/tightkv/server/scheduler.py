@@ -157,7 +157,9 @@ class Scheduler:
     def _run(self) -> None:
         try:
             self.model = self._load()
-        except BaseException as err:  # noqa: BLE001 - reported, then the server stops
+            if self._on_ready:
+                self._on_ready(self.model)
+        except Exception as err:  # noqa: BLE001 - reported, then the server stops
             with self._cv:
                 self.state, self.error = "failed", err
             if self._on_failure:
@@ -165,8 +167,6 @@ class Scheduler:
             return
         with self._cv:
             self.state = "ready"
-        if self._on_ready:
-            self._on_ready(self.model)
         try:
             self._serve()
         finally:
@@ -211,7 +211,7 @@ class Scheduler:
             check_context(len(prep.ids), prep.max_tokens, self.model.context_length)
             sampling = {k: v for k, v in prep.options.items() if k in SamplingParams.__dataclass_fields__}
             SamplingParams(**sampling).validate()
-        except BaseException as err:  # noqa: BLE001 - the request's error, not the server's
+        except Exception as err:  # noqa: BLE001 - the request's error, not the server's
             job.post(ERROR, err)
             return
         job.prompt, job.prepared = prep.ids, prep
@@ -233,7 +233,7 @@ class Scheduler:
                     job.cache = self.model.new_cache()
                     job.pieces = self.model.generate(prep.ids, max_tokens=prep.max_tokens, stream=True,
                                                      cache=job.cache, **prep.options)
-                except BaseException as err:  # noqa: BLE001
+                except Exception as err:  # noqa: BLE001
                     job.post(ERROR, err)
                     _close(job)
                     continue
@@ -249,11 +249,11 @@ class Scheduler:
                 job.post(ERROR, Cancelled("cancelled"))
             else:
                 try:
-                    item = next(job.pieces)
-                except BaseException as err:  # noqa: BLE001 - reported on the job's stream
-                    if not isinstance(err, StopIteration):
-                        log.error("generation failed: %r", err)
-                    job.post(ERROR, err if not isinstance(err, StopIteration) else RuntimeError("no stats"))
+                    item = next(job.pieces, None)
+                    if item is None:
+                        raise RuntimeError("the generation ended without a stats record")
+                except Exception as err:  # noqa: BLE001 - reported on the job's stream (and logged there)
+                    job.post(ERROR, err)
                     finished = True
                 else:
                     if isinstance(item, str):
@@ -278,8 +278,8 @@ def _close(job: Job) -> None:
     if pieces is not None:
         try:
             pieces.close()
-        except BaseException:  # noqa: BLE001
-            pass
+        except Exception:  # noqa: BLE001
+            log.debug("closing a generation failed", exc_info=True)
 
 
 def _release_memory() -> None:
