@@ -27,12 +27,22 @@ class Model:
     """A loaded GGUF model with its tokenizer and a per-layer KV cache.
 
     Args:
-        path_or_name: a path to a .gguf file or a registry name; None opens the
-            embedded Gemma 3 270M.
-        kv: KV cache type for keys and values (e.g. "f16"); `TIGHTKV_KV_CACHE_TYPE`
-            sets the default.
+        path_or_name: a path to a .gguf file or a registry name ("qwen3:4b"; pulled
+            into the store on first use); None opens the embedded Gemma 3 270M.
+        kv: KV cache type or preset for keys and values (e.g. "f16", "q8_0:tq4",
+            "progressive"); `TIGHTKV_KV_CACHE_TYPE` sets the default.
         context_length: tokens of context; defaults to the model's trained context.
+            More than the trained context is an error unless `rope_scaling` is given.
         threads: CPU threads; defaults to the physical cores.
+        rope_scaling: linear RoPE scaling, a factor (or {"type": "linear",
+            "factor": F}), as llama.cpp's --rope-scale: positions are divided by F
+            and context_length may go up to F times the trained context.
+
+    Example::
+
+        with Model("model.gguf", kv="progressive", context_length=131072, rope_scaling=4) as m:
+            for piece in m.generate("Once upon a time", stream=True):
+                ...
     """
 
     def __init__(self, path_or_name: str | os.PathLike | None = None, *, kv: str | None = None,
