@@ -8,6 +8,7 @@ import sys
 from ..errors import TightKVError
 
 from .common import add_model_flags
+from .run import kv_spec
 
 NAME = "serve"
 HELP = "serve a model over HTTP: OpenAI /v1/* and Ollama /api/* routes"
@@ -26,6 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alias", default=None, help="the model id clients see (default: the model's name)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_model_flags(p)
+    p.add_argument("-ctk", "--cache-type-k", default=None, metavar="TYPE", help="KV cache type for keys (default f16)")
+    p.add_argument("-ctv", "--cache-type-v", default=None, metavar="TYPE", help="KV cache type for values")
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -44,11 +47,8 @@ def run(ns: argparse.Namespace) -> int:
     if ns.threads is not None and ns.threads < 1:
         raise TightKVError(f"--threads must be positive, got {ns.threads}")
     api_key = ns.api_key or os.environ.get("TIGHTKV_API_KEY") or None
-    if ns.kv:
-        from ..kv.spec import parse_kv
-
-        parse_kv(ns.kv)  # a bad KV type fails now, not in the loader thread
-    config = ServerConfig(model=ns.model, kv=ns.kv, ctx=ns.ctx, threads=ns.threads, api_key=api_key,
+    kv = kv_spec(ns)  # a bad KV type fails now, not in the loader thread
+    config = ServerConfig(model=ns.model, kv=kv, ctx=ns.ctx, threads=ns.threads, api_key=api_key,
                           parallel=ns.parallel, max_queue=ns.max_queue, alias=ns.alias)
     logging.basicConfig(level=ns.log_level.upper(), format="tightkv: %(message)s", stream=sys.stderr)
     failures: list[BaseException] = []
