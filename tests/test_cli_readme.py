@@ -1,0 +1,47 @@
+"""The README's promises: the first screen's two commands, and the three-line
+Python example, run exactly as written."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+THREE_LINES = '''from tightkv import Model
+m = Model.from_pretrained("gemma3:270m")
+print(m.ask("What is gravity?"))
+'''
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, re.S)
+
+
+def test_first_screen_commands_are_unchanged():
+    text = README.read_text()
+    first = text[: text.index("## ")]
+    assert 'pip install -e . && tightkv run "The capital of France is"' in first
+    assert "pip install -e '.[test]' && python3 -m pytest -q" in first
+
+
+@pytest.mark.slow
+def test_three_line_python_example_runs_as_written(tmp_path):
+    text = README.read_text()
+    section = text[text.index("## Python"):]
+    code = python_blocks(section)[0]
+    assert code == THREE_LINES
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"the README example timed out; stderr: {err[-2000:]}")
+    assert proc.returncode == 0, err
+    assert out.strip() and "Traceback" not in err
