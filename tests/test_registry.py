@@ -252,25 +252,40 @@ def test_progress_bar_format():
 def test_api_pulls_on_first_use(home, hub, capsys):
     from tightkv import Model
 
-    with Model.from_pretrained("smollm2:135m", threads=1) as m:
+    name = f"hf.co/{SMOL.repo}/{SMOL.file}"  # any GGUF on the hub, by repo and file
+    with Model.from_pretrained(name, threads=1) as m:
         assert m.path.parent == home / "blobs"
         assert isinstance(m.ask("hi", max_tokens=2), str)
     assert "success" in capsys.readouterr().err
-    assert [x.name for x in registry.list_installed()] == ["smollm2:135m"]
+    assert [x.name for x in registry.list_installed()] == [name]
+    assert (home / "manifests" / "hf.co" / SMOL.repo / SMOL.file).is_file()
+
+
+def test_unrunnable_architecture_fails_before_downloading(home, hub):
+    with pytest.raises(TightKVError, match=r"smollm2:135m is a 'llama' model, which tightkv cannot run yet"):
+        registry.resolve("smollm2:135m", runnable={"gemma3"})
+    assert hub.requests == [] and registry.list_installed() == []
 
 
 def test_cli_pull_list_show_run_rm(home, hub, tiny_bytes):
     env = {"TIGHTKV_HOME": str(home), "HF_ENDPOINT": hub.url}
     sha = hashlib.sha256(tiny_bytes).hexdigest()
-    r = cli("run", "smollm2:135m", "hello", "-n", "2", "--threads", "1", env=env)  # pulls on first use
+    r = cli("pull", "smollm2:135m", env=env)
     assert r.returncode == 0, r.stderr
-    assert "pulling manifest" in r.stderr and "success" in r.stderr
+    assert "pulling manifest" in r.stderr and r.stderr.rstrip().endswith("success")
+    r = cli("run", "smollm2:135m", "hello", "-n", "2", "--threads", "1", env=env)  # the pulled copy
+    assert r.returncode == 0 and "pulling" not in r.stderr, r.stderr
+    r = cli("run", f"hf.co/{SMOL.repo}/{SMOL.file}", "hello", "-n", "2", "--threads", "1", env=env)
+    assert r.returncode == 0 and "pulling manifest" in r.stderr, r.stderr  # pulled on first use
+    hub_name = f"hf.co/{SMOL.repo}/{SMOL.file}"
     r = cli("list", env=env)
     assert r.returncode == 0, r.stderr
-    header, row = r.stdout.splitlines()
+    header, *rows = r.stdout.splitlines()
     assert header.split() == ["NAME", "ID", "SIZE", "MODIFIED"]
-    assert row.split()[:4] == ["smollm2:135m", sha[:12], *registry_size(len(tiny_bytes)).split()]
-    assert row.endswith("ago")
+    size = registry_size(len(tiny_bytes)).split()
+    assert sorted(row.split()[:4] for row in rows) == [[hub_name, sha[:12], *size], ["smollm2:135m", sha[:12], *size]]
+    assert all(row.endswith("ago") for row in rows)
+    assert len(list((home / "blobs").glob("sha256-*"))) == 1  # two names, one blob
     r = cli("show", "smollm2", env=env)
     assert_one_line_error(r, "model 'smollm2:1.7b' is not pulled yet")  # the bare name takes the default tag
     r = cli("show", "smollm2:135m", env=env)
@@ -282,6 +297,9 @@ def test_cli_pull_list_show_run_rm(home, hub, tiny_bytes):
     assert f16 and int(f16.group(1).replace(",", "")) == _tiny_f16_per_token()
     r = cli("rm", "smollm2:135m", env=env)
     assert r.returncode == 0 and r.stdout.strip() == "deleted 'smollm2:135m'"
+    assert (home / "blobs" / f"sha256-{sha}").exists()  # the hub name still uses the blob
+    r = cli("rm", hub_name, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == f"deleted '{hub_name}'"
     assert not (home / "blobs" / f"sha256-{sha}").exists()
     assert_one_line_error(cli("rm", "smollm2:135m", env=env), "model 'smollm2:135m' not found")
     assert cli("list", env=env).stdout.split() == ["NAME", "ID", "SIZE", "MODIFIED"]

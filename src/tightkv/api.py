@@ -51,14 +51,15 @@ class Model:
         import torch
 
         from .gguf.reader import read_gguf
-        from .models.base import build_model, load_family
+        from .models.base import ARCHITECTURES, build_model, load_family
 
         from .kernels import qmatmul
 
         self.threads = threads or default_threads()
         torch.set_num_threads(self.threads)
         qmatmul.set_threads(self.threads)
-        self.path: Path = resolve(path_or_name)  # a registry model is pulled on first use
+        # a registry model is pulled on first use (if tightkv can run its architecture)
+        self.path: Path = resolve(path_or_name, runnable=set(ARCHITECTURES))
         self.gguf = read_gguf(self.path)
         load_family(self.gguf)  # an unsupported architecture is the first thing to report
         self.rope_factor: float | None = _apply_rope_scaling(self.gguf, rope_scaling)

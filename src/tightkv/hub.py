@@ -33,7 +33,7 @@ from .errors import TightKVError
 from .registry import Entry, Installed, blob_path, blobs_dir, file_lock, installed, write_manifest
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
-CHUNK = 1 << 20  # read the HTTP body in 1 MiB pieces, so progress moves smoothly
+CHUNK = 1 << 18  # read the HTTP body in 256 KiB pieces, so progress moves smoothly
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 

@@ -48,12 +48,15 @@ class Entry:
         file: file name in the repo (or in the PyPI package).
         sha256: the file's sha256 where we know it; None means the hub's LFS
             metadata supplies it at download time.
+        arch: the GGUF's architecture, so that running a model tightkv cannot run
+            yet fails before a download rather than after it.
     """
 
     name: str
     repo: str | None
     file: str
     sha256: str | None = None
+    arch: str | None = None  # general.architecture of the GGUF, where known
 
     @property
     def embedded(self) -> bool:
@@ -67,14 +70,15 @@ class Entry:
 # Repo and file names are leads (see docs); the hub's metadata is checked at download.
 CATALOG: dict[str, Entry] = {e.name: e for e in [
     Entry("gemma3:270m", None, "gemma-3-270m-q4_k_m.gguf",
-          "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
-    Entry("qwen3:4b", "Qwen/Qwen3-4B-GGUF", "Qwen3-4B-Q4_K_M.gguf"),
-    Entry("qwen3:0.6b", "Qwen/Qwen3-0.6B-GGUF", "Qwen3-0.6B-Q8_0.gguf"),
-    Entry("llama3.2:1b", "hugging-quants/Llama-3.2-1B-Instruct-Q4_K_M-GGUF", "llama-3.2-1b-instruct-q4_k_m.gguf"),
-    Entry("llama3.2:3b", "bartowski/Llama-3.2-3B-Instruct-GGUF", "Llama-3.2-3B-Instruct-Q4_K_M.gguf"),
-    Entry("phi3.5:3.8b", "bartowski/Phi-3.5-mini-instruct-GGUF", "Phi-3.5-mini-instruct-Q4_K_M.gguf"),
-    Entry("smollm2:135m", "Felladrin/gguf-Q8_0-SmolLM2-135M-Instruct", "smollm2-135m-instruct-q8_0.gguf"),
-    Entry("smollm2:1.7b", "bartowski/SmolLM2-1.7B-Instruct-GGUF", "SmolLM2-1.7B-Instruct-Q8_0.gguf"),
+          "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", "gemma3"),
+    Entry("qwen3:4b", "Qwen/Qwen3-4B-GGUF", "Qwen3-4B-Q4_K_M.gguf", arch="qwen3"),
+    Entry("qwen3:0.6b", "Qwen/Qwen3-0.6B-GGUF", "Qwen3-0.6B-Q8_0.gguf", arch="qwen3"),
+    Entry("llama3.2:1b", "hugging-quants/Llama-3.2-1B-Instruct-Q4_K_M-GGUF", "llama-3.2-1b-instruct-q4_k_m.gguf",
+          arch="llama"),
+    Entry("llama3.2:3b", "bartowski/Llama-3.2-3B-Instruct-GGUF", "Llama-3.2-3B-Instruct-Q4_K_M.gguf", arch="llama"),
+    Entry("phi3.5:3.8b", "bartowski/Phi-3.5-mini-instruct-GGUF", "Phi-3.5-mini-instruct-Q4_K_M.gguf", arch="phi3"),
+    Entry("smollm2:135m", "Felladrin/gguf-Q8_0-SmolLM2-135M-Instruct", "smollm2-135m-instruct-q8_0.gguf", arch="llama"),
+    Entry("smollm2:1.7b", "bartowski/SmolLM2-1.7B-Instruct-GGUF", "SmolLM2-1.7B-Instruct-Q8_0.gguf", arch="llama"),
 ]}
 # The tag a bare name (or ``:latest``) takes; Ollama's default where ours has it.
 DEFAULT_TAGS = {"gemma3": "270m", "qwen3": "4b", "llama3.2": "3b", "phi3.5": "3.8b", "smollm2": "1.7b"}
@@ -274,12 +278,15 @@ def file_lock(path: Path) -> Iterator[None]:
 
 
 # --- resolving and pulling ---------------------------------------------------
-def resolve(name: str | os.PathLike | None, pull: bool = True, quiet: bool = False) -> Path:
+def resolve(name: str | os.PathLike | None, pull: bool = True, quiet: bool = False,
+            runnable: set[str] | None = None) -> Path:
     """A registry name or a path to a .gguf file -> the local file.
 
     None means the embedded default model. A registry model that is not in the
     store yet is pulled (with a progress bar on stderr unless quiet) when `pull`
-    is true, and is an error otherwise.
+    is true, and is an error otherwise. With `runnable` (the architectures the
+    caller can run), a model of another architecture is an error before any
+    download.
     """
     if name is None:
         name = DEFAULT_MODEL
@@ -294,6 +301,9 @@ def resolve(name: str | os.PathLike | None, pull: bool = True, quiet: bool = Fal
         return found.path
     if entry.embedded:  # a local copy from an installed package: always allowed
         return install_embedded(entry, quiet=quiet).path
+    if runnable is not None and entry.arch and entry.arch not in runnable:
+        raise TightKVError(f"{entry.name} is a '{entry.arch}' model, which tightkv cannot run yet (supported: "
+                           f"{', '.join(sorted(runnable))}); `tightkv pull {entry.name}` downloads it anyway")
     if not pull:
         raise TightKVError(f"model '{entry.name}' is not pulled yet (run: tightkv pull {entry.name})")
     return pull_model(entry.name, quiet=quiet).path

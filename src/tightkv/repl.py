@@ -246,14 +246,14 @@ def read_message(prompt: str = ">>> ", more: str = "... ") -> str:
     return "\n".join(lines)
 
 
-def run_repl(model, options: dict, verbose: bool = False, system: str | None = None) -> int:
-    """The chat loop; returns the exit code."""
+def run_repl(model, options: dict, verbose: bool = False, system: str | None = None, name: str | None = None) -> int:
+    """The chat loop; returns the exit code. `name` is what the banner calls the model."""
     session = ChatSession(model, options, system=system)
     session.verbose = verbose
     _setup_readline()
     out = sys.stdout
     kind = "chat" if model.chat_template else "plain completion: no chat template"
-    print(f"tightkv: {model.path.name} ({kind}). Send a message (/? for help, /bye or Ctrl-D to exit)",
+    print(f"tightkv: {name or model.path.name} ({kind}). Send a message (/? for help, /bye or Ctrl-D to exit)",
           file=sys.stderr, flush=True)
     while True:
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from ..errors import TightKVError
 
@@ -117,7 +118,10 @@ def run(ns: argparse.Namespace) -> int:
     kv_spec(ns)  # a bad cache type fails before the model loads
     model = open_model(name, ns)
     if interactive:
-        return run_repl(model, options, verbose=ns.verbose, system=ns.system)
+        from ..registry import DEFAULT_MODEL, looks_like_path, lookup
+
+        shown = Path(name).name if name and looks_like_path(name) else lookup(name or DEFAULT_MODEL).name
+        return run_repl(model, options, verbose=ns.verbose, system=ns.system, name=shown)
     if model.chat_template:
         messages = ([{"role": "system", "content": ns.system}] if ns.system else []) + \
                    [{"role": "user", "content": prompt}]
