@@ -46,3 +46,24 @@ def test_bench_cli_table(tmp_path):
     assert {(row["engine"], row["test"]) for row in rows} == {("tightkv", "pp32"), ("tightkv", "tg4 @ d16"),
                                                                ("tightkv", "tg4 @ d64")}
     assert all(row["tok_s"] > 0 for row in rows)
+
+
+def test_niah_cli_grid_json_and_png(tmp_path):
+    out, png = tmp_path / "niah.json", tmp_path / "niah.png"
+    r = _cli("niah", "--lengths", "192", "--depths", "0,50", "--haystack", str(ESSAYS), "--png", str(png),
+             "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "kv f16:" in r.stdout and png.stat().st_size > 1000
+    cells = json.loads(out.read_text())["results"]["f16"]["cells"]
+    assert [(c["length"], c["depth"]) for c in cells] == [(192, 0), (192, 50)]
+    assert all(c["passed"] and "4827" in c["answer"] for c in cells)
+
+
+def test_niah_prompt_has_exact_length_and_needle(embedded):
+    from tightkv.eval.niah import DEFAULT_NEEDLES, build_prompt, generated_haystack
+
+    hay = embedded.tokenize(generated_haystack(3000), add_bos=False)
+    ends = {t for t in set(hay) if embedded.detokenize([t]).endswith(".")}
+    for depth in (0, 37, 100):
+        ids = build_prompt(embedded, hay, DEFAULT_NEEDLES[0], 400, depth, ends)
+        assert len(ids) == 400 and "4827" in embedded.detokenize(ids)

@@ -1,0 +1,77 @@
+"""`tightkv niah`: needle-in-a-haystack grid, JSON and a PNG heatmap."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..errors import TightKVError
+from .common import add_model_flags, int_list, kv_list
+
+NAME = "niah"
+HELP = "needle-in-a-haystack over lengths x depths, with a PNG heatmap"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=None, help="registry name or .gguf path (default: embedded)")
+    p.add_argument("--lengths", default="1024,4096,8192", help="prompt lengths in tokens")
+    p.add_argument("--depths", default="0,25,50,75,100", help="needle depths in percent of the haystack")
+    p.add_argument("--haystack", default=None, help="haystack text file (default: a built-in generated text)")
+    p.add_argument("--needle", action="append", default=None, help="needle sentence (repeatable)")
+    p.add_argument("--question", action="append", default=None, help="question ending the prompt (one per needle)")
+    p.add_argument("--answer", action="append", default=None, help="the key fact to find in the answer")
+    p.add_argument("--compare", default=None, help="comma-separated KV types run on the same grid")
+    p.add_argument("--png", default=None, help="write the heatmap here")
+    p.add_argument("--json", default=None)
+    add_model_flags(p)
+
+
+def _depths(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise TightKVError(f"--depths takes comma-separated percentages, got '{text}'") from None
+    if not values or min(values) < 0 or max(values) > 100:
+        raise TightKVError(f"--depths must lie in 0..100, got '{text}'")
+    return values
+
+
+def _needles(ns):
+    from ..eval.niah import DEFAULT_NEEDLES, Needle
+
+    if not ns.needle:
+        return DEFAULT_NEEDLES
+    q, a = ns.question or [], ns.answer or []
+    if not (len(ns.needle) == len(q) == len(a)):
+        raise TightKVError("give one --question and one --answer for each --needle")
+    return [Needle(n, qq, aa) for n, qq, aa in zip(ns.needle, q, a)]
+
+
+def run(ns: argparse.Namespace) -> int:
+    from ..api import Model
+    from ..eval.niah import format_grid, generated_haystack, heatmap, run_grid
+
+    lengths, depths, needles = int_list(ns.lengths, "--lengths"), _depths(ns.depths), _needles(ns)
+    kv_types = kv_list(ns.compare or ns.kv)
+    if ns.haystack:
+        path = Path(ns.haystack)
+        if not path.is_file():
+            raise TightKVError(f"{path}: no such haystack file")
+        haystack = path.read_text(encoding="utf-8", errors="replace")
+    else:
+        haystack = generated_haystack()
+    model = Model(ns.model, threads=ns.threads, context_length=ns.ctx)
+    if max(lengths) + 16 > model.context_length:
+        raise TightKVError(f"length {max(lengths)} does not fit the context of {model.context_length}")
+    for kind in kv_types:
+        model.new_cache(kind)
+    results = run_grid(model, haystack, lengths, depths, kv_types, needles)
+    print(format_grid(results, lengths, depths))
+    if ns.png:
+        heatmap(results, lengths, depths, ns.png)
+        print(f"heatmap: {ns.png}")
+    if ns.json:
+        doc = {"model": str(model.path), "lengths": lengths, "depths": depths,
+               "needles": [n.__dict__ for n in needles], "results": results}
+        Path(ns.json).write_text(json.dumps(doc, indent=1))
+    return 0
