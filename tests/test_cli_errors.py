@@ -103,3 +103,23 @@ def test_subprocess_has_no_traceback_and_debug_shows_it(home):
     assert_one_line_error(cli("run", "qwen3:8b", "hello", env=env), "unknown model 'qwen3:8b'")
     r = cli("--debug", "run", "qwen3:8b", "hello", env=env)
     assert r.returncode != 0 and "Traceback" in r.stderr and "unknown model" in r.stderr
+
+
+def test_chat_overflow_in_the_api(tiny):
+    from tightkv import Model
+    from tightkv.errors import ContextOverflowError
+
+    with Model(tiny, context_length=48, threads=1) as m:
+        long = [{"role": "user", "content": "word " * 40}]
+        with pytest.raises(ContextOverflowError, match=r"prompt of \d+ tokens .*the context of 48 tokens"):
+            m.chat(long, max_tokens=4)
+
+
+def test_cli_start_and_import_stay_light():
+    import subprocess
+    import sys
+
+    code = ("import sys, tightkv, tightkv.cli; tightkv.cli.build_parser(); "
+            "heavy = [m for m in ('torch', 'huggingface_hub') if m in sys.modules]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr)

@@ -138,6 +138,7 @@ def test_pull_downloads_verifies_and_writes_a_manifest(home, hub, tiny_bytes, ca
     # what huggingface_hub asked: HEAD on the hub's resolve URL, then GET on the CDN location
     heads = [r for r in hub.requests if r["method"] == "HEAD"]
     assert heads[0]["path"] == f"/{SMOL.repo}/resolve/main/{SMOL.file}" and heads[0]["origin"] == "hub"
+    assert [r["method"] for r in hub.requests if r["origin"] == "hub"] == ["HEAD"]  # no telemetry calls
     assert [g["path"] for g in hub.gets("cdn")] == [f"/lfs/{sha}"]
     # already there: pull again checks the hub but downloads nothing
     registry.pull_model("smollm2:135m", check_remote=True)

@@ -37,6 +37,16 @@ CHUNK = 1 << 18  # read the HTTP body in 256 KiB pieces, so progress moves smoot
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
+def _quiet_hub_client() -> None:
+    """No telemetry, so huggingface_hub neither adds to its user agent nor fetches
+    and caches its agent registry under HF_HOME: tightkv stores nothing outside
+    TIGHTKV_HOME. (HF_HUB_DISABLE_TELEMETRY=0 in the environment keeps it on.)"""
+    from huggingface_hub import constants
+
+    if "HF_HUB_DISABLE_TELEMETRY" not in os.environ:
+        constants.HF_HUB_DISABLE_TELEMETRY = True
+
+
 def endpoint() -> str:
     """The hub to pull from: $HF_ENDPOINT, as huggingface_hub reads it."""
     return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
@@ -57,6 +67,7 @@ def remote_file(entry: Entry, revision: str = "main") -> RemoteFile:
     """HEAD the file on the hub; hub errors become one-line `TightKVError`s."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
 
+    _quiet_hub_client()
     url = hf_hub_url(entry.repo, entry.file, revision=revision, endpoint=endpoint())
     with _hub_errors(entry, url):
         meta = _head(get_hf_file_metadata, url)
