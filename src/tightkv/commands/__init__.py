@@ -5,3 +5,4 @@ Modules import their heavy dependencies inside `run`, so `tightkv --help` stays 
 VERBS = ["run", "ppl", "bench", "serve", "client"]
 VERBS += ["pull", "list", "rm", "show"]
 VERBS += ["niah"]
+VERBS += ["plan"]

@@ -156,6 +156,19 @@ def load_family(g: GGUFFile):
     return importlib.import_module(f"tightkv.models.{module}")
 
 
+def header_layout(g: GGUFFile) -> tuple[BaseModelArgs, list[tuple[int, int, int, int | None]]]:
+    """Config and per-layer cache layout from the header alone (no weights touched).
+
+    A family module may define `cache_layout(args)`; otherwise every layer is global
+    with `num_kv_heads` heads of `head_dim`.
+    """
+    family = load_family(g)
+    args = family.ModelArgs.from_gguf(g)
+    if hasattr(family, "cache_layout"):
+        return args, family.cache_layout(args)
+    return args, [(args.num_kv_heads, args.head_dim, args.head_dim, None)] * args.num_layers
+
+
 def build_model(g: GGUFFile):
     """Instantiate the family's `Model` for a parsed GGUF."""
     family = load_family(g)

@@ -43,6 +43,12 @@ class ModelArgs(BaseModelArgs):
         return 1.0 / math.sqrt(self.head_dim)
 
 
+def cache_layout(a: ModelArgs) -> list[tuple[int, int, int, int | None]]:
+    """Per layer: (kv heads, key dim, value dim, sliding window or None)."""
+    return [(a.num_kv_heads, a.head_dim, a.head_dim, a.sliding_window if a.is_sliding(i) else None)
+            for i in range(a.num_layers)]
+
+
 class Attention(torch.nn.Module):
     def __init__(self, args: ModelArgs, w: Weights, i: int):
         super().__init__()
@@ -110,10 +116,7 @@ class Model(torch.nn.Module):
         self.norm = w.vector("output_norm.weight")
 
     def cache_layout(self) -> list[tuple[int, int, int, int | None]]:
-        """Per layer: (kv heads, key dim, value dim, sliding window or None)."""
-        a = self.args
-        return [(a.num_kv_heads, a.head_dim, a.head_dim, a.sliding_window if a.is_sliding(i) else None)
-                for i in range(a.num_layers)]
+        return cache_layout(self.args)
 
     def forward(self, ids: torch.Tensor, cache: list, logits_at: torch.Tensor | None = None,
                 hidden: bool = False) -> torch.Tensor | None:

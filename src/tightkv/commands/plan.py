@@ -1,0 +1,50 @@
+"""`tightkv plan`: will this model and context fit, and which lever decides it."""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+from ..errors import TightKVError
+
+NAME = "plan"
+HELP = "memory plan: weights, KV per cache type, what fits (reads only the GGUF header)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=None, help="registry name or .gguf path (default: embedded)")
+    p.add_argument("-c", "--ctx", type=int, default=None, help="context length (default: the model's)")
+    p.add_argument("--mem", default=None, help="memory budget, e.g. 16GB or 8GiB (default: this machine's RAM)")
+    p.add_argument("--compare", default=None, help="comma-separated KV types (default: a standard set)")
+    p.add_argument("--json", default=None)
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"\s*([\d.]+)\s*([kmgt]?)(i?)b?\s*", text.lower())
+    if not m:
+        raise TightKVError(f"--mem takes a size like 16GB or 8GiB, got '{text}'")
+    base = 1024 if m.group(3) else 1000
+    return int(float(m.group(1)) * base ** " kmgt".index(m.group(2) or " "))
+
+
+def run(ns: argparse.Namespace) -> int:
+    import psutil
+
+    from ..eval.plan import PLAN_TYPES, format_plan, lever, make_plan
+    from ..kv.spec import parse_kv
+    from ..registry import resolve
+
+    memory = parse_size(ns.mem) if ns.mem else psutil.virtual_memory().total
+    if ns.ctx is not None and ns.ctx < 1:
+        raise TightKVError(f"--ctx must be positive, got {ns.ctx}")
+    kv_types = [k.strip() for k in ns.compare.split(",")] if ns.compare else PLAN_TYPES
+    for k in kv_types:
+        parse_kv(k)
+    plan = make_plan(resolve(ns.model), ns.ctx, memory, kv_types)
+    print(format_plan(plan))
+    if ns.json:
+        doc = {"model": plan.model, "context": plan.context, "memory": plan.memory, "weights": plan.weights,
+               "working": plan.working, "lever": lever(plan), "rows": plan.rows}
+        Path(ns.json).write_text(json.dumps(doc, indent=1))
+    return 0
