@@ -74,3 +74,18 @@ def test_context_overflow_is_an_error(embedded):
 
     with pytest.raises(ContextOverflowError):
         embedded.generate("hello", max_tokens=embedded.context_length)
+
+
+def test_load_memory_within_bound(tmp_path):
+    """The committed command: loading raises RSS by at most 1.3 x GGUF + 100 MB."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "load_memory.py"
+    out = tmp_path / "mem.json"
+    r = subprocess.run([sys.executable, str(script), "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["ok"] and doc["rise_bytes"] <= 1.3 * doc["gguf_bytes"] + 100e6
