@@ -113,7 +113,12 @@ def looks_like_path(name: str) -> bool:
     """A string that names a file rather than a model."""
     if name.startswith(HF_PREFIXES):
         return False
-    return name.endswith(".gguf") or os.sep in name or Path(name).is_file()
+    if name.endswith(".gguf") or os.sep in name:
+        return True
+    low = name.strip().lower()
+    if low in CATALOG or low.partition(":")[0] in DEFAULT_TAGS:
+        return False  # a registry name wins over a stray file of that name
+    return Path(name).is_file()
 
 
 def is_model_name(text: str) -> bool:
