@@ -3,7 +3,7 @@
 `load_tokenizer(meta)` picks the class from `tokenizer.ggml.model`:
 
 - ``llama``: SentencePiece-style vocab (`SPMTokenizer`), llama.cpp's `llm_tokenizer_spm`.
-- ``gpt2``: byte-level BPE, not written yet (see `TOKENIZER_CLASSES`).
+- ``gpt2``: byte-level BPE (`bpe.BPETokenizer`), llama.cpp's `llm_tokenizer_bpe`.
 
 Encoding follows llama.cpp step by step:
 
@@ -406,8 +406,7 @@ class SPMTokenizer(Tokenizer):
         return data.decode("utf-8", errors="replace")
 
 
-# Tokenizer classes by `tokenizer.ggml.model`. GPT-2 byte-level BPE ('gpt2') goes
-# here once written.
+# Tokenizer classes by `tokenizer.ggml.model`; importing `bpe` (at the end) adds 'gpt2'.
 TOKENIZER_CLASSES: dict[str, type] = {
     "llama": SPMTokenizer,
 }
@@ -422,3 +421,6 @@ def load_tokenizer(meta: dict[str, Any]) -> Tokenizer:
     if cls is None:
         raise GGUFError(f"unsupported tokenizer model '{model}'")
     return cls.from_metadata(meta)
+
+
+from . import bpe as _bpe  # noqa: E402,F401  registers 'gpt2' in TOKENIZER_CLASSES
