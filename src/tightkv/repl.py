@@ -275,7 +275,11 @@ def run_repl(model, options: dict, verbose: bool = False, system: str | None = N
             except TightKVError as err:
                 print(f"error: {err}", file=sys.stderr, flush=True)
             continue
-        _turn(session, text)
+        try:
+            _turn(session, text)
+        except KeyboardInterrupt:  # Ctrl-C before the reply's own handler was in place
+            out.write("\n(stopped)\n\n")
+            out.flush()
 
 
 def _turn(session: ChatSession, text: str) -> None:
