@@ -19,7 +19,11 @@ from ..errors import GGUFError
 from ..gguf.reader import GGUFFile
 
 # GGUF architecture name -> module under tightkv.models
-ARCHITECTURES = {"gemma3": "gemma3"}
+ARCHITECTURES = {
+    "gemma3": "gemma3",
+    "llama": "llama",
+    "mistral": "mistral",
+}
 
 
 @dataclass
@@ -115,31 +119,67 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, scale: float = 1.0):
-    """cos, sin (T, head_dim/2) for NeoX-style rotation at the given positions (T,)."""
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, scale: float = 1.0,
+                 factors: torch.Tensor | None = None, mscale: float = 1.0):
+    """cos, sin (T, head_dim/2) at the given positions (T,).
+
+    Frequency i is theta^(-2i/head_dim) * scale / factors[i] (linear scaling and
+    llama.cpp's per-frequency divisors: Llama 3 `rope_freqs`, Phi-3 long/short
+    factors); cos and sin are multiplied by mscale (Phi-3's attention factor).
+    """
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    if factors is not None:
+        inv_freq = inv_freq / factors.to(torch.float64)
     angles = (positions.to(torch.float64)[:, None] * scale) * inv_freq[None, :]
-    return angles.cos().float(), angles.sin().float()
+    return (angles.cos() * mscale).float(), (angles.sin() * mscale).float()
 
 
 class RopeTables:
-    """cos/sin for one forward's positions, computed once per (theta, scale)."""
+    """cos/sin for one forward's positions, computed once per (theta, scale, factors, mscale).
+
+    head_dim is the rotated width (less than the head for partial rotary)."""
 
     def __init__(self, positions: torch.Tensor, head_dim: int):
         self.positions, self.head_dim, self.tables = positions, head_dim, {}
 
-    def get(self, theta: float, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (theta, scale)
+    def get(self, theta: float, scale: float = 1.0, factors: torch.Tensor | None = None,
+            mscale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (theta, scale, None if factors is None else id(factors), mscale)
         if key not in self.tables:
-            self.tables[key] = rope_cos_sin(self.positions, self.head_dim, theta, scale)
+            self.tables[key] = rope_cos_sin(self.positions, self.head_dim, theta, scale, factors, mscale)
         return self.tables[key]
 
 
 def apply_rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x (H, T, D) by halves: pairs (i, i + D/2), as NeoX and HF do."""
-    half = x.shape[-1] // 2
+    """Rotate x (H, T, D) by halves: pairs (i, i + R/2), as NeoX and HF do, over the
+    first R = 2 * cos.shape[-1] dims (partial rotary); the rest pass through."""
+    rot = 2 * cos.shape[-1]
+    if rot < x.shape[-1]:
+        return torch.cat((apply_rope_neox(x[..., :rot], cos, sin), x[..., rot:]), dim=-1)
+    half = rot // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (H, T, D) by adjacent pairs (2i, 2i + 1), GPT-J style: llama.cpp's
+    "normal" RoPE, which GGUF llama Q/K rows are permuted for."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+
+
+def linear_rope_scale(g: GGUFFile) -> float:
+    """Position scale from `{arch}.rope.scaling.{type,factor}` (1 / factor for linear
+    scaling); other scaling types are a one-line error, except the ones llama.cpp
+    carries as factor tensors (Llama 3 `rope_freqs`, Phi-3 longrope)."""
+    m, arch = g.metadata, g.architecture
+    kind = str(m.get(f"{arch}.rope.scaling.type", "none") or "none")
+    factor = float(m.get(f"{arch}.rope.scaling.factor") or 1.0)
+    if kind == "linear":
+        return 1.0 / factor if factor > 0 else 1.0
+    if kind in ("none", "llama3", "longrope", "su") or factor == 1.0:
+        return 1.0
+    raise GGUFError(f"{g.path}: unsupported RoPE scaling type '{kind}' for {arch}")
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -177,6 +217,7 @@ def build_model(g: GGUFFile):
 
 
 __all__ = [
-    "BaseModelArgs", "Weights", "rms_norm", "rope_cos_sin", "RopeTables", "apply_rope_neox", "gelu_tanh",
+    "BaseModelArgs", "Weights", "rms_norm", "rope_cos_sin", "RopeTables", "apply_rope_neox", "apply_rope_interleaved",
+    "linear_rope_scale", "gelu_tanh",
     "load_family", "build_model",
 ]
