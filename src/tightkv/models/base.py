@@ -23,6 +23,8 @@ ARCHITECTURES = {
     "gemma3": "gemma3",
     "llama": "llama",
     "mistral": "mistral",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
 }
 
 
