@@ -25,6 +25,7 @@ ARCHITECTURES = {
     "mistral": "mistral",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
+    "phi3": "phi3",
 }
 
 
