@@ -35,6 +35,8 @@ class Vocab:
     add_eos: bool = False
     add_space_prefix: bool = False
     chat_template: str | None = None
+    merges: list[str] | None = None  # GPT-2 BPE ('gpt2' model): "left right", by rank
+    pre: str = "default"  # tokenizer.ggml.pre
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -84,10 +86,13 @@ def _add_value(w: GGUFWriter, key: str, value: Any) -> None:
 
 def _add_vocab(w: GGUFWriter, vocab: Vocab) -> None:
     w.add_tokenizer_model(vocab.model)
-    w.add_tokenizer_pre("default")
+    w.add_tokenizer_pre(vocab.pre)
     w.add_token_list(vocab.tokens)
-    w.add_token_scores(vocab.scores)
+    if vocab.scores:
+        w.add_token_scores(vocab.scores)
     w.add_token_types(vocab.types)
+    if vocab.merges is not None:
+        w.add_token_merges(vocab.merges)
     for name, i in vocab.special_ids.items():
         w.add_uint32(f"tokenizer.ggml.{'unknown' if name == 'unk' else name}_token_id", i)
     w.add_bool("tokenizer.ggml.add_bos_token", vocab.add_bos)
@@ -217,3 +222,224 @@ def write_gemma3(path: str | Path, seed: int = 0, qtype: str = "F32", qtypes: Ma
         metadata["{arch}.rope.scaling.factor"] = float(c["rope_scaling_factor"])
     vocab = spm_vocab(c["vocab"], chat_template=GEMMA3_CHAT_TEMPLATE)
     return write_gguf(path, "gemma3", metadata, gemma3_tensors(seed, **cfg), vocab, qtype=qtype, qtypes=qtypes)
+
+
+# -- Llama, Mistral, Qwen2, Qwen3, Phi-3 ------------------------------------------
+#
+# Weights are drawn in Hugging Face's layout, then stored the way llama.cpp's
+# convert_hf_to_gguf.py stores them: llama/mistral Q/K rows permuted per head
+# (`llama_permute`), Phi-3's q/k/v and gate/up fused, RoPE factors as tensors.
+
+FAMILY_DEFAULTS = {
+    "llama": dict(hidden=64, heads=4, kv_heads=2, head_dim=16, layers=2, intermediate=96, context=512,
+                  vocab=300, rope_base=10000.0, eps=1e-5, tied=False),
+    "qwen2": dict(hidden=64, heads=4, kv_heads=2, head_dim=16, layers=2, intermediate=96, context=512,
+                  vocab=300, rope_base=1e6, eps=1e-6, tied=True),
+    # Qwen3's head_dim (32) differs from hidden / heads (16), as in the real models
+    "qwen3": dict(hidden=64, heads=4, kv_heads=2, head_dim=32, layers=2, intermediate=96, context=512,
+                  vocab=300, rope_base=1e6, eps=1e-6, tied=True),
+    # Phi-3's head_dim is not a power of two (96 in Phi-3.5 mini; 24 here)
+    "phi3": dict(hidden=96, heads=4, kv_heads=2, head_dim=24, layers=2, intermediate=128, context=512,
+                 vocab=300, rope_base=10000.0, eps=1e-5, tied=False),
+}
+FAMILY_DEFAULTS["mistral"] = dict(FAMILY_DEFAULTS["llama"], sliding_window=None)
+
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def llama_vocab(size: int = 300, **kwargs: Any) -> Vocab:
+    """A Llama-2-style SPM vocab: <unk>, <s>, </s> (and a pad), byte fallback, pieces."""
+    return spm_vocab(size, specials=("<pad>", "</s>", "<s>", "<unk>"), control=(), **kwargs)
+
+
+def gpt2_byte_chars() -> list[str]:
+    """GPT-2's byte -> printable character table (bytes_to_unicode), by byte value."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), 256)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def bpe_vocab(size: int = 300, pre: str = "qwen2", specials: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>",
+              "<|im_end|>"), bos: str | None = None, eos: str = "<|im_end|>", **kwargs: Any) -> Vocab:
+    """A minimal valid GPT-2 byte-level BPE vocab of `size` entries: the 256 byte
+    tokens, merges of letter pairs (and ' '+letter) with their tokens, then the
+    special (control) tokens last, as in Qwen and Llama 3 vocabularies."""
+    byte = gpt2_byte_chars()
+    tokens, merges = list(byte), []
+    letters = "etaoinshrdlucmfwypvbgkjqxz"
+    pairs = [(byte[ord(" ")], c) for c in letters] + [(a, b) for a in letters for b in letters]
+    for a, b in pairs[: size - 256 - len(specials)]:
+        merges.append(f"{a} {b}")
+        tokens.append(a + b)
+    tokens += list(specials)
+    if len(tokens) != size:
+        low = 256 + len(specials)
+        raise ValueError(f"vocab size {size} must be between {low} and {low + len(pairs)}")
+    types = [NORMAL] * (size - len(specials)) + [CONTROL] * len(specials)
+    ids = {"eos": tokens.index(eos)}
+    if bos:
+        ids["bos"] = tokens.index(bos)
+    return Vocab(tokens, [], types, ids, model="gpt2", merges=merges, pre=pre, add_bos=bos is not None, **kwargs)
+
+
+def llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf's LlamaModel.permute: rows (n_head*hd, ...) from HF's half
+    pairing to llama.cpp's adjacent pairing, per head."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama3_rope_factors(head_dim: int, base: float, factor: float = 8.0, low_freq_factor: float = 1.0,
+                        high_freq_factor: float = 4.0, original_context: int = 8192) -> np.ndarray:
+    """The `rope_freqs.weight` divisors convert_hf_to_gguf writes for rope_type llama3."""
+    freqs = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    low_wavelen, high_wavelen = original_context / low_freq_factor, original_context / high_freq_factor
+    out = []
+    for freq in freqs:
+        wavelen = 2 * np.pi / freq
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            out.append(1.0 / ((1.0 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def hf_layout_tensors(seed: int, c: Mapping[str, Any], qkv_bias: bool = False,
+                      qk_norm: bool = False) -> dict[str, np.ndarray]:
+    """Random llama-like decoder weights in llama.cpp names but HF layout."""
+    rng = np.random.default_rng(seed)
+    h, hd, ff = c["hidden"], c["head_dim"], c["intermediate"]
+
+    def mat(out, inp):
+        return rng.normal(0.0, 1.0 / np.sqrt(inp), size=(out, inp)).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + rng.normal(0.0, 0.2, size=n)).astype(np.float32)
+
+    def bias(n):
+        return rng.normal(0.0, 0.5, size=n).astype(np.float32)
+
+    t = {"token_embd.weight": rng.normal(0.0, 0.4, size=(c["vocab"], h)).astype(np.float32)}
+    for i in range(c["layers"]):
+        p = f"blk.{i}."
+        t[p + "attn_norm.weight"] = norm(h)
+        t[p + "attn_q.weight"] = mat(c["heads"] * hd, h)
+        t[p + "attn_k.weight"] = mat(c["kv_heads"] * hd, h)
+        t[p + "attn_v.weight"] = mat(c["kv_heads"] * hd, h)
+        if qkv_bias:
+            t[p + "attn_q.bias"], t[p + "attn_k.bias"] = bias(c["heads"] * hd), bias(c["kv_heads"] * hd)
+            t[p + "attn_v.bias"] = bias(c["kv_heads"] * hd)
+        if qk_norm:
+            t[p + "attn_q_norm.weight"], t[p + "attn_k_norm.weight"] = norm(hd), norm(hd)
+        t[p + "attn_output.weight"] = mat(h, c["heads"] * hd)
+        t[p + "ffn_norm.weight"] = norm(h)
+        t[p + "ffn_gate.weight"] = mat(ff, h)
+        t[p + "ffn_up.weight"] = mat(ff, h)
+        t[p + "ffn_down.weight"] = mat(h, ff)
+    t["output_norm.weight"] = norm(h)
+    if not c["tied"]:
+        t["output.weight"] = mat(c["vocab"], h)
+    return t
+
+
+def _family_metadata(c: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "{arch}.context_length": c["context"],
+        "{arch}.embedding_length": c["hidden"],
+        "{arch}.block_count": c["layers"],
+        "{arch}.feed_forward_length": c["intermediate"],
+        "{arch}.attention.head_count": c["heads"],
+        "{arch}.attention.head_count_kv": c["kv_heads"],
+        "{arch}.attention.key_length": c["head_dim"],
+        "{arch}.attention.value_length": c["head_dim"],
+        "{arch}.attention.layer_norm_rms_epsilon": c["eps"],
+        "{arch}.rope.dimension_count": c.get("rope_dim") or c["head_dim"],
+        "{arch}.rope.freq_base": c["rope_base"],
+    }
+
+
+def write_llama(path: str | Path, seed: int = 0, qtype: str = "F32", qtypes: Mapping[str, str] | None = None,
+                arch: str = "llama", name: str | None = None, rope_scaling: Mapping[str, Any] | None = None,
+                **cfg: Any) -> Path:
+    """A tiny random Llama as convert_hf_to_gguf writes one (Q/K rows permuted).
+
+    arch "mistral" writes the same model under that architecture name (with
+    `sliding_window` metadata if given); name "mistral" with arch "llama" is how
+    transformers recognises a llama.cpp Mistral. rope_scaling: {"rope_type":
+    "llama3", "factor", "low_freq_factor", "high_freq_factor",
+    "original_max_position_embeddings"} adds the `rope_freqs` tensor, {"rope_type":
+    "linear", "factor"} the linear-scaling keys. The vocab is Llama 2's SPM kind,
+    Llama 3's GPT-2 BPE kind (pre-tokenizer 'llama-bpe') with llama3 scaling.
+    """
+    c = {**FAMILY_DEFAULTS[arch], **cfg}
+    t = hf_layout_tensors(seed, c)
+    for i in range(c["layers"]):
+        t[f"blk.{i}.attn_q.weight"] = llama_permute(t[f"blk.{i}.attn_q.weight"], c["heads"])
+        t[f"blk.{i}.attn_k.weight"] = llama_permute(t[f"blk.{i}.attn_k.weight"], c["kv_heads"])
+    metadata = _family_metadata(c)
+    if c.get("sliding_window"):
+        metadata["{arch}.attention.sliding_window"] = c["sliding_window"]
+    rs = dict(rope_scaling or {})
+    if rs.get("rope_type") == "llama3":
+        t["rope_freqs.weight"] = llama3_rope_factors(
+            c["head_dim"], c["rope_base"], rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"],
+            rs["original_max_position_embeddings"])
+    elif rs.get("rope_type") == "linear":
+        metadata["{arch}.rope.scaling.type"] = "linear"
+        metadata["{arch}.rope.scaling.factor"] = float(rs["factor"])
+    if rs.get("rope_type") == "llama3":  # Llama 3's BPE vocab
+        vocab = bpe_vocab(c["vocab"], pre="llama-bpe", specials=("<|begin_of_text|>", "<|eot_id|>"),
+                          bos="<|begin_of_text|>", eos="<|eot_id|>")
+    else:
+        vocab = llama_vocab(c["vocab"])
+    return write_gguf(path, arch, metadata, t, vocab, qtype=qtype, qtypes=qtypes, name=name)
+
+
+def write_qwen(path: str | Path, arch: str = "qwen2", seed: int = 0, qtype: str = "F32",
+               qtypes: Mapping[str, str] | None = None, **cfg: Any) -> Path:
+    """A tiny random Qwen2 (q/k/v biases) or Qwen3 (Q/K norms), tied output, NeoX RoPE,
+    GPT-2 BPE vocab (pre-tokenizer 'qwen2')."""
+    c = {**FAMILY_DEFAULTS[arch], **cfg}
+    t = hf_layout_tensors(seed, c, qkv_bias=arch == "qwen2", qk_norm=arch == "qwen3")
+    vocab = bpe_vocab(c["vocab"], pre="qwen2", chat_template=CHATML_TEMPLATE)
+    return write_gguf(path, arch, _family_metadata(c), t, vocab, qtype=qtype, qtypes=qtypes)
+
+
+def write_phi3(path: str | Path, seed: int = 0, qtype: str = "F32", qtypes: Mapping[str, str] | None = None,
+               longrope: Mapping[str, Any] | None = None, **cfg: Any) -> Path:
+    """A tiny random Phi-3: fused attn_qkv and ffn_up (gate rows, then up rows).
+
+    rope_dim: rotated dims per head when fewer than head_dim (Phi-4-mini's partial rotary).
+    longrope: {"long_factor", "short_factor", "original_max_position_embeddings"}
+    adds `rope_factors_long/short` and the attention factor that convert_hf_to_gguf
+    derives from context / original context.
+    """
+    c = {**FAMILY_DEFAULTS["phi3"], **cfg}
+    t = hf_layout_tensors(seed, c)
+    for i in range(c["layers"]):
+        p = f"blk.{i}."
+        t[p + "attn_qkv.weight"] = np.concatenate([t.pop(p + f"attn_{n}.weight") for n in "qkv"])
+        t[p + "ffn_up.weight"] = np.concatenate([t.pop(p + "ffn_gate.weight"), t[p + "ffn_up.weight"]])
+    metadata = _family_metadata(c)
+    metadata["{arch}.attention.sliding_window"] = 0
+    if longrope:
+        orig = longrope["original_max_position_embeddings"]
+        scale = c["context"] / orig
+        metadata["{arch}.rope.scaling.original_context_length"] = orig
+        metadata["{arch}.rope.scaling.attn_factor"] = (
+            float(np.sqrt(1 + np.log(scale) / np.log(orig))) if scale > 1.0 else 1.0)
+        t["rope_factors_long.weight"] = np.asarray(longrope["long_factor"], dtype=np.float32)
+        t["rope_factors_short.weight"] = np.asarray(longrope["short_factor"], dtype=np.float32)
+    vocab = llama_vocab(c["vocab"])
+    return write_gguf(path, "phi3", metadata, t, vocab, qtype=qtype, qtypes=qtypes)
