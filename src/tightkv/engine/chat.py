@@ -1,5 +1,7 @@
 """Chat templates: the GGUF's ``tokenizer.chat_template`` rendered with jinja2,
-as transformers and llama.cpp's jinja mode do."""
+as transformers' ``apply_chat_template`` renders them (same environment options,
+``raise_exception``, ``strftime_now``, ``tojson`` with its options, loop controls,
+the ``{% generation %}`` tag, ``tools``/``documents`` defined as none)."""
 from __future__ import annotations
 
 from datetime import datetime
@@ -10,13 +12,26 @@ from ..errors import TightKVError
 
 @lru_cache(maxsize=16)
 def _compile(source: str):
-    from jinja2 import TemplateError
+    from jinja2 import TemplateError, nodes
+    from jinja2.ext import Extension
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):
+        """``{% generation %}...{% endgeneration %}`` (transformers marks assistant
+        text for training masks with it): renders its body unchanged."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body).set_lineno(lineno)
 
     def raise_exception(message):
         raise TightKVError(f"chat template: {message}")
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols", Generation])
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     env.filters["tojson"] = _tojson
@@ -26,18 +41,24 @@ def _compile(source: str):
         raise TightKVError(f"chat template does not parse: {err}") from None
 
 
-def _tojson(value, indent=None, **_):
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    """transformers' tojson: plain json.dumps (jinja's own escapes HTML characters)."""
     import json
 
-    return json.dumps(value, indent=indent, ensure_ascii=False)
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def render_chat(template: str, messages: list[dict], bos_token: str = "", eos_token: str = "",
                 add_generation_prompt: bool = True, **extra) -> str:
-    """The prompt text for messages [{role, content}, ...] under a jinja chat template."""
+    """The prompt text for messages [{role, content}, ...] under a jinja chat template.
+
+    extra: further template variables, e.g. ``tools=[...]``, ``enable_thinking=False``
+    (Qwen3), ``date_string=...`` (Llama 3.x); ``tools`` and ``documents`` are none
+    unless given, as in transformers."""
     for m in messages:
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise TightKVError("each message needs a 'role' and a 'content'")
+    extra = {"tools": None, "documents": None, **extra}
     try:
         return _compile(template).render(messages=messages, bos_token=bos_token, eos_token=eos_token,
                                          add_generation_prompt=add_generation_prompt, **extra)
