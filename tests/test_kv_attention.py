@@ -135,7 +135,8 @@ def test_nbytes_by_hand():
     g = torch.Generator().manual_seed(5)
     cache.attend(*random_step(1000, 4, 1, 256, 256, g, 0.0)[:3], 0.06)
     body = 1000 - 4 - 128
-    expect = body * 256 * 2 * (4 + 16 / 256) / 8 + (4 + 128) * 256 * 2 * 2 + 2 * 256 * 2
+    centres_and_scales = 4 * 256 * 2  # fp16 (K, V) x (centre, scale)
+    expect = body * 256 * 2 * (4 + 16 / 256) / 8 + (4 + 128) * 256 * 2 * 2 + centres_and_scales
     assert cache.nbytes == expect
 
 

@@ -33,7 +33,7 @@ def test_ggml_blocks_bit_exact(name, qtype, cls):
     for variant in (f"{name}-paper", name):
         c = make_codec(variant, 128)
         fields = c.encode(x)
-        inner = c.to_code(x)  # what the block quantizer sees (rotated for our variant)
+        inner = c.encode_in(x)  # what the block quantizer sees (rotated for our variant)
         ref = gq.quantize(inner.numpy(), t)
         np.testing.assert_array_equal(cls.to_ggml(fields).numpy(), ref)
         deq = gq.dequantize(ref, t)

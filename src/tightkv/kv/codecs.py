@@ -73,13 +73,14 @@ class Codec:
     tile: int = 1  # tokens per encoded unit
     rotation: torch.Tensor | None = None  # (dim, dim) orthogonal; codes live in x @ R.T
     center: bool = False  # the cache subtracts a fixed per-channel vector before encoding
+    balance: bool = False  # ... and divides by a fixed per-channel scale
     sink: int = 0  # default exact first tokens
     recent: int = 0  # default exact last tokens
 
     def __init__(self, dim: int, role: str = "k", seed: int = DEFAULT_SEED, paper: bool = False):
         self.dim, self.role, self.seed, self.paper = dim, role, seed, paper
         if not paper:
-            self.center, self.sink, self.recent = True, 4, 128
+            self.center, self.balance, self.sink, self.recent = True, True, 4, 128
 
     # --- interface ------------------------------------------------------------
     def unit_bytes(self) -> int:
@@ -103,6 +104,13 @@ class Codec:
     def to_code(self, x: torch.Tensor) -> torch.Tensor:
         """Original domain -> code domain (x @ R.T)."""
         return x if self.rotation is None else x @ self.rotation.mT
+
+    def encode_in(self, x: torch.Tensor) -> torch.Tensor:
+        """`to_code` for encoding, in float64 so that a token's codes do not depend on how
+        many tokens are encoded with it (BLAS rounding varies with the batch shape)."""
+        if self.rotation is None:
+            return x
+        return (x.double() @ self.rotation.double().mT).float()
 
     def from_code(self, y: torch.Tensor) -> torch.Tensor:
         """Code domain -> original domain (y @ R)."""
@@ -159,7 +167,7 @@ class Q8_0(Codec):
 
     def encode(self, x):
         h, n, d = x.shape
-        b = self.to_code(x).reshape(h, n, d // 32, 32)
+        b = self.encode_in(x).reshape(h, n, d // 32, 32)
         amax = b.abs().amax(-1, keepdim=True)
         scale = amax / 127
         inv = torch.where(scale == 0, torch.zeros_like(scale), 1 / scale)
@@ -192,7 +200,7 @@ class Q4_0(Q8_0):
 
     def encode(self, x):
         h, n, d = x.shape
-        b = self.to_code(x).reshape(h, n, d // 32, 32)
+        b = self.encode_in(x).reshape(h, n, d // 32, 32)
         imax = b.abs().argmax(-1, keepdim=True)
         scale = torch.gather(b, -1, imax) / -8
         inv = torch.where(scale == 0, torch.zeros_like(scale), 1 / scale)
@@ -243,7 +251,7 @@ class TurboQuant(Codec):
     def encode(self, x):
         norm = x.norm(dim=-1)
         u = x / norm.clamp_min(1e-30)[..., None]
-        y = self.to_code(u)
+        y = self.encode_in(u)
         idx = self.quantize_unit(y)
         scale = norm
         if not self.paper:
@@ -275,7 +283,7 @@ class TurboQuantProd(TurboQuant):
 
     def encode(self, x):
         norm = x.norm(dim=-1)
-        y = self.to_code(x / norm.clamp_min(1e-30)[..., None])
+        y = self.encode_in(x / norm.clamp_min(1e-30)[..., None])
         idx = self.quantize_unit(y)
         r = y - self.codebook[idx]
         signs = (r @ self.projection.mT) >= 0
@@ -319,7 +327,7 @@ class KVarN(Codec):
         meta = (2 * d + g) if self.role == "k" else (2 * g + d)
         return g * packed_size(d, self.code_bits) + 2 * meta
 
-    def balance(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def sinkhorn(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Sinkhorn scales for tiles t (..., G, D): (s_tok (..., G), s_ch (..., D)),
         those of the iteration with the lowest imbalance."""
         lt = t.new_zeros(t.shape[:-1])
@@ -342,8 +350,8 @@ class KVarN(Codec):
 
     def encode(self, x):
         h, n, d = x.shape
-        t = self.to_code(x).reshape(h, n // self.tile, self.tile, d)
-        s_tok, s_ch = self.balance(t)
+        t = self.encode_in(x).reshape(h, n // self.tile, self.tile, d)
+        s_tok, s_ch = self.sinkhorn(t)
         b = t / s_tok[..., :, None] / s_ch[..., None, :]
         levels = (1 << self.code_bits) - 1
         if self.role == "k":  # per channel, over the tile's tokens

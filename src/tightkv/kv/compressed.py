@@ -77,21 +77,33 @@ class CompressedCache:
         self.vf: dict[str, torch.Tensor] = {}
         self.cstart = self.cend = sink
         self.kr, self.vr = self.tile // kcodec.tile, self.tile // vcodec.tile  # codec units per unit
+        # fixed per-channel vectors set at the first compression: x = centre + scale * code
         self.kcenter: torch.Tensor | None = None  # (Hkv, D) fp16
         self.vcenter: torch.Tensor | None = None  # (Hkv, Dv) fp16
+        self.kscale: torch.Tensor | None = None  # (Hkv, D) fp16
+        self.vscale: torch.Tensor | None = None  # (Hkv, Dv) fp16
+        self._qsq = torch.zeros(self.hkv, self.dk, dtype=torch.float64)  # query sum of squares, first block
+        self._qn = 0
 
     # --- protocol -------------------------------------------------------------
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-        b = self.append(k, v)
+        b = self.append(k, v, q)
         out = self.attend_stored(q, b, scale)
         self._forget()
         return out
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def append(self, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor | None = None) -> torch.Tensor:
         """Store new tokens: exact first, then encode those that leave the recent window.
-        Returns b (T,): for each new position, where the body it sees ends."""
+        Returns b (T,): for each new position, where the body it sees ends. The queries
+        q (H, T, D), if given, inform the key channel scales."""
         start, end = self.offset, self.offset + k.shape[1]
         body_before = self.cend
+        if q is not None and self.kc.balance and self.kscale is None:
+            lo, hi = max(start, self.sink), min(end, self.sink + self.recent + self.tile)
+            if hi > lo:
+                qs = q[:, lo - start : hi - start].double().reshape(self.hkv, -1, self.dk)
+                self._qsq += (qs * qs).sum(1)
+                self._qn += qs.shape[1]
         self._append_exact(k, v)
         self._compress(max(self.cend, boundary(end - 1, self.sink, self.recent, self.tile)))
         return boundary(torch.arange(start, end), self.sink, self.recent, self.tile).clamp_min(body_before)
@@ -124,7 +136,7 @@ class CompressedCache:
         self.pool0 = min(self.pool0, top)
         self.offset = new
         if self.cend == self.cstart == self.sink:  # nothing compressed: centre afresh, as a new cache would
-            self.kcenter = self.vcenter = None
+            self.kcenter = self.vcenter = self.kscale = self.vscale = None
 
     @property
     def nbytes(self) -> int:
@@ -133,7 +145,7 @@ class CompressedCache:
         total = sum(t[:, u0:u1].numel() * t.element_size() for f in (self.kf, self.vf) for t in f.values())
         ns, p0, p1 = self._live_exact()
         total += (ns + p1 - p0) * self.hkv * (self.dk + self.dv) * 2
-        for c in (self.kcenter, self.vcenter):
+        for c in (self.kcenter, self.vcenter, self.kscale, self.vscale):
             if c is not None:
                 total += c.numel() * c.element_size()
         return total
@@ -145,10 +157,9 @@ class CompressedCache:
         out.update({f"v.{n}": t[:, u0:u1].clone() for n, t in self.vf.items()})
         idx = torch.cat([torch.arange(self.nsink), self._pool_index(p0) + torch.arange(p1 - p0)])
         out["ek"], out["ev"] = self.ek[:, idx].clone(), self.ev[:, idx].clone()
-        if self.kcenter is not None:
-            out["kcenter"] = self.kcenter.clone()
-        if self.vcenter is not None:
-            out["vcenter"] = self.vcenter.clone()
+        for name in ("kcenter", "vcenter", "kscale", "vscale"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name).clone()
         out["meta"] = torch.tensor([self.offset, self.cstart + u0 * self.tile, self.cend, self.nsink, p0,
                                     self.sink, self.recent, self.tile], dtype=torch.int64)
         return out
@@ -161,6 +172,7 @@ class CompressedCache:
         self.kf = {n[2:]: t.clone() for n, t in state.items() if n.startswith("k.")}
         self.vf = {n[2:]: t.clone() for n, t in state.items() if n.startswith("v.")}
         self.kcenter, self.vcenter = state.get("kcenter"), state.get("vcenter")
+        self.kscale, self.vscale = state.get("kscale"), state.get("vscale")
         self.ek, self.ev = state["ek"].to(torch.float16).clone(), state["ev"].to(torch.float16).clone()
 
     # --- storage ----------------------------------------------------------------
@@ -188,14 +200,18 @@ class CompressedCache:
         i0 = self._pool_index(self.cend)
         k = self.ek[:, i0 : i0 + new_end - self.cend].float()
         v = self.ev[:, i0 : i0 + new_end - self.cend].float()
-        if self.kc.center and self.kcenter is None:
-            self.kcenter = self._pool_mean(self.ek).half()
-        if self.vc.center and self.vcenter is None:
-            self.vcenter = self._pool_mean(self.ev).half()
+        if self.kcenter is None and self.kscale is None and (self.kc.center or self.kc.balance):
+            self.kcenter, self.kscale = self._fit_channels(self.ek, self.kc, self._query_rms())
+        if self.vcenter is None and self.vscale is None and (self.vc.center or self.vc.balance):
+            self.vcenter, self.vscale = self._fit_channels(self.ev, self.vc, None)
         if self.kcenter is not None:
             k = k - self.kcenter.float()[:, None]
+        if self.kscale is not None:
+            k = k / self.kscale.float()[:, None]
         if self.vcenter is not None:
             v = v - self.vcenter.float()[:, None]
+        if self.vscale is not None:
+            v = v / self.vscale.float()[:, None]
         kf, vf = self.kc.encode(k), self.vc.encode(v)
         units = (new_end - self.cend) // self.tile
         have = (self.cend - self.cstart) // self.tile
@@ -218,13 +234,34 @@ class CompressedCache:
             return codec.decode({n: t[:, u0:u1] for n, t in fields.items()})
         return codec.decode({n: t[:, u0:u1].flatten(1, 2) for n, t in fields.items()})
 
-    def _pool_mean(self, store: torch.Tensor) -> torch.Tensor:
-        """Mean of the first recent + tile pool tokens: the tokens held when decode first
-        compresses, so the centre does not depend on how the prompt was chunked."""
+    def _first_block(self, store: torch.Tensor) -> torch.Tensor:
+        """The first recent + tile pool tokens (Hkv, n, dim): those held when decode first
+        compresses, so what is fitted on them does not depend on the prompt's chunking."""
         first = max(self.cend, self.pool0)
         i0 = self._pool_index(first)
         i1 = self._pool_index(min(self.offset, first + self.recent + self.tile))
-        return store[:, i0:i1].float().mean(1)
+        return store[:, i0:i1].float()
+
+    def _query_rms(self) -> torch.Tensor | None:
+        return (self._qsq / self._qn).sqrt().float() if self._qn else None
+
+    def _fit_channels(self, store: torch.Tensor, codec: Codec, query_rms: torch.Tensor | None):
+        """Centre c and scale w per channel, so the codec encodes (x - c) / w.
+
+        w balances the error across channels: for values w = sqrt(std), which minimizes
+        the output error of a per-vector codec; for keys w = sqrt(std / rms(q)), which
+        minimizes the score error given the queries seen so far. Both are exact for
+        attention: w folds into the query and into the value sum."""
+        x = self._first_block(store)
+        center = x.mean(1) if codec.center else torch.zeros(x.shape[0], x.shape[2])
+        scale = None
+        if codec.balance:
+            std = (x - center[:, None]).pow(2).mean(1).sqrt().clamp_min(1e-6)
+            w = std / query_rms.clamp_min(1e-6) if query_rms is not None else std
+            w = w.sqrt()
+            w = (w / w.log().mean(-1, keepdim=True).exp()).clamp(1 / 64, 64)
+            scale = w.half()
+        return (center.half() if codec.center else None), scale
 
     def _horizon(self) -> int:
         """Positions below this are invisible to every future query."""
@@ -295,7 +332,7 @@ class CompressedCache:
         u_lo = max(u0, (lo - self.cstart) // self.tile) if lo > self.cstart else u0
         u_hi = min(n_units, max(0, -(-(hi - self.cstart) // self.tile)))
         if u_hi > u_lo:
-            qk = self.kc.to_code(qf)
+            qk = self.kc.to_code(qf if self.kscale is None else qf * self.kscale.float()[:, None, :])
             qc = (qf @ self.kcenter.float()[:, :, None]).view(self.hkv, g, T, 1) if self.kcenter is not None else None
             acc_c = torch.zeros(self.hkv, g * T, self.dv)
             l_c = torch.zeros(self.hkv, g, T) if self.vcenter is not None else None
@@ -325,7 +362,8 @@ class CompressedCache:
                 if l_c is not None:
                     l_c = l_c * alpha + p.sum(-1)
                 m = m_new
-            acc = acc + self.vc.from_code(acc_c)
+            acc_c = self.vc.from_code(acc_c)
+            acc = acc + (acc_c if self.vscale is None else acc_c * self.vscale.float()[:, None, :])
             if l_c is not None:
                 acc = acc + l_c.view(self.hkv, g * T, 1) * self.vcenter.float()[:, None, :]
         out = acc / l.view(self.hkv, g * T, 1)
@@ -344,6 +382,10 @@ class CompressedCache:
         if n > u0:
             k = self.kc.from_code(self._decode("k", u0, n))
             v = self.vc.from_code(self._decode("v", u0, n))
+            if self.kscale is not None:
+                k = k * self.kscale.float()[:, None]
+            if self.vscale is not None:
+                v = v * self.vscale.float()[:, None]
             if self.kcenter is not None:
                 k = k + self.kcenter.float()[:, None]
             if self.vcenter is not None:
@@ -391,5 +433,6 @@ def layer_bytes(kcodec: Codec, vcodec: Codec, num_kv_heads: int, window: int | N
     exact = (n_sink if n_sink > horizon else 0) + max(0, tokens - max(cend, horizon, sink))
     meta = 0
     if units:
-        meta += (h * kcodec.dim * 2 if kcodec.center else 0) + (h * vcodec.dim * 2 if vcodec.center else 0)
+        for c in (kcodec, vcodec):
+            meta += h * c.dim * 2 * (int(c.center) + int(c.balance))
     return int(round(body)) + exact * h * (kcodec.dim + vcodec.dim) * 2 + meta
