@@ -2,119 +2,33 @@
 sliding-window attention when the file has ``mistral.attention.sliding_window``
 (Mistral 7B v0.1: 4096; later versions attend globally). llama.cpp converts
 Mistral checkpoints to the ``llama`` architecture (see llama.py); this file reads
-the same layout under the other name.
-
-llama.cpp's converter permutes the rows of ``attn_q``/``attn_k`` within each head
-so that its "normal" RoPE rotates adjacent pairs (2i, 2i+1) instead of HF's halves.
-We keep the blocks as stored (no copy, no dequantization) and rotate adjacent
-pairs too: queries and keys share the permutation, so their dot products, and the
-attention, are those of the unpermuted model.
-
-RoPE scaling: Llama 3.1+ files carry per-frequency divisors as the
-``rope_freqs.weight`` tensor (the converter's llama3 factors), older ones may
-have linear ``rope.scaling.{type,factor}``.
+the same layout under the other name, so it reuses Llama's layers.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-import torch
-import torch.nn.functional as F
-
-from .base import BaseModelArgs, RopeTables, Weights, apply_rope_interleaved, linear_rope_scale, rms_norm
+from . import llama
 
 
 @dataclass
-class ModelArgs(BaseModelArgs):
-    rope_scale: float = 1.0  # linear scaling of positions
+class ModelArgs(llama.ModelArgs):
     sliding_window: int | None = None  # every layer attends to this many tokens; None: all
 
     @classmethod
     def from_gguf(cls, g, **extra):
-        extra.setdefault("rope_scale", linear_rope_scale(g))
         window = int(g.metadata.get(f"{g.architecture}.attention.sliding_window") or 0)
         extra.setdefault("sliding_window", window or None)
         return super().from_gguf(g, **extra)
 
 
-class Attention(torch.nn.Module):
-    def __init__(self, args: ModelArgs, w: Weights, i: int, rope_freqs: torch.Tensor | None):
-        super().__init__()
-        p = f"blk.{i}."
-        self.args = args
-        self.rope_freqs = rope_freqs  # (head_dim/2,) frequency divisors, or None
-        self.wq, self.wk, self.wv = w.linear(p + "attn_q.weight"), w.linear(p + "attn_k.weight"), w.linear(p + "attn_v.weight")
-        self.wo = w.linear(p + "attn_output.weight")
-        self.scale = 1.0 / math.sqrt(args.head_dim)
-
-    def forward(self, x: torch.Tensor, rope: RopeTables, cache) -> torch.Tensor:
-        a = self.args
-        T, D = x.shape[0], a.head_dim
-        q = self.wq(x).view(T, a.num_heads, D).transpose(0, 1)  # (H, T, D), rows permuted per head
-        k = self.wk(x).view(T, a.num_kv_heads, D).transpose(0, 1)  # (Hkv, T, D), rows permuted per head
-        v = self.wv(x).view(T, a.num_kv_heads, D).transpose(0, 1)  # (Hkv, T, D)
-        cos, sin = rope.get(a.rope_theta, a.rope_scale, self.rope_freqs)
-        q, k = apply_rope_interleaved(q, cos, sin), apply_rope_interleaved(k, cos, sin)
-        out = cache.attend(q, k, v, self.scale)  # (H, T, D)
-        return self.wo(out.transpose(0, 1).reshape(T, a.num_heads * D))
+def cache_layout(a: ModelArgs) -> list[tuple[int, int, int, int | None]]:
+    """Per layer: (kv heads, key dim, value dim, sliding window or None)."""
+    return [(a.num_kv_heads, a.head_dim, a.head_dim, a.sliding_window)] * a.num_layers
 
 
-class MLP(torch.nn.Module):
-    def __init__(self, w: Weights, i: int):
-        super().__init__()
-        p = f"blk.{i}."
-        self.gate, self.up, self.down = (w.linear(p + f"ffn_{n}.weight") for n in ("gate", "up", "down"))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))
-
-
-class Block(torch.nn.Module):
-    def __init__(self, args: ModelArgs, w: Weights, i: int, rope_freqs: torch.Tensor | None):
-        super().__init__()
-        p = f"blk.{i}."
-        self.eps = args.rms_norm_eps
-        self.attn = Attention(args, w, i, rope_freqs)
-        self.mlp = MLP(w, i)
-        self.attn_norm = w.vector(p + "attn_norm.weight")  # (hidden,)
-        self.ffn_norm = w.vector(p + "ffn_norm.weight")  # (hidden,)
-
-    def forward(self, x: torch.Tensor, rope: RopeTables, cache) -> torch.Tensor:
-        x = x + self.attn(rms_norm(x, self.attn_norm, self.eps), rope, cache)
-        return x + self.mlp(rms_norm(x, self.ffn_norm, self.eps))
-
-
-class Model(torch.nn.Module):
+class Model(llama.Model):
     """Mistral text model over quantized GGUF weights."""
 
-    def __init__(self, args: ModelArgs, w: Weights):
-        super().__init__()
-        self.args = args
-        rope_freqs = w.vector("rope_freqs.weight") if w.has("rope_freqs.weight") else None
-        self.embed = w.linear("token_embd.weight")  # (vocab, hidden) blocks
-        self.output = w.linear("output.weight") if w.has("output.weight") else self.embed
-        self.layers = torch.nn.ModuleList(Block(args, w, i, rope_freqs) for i in range(args.num_layers))
-        self.norm = w.vector("output_norm.weight")
-
     def cache_layout(self) -> list[tuple[int, int, int, int | None]]:
-        """Per layer: (kv heads, key dim, value dim, sliding window or None)."""
-        a = self.args
-        return [(a.num_kv_heads, a.head_dim, a.head_dim, a.sliding_window)] * a.num_layers
-
-    def forward(self, ids: torch.Tensor, cache: list, logits_at: torch.Tensor | None = None,
-                hidden: bool = False) -> torch.Tensor | None:
-        """Run ids (T,) at positions cache.offset.. ; logits (len(logits_at), vocab) for the
-        chosen row indices (all rows if None), or None when logits_at is empty. With
-        hidden=True, the final-normed hidden states (rows, hidden_size) instead."""
-        start = cache[0].offset
-        rope = RopeTables(torch.arange(start, start + ids.shape[0]), self.args.head_dim)
-        x = self.embed.embed_rows(ids)  # (T, hidden)
-        for layer, c in zip(self.layers, cache):
-            x = layer(x, rope, c)
-        if logits_at is not None and logits_at.numel() == 0:
-            return None
-        if logits_at is not None:
-            x = x[logits_at]
-        x = rms_norm(x, self.norm, self.args.rms_norm_eps)
-        return x if hidden else self.output(x)
+        return cache_layout(self.args)
