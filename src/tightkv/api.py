@@ -224,6 +224,22 @@ class Model:
             self._chat_cache = cache = self.new_cache()
         return cache
 
+    def load_document(self, path_or_text, *more, kv: str | None = None, mode: str = "auto", cache: bool = True,
+                      progress: bool = True, **kwargs):
+        """A `DocumentSession` over one or more documents (paths, or text): `.ask(question)`.
+
+        In full mode the document is prefilled once into the KV cache (kv defaults to
+        "progressive"), saved under ``$TIGHTKV_HOME/documents`` and loaded from there
+        next time (cache=False skips the disk); each question costs only its own
+        tokens; cache may also be a `DocumentStore` (another directory). mode: "full",
+        "rag", "rlv" or "auto" (full when the document fits the model's measured working
+        memory, else rlv). See `tightkv.documents`.
+        """
+        from .documents.session import DocumentSession
+
+        return DocumentSession(self, [path_or_text, *more], kv=kv, mode=mode, store=cache, progress=progress,
+                               **kwargs)
+
     def close(self) -> None:
         """Release the cache and the mapped weights."""
         self._chat_cache = None

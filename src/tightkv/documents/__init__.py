@@ -1,0 +1,11 @@
+"""Whole-document QA: a document prefilled once into the (compressed) KV cache and
+kept on disk (`session`, `store`), the chunk-RAG baseline (`rag`), and RLV for
+documents past the model's working memory (`rlv`, `memory`).
+
+    from tightkv import Model
+    doc = Model().load_document("report.md")
+    print(doc.ask("Who leads the Lumen division?"))
+"""
+from .session import DOC_KV_DEFAULT, MODES, Answer, DocumentSession, PrefixCache
+
+__all__ = ["Answer", "DocumentSession", "PrefixCache", "MODES", "DOC_KV_DEFAULT"]

@@ -1,0 +1,44 @@
+"""Completion-style prompts for document QA.
+
+The embedded model (Gemma 3 270M) is a base model with no chat template, so every
+prompt is a document followed by a "Question: ...\\nAnswer:" line, answered greedily
+up to the end of the line. The document part is a fixed prefix, so its KV cache can
+be reused (and saved) while questions change.
+"""
+from __future__ import annotations
+
+ANSWER_STOP = ["\n"]
+ANSWER_TOKENS = 32
+
+
+def document_prefix(text: str) -> str:
+    """What precedes every question in full mode: the whole document."""
+    return f"Document:\n{text.rstrip()}\n\n"
+
+
+def question_suffix(question: str) -> str:
+    return f"Question: {question.strip()}\nAnswer:"
+
+
+def sections_context(sections) -> str:
+    """Several sections in document order, as they are written (headings included)."""
+    parts = [s.text.strip() for s in sorted(sections, key=lambda s: s.start)]
+    return "Document:\n" + "\n\n".join(parts) + "\n\n"
+
+
+def chunks_context(chunks) -> str:
+    """RAG context: retrieved chunks in rank order, as retrieved."""
+    return "Document:\n" + "\n...\n".join(c.text.strip() for c in chunks) + "\n\n"
+
+
+def verify_suffix(question: str, answer: str) -> str:
+    """A yes/no judgement after the context: the next token is " Yes" or " No"."""
+    return (f"Question: {question.strip()}\nProposed answer: {answer.strip()}\n"
+            f"Does the document above state this answer? Yes or No?\nReply:")
+
+
+def reformulate_prompt(question: str) -> str:
+    """Ask the model for a search query (the optional third RLV query variant)."""
+    return ("Rewrite each question as a short search query.\n"
+            "Question: When did the company open its first factory?\nQuery: company first factory opened year\n"
+            f"Question: {question.strip()}\nQuery:")

@@ -1,0 +1,207 @@
+"""RLV (Read-Locate-Verify): questions about documents past the working-memory cliff.
+
+The LLM never has to hold the whole document. Retrieval is lexical and fused;
+the model only reads a few sections, answers, and judges its own answer:
+
+1. **gist**: the document split into sections (Markdown headings, then sentence-
+   aligned windows of at most `section_tokens`), each with its character span
+   and title: an index, not a summary (`DocumentSession.sections`).
+2. **locate**: BM25 over the sections for several variants of the query: the
+   question, its keywords (names and numbers first), and optionally the model's
+   own reformulation as a search query; the rankings are fused by Reciprocal
+   Rank Fusion, score(s) = sum over variants of 1 / (k + rank).
+3. **lookup**: the top candidates are read in full, in document order (as many
+   as fit the read budget, at most `group` of them), and the model answers.
+4. **verify**: with the same sections still in the KV cache, the model judges
+   whether they state the proposed answer: a constrained yes/no, the logit of
+   " Yes" against " No" (a completion, so it works on a base model). An answer
+   is verified when it is also *grounded* (its content words occur in the
+   sections read) and of the *type* the question asks for (a number for "how
+   many", a name rather than a unit for "who"). The yes/no margin gates
+   acceptance only when `threshold` is set: on Gemma 3 270M it is close to
+   chance (see docs/documents.md), so by default it ranks answers instead.
+5. **research**: if the answer is not verified, read again, in this order:
+   the *follow-up*: a multi-hop question's first read often yields the
+   intermediate entity ("the Meridian division" for "Who leads the division
+   that runs the plant in Ghent?"); when the question has that shape (a noun
+   phrase with a relative clause), the entity replaces the phrase ("Who leads
+   the Meridian division?"), which is located and read on its own; the
+   *bridge*: the question's keywords plus the unverified answer located again,
+   read beside the section the answer came from; the best
+   candidate with its neighbours (a fact cut by a window boundary); then the
+   next candidates, until `reads` reads are spent. With nothing verified, the
+   best unverified answer (grounded first, then by margin) is returned, marked so.
+
+Every model call (read + question + answer + verify) is checked to stay within
+the model's working memory. The answer cites the section it came from.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from . import prompts
+from .rag import BM25Index
+from .session import Answer, PrefixCache, yes_score
+from .text import Section, answer_type_ok, first_sentence, follow_up, keywords, support
+
+RRF_K = 60
+RESERVE = 160  # tokens kept free in a read for the question, the answer and the verify line
+
+
+class RLV:
+    def __init__(self, model, sections: list[Section], *, kv: str | None = None, working_memory: int = 2048,
+                 reads: int = 3, group: int = 3, reformulate: bool = False, threshold: float | None = None,
+                 log: Callable[[str], None] | None = None):
+        self.model, self.sections, self.kv = model, sections, kv
+        self.wm = working_memory
+        self.reads, self.group, self.reformulate, self.threshold = reads, group, reformulate, threshold
+        self.log = log or (lambda s: None)
+        self.index = BM25Index(sections)
+        self.budget = max(64, self.wm - RESERVE)
+        n = len(sections)
+        avg = sum(s.tokens for s in sections) / max(1, n)
+        self.log(f"gist: {n} sections, {avg:.0f} tokens on average (max {max((s.tokens for s in sections), default=0)}),"
+                 f" read budget {self.budget} tokens")
+        for s in sections[:3]:
+            self.log(f"  {s.gist()}")
+        if n > 3:
+            self.log(f"  ... {sections[-1].gist()}")
+
+    # --- locate ---------------------------------------------------------------------
+    def variants(self, question: str) -> dict[str, str]:
+        out = {"question": question}
+        kw = keywords(question)
+        if kw and kw.lower() != question.lower():
+            out["keywords"] = kw
+        if self.reformulate:
+            ids = self.model.tokenize(prompts.reformulate_prompt(question))
+            r = self.model.generate(ids, max_tokens=16, temperature=0.0, stop=["\n"], cache=self.model.new_cache(self.kv))
+            if r.text.strip():
+                out["reformulation"] = r.text.strip()
+        return out
+
+    def fuse(self, variants: dict[str, str]) -> list[tuple[int, float]]:
+        """Sections ranked by Reciprocal Rank Fusion of the variants' BM25 rankings."""
+        fused: dict[int, float] = {}
+        for q in variants.values():
+            for rank, (i, _) in enumerate(self.index.rank(q)):
+                fused[i] = fused.get(i, 0.0) + 1.0 / (RRF_K + rank + 1)
+        return sorted(fused.items(), key=lambda x: (-x[1], x[0]))
+
+    def locate(self, question: str) -> tuple[list[tuple[int, float]], dict[str, str]]:
+        """Sections ranked by RRF over the query variants: [(index, fused score)]."""
+        variants = self.variants(question)
+        return self.fuse(variants), variants
+
+    # --- lookup / verify / research --------------------------------------------------------
+    def _fit(self, indices: list[int], must: list[int] = ()) -> list[int]:
+        """`must`, then indices in order, as long as they fit the read budget (at least one)."""
+        out, total = [], 0
+        for i in [*must, *indices]:
+            if i in out:
+                continue
+            t = self.sections[i].tokens
+            if out and (total + t > self.budget or len(out) >= self.group):
+                break
+            out.append(i)
+            total += t
+        return out
+
+    def read(self, question: str, group: list[int]) -> dict:
+        """Lookup and verify one group of sections: the answer and its checks."""
+        secs = [self.sections[i] for i in group]
+        prefix = self.model.tokenize(prompts.sections_context(secs), add_bos=True)
+        pc = PrefixCache(self.model, prefix, self.kv)
+        t = time.perf_counter()
+        pc.fill()
+        q = self.model.tokenize(prompts.question_suffix(question), add_bos=False)
+        r = pc.generate(q)
+        answer = first_sentence(r.text)
+        ttft = time.perf_counter() - t - r.seconds + r.ttft
+        margin, vlen = float("-inf"), 0
+        if answer:
+            v = self.model.tokenize(prompts.verify_suffix(question, answer), add_bos=False)
+            vlen = len(v)
+            margin = yes_score(self.model, pc, v)
+        calls = max(len(prefix) + len(q) + r.tokens, len(prefix) + vlen)
+        if calls > self.wm:
+            raise AssertionError(f"an RLV call of {calls} tokens exceeds the working memory of {self.wm}")
+        grounded = support(answer, " ".join(s.text for s in secs)) >= 0.5 if answer else False
+        typed = answer_type_ok(question, answer)
+        judged = self.threshold is None or margin > self.threshold
+        cite = max(secs, key=lambda s: (support(answer, s.text), -group.index(s.index))) if answer else secs[0]
+        return {"sections": group, "tokens": len(prefix), "answer": answer, "margin": margin, "grounded": grounded,
+                "typed": typed, "verified": bool(answer) and grounded and typed and judged, "cite": cite.index,
+                "ttft": ttft, "seconds": time.perf_counter() - t, "call_tokens": calls}
+
+    def _next_group(self, question: str, ranked: list[int], done: list[dict], seen: set[int],
+                    tried: set) -> tuple[str, list[int], str] | None:
+        """The next read after unverified ones: follow-up, bridge, neighbours, next
+        candidates. Returns (kind, sections, the question to ask)."""
+        n = len(self.sections)
+        last = done[-1]
+        follow = follow_up(question, last["answer"]) if last["grounded"] and not last["typed"] else None
+        if follow and ("follow", follow) not in tried:
+            tried.add(("follow", follow))
+            fused = self.fuse(self.variants(follow))
+            if fused:
+                self.log(f"research: follow-up question {follow!r}")
+                return "follow-up", [fused[0][0]], follow
+        if last["answer"] and last["grounded"] and ("bridge", last["answer"]) not in tried:
+            tried.add(("bridge", last["answer"]))
+            hop = [i for i, _ in self.fuse({"bridge": f"{keywords(question)} {last['answer']}",
+                                            "answer": last["answer"]}) if i not in seen]
+            if hop:
+                return "bridge", self._fit(hop[:1], must=[last["cite"]]), question
+        top = ranked[0] if ranked else 0
+        if ("near", top) not in tried:
+            tried.add(("near", top))
+            near = [i for i in (top - 1, top + 1) if 0 <= i < n and i not in seen]
+            if near:
+                return "neighbours", self._fit(near, must=[top]), question
+        rest = [i for i in ranked if i not in seen] or [i for i in range(n) if i not in seen]
+        return ("next", self._fit(rest), question) if rest else None
+
+    def ask(self, question: str, max_tokens: int = prompts.ANSWER_TOKENS) -> Answer:
+        t0 = time.perf_counter()
+        fused, variants = self.locate(question)
+        ranked = [i for i, _ in fused] or list(range(len(self.sections)))
+        stages: list[dict] = [{"stage": "locate", "variants": variants,
+                               "top": [[i, round(s, 5)] for i, s in fused[:8]]}]
+        self.log("locate: " + "; ".join(f"{k}={v!r}" for k, v in variants.items()))
+        self.log("locate: RRF top " + ", ".join(f"{self.sections[i].label}({s:.4f})" for i, s in fused[:6]))
+        done: list[dict] = []
+        seen: set[int] = set()
+        tried: set = set()
+        step: tuple[str, list[int], str] | None = ("lookup", self._fit(ranked), question)
+        while step is not None and len(done) < self.reads:
+            kind, group, asked = step
+            rec = self.read(asked, group)
+            rec["kind"], rec["asked"] = kind, asked
+            done.append(rec)
+            seen.update(group)
+            labels = "+".join(self.sections[i].label for i in group)
+            self.log(f"{'lookup' if kind == 'lookup' else 'research (' + kind + ')'} {len(done)}: read {labels} "
+                     f"({rec['tokens']} tokens) -> {rec['answer']!r}")
+            self.log(f"verify {len(done)}: grounded {rec['grounded']}, type {'ok' if rec['typed'] else 'wrong'}, "
+                     f"yes-no margin {rec['margin']:+.2f} -> {'verified' if rec['verified'] else 'not verified'}")
+            stages.append({"stage": "lookup" if kind == "lookup" else "research",
+                           **{k: _num(v) for k, v in rec.items()}})
+            if rec["verified"] or len(done) >= self.reads:
+                break
+            step = self._next_group(question, ranked, done, seen, tried)
+        best = max(done, key=lambda r: (r["verified"], r["grounded"] and r["typed"], r["grounded"],
+                                        r["margin"])) if done else None
+        sec = self.sections[best["cite"]] if best and self.sections else None
+        return Answer(best["answer"] if best else "", "rlv", f"{sec.label} {sec.title}" if sec else "",
+                      sec.index if sec else None, verified=bool(best and best["verified"]),
+                      ttft=done[0]["ttft"] if done else 0.0, seconds=time.perf_counter() - t0,
+                      prompt_tokens=max((r["call_tokens"] for r in done), default=0), stages=stages)
+
+
+def _num(v):
+    """JSON-safe: floats rounded, infinities as None."""
+    if isinstance(v, float):
+        return round(v, 4) if v == v and abs(v) != float("inf") else None
+    return v

@@ -1,0 +1,383 @@
+"""A prefix prefilled once into a KV cache, then many suffixes asked after it.
+
+`PrefixCache` holds a per-layer cache filled with a token prefix (a document).
+Each question is appended after the prefix and rolled back afterwards, so the
+next question costs no document prefill. Rolling back is exact:
+
+- a global dense layer is trimmed (it keeps every token);
+- any other layer (a sliding-window ring that dropped old tokens, a compressed
+  layer whose exact recent window moved into the body) is restored from a
+  snapshot taken once after the prefix: its `state()`, plus the little Python
+  state `state()` leaves out. `snapshot_bytes` and the restore time say what
+  this costs.
+
+`DocumentSession` is what `Model.load_document` returns: the document, its
+gist index, the cache (loaded from disk when the store has it), and `ask`.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..errors import ContextOverflowError, TightKVError
+from . import prompts
+from .text import DocumentText, Section, first_sentence, read_documents, split_sections, support
+
+MODES = ("full", "rag", "rlv", "auto")
+DOC_KV_DEFAULT = "progressive"  # whole documents go into the compressed cache by default
+_EXTRA = ("_qsq", "_qn")  # CompressedCache fields outside state(): per-layer query statistics
+
+
+@dataclass
+class Answer:
+    """An answer with where it came from and what it cost.
+
+    Attributes:
+        text: the answer (one line).
+        mode: full, rag or rlv.
+        citation: the section label and title it came from (e.g. "§3 Operations").
+        verified: RLV: whether the model judged the read passage to state it.
+        ttft: seconds to the first answer token, from `ask` (plus the document's
+            prefill or disk load when this question triggered it).
+        seconds: total seconds for the question.
+        stages: per-stage records (RLV), for --verbose and JSON.
+    """
+
+    text: str
+    mode: str
+    citation: str = ""
+    section: int | None = None
+    verified: bool | None = None
+    ttft: float = 0.0
+    seconds: float = 0.0
+    prompt_tokens: int = 0
+    stages: list[dict] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return self.text
+
+    def as_dict(self) -> dict:
+        return {"answer": self.text, "mode": self.mode, "citation": self.citation, "section": self.section,
+                "verified": self.verified, "ttft_s": round(self.ttft, 4), "seconds": round(self.seconds, 4),
+                "prompt_tokens": self.prompt_tokens, "stages": self.stages}
+
+
+class PrefixCache:
+    """A KV cache holding `prefix` (token ids), reusable for any number of suffixes."""
+
+    def __init__(self, model, prefix: list[int], kv: str | None = None, cache: list | None = None):
+        self.model = model
+        self.prefix = list(prefix)
+        self.kv = kv or model.kv
+        self.cache = cache if cache is not None else model.new_cache(self.kv)
+        self._snap: list | None = None
+        self.snapshot_bytes = 0
+        self.restore_seconds = 0.0  # the last restore
+        self.prefill_seconds = 0.0
+
+    @property
+    def filled(self) -> bool:
+        return self.cache[0].offset == len(self.prefix)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.cache)
+
+    def fill(self, progress: Callable[[int, int], None] | None = None) -> None:
+        """Prefill the prefix (what the cache does not hold yet)."""
+        from ..engine.generate import prefill
+
+        held = self.cache[0].offset
+        if len(self.prefix) >= self.model.context_length:
+            raise ContextOverflowError(f"the document is {len(self.prefix)} tokens; the context is "
+                                       f"{self.model.context_length} (use --mode rlv or rag)")
+        t = time.perf_counter()
+        if held < len(self.prefix):
+            prefill(self.model.net, self.prefix[held:], self.cache,
+                    progress=(lambda d, n: progress(held + d, len(self.prefix))) if progress else None)
+        self.prefill_seconds += time.perf_counter() - t
+        self._snap = None
+
+    def snapshot(self) -> None:
+        """Remember the prefix state of every layer that cannot simply be trimmed back."""
+        from ..kv.cache import DenseCache
+
+        snap, nbytes = [], 0
+        for c in self.cache:
+            if isinstance(c, DenseCache) and c.window is None:
+                snap.append(None)  # trim is exact for a global dense layer
+                continue
+            state = c.state()
+            extra = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k in _EXTRA
+                     if (v := getattr(c, k, None)) is not None}
+            nbytes += sum(t.numel() * t.element_size() for t in state.values())
+            snap.append((state, extra))
+        self._snap, self.snapshot_bytes = snap, nbytes
+
+    def restore(self) -> None:
+        """Back to exactly the prefix, whatever was appended since."""
+        if self._snap is None:
+            raise RuntimeError("restore() before snapshot()")
+        t = time.perf_counter()
+        n = len(self.prefix)
+        for c, s in zip(self.cache, self._snap):
+            if s is None:
+                if c.offset > n:
+                    c.trim(c.offset - n)
+            elif c.offset != n:
+                c.load_state(s[0])
+                for k, v in s[1].items():
+                    setattr(c, k, v.clone() if isinstance(v, torch.Tensor) else v)
+        self.restore_seconds = time.perf_counter() - t
+
+    def generate(self, suffix: list[int], max_tokens: int = prompts.ANSWER_TOKENS) -> "Reply":
+        """Greedy answer line after prefix + suffix; the cache is back at the prefix afterwards."""
+        if not self.filled:
+            self.fill()
+        if self._snap is None:
+            self.snapshot()
+        ids = self.prefix + list(suffix)
+        room = self.model.context_length - len(ids)
+        if room <= 0:
+            raise ContextOverflowError(f"{len(ids)} tokens do not fit the context of {self.model.context_length}")
+        try:
+            return answer_line(self.model, ids, min(max_tokens, room), self.cache)
+        finally:
+            self.restore()
+
+    @torch.inference_mode()
+    def next_logits(self, suffix: list[int]) -> torch.Tensor:
+        """Logits (vocab,) after prefix + suffix; the cache is back at the prefix afterwards."""
+        from ..engine.generate import prefill
+
+        if not self.filled:
+            self.fill()
+        if self._snap is None:
+            self.snapshot()
+        try:
+            return prefill(self.model.net, list(suffix), self.cache)
+        finally:
+            self.restore()
+
+
+@dataclass
+class Reply:
+    """One generated answer line: text, tokens generated, time to first token, seconds."""
+
+    text: str
+    tokens: int
+    ttft: float
+    seconds: float
+    prompt_seconds: float = 0.0
+
+
+def answer_line(model, ids: list[int], max_tokens: int, cache: list) -> Reply:
+    """Greedy decoding of one answer line: leading blank lines are skipped (a base model
+    often starts with a newline), the first newline after text ends it."""
+    t0 = time.perf_counter()
+    text, ttft, n, stats = "", None, 0, None
+    pieces = model.generate(ids, max_tokens=max_tokens, temperature=0.0, stream=True, cache=cache)
+    try:
+        for piece in pieces:
+            if not isinstance(piece, str):
+                stats = piece
+                break
+            if ttft is None:
+                ttft = time.perf_counter() - t0
+            text += piece
+            body = text.lstrip()
+            if "\n" in body:
+                text = body.split("\n", 1)[0]
+                break
+    finally:
+        pieces.close()
+    n = len(stats.ids) if stats is not None else len(model.tokenize(text, add_bos=False)) + 1
+    return Reply(text.strip(), n, ttft if ttft is not None else time.perf_counter() - t0,
+                 time.perf_counter() - t0, stats.prompt_seconds if stats is not None else 0.0)
+
+
+def yes_no_tokens(model) -> tuple[int, int]:
+    """Token ids of " Yes" and " No" (first piece of each)."""
+    return model.tokenize(" Yes", add_bos=False)[0], model.tokenize(" No", add_bos=False)[0]
+
+
+def yes_score(model, pc: PrefixCache, suffix: list[int]) -> float:
+    """logit(" Yes") - logit(" No") after prefix + suffix: a constrained yes/no answer."""
+    y, n = yes_no_tokens(model)
+    logits = pc.next_logits(suffix)
+    return float(logits[y] - logits[n])
+
+
+def progress_bar(total: int, desc: str, enabled: bool = True):
+    """A tqdm bar on stderr in tokens and a callback (done, total) for prefill."""
+    if not enabled:
+        return None, (lambda: None)
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit="tok", unit_scale=True, file=sys.stderr, leave=False,
+               dynamic_ncols=True)
+
+    def update(done: int, _total: int) -> None:
+        bar.update(done - bar.n)
+
+    return update, bar.close
+
+
+class DocumentSession:
+    """Questions about one document (or several joined), in full, rag, rlv or auto mode.
+
+    Made by `Model.load_document`. In full mode the document is prefilled into the
+    KV cache once (or loaded from the on-disk document cache), and every question
+    after it costs only its own tokens.
+    """
+
+    def __init__(self, model, sources, *, kv: str | None = None, mode: str = "auto", store=True,
+                 progress: bool = True, log: Callable[[str], None] | None = None,
+                 section_tokens: int | None = None, rag_chunk_tokens: int = 200, rag_top_k: int = 3,
+                 notice: Callable[[str], None] | None = None):
+        from .memory import working_memory
+        from .store import DocumentStore
+
+        if mode not in MODES:
+            raise TightKVError(f"unknown mode '{mode}' (valid: {', '.join(MODES)})")
+        self.model = model
+        if isinstance(sources, DocumentText):
+            self.doc = sources
+        else:
+            self.doc = read_documents([sources] if isinstance(sources, str) or not hasattr(sources, "__iter__")
+                                      else list(sources))
+        self.kv = kv or DOC_KV_DEFAULT
+        from ..kv.spec import parse_kv
+
+        parse_kv(self.kv)
+        self.progress = progress
+        self.log = log or (lambda s: None)
+        self.notice = notice or (lambda s: print(s, file=sys.stderr))
+        self.store = DocumentStore() if store is True else (store or None)
+        self.timings: dict[str, float] = {}
+        self.wm, self.wm_source = working_memory(model)
+        self.section_tokens = section_tokens or max(96, min(384, self.wm // 4))
+        self.rag_chunk_tokens, self.rag_top_k = rag_chunk_tokens, rag_top_k
+        t = time.perf_counter()
+        self.prefix = model.tokenize(prompts.document_prefix(self.doc.text), add_bos=True)
+        self.doc_tokens = len(self.prefix)
+        self.timings["tokenize_s"] = time.perf_counter() - t
+        self._sections: list[Section] | None = None
+        self._rag = None
+        self._rlv = None
+        self.pc: PrefixCache | None = None
+        self.cache_source = ""  # "disk", "prefill" or ""
+        self.mode = self.resolve_mode(mode)
+        self.log(f"document: {self.doc_tokens} tokens ({', '.join(self.doc.names)}); working memory "
+                 f"{self.wm} tokens ({self.wm_source}); mode {mode} -> {self.mode}")
+        if self.mode == "full":
+            self.load()
+
+    # --- modes ----------------------------------------------------------------------
+    def resolve_mode(self, mode: str) -> str:
+        """auto: full when the document fits inside the model's measured working
+        memory (and the context), else rlv."""
+        if mode != "auto":
+            return mode
+        fits = self.doc_tokens + prompts.ANSWER_TOKENS + 64 <= min(self.wm, self.model.context_length)
+        return "full" if fits else "rlv"
+
+    @property
+    def sections(self) -> list[Section]:
+        """The gist index (RLV's sections; also used to cite full-mode answers)."""
+        if self._sections is None:
+            count = lambda s: len(self.model.tokenize(s, add_bos=False))  # noqa: E731
+            self._sections = split_sections(self.doc.text, self.section_tokens, count)
+        return self._sections
+
+    # --- full mode: the document in the cache ------------------------------------------
+    def load(self) -> PrefixCache:
+        """The document's prefix cache: from the disk store when it holds a valid copy,
+        else prefilled (with a progress bar) and saved."""
+        if self.pc is not None and self.pc.filled:
+            return self.pc
+        t = time.perf_counter()
+        cache = None
+        if self.store is not None:
+            cache = self.store.load(self.model, self.doc, self.kv, self.prefix, notice=self.notice)
+        if cache is not None:
+            self.pc = PrefixCache(self.model, self.prefix, self.kv, cache)
+            self.cache_source = "disk"
+            self.timings["load_s"] = time.perf_counter() - t
+            self.log(f"cache: loaded {self.store.path_for(self.model, self.doc, self.kv, self.prefix).name} "
+                     f"({self.pc.nbytes / 1e6:.1f} MB KV) in {self.timings['load_s']:.2f}s")
+        else:
+            self.pc = PrefixCache(self.model, self.prefix, self.kv)
+            update, close = progress_bar(len(self.prefix), "prefill document", self.progress)
+            try:
+                self.pc.fill(update)
+            finally:
+                close()
+            self.cache_source = "prefill"
+            self.timings["prefill_s"] = self.pc.prefill_seconds
+            self.log(f"cache: prefilled {len(self.prefix)} tokens in {self.pc.prefill_seconds:.1f}s "
+                     f"({self.pc.nbytes / 1e6:.1f} MB KV, kv {self.kv})")
+            if self.store is not None:
+                ts = time.perf_counter()
+                path = self.store.save(self.model, self.doc, self.kv, self.prefix, self.pc.cache)
+                self.timings["save_s"] = time.perf_counter() - ts
+                self.log(f"cache: saved {path} ({path.stat().st_size / 1e6:.1f} MB) in {self.timings['save_s']:.2f}s")
+        self.timings["document_s"] = time.perf_counter() - t
+        ts = time.perf_counter()
+        self.pc.snapshot()
+        self.timings["snapshot_s"] = time.perf_counter() - ts
+        self.log(f"snapshot: {self.pc.snapshot_bytes / 1e6:.1f} MB of non-trimmable layer state "
+                 f"in {self.timings['snapshot_s'] * 1e3:.1f} ms")
+        return self.pc
+
+    def ask_full(self, question: str, max_tokens: int = prompts.ANSWER_TOKENS) -> Answer:
+        t0 = time.perf_counter()
+        fresh = self.pc is None or not self.pc.filled
+        pc = self.load()
+        suffix = self.model.tokenize(prompts.question_suffix(question), add_bos=False)
+        reply = pc.generate(suffix, max_tokens=max_tokens)
+        text = first_sentence(reply.text)
+        sec = self.cite(text)
+        ttft = (time.perf_counter() - t0 - reply.seconds + reply.ttft) if fresh else reply.ttft
+        self.log(f"full: {len(suffix)} question tokens after {len(self.prefix)} cached; "
+                 f"restore {pc.restore_seconds * 1e3:.1f} ms")
+        return Answer(text, "full", sec.label + " " + sec.title if sec else "", sec.index if sec else None,
+                      ttft=ttft, seconds=time.perf_counter() - t0, prompt_tokens=len(self.prefix) + len(suffix))
+
+    def cite(self, answer: str) -> Section | None:
+        """The section that best supports an answer (its words, then its rarest words)."""
+        if not answer:
+            return None
+        best = max(self.sections, key=lambda s: (support(answer, s.text), -s.index), default=None)
+        return best if best is not None and support(answer, best.text) > 0 else None
+
+    # --- questions ----------------------------------------------------------------
+    def ask(self, question: str, mode: str | None = None, **kwargs) -> Answer:
+        """Answer one question about the document; mode overrides the session's."""
+        if not question or not question.strip():
+            raise TightKVError("empty question")
+        mode = self.resolve_mode(mode) if mode else self.mode
+        if mode == "full":
+            return self.ask_full(question, **kwargs)
+        if mode == "rag":
+            if self._rag is None:
+                from .rag import RagIndex
+
+                self._rag = RagIndex(self.model, self.doc, kv=self.kv, chunk_tokens=self.rag_chunk_tokens,
+                                     top_k=self.rag_top_k, log=self.log)
+            return self._rag.ask(question, **kwargs)
+        if mode == "rlv":
+            if self._rlv is None:
+                from .rlv import RLV
+
+                self._rlv = RLV(self.model, self.sections, kv=self.kv, working_memory=self.wm, log=self.log)
+            return self._rlv.ask(question, **kwargs)
+        raise TightKVError(f"unknown mode '{mode}'")
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.pc.nbytes if self.pc is not None else 0

@@ -1,0 +1,261 @@
+"""The on-disk document cache: a document's prefilled KV cache as one safetensors file.
+
+Files live under ``home()/documents/`` (``$TIGHTKV_HOME``, default
+``~/.cache/tightkv``), one per (model, document, KV spec)::
+
+    documents/<key>.safetensors
+
+The key is a sha256 over everything that decides the cache's contents:
+
+- the model: its blob sha256 when it lives in the content-addressed store, else
+  path, size and mtime; its RoPE scaling factor;
+- the prompt's token ids (so the document's text, the tokenizer and the prompt
+  template all count);
+- the KV spec, as parsed;
+- a fingerprint of the code that writes K/V (``tightkv/kv/*.py`` and
+  ``tightkv/models/*.py``), so a cache written by another version of the
+  codecs or of a model is never read back as if it were ours.
+
+Tensors are each layer's ``state()`` (named ``<layer>.<field>``), with dense
+sliding-window layers cut to the window they keep, so the file holds what the
+cache holds (``nbytes``) plus per-layer counters and a JSON header. The header
+repeats the key's parts and carries a sha256 of every tensor's bytes: a file
+that is truncated, altered, renamed or written for another model, document or
+spec is detected, reported in one line, deleted and rebuilt. It is never trusted.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+FORMAT = "tightkv-document-cache/1"
+
+
+def documents_dir() -> Path:
+    from ..registry import home
+
+    return home() / "documents"
+
+
+@lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """sha256 over the source of the modules that produce and store K/V."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for sub in ("kv", "models"):
+        for p in sorted((root / sub).glob("*.py")):
+            h.update(p.name.encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def model_identity(model) -> str:
+    """The model file: its sha256 when the store names it so, else path, size, mtime."""
+    p = Path(model.path).resolve()
+    m = re.match(r"sha256-([0-9a-f]{64})$", p.name)
+    if m:
+        ident = f"sha256:{m.group(1)}"
+    else:
+        st = p.stat()
+        ident = f"file:{p}|{st.st_size}|{st.st_mtime_ns}"
+    return f"{ident}|rope={getattr(model, 'rope_factor', None)}"
+
+
+def ids_digest(ids: list[int]) -> str:
+    return hashlib.sha256(torch.tensor(ids, dtype=torch.int32).numpy().tobytes()).hexdigest()
+
+
+def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        h.update(name.encode())
+        h.update(str(t.dtype).encode() + str(tuple(t.shape)).encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def _spec_text(kv) -> str:
+    from ..kv.spec import parse_kv
+
+    s = parse_kv(kv)
+    return json.dumps([s.k, s.v, s.sink, s.recent, list(map(list, s.overrides)), s.seed])
+
+
+def cache_key(model, kv, ids: list[int]) -> dict:
+    """The fields that must all match for a file to be used."""
+    return {"format": FORMAT, "model": model_identity(model), "ids_sha256": ids_digest(ids),
+            "tokens": str(len(ids)), "kv": _spec_text(kv), "code": code_fingerprint()}
+
+
+def _key_hash(fields: dict) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def compact_state(cache, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A dense sliding-window layer's state cut to the `window` tokens it keeps
+    (state() also returns the few it has not shifted out yet)."""
+    from ..kv.cache import DenseCache
+
+    if not isinstance(cache, DenseCache) or cache.window is None:
+        return state
+    offset, start, length = (int(x) for x in state["meta"])
+    drop = max(0, length - cache.window)
+    if not drop:
+        return state
+    return {"keys": state["keys"][:, drop:].clone(), "values": state["values"][:, drop:].clone(),
+            "meta": torch.tensor([offset, start + drop, length - drop], dtype=torch.int64)}
+
+
+class CacheRejected(Exception):
+    """A file that must not be used, with the reason."""
+
+
+class DocumentStore:
+    """Save and load documents' KV caches under `root` (default home()/documents)."""
+
+    def __init__(self, root: str | os.PathLike | None = None):
+        self.root = Path(root) if root is not None else documents_dir()
+
+    def path_for(self, model, doc, kv, ids: list[int]) -> Path:
+        return self.root / f"{_key_hash(cache_key(model, kv, ids))}.safetensors"
+
+    # --- save -------------------------------------------------------------------------
+    def save(self, model, doc, kv, ids: list[int], cache: list) -> Path:
+        """Write the cache's per-layer states (atomically: a temp file, then rename)."""
+        from safetensors.torch import save_file
+
+        from ..kv.spec import parse_kv
+
+        tensors: dict[str, torch.Tensor] = {}
+        classes = []
+        for i, c in enumerate(cache):
+            for name, t in compact_state(c, c.state()).items():
+                tensors[f"{i}.{name}"] = t.contiguous()
+            classes.append(type(c).__name__)
+        meta = dict(cache_key(model, kv, ids))
+        meta.update({
+            "checksum": tensors_digest(tensors), "layers": str(len(cache)), "classes": json.dumps(classes),
+            "kv_bytes": str(sum(c.nbytes for c in cache)), "kv_spec": str(parse_kv(kv)),
+            "model_path": str(model.path), "documents": json.dumps(list(getattr(doc, "names", []))),
+            "doc_sha256": getattr(doc, "sha256", ""), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        })
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.path_for(model, doc, kv, ids)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            save_file(tensors, str(tmp), metadata=meta)
+            os.replace(tmp, path)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        return path
+
+    # --- load -------------------------------------------------------------------------
+    def load(self, model, doc, kv, ids: list[int], notice: Callable[[str], None] | None = None) -> list | None:
+        """A filled cache from disk, or None (absent, or rejected: then reported in one
+        line through `notice` and deleted, so the caller prefills and saves afresh)."""
+        path = self.path_for(model, doc, kv, ids)
+        if not path.exists():
+            return None
+        try:
+            return self._read(path, model, kv, ids)
+        except CacheRejected as err:
+            if notice:
+                notice(f"document cache {path.name}: {err}; rebuilding it")
+            try:
+                path.unlink()
+            except OSError:
+                pass
+            return None
+
+    def _read(self, path: Path, model, kv, ids: list[int]) -> list:
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
+        except Exception as err:  # a truncated or garbled file fails to parse
+            raise CacheRejected(f"unreadable ({type(err).__name__})") from None
+        want = cache_key(model, kv, ids)
+        for field, value in want.items():
+            if meta.get(field) != value:
+                raise CacheRejected(f"written for another {field if field != 'ids_sha256' else 'document'}")
+        if tensors_digest(tensors) != meta.get("checksum"):
+            raise CacheRejected("checksum mismatch (corrupt)")
+        cache = model.new_cache(kv)
+        classes = json.loads(meta.get("classes", "[]"))
+        if len(cache) != int(meta.get("layers", -1)) or classes != [type(c).__name__ for c in cache]:
+            raise CacheRejected("layer layout differs from the model's")
+        try:
+            for i, c in enumerate(cache):
+                prefix = f"{i}."
+                c.load_state({k[len(prefix):]: t for k, t in tensors.items() if k.startswith(prefix)})
+        except (KeyError, ValueError, RuntimeError) as err:
+            raise CacheRejected(f"layer state does not load ({err})") from None
+        if any(c.offset != len(ids) for c in cache):
+            raise CacheRejected("token count differs")
+        return cache
+
+    # --- info -------------------------------------------------------------------------
+    def entries(self) -> list[dict]:
+        """Every cache file with its header fields and sizes."""
+        from safetensors import safe_open
+
+        out = []
+        for p in sorted(self.root.glob("*.safetensors")) if self.root.exists() else []:
+            row = {"path": str(p), "file_bytes": p.stat().st_size}
+            try:
+                with safe_open(str(p), framework="pt") as f:
+                    meta = f.metadata() or {}
+                    tensor_bytes = 0
+                    for k in f.keys():
+                        sl = f.get_slice(k)
+                        shape, dtype = sl.get_shape(), sl.get_dtype()
+                        n = 1
+                        for d in shape:
+                            n *= d
+                        tensor_bytes += n * _DTYPE_BYTES.get(dtype, 0)
+                row.update({"kv": meta.get("kv_spec"), "tokens": int(meta.get("tokens", 0)),
+                            "kv_bytes": int(meta.get("kv_bytes", 0)), "tensor_bytes": tensor_bytes,
+                            "documents": json.loads(meta.get("documents", "[]")), "model": meta.get("model_path"),
+                            "created": meta.get("created")})
+                row["overhead_bytes"] = row["file_bytes"] - row["kv_bytes"]
+            except Exception as err:
+                row["error"] = f"unreadable ({type(err).__name__})"
+            out.append(row)
+        return out
+
+    def clear(self) -> int:
+        n = 0
+        for p in self.root.glob("*.safetensors") if self.root.exists() else []:
+            p.unlink()
+            n += 1
+        return n
+
+
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+                "U16": 2, "U32": 4, "U64": 8}
+
+
+def format_entries(rows: list[dict]) -> str:
+    if not rows:
+        return f"no cached documents in {documents_dir()}"
+    lines = [f"{'file':<44} {'kv':<14} {'tokens':>7} {'KV bytes':>12} {'file bytes':>12} {'overhead':>9}  documents"]
+    for r in rows:
+        name = Path(r["path"]).name
+        if "error" in r:
+            lines.append(f"{name:<44} {r['error']}")
+            continue
+        lines.append(f"{name:<44} {str(r['kv']):<14} {r['tokens']:>7} {r['kv_bytes']:>12,} {r['file_bytes']:>12,} "
+                     f"{r['overhead_bytes']:>9,}  {', '.join(r['documents'])}")
+    return "\n".join(lines)

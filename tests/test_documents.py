@@ -1,0 +1,262 @@
+"""Whole-document QA on tiny models: prefix cache trim/restore, the disk store
+(size, corruption, mismatch), RAG and RLV on a small synthetic document, the CLI."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from cli_helpers import assert_one_line_error, cli, private_home
+from tiny_gguf import write_gemma3
+
+from tightkv.documents import prompts
+from tightkv.documents.store import DocumentStore
+from tightkv.documents.text import (answer_matches, answer_type_ok, first_sentence, fixed_chunks, follow_up,
+                                    keywords, read_documents, split_sections)
+from tightkv.eval.docqa import company_report, long_document, summarize, wilson
+
+REPORT = company_report(seed=3)
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    return write_gemma3(tmp_path_factory.mktemp("doc") / "tiny.gguf", context=4096)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_path):
+    from tightkv import Model
+
+    return Model(tiny_path, threads=1)
+
+
+@pytest.fixture
+def store(tmp_path):
+    return DocumentStore(tmp_path / "documents")
+
+
+# --- text ---------------------------------------------------------------------------
+
+def test_sections_follow_headings_and_fit_the_window():
+    secs = split_sections(REPORT.text, 60, words)
+    titles = [s.title for s in secs]
+    assert titles[0] == "1. Company overview"  # the document title joins its first section
+    assert "4. Operations" in titles and "2. Leadership" in titles
+    assert all(s.tokens <= 60 for s in secs)
+    assert all(REPORT.text[s.start:s.end] == s.text for s in secs)
+    assert [s.index for s in secs] == list(range(len(secs)))
+    plain = "One sentence here. " * 200
+    win = split_sections(plain, 50, words)
+    assert len(win) > 10 and all(s.tokens <= 50 for s in win) and all(s.text.strip().endswith(".") for s in win)
+
+
+def test_fixed_chunks_cut_by_count():
+    ids = list(range(1000))
+    chunks = fixed_chunks(ids, 200, lambda x: " ".join(map(str, x)))
+    assert len(chunks) == 5 and all(c.tokens == 200 for c in chunks)
+
+
+def test_answer_matching_keywords_and_checks():
+    assert answer_matches("It employs 2,408 people.", ["2,408"])
+    assert answer_matches("Sato", ["Jonas Sato", "Sato"]) and not answer_matches("Satoshi", ["Sato"])
+    assert keywords("Who leads the division that runs the plant in Ghent?").split()[0] == "Ghent"
+    assert first_sentence("The revenue was 221 million euros. The margin was 9.5 percent.") == \
+        "The revenue was 221 million euros."
+    assert not answer_type_ok("Who leads the division?", "The Meridian division.")
+    assert answer_type_ok("Who leads the division?", "Lena Castell")
+    assert not answer_type_ok("How many people work there?", "many")
+    assert follow_up("Who leads the division that makes the Solace sensor?", "The Corvid division.") == \
+        "Who leads the Corvid division?"
+    assert follow_up("Who is the CEO?", "Jonas") is None
+
+
+def test_benchmark_sets_are_seeded():
+    a, b = company_report(seed=5), company_report(seed=5)
+    assert a.text == b.text and [q.answer for q in a.questions] == [q.answer for q in b.questions]
+    assert [q.kind for q in a.questions].count("single") == 4 and [q.kind for q in a.questions].count("multi") == 3
+    for q in a.questions:
+        assert q.answer[0] in a.text
+    essays = ("Some essay text goes on here. " * 30 + "\n") * 400
+    d = long_document(essays, words, min_tokens=20000, seed=1)
+    assert words(d.text) >= 20000 and len(d.questions) == 12
+    for q in d.questions:
+        assert q.answer[0] in d.text[q.position:q.position + 200]
+    lo, hi = wilson(7, 10)
+    assert 0.39 < lo < 0.40 and 0.89 < hi < 0.90
+    assert summarize([{"correct": True, "seconds": 1.0, "kind": "fact"}])["accuracy"] == 1.0
+
+
+def test_read_documents(tmp_path):
+    (tmp_path / "a.md").write_text("# A\n\nAlpha.\n")
+    (tmp_path / "b.txt").write_text("Beta.\n")
+    d = read_documents([tmp_path / "a.md", str(tmp_path / "b.txt")])
+    assert "Document 1: a.md" in d.text and "Document 2: b.txt" in d.text and d.names == ("a.md", "b.txt")
+    assert read_documents(["inline text"]).text == "inline text\n"
+
+
+# --- prefix cache: a question is trimmed away exactly ----------------------------------
+
+DOC = ("# Plants\n\nThe Lumen division runs the plant in Tampere. " * 6 + "\n\n# People\n\n"
+       + "Maria Okafor leads the Lumen division. The chief executive is Amara Lindqvist. " * 6)
+
+
+@pytest.mark.parametrize("kv", ["f16", "tq4,window=16", "progressive"])
+def test_question_after_question_equals_question_alone(tiny, kv, store):
+    q1 = tiny.tokenize(prompts.question_suffix("Who runs the plant in Tampere? " * 4), add_bos=False)
+    q2 = tiny.tokenize(prompts.question_suffix("Who leads the Lumen division?"), add_bos=False)
+    a = tiny.load_document(DOC, kv=kv, mode="full", cache=False, progress=False).pc
+    b = tiny.load_document(DOC, kv=kv, mode="full", cache=False, progress=False).pc
+    assert len(a.prefix) > 300 and len(q1) > 40
+    a.generate(q1)  # Q1 first: sliding rings and the exact window move on, then are restored
+    assert [c.offset for c in a.cache] == [len(a.prefix)] * len(a.cache)
+    assert torch.equal(a.next_logits(q2), b.next_logits(q2))
+    assert a.generate(q2).text == b.generate(q2).text
+    assert a.generate(q2, max_tokens=8).tokens == b.generate(q2, max_tokens=8).tokens
+
+
+def test_session_answers_cite_and_time(tiny, store):
+    s = tiny.load_document(DOC, kv="f16", mode="full", cache=store, progress=False)
+    a = s.ask("Who leads the Lumen division?")
+    assert a.mode == "full" and a.prompt_tokens > s.doc_tokens and a.seconds >= a.ttft >= 0
+    assert json.dumps(a.as_dict())
+    with pytest.raises(Exception, match="empty question"):
+        s.ask("  ")
+
+
+# --- the disk store ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("kv", ["f16", "progressive"])
+def test_store_round_trip_and_size(tiny, store, kv):
+    s1 = tiny.load_document(DOC, kv=kv, mode="full", cache=store, progress=False)
+    assert s1.cache_source == "prefill"
+    path = store.path_for(tiny, s1.doc, s1.kv, s1.prefix)
+    row = next(r for r in store.entries() if r["path"] == str(path))
+    # the file is the cache's bytes plus per-layer counters and the JSON header
+    assert row["kv_bytes"] == s1.kv_bytes
+    assert 0 <= path.stat().st_size - s1.kv_bytes <= 4096 + 0.02 * s1.kv_bytes, row
+    s2 = tiny.load_document(DOC, kv=kv, mode="full", cache=store, progress=False)
+    assert s2.cache_source == "disk" and s2.kv_bytes == s1.kv_bytes
+    q = tiny.tokenize(prompts.question_suffix("Who is the chief executive?"), add_bos=False)
+    assert torch.equal(s1.pc.next_logits(q), s2.pc.next_logits(q))
+
+
+def test_store_keys_separate_kv_and_documents(tiny, store):
+    a = tiny.load_document(DOC, kv="f16", mode="full", cache=store, progress=False)
+    b = tiny.load_document(DOC, kv="progressive", mode="full", cache=store, progress=False)
+    c = tiny.load_document(DOC + "More.", kv="f16", mode="full", cache=store, progress=False)
+    assert c.cache_source == b.cache_source == "prefill"
+    assert len({store.path_for(tiny, s.doc, s.kv, s.prefix) for s in (a, b, c)}) == 3
+
+
+def _flip(path: Path, where: float = 0.6) -> None:
+    data = bytearray(path.read_bytes())
+    i = int(len(data) * where)
+    data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "header", "other-document"])
+def test_corrupt_or_mismatched_file_is_rebuilt(tiny, store, damage):
+    s1 = tiny.load_document(DOC, kv="progressive", mode="full", cache=store, progress=False)
+    path = store.path_for(tiny, s1.doc, s1.kv, s1.prefix)
+    if damage == "flip":
+        _flip(path)
+    elif damage == "truncate":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif damage == "header":
+        _flip(path, 0.001)
+    else:  # a valid file of another document put in this one's place
+        other = tiny.load_document(DOC + " Other.", kv="progressive", mode="full", cache=store, progress=False)
+        os.replace(store.path_for(tiny, other.doc, other.kv, other.prefix), path)
+    notices: list[str] = []
+    s2 = tiny.load_document(DOC, kv="progressive", mode="full", cache=store, progress=False, notice=notices.append)
+    assert s2.cache_source == "prefill", damage
+    assert len(notices) == 1 and "\n" not in notices[0] and "rebuilding" in notices[0], notices
+    s3 = tiny.load_document(DOC, kv="progressive", mode="full", cache=store, progress=False, notice=notices.append)
+    assert s3.cache_source == "disk" and len(notices) == 1  # rebuilt and saved afresh
+    q = tiny.tokenize(prompts.question_suffix("Who?"), add_bos=False)
+    assert torch.equal(s1.pc.next_logits(q), s3.pc.next_logits(q))
+
+
+# --- modes: rag, rlv, auto ----------------------------------------------------------------
+
+def test_rag_retrieves_the_chunk_with_the_terms(tiny):
+    from tightkv.documents.rag import RagIndex
+
+    doc = read_documents([REPORT.text])
+    rag = RagIndex(tiny, doc, chunk_tokens=64, top_k=2)
+    plant = next(q for q in REPORT.questions if q.id == "r5").question.split()[-1].rstrip("?")
+    hits = rag.retrieve(f"Which division runs the plant in {plant}?")
+    assert len(hits) <= 2 and plant in hits[0].text
+    a = rag.ask("Who is the chief executive officer?", max_tokens=4)
+    assert a.mode == "rag" and a.stages[0]["stage"] == "retrieve"
+
+
+def test_rlv_locates_reads_verifies_and_cites(tiny):
+    s = tiny.load_document(REPORT.text, kv="f16", mode="rlv", cache=False, progress=False, section_tokens=64)
+    logs: list[str] = []
+    s.log = logs.append
+    from tightkv.documents.rlv import RLV
+
+    rlv = RLV(tiny, s.sections, kv="f16", working_memory=400, reads=3, log=logs.append)
+    q = next(q for q in REPORT.questions if q.id == "r6")
+    ranked, variants = rlv.locate(q.question)
+    assert set(variants) == {"question", "keywords"}
+    product = q.question.split("the ")[-1].split()[0]
+    assert product in s.sections[ranked[0][0]].text  # RRF puts the section naming the product first
+    a = rlv.ask(q.question, max_tokens=6)
+    stages = [st["stage"] for st in a.stages]
+    assert stages[0] == "locate" and stages[1] == "lookup" and 2 <= len(stages) <= 4
+    assert all(st["call_tokens"] <= 400 for st in a.stages[1:])  # every call within the working memory
+    if not a.stages[1]["verified"]:
+        assert stages[2] == "research"
+    assert a.citation.startswith("§") and a.section is not None
+    assert any(line.startswith("gist:") for line in logs) and any(line.startswith("verify 1:") for line in logs)
+
+
+def test_auto_mode_uses_the_working_memory(tiny):
+    small = tiny.load_document(DOC, mode="auto", cache=False, progress=False)
+    assert small.mode == "full"  # 1024 tokens (unmeasured default) hold it
+    big = tiny.load_document(DOC * 6, mode="auto", cache=False, progress=False)
+    assert big.mode == "rlv" and big.pc is None  # nothing prefilled for rlv
+
+
+# --- the CLI --------------------------------------------------------------------------
+
+def test_cli_ask_json_cache_info_and_corrupt_notice(tiny_path, tmp_path):
+    home = private_home(tmp_path)
+    env = {"TIGHTKV_HOME": str(home)}
+    doc = tmp_path / "doc.md"
+    doc.write_text(DOC)
+    args = ["ask", "-m", str(tiny_path), "--doc", str(doc), "--mode", "full", "-n", "4", "--json"]
+    r = cli(*args, "Who leads Lumen?", "Who runs the plant?", env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["document"]["cache_source"] == "prefill" and len(out["answers"]) == 2
+    path = Path(out["document"]["cache_file"])
+    assert path.exists() and path.parent == home / "documents"
+    info = cli("ask", "--cache-info", env=env)
+    assert info.returncode == 0 and path.name in info.stdout and "progressive" in info.stdout
+    _flip(path)
+    r = cli(*args, "Who leads Lumen?", env=env)
+    assert r.returncode == 0, r.stderr
+    notice = [line for line in r.stderr.splitlines() if "document cache" in line]
+    assert len(notice) == 1 and "corrupt" in notice[0] and "rebuilding" in notice[0], r.stderr
+    assert json.loads(r.stdout)["document"]["cache_source"] == "prefill"
+    r = cli(*args, "Who leads Lumen?", env=env)
+    assert json.loads(r.stdout)["document"]["cache_source"] == "disk" and "document cache" not in r.stderr
+
+
+def test_cli_ask_errors(tmp_path):
+    env = {"TIGHTKV_HOME": str(private_home(tmp_path))}
+    assert_one_line_error(cli("ask", "--doc", str(tmp_path / "missing.md"), "Q?", env=env), "no such document")
+    assert_one_line_error(cli("ask", "Q?", env=env), "--doc")
+    (tmp_path / "d.txt").write_text("x")
+    assert_one_line_error(cli("ask", "--doc", str(tmp_path / "d.txt"), "--kv", "nope", "Q?", env=env), "nope")
