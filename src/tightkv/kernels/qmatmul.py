@@ -255,7 +255,8 @@ def _load(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     if not cxx:
         raise RuntimeError("no C++ compiler found")
     flags = ["-O3", "-march=native", *extra_flags, "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17", "-pthread"]
-    key = hashlib.sha256("\0".join([_SOURCE, cxx, *flags, _cpu_id()]).encode()).hexdigest()[:16]
+    source = _full_source()
+    key = hashlib.sha256("\0".join([source, cxx, *flags, _cpu_id()]).encode()).hexdigest()[:16]
     cache = _cache_dir()
     so = cache / f"qmatmul-{key}.so"
     if not so.exists():
@@ -263,7 +264,7 @@ def _load(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
         print("tightkv: compiling CPU kernels (first run only, a few seconds)...", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             src = Path(tmp) / "qmatmul.cpp"
-            src.write_text(_SOURCE)
+            src.write_text(source)
             out = Path(tmp) / so.name
             proc = subprocess.run([cxx, *flags, str(src), "-o", str(out)], capture_output=True, text=True)
             if proc.returncode != 0:
@@ -275,7 +276,19 @@ def _load(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     lib.tk_gemv.argtypes = [i32, p, i64, i64, i64, p, i64, p, i32]
     lib.tk_dequant.argtypes = [i32, p, i64, i64, i64, p, i32]
     lib.tk_gemv.restype = lib.tk_dequant.restype = lib.tk_simd.restype = i32
+    f32 = ctypes.c_float
+    lib.tk_attn.argtypes = [p, i64, i64, i64, i64, i64, f32, p, p, p, p, p, p, i64, p, p, p, p, i64, p, i32]
+    lib.tk_attn.restype = i32
+    lib.tk_tq4_encode.argtypes = [p, i64, i64, p, p, p, i32, p, p, i32]
+    lib.tk_tq4_encode.restype = i32
     return lib
+
+
+def _full_source() -> str:
+    """The block kernels plus the fused attention kernel (one library, one thread pool)."""
+    from .attention_src import SOURCE as ATTENTION
+
+    return _SOURCE + ATTENTION
 
 
 _SOURCE = r"""

@@ -16,6 +16,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from ..kernels import attention as _attn
+
 DENSE_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -95,6 +97,11 @@ class DenseCache:
     def attend(self, q, k, v, scale):
         self._append(k, v)
         T = q.shape[1]
+        if T <= _attn.MAX_T:  # decode: the fused kernel, straight from storage
+            out = _attn.dense_decode(self, q, scale)
+            if out is not None:
+                self._drop_outside_window()
+                return out if out.dtype == q.dtype else out.to(q.dtype)
         q_pos = torch.arange(self.offset - T, self.offset)
         k_pos = torch.arange(self.start, self.start + self.length)
         mask = causal_window_mask(q_pos, k_pos, self.window)

@@ -33,6 +33,7 @@ import math
 
 import torch
 
+from ..kernels import attention as _attn
 from .codecs import Codec
 
 _NEG_INF = float("-inf")
@@ -110,7 +111,12 @@ class CompressedCache:
 
     def attend_stored(self, q: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
         """Attend q (H, T, D), the last T positions, over the stored history -> (H, T, Dv)."""
-        q_pos = torch.arange(self.offset - q.shape[1], self.offset)
+        T = q.shape[1]
+        if T <= _attn.MAX_T:  # decode: the fused kernel over the stored codes
+            out = _attn.compressed_decode(self, q, self.offset - T, b.tolist(), scale)
+            if out is not None:
+                return out if out.dtype == q.dtype else out.to(q.dtype)
+        q_pos = torch.arange(self.offset - T, self.offset)
         out = self._attention(q, q_pos, b, scale)
         return out if out.dtype == q.dtype else out.to(q.dtype)
 
@@ -212,7 +218,8 @@ class CompressedCache:
             v = v - self.vcenter.float()[:, None]
         if self.vscale is not None:
             v = v / self.vscale.float()[:, None]
-        kf, vf = self.kc.encode(k), self.vc.encode(v)
+        kf = _attn.encode(self.kc, k) or self.kc.encode(k)  # tq4: the C++ encoder where available
+        vf = _attn.encode(self.vc, v) or self.vc.encode(v)
         units = (new_end - self.cend) // self.tile
         have = (self.cend - self.cstart) // self.tile
         for store, new in ((self.kf, kf), (self.vf, vf)):

@@ -1,0 +1,405 @@
+"""C++ source of the fused decode-attention kernel, compiled into the same library as
+qmatmul's block kernels (so it shares their work-stealing thread pool).
+
+See attention.py for the Python side and the layout it is given.
+"""
+
+SOURCE = r"""
+// ---------------------------------------------------------------------------
+// Fused attention over a KV cache for a few query rows (decode), straight from
+// the stored format: dense f32/f16/bf16, q8_0 blocks or tq4 codes. Block by block
+// with an online softmax; nothing is materialized beyond one decoded vector.
+//
+// Queries: q (Hkv, R, D) float32 in the original domain, R = group * T rows per KV
+// head, row r is query position t = r % T. Segments: each is a run of stored
+// tokens of one format, in the exact domain (scores q.k) or the body's code domain
+// (scores (q*kscale) R_k^T . k + q.kcenter, values summed in the code domain and
+// mapped back once: (acc_c R_v) * vscale + l_c * vcenter). Each segment gives every
+// query position t a visible index range [lo, hi).
+// ---------------------------------------------------------------------------
+#include <math.h>
+#include <vector>
+
+namespace attn {
+typedef float f16v __attribute__((vector_size(64)));
+typedef int32_t i16v __attribute__((vector_size(64)));
+typedef uint32_t u16v __attribute__((vector_size(64)));
+typedef int8_t i8x16 __attribute__((vector_size(16)));
+typedef uint8_t u8x16 __attribute__((vector_size(16)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+
+static inline f16v ld(const float *p) { f16v r; memcpy(&r, p, 64); return r; }
+static inline void st(float *p, f16v a) { memcpy(p, &a, 64); }
+static inline f16v splat(float a) { return f16v{} + a; }
+static inline f16v fma(f16v a, f16v b, f16v c) {
+#if defined(__AVX512F__)
+  return (f16v)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#else
+  return a * b + c;
+#endif
+}
+static inline float hsum(f16v a) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_add_ps((__m512)a);
+#else
+  float s = 0; for (int i = 0; i < 16; i++) s += a[i]; return s;
+#endif
+}
+static inline float hmax(f16v a) {
+  float s = a[0]; for (int i = 1; i < 16; i++) s = a[i] > s ? a[i] : s; return s;
+}
+static inline f16v ld_f16(const uint8_t *p) {
+#if defined(__AVX512F__)
+  return (f16v)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#else
+  f16v r; for (int i = 0; i < 16; i++) { _Float16 h; memcpy(&h, p + 2 * i, 2); r[i] = (float)h; } return r;
+#endif
+}
+static inline f16v ld_bf16(const uint8_t *p) {
+  u16x16 h; memcpy(&h, p, 32);
+  u16v w = __builtin_convertvector(h, u16v) << 16;
+  return (f16v)w;
+}
+static inline f16v ld_i8(const uint8_t *p) {
+  i8x16 b; memcpy(&b, p, 16);
+  return __builtin_convertvector(__builtin_convertvector(b, i16v), f16v);
+}
+static inline float f16s(const uint8_t *p) { _Float16 h; memcpy(&h, p, 2); return (float)h; }
+
+// exp for x <= 0 (and -inf): 2^n * p(f), |f| <= 1/2, relative error ~1e-7
+static inline f16v vexp(f16v x) {
+  const f16v lo = splat(-87.0f);
+  f16v xc = x < lo ? lo : x;
+  f16v t = xc * 1.44269504088896341f;
+  f16v tr = t + (t >= 0 ? splat(0.5f) : splat(-0.5f));
+  i16v n = __builtin_convertvector(tr, i16v);
+  f16v f = (t - __builtin_convertvector(n, f16v)) * 0.69314718055994531f;
+  f16v p = splat(1.0f / 5040);
+  p = p * f + 1.0f / 720; p = p * f + 1.0f / 120; p = p * f + 1.0f / 24;
+  p = p * f + 1.0f / 6; p = p * f + 0.5f; p = p * f + 1.0f; p = p * f + 1.0f;
+  i16v bits = (n + 127) << 23;
+  f16v r = p * (f16v)bits;
+  return x < lo ? splat(0.0f) : r;
+}
+
+enum Kind { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 3, TQ4 = 4 };
+
+// Decode a stored vector of n channels to float32 (tq4: codebook values, scale
+// returned separately; lanes in the permuted order even|odd per 32 channels).
+static inline float decode_vec(int kind, const uint8_t *p0, const uint8_t *p1, int64_t n, const f16v &cb, float *out) {
+  switch (kind) {
+    case F32: memcpy(out, p0, n * 4); return 1.0f;
+    case F16: for (int64_t i = 0; i < n; i += 16) st(out + i, ld_f16(p0 + 2 * i)); return 1.0f;
+    case BF16: for (int64_t i = 0; i < n; i += 16) st(out + i, ld_bf16(p0 + 2 * i)); return 1.0f;
+    case Q8_0:
+      for (int64_t b = 0; b < n / 32; b++) {
+        f16v d = splat(f16s(p1 + 2 * b));
+        st(out + 32 * b, ld_i8(p0 + 32 * b) * d);
+        st(out + 32 * b + 16, ld_i8(p0 + 32 * b + 16) * d);
+      }
+      return 1.0f;
+    default: {  // TQ4
+      for (int64_t b = 0; b < n / 32; b++) {
+        u8x16 by; memcpy(&by, p0 + 16 * b, 16);
+        i16v c = __builtin_convertvector(by, i16v);
+        i16v lo = c & 15, hi = (c >> 4) & 15;
+#if defined(__AVX512F__)
+        st(out + 32 * b, (f16v)_mm512_permutexvar_ps((__m512i)lo, (__m512)cb));
+        st(out + 32 * b + 16, (f16v)_mm512_permutexvar_ps((__m512i)hi, (__m512)cb));
+#else
+        for (int i = 0; i < 16; i++) { out[32 * b + i] = cb[lo[i]]; out[32 * b + 16 + i] = cb[hi[i]]; }
+#endif
+      }
+      return f16s(p1);
+    }
+  }
+}
+
+struct Seg {
+  int64_t kkind, vkind, body, unused;
+  const uint8_t *k0, *k1;
+  int64_t kh0, kt0, kh1, kt1;
+  const uint8_t *v0, *v1;
+  int64_t vh0, vt0, vh1, vt1;
+  int64_t pad[4];
+};
+static_assert(sizeof(Seg) == 20 * 8, "segment descriptor");
+
+struct Ctx {
+  int64_t Hkv, R, T, D, Dv;
+  const Seg *segs;
+  const int64_t *ranges;  // (nseg, T, 2)
+  const float *qx, *qb, *bias;  // (Hkv, R, D) exact-domain and code-domain queries (scaled), (Hkv, R) bias
+  f16v kcb, vcb;
+  // chunks
+  const int64_t *chunks;  // (nchunks, 4): seg, head, start, end
+  float *part;            // (nchunks, R, Dv + 2): acc, m, l
+};
+
+static const int BT = 32;
+
+template <int NR>
+static inline __attribute__((always_inline)) void dot_rows(const float *q, const float *kd, int64_t D, float *dots) {
+  f16v a0[NR], a1[NR];
+  for (int u = 0; u < NR; u++) a0[u] = a1[u] = f16v{};
+  for (int64_t i = 0; i < D; i += 32) {
+    const f16v k0 = ld(kd + i), k1 = ld(kd + i + 16);
+    for (int u = 0; u < NR; u++) {
+      a0[u] = fma(ld(q + u * D + i), k0, a0[u]);
+      a1[u] = fma(ld(q + u * D + i + 16), k1, a1[u]);
+    }
+  }
+  for (int u = 0; u < NR; u++) dots[u] = hsum(a0[u] + a1[u]);
+}  // tokens per softmax block
+
+static void chunk_fn_attn(const void *p, int64_t c) {
+  const Ctx *x = (const Ctx *)p;
+  const int64_t *ch = x->chunks + 4 * c;
+  const Seg &s = x->segs[ch[0]];
+  const int64_t h = ch[1], a = ch[2], e = ch[3];
+  const int64_t R = x->R, T = x->T, D = x->D, Dv = x->Dv, W = Dv + 2;
+  float *part = x->part + c * R * W;
+  const float *q = (s.body ? x->qb : x->qx) + h * R * D;
+  const float *bias = s.body ? x->bias + h * R : nullptr;
+  const int64_t *rg = x->ranges + ch[0] * T * 2;
+  for (int64_t r = 0; r < R; r++) {
+    float *o = part + r * W;
+    for (int64_t i = 0; i < Dv; i++) o[i] = 0.f;
+    o[Dv] = -INFINITY; o[Dv + 1] = 0.f;
+  }
+  alignas(64) float kd[1024], vd[1024];
+  std::vector<float> sc(R * BT);
+  const uint8_t *kb0 = s.k0 + h * s.kh0, *kb1 = s.k1 ? s.k1 + h * s.kh1 : nullptr;
+  const uint8_t *vb0 = s.v0 + h * s.vh0, *vb1 = s.v1 ? s.v1 + h * s.vh1 : nullptr;
+  for (int64_t j0 = a; j0 < e; j0 += BT) {
+    const int64_t j1 = j0 + BT < e ? j0 + BT : e, n = j1 - j0;
+    // scores: decode a key once, dot it with every row (4 rows at a time in registers)
+    for (int64_t j = 0; j < n; j++) {
+      const int64_t tok = j0 + j;
+      float ks = decode_vec(s.kkind, kb0 + tok * s.kt0, kb1 ? kb1 + tok * s.kt1 : nullptr, D, x->kcb, kd);
+      for (int64_t r0 = 0; r0 < R; r0 += 4) {
+        const int nr = R - r0 < 4 ? (int)(R - r0) : 4;
+        float dots[4];
+        switch (nr) {
+          case 1: dot_rows<1>(q + r0 * D, kd, D, dots); break;
+          case 2: dot_rows<2>(q + r0 * D, kd, D, dots); break;
+          case 3: dot_rows<3>(q + r0 * D, kd, D, dots); break;
+          default: dot_rows<4>(q + r0 * D, kd, D, dots); break;
+        }
+        for (int u = 0; u < nr; u++) {
+          const int64_t r = r0 + u, t = r % T;
+          float v = dots[u] * ks;
+          if (bias) v += bias[r];
+          if (tok < rg[2 * t] || tok >= rg[2 * t + 1]) v = -INFINITY;
+          sc[r * BT + j] = v;
+        }
+      }
+    }
+    // online softmax per row
+    for (int64_t r = 0; r < R; r++) {
+      float *srow = sc.data() + r * BT, *o = part + r * W;
+      float bm = -INFINITY;
+      for (int64_t j = 0; j < n; j++) bm = srow[j] > bm ? srow[j] : bm;
+      if (bm == -INFINITY) { for (int64_t j = 0; j < n; j++) srow[j] = 0.f; continue; }
+      const float m = o[Dv], mn = bm > m ? bm : m;
+      if (mn > m && m != -INFINITY) {
+        const float alpha = vexp(splat(m - mn))[0];
+        for (int64_t i = 0; i < Dv; i += 16) st(o + i, ld(o + i) * alpha);
+        o[Dv + 1] *= alpha;
+      } else if (m == -INFINITY) {
+        o[Dv + 1] = 0.f;
+      }
+      o[Dv] = mn;
+      float lsum = 0.f;
+      for (int64_t j = 0; j < n; j += 16) {
+        alignas(64) float tmp[16];
+        for (int i = 0; i < 16; i++) tmp[i] = j + i < n ? srow[j + i] - mn : -INFINITY;
+        f16v pv = vexp(ld(tmp));
+        st(tmp, pv);
+        for (int i = 0; i < 16 && j + i < n; i++) { srow[j + i] = tmp[i]; lsum += tmp[i]; }
+      }
+      o[Dv + 1] += lsum;
+    }
+    // values
+    for (int64_t j = 0; j < n; j++) {
+      bool any = false;
+      for (int64_t r = 0; r < R; r++) any |= sc[r * BT + j] != 0.f;
+      if (!any) continue;
+      const int64_t tok = j0 + j;
+      float vs = decode_vec(s.vkind, vb0 + tok * s.vt0, vb1 ? vb1 + tok * s.vt1 : nullptr, Dv, x->vcb, vd);
+      for (int64_t r = 0; r < R; r++) {
+        const float pr = sc[r * BT + j] * vs;
+        if (pr == 0.f) continue;
+        float *o = part + r * W;
+        const f16v pw = splat(pr);
+        for (int64_t i = 0; i < Dv; i += 16) st(o + i, fma(pw, ld(vd + i), ld(o + i)));
+      }
+    }
+  }
+}
+}  // namespace attn
+
+// Returns 0, or 1 for an unsupported shape.
+extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_t D, int64_t Dv, float scale,
+                       const float *rkT, const float *kscale, const float *kcenter,
+                       const float *rv, const float *vscale, const float *vcenter,
+                       int64_t nseg, const int64_t *segs, const int64_t *ranges,
+                       const float *kcb, const float *vcb, int64_t chunk_tokens, float *out, int nth) {
+  using namespace attn;
+  if (D % 32 || Dv % 32 || D > 1024 || Dv > 1024 || R < 1 || T < 1 || R % T) return 1;
+  const Seg *sg = (const Seg *)segs;
+  bool any_body = false, kperm = false, vperm = false;
+  for (int64_t i = 0; i < nseg; i++)
+    if (sg[i].body) { any_body = true; kperm |= sg[i].kkind == TQ4; vperm |= sg[i].vkind == TQ4; }
+  // queries: exact domain (scaled) and code domain (scaled, tq4 lanes permuted), bias
+  std::vector<float> qx(Hkv * R * D), qb(any_body ? Hkv * R * D : 0), bias(Hkv * R, 0.f), tmp(D);
+  for (int64_t h = 0; h < Hkv; h++)
+    for (int64_t r = 0; r < R; r++) {
+      const float *qr = q + (h * R + r) * D;
+      float *ox = qx.data() + (h * R + r) * D;
+      for (int64_t i = 0; i < D; i++) ox[i] = qr[i] * scale;
+      if (!any_body) continue;
+      for (int64_t i = 0; i < D; i++) tmp[i] = 0.f;
+      for (int64_t i = 0; i < D; i++) {
+        const float ai = kscale ? qr[i] * kscale[h * D + i] : qr[i];
+        if (rkT) { const float *row = rkT + i * D; for (int64_t j = 0; j < D; j++) tmp[j] += ai * row[j]; }
+        else tmp[i] = ai;
+      }
+      float *ob = qb.data() + (h * R + r) * D;
+      for (int64_t i = 0; i < D; i++) {
+        const int64_t src = kperm ? (i / 32) * 32 + (i % 32 < 16 ? 2 * (i % 32) : 2 * (i % 32 - 16) + 1) : i;
+        ob[i] = tmp[src] * scale;
+      }
+      if (kcenter) {
+        float b = 0.f;
+        for (int64_t i = 0; i < D; i++) b += qr[i] * kcenter[h * D + i];
+        bias[h * R + r] = b * scale;
+      }
+    }
+  // chunks: every segment's union range per head, in pieces of chunk_tokens
+  std::vector<int64_t> chunks;
+  for (int64_t s = 0; s < nseg; s++) {
+    int64_t a = INT64_MAX, e = 0;
+    for (int64_t t = 0; t < T; t++) {
+      const int64_t lo = ranges[(s * T + t) * 2], hi = ranges[(s * T + t) * 2 + 1];
+      if (hi > lo) { a = lo < a ? lo : a; e = hi > e ? hi : e; }
+    }
+    if (e <= a) continue;
+    for (int64_t h = 0; h < Hkv; h++)
+      for (int64_t c0 = a; c0 < e; c0 += chunk_tokens) {
+        chunks.push_back(s); chunks.push_back(h); chunks.push_back(c0);
+        chunks.push_back(c0 + chunk_tokens < e ? c0 + chunk_tokens : e);
+      }
+  }
+  const int64_t nch = (int64_t)chunks.size() / 4, W = Dv + 2;
+  std::vector<float> part(nch * R * W);
+  Ctx cx;
+  cx.Hkv = Hkv; cx.R = R; cx.T = T; cx.D = D; cx.Dv = Dv; cx.segs = sg; cx.ranges = ranges;
+  cx.qx = qx.data(); cx.qb = qb.data(); cx.bias = bias.data();
+  memset(&cx.kcb, 0, 64); memset(&cx.vcb, 0, 64);
+  if (kcb) memcpy(&cx.kcb, kcb, 64);
+  if (vcb) memcpy(&cx.vcb, vcb, 64);
+  cx.chunks = chunks.data(); cx.part = part.data();
+  run_chunks(chunk_fn_attn, &cx, nch, nch > 1 ? nth : 1);
+  // merge the chunks' partial states per head and row
+  std::vector<float> acc(Dv), accc(Dv), y(Dv);
+  for (int64_t h = 0; h < Hkv; h++)
+    for (int64_t r = 0; r < R; r++) {
+      float m = -INFINITY;
+      for (int64_t c = 0; c < nch; c++)
+        if (chunks[4 * c + 1] == h) { float mc = part[(c * R + r) * W + Dv]; m = mc > m ? mc : m; }
+      float l = 0.f, lc = 0.f;
+      for (int64_t i = 0; i < Dv; i++) acc[i] = accc[i] = 0.f;
+      for (int64_t c = 0; c < nch; c++) {
+        if (chunks[4 * c + 1] != h) continue;
+        const float *pc = part.data() + (c * R + r) * W;
+        if (pc[Dv] == -INFINITY) continue;
+        const float w = expf(pc[Dv] - m);
+        const bool body = sg[chunks[4 * c]].body;
+        float *dst = body ? accc.data() : acc.data();
+        for (int64_t i = 0; i < Dv; i++) dst[i] += w * pc[i];
+        l += w * pc[Dv + 1];
+        if (body) lc += w * pc[Dv + 1];
+      }
+      float *o = out + (h * R + r) * Dv;
+      if (any_body) {
+        for (int64_t i = 0; i < Dv; i++) y[i] = 0.f;
+        for (int64_t i = 0; i < Dv; i++) {  // un-permute, then y = acc_c @ R_v
+          const int64_t src = vperm ? (i / 32) * 32 + ((i % 2) ? 16 + (i % 32) / 2 : (i % 32) / 2) : i;
+          const float ai = accc[src];
+          if (rv) { const float *row = rv + i * Dv; for (int64_t j = 0; j < Dv; j++) y[j] += ai * row[j]; }
+          else y[i] = ai;
+        }
+        for (int64_t i = 0; i < Dv; i++) {
+          float v = y[i] * (vscale ? vscale[h * Dv + i] : 1.f);
+          if (vcenter) v += lc * vcenter[h * Dv + i];
+          acc[i] += v;
+        }
+      }
+      const float inv = l > 0 ? 1.f / l : 0.f;
+      for (int64_t i = 0; i < Dv; i++) o[i] = acc[i] * inv;
+    }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// TurboQuant 4-bit encode of n vectors x (n, D) float32 (already centred and
+// scaled): norm, unit vector, rotation y = u R^T in double, codes = number of
+// thresholds below y, scale = norm (paper) or the least-squares norm
+// norm <y, c> / <c, c>, saturated to fp16; codes packed two per byte.
+// ---------------------------------------------------------------------------
+namespace attn {
+struct EncCtx {
+  const float *x, *rot, *thr, *cb;  // rot: R^T (D, D) row-major
+  int64_t n, D, per;
+  int paper;
+  uint8_t *idx;
+  _Float16 *norm;
+};
+static void enc_chunk(const void *p, int64_t c) {
+  const EncCtx *e = (const EncCtx *)p;
+  const int64_t D = e->D;
+  std::vector<double> u(D), yd(D);
+  std::vector<int> code(D);
+  for (int64_t v = c * e->per; v < (c + 1) * e->per && v < e->n; v++) {
+    const float *xv = e->x + v * D;
+    double ss = 0;
+    for (int64_t i = 0; i < D; i++) ss += (double)xv[i] * xv[i];
+    float nrm = (float)sqrt(ss);
+    const float den = nrm > 1e-30f ? nrm : 1e-30f;
+    for (int64_t i = 0; i < D; i++) u[i] = (double)(xv[i] / den);
+    double yc = 0, cc = 0;
+    for (int64_t j = 0; j < D; j++) yd[j] = 0;
+    for (int64_t i = 0; i < D; i++) {  // yd = u R^T, rows of R^T: independent lanes, vectorized
+      const float *row = e->rot + i * D;
+      const double ui = u[i];
+      for (int64_t j = 0; j < D; j++) yd[j] += ui * (double)row[j];
+    }
+    for (int64_t j = 0; j < D; j++) {
+      const float yj = (float)yd[j];
+      int k = 0;
+      while (k < 15 && e->thr[k] < yj) k++;
+      code[j] = k;
+      yc += (double)yj * e->cb[k];
+      cc += (double)e->cb[k] * e->cb[k];
+    }
+    float sc = nrm;
+    if (!e->paper) sc = (float)((double)nrm * yc / (cc > 1e-30 ? cc : 1e-30));
+    sc = sc > 65504.f ? 65504.f : sc < -65504.f ? -65504.f : sc;
+    e->norm[v] = (_Float16)sc;
+    uint8_t *o = e->idx + v * (D / 2);
+    for (int64_t j = 0; j < D / 2; j++) o[j] = (uint8_t)(code[2 * j] | (code[2 * j + 1] << 4));
+  }
+}
+}  // namespace attn
+
+extern "C" int tk_tq4_encode(const float *x, int64_t n, int64_t D, const float *rot, const float *thr, const float *cb,
+                             int paper, uint8_t *idx, uint16_t *norm, int nth) {
+  using namespace attn;
+  if (D % 2) return 1;
+  EncCtx e = {x, rot, thr, cb, n, D, 8, paper, idx, (_Float16 *)norm};
+  const int64_t nch = (n + e.per - 1) / e.per;
+  run_chunks(enc_chunk, &e, nch, nch > 1 ? nth : 1);
+  return 0;
+}
+"""
