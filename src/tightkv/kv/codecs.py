@@ -53,6 +53,10 @@ LLOYD_MAX = {
 }
 LLOYD_MAX_MSE = {1: 0.363380, 2: 0.117482, 3: 0.034548, 4: 0.009501}
 F16_MAX = 65504.0
+# Exact recent window of our variants: 128 tokens, 256 at 3 bits and below (measured on
+# Gemma 3 270M, see the tightkv.kv package docstring).
+RECENT = 128
+LOW_BIT_RECENT = 256
 
 
 def lloyd_max_codebook(bits: int) -> torch.Tensor:
@@ -80,7 +84,7 @@ class Codec:
     def __init__(self, dim: int, role: str = "k", seed: int = DEFAULT_SEED, paper: bool = False):
         self.dim, self.role, self.seed, self.paper = dim, role, seed, paper
         if not paper:
-            self.center, self.balance, self.sink, self.recent = True, True, 4, 128
+            self.center, self.balance, self.sink, self.recent = True, True, 4, RECENT
 
     # --- interface ------------------------------------------------------------
     def unit_bytes(self) -> int:
@@ -456,5 +460,7 @@ def make_codec(name: str, dim: int, role: str = "k", seed: int = DEFAULT_SEED) -
             raise TightKVError(f"unknown KV cache type '{name}' (valid: {', '.join(codec_names())})")
         cls, kw = FAMILIES[base]
         c = cls(dim, role, seed, paper, **kw)
+        if not paper and kw.get("bits", 8) <= 3:
+            c.recent = LOW_BIT_RECENT
     c.name = name
     return c
