@@ -131,7 +131,7 @@ class Model:
         """A fresh per-layer KV cache."""
         from .kv.spec import parse_kv
 
-        return parse_kv(kv or self.kv).make_caches(self.net.cache_layout())
+        return parse_kv(kv or self.kv).make_caches(self.net.cache_layout(), self.context_length)
 
     def logits(self, ids: list[int]) -> np.ndarray:
         """Logits [len(ids), vocab] at every position, from one chunked prefill."""

@@ -54,19 +54,23 @@ class CompressedCache:
         num_kv_heads: Hkv.
         window: the layer's sliding window in tokens, or None for global attention.
         sink, recent: exact first / last tokens (0 turns each off).
+        max_tokens: the context length, if known: the body store is reserved for it once
+            (address space only; pages become resident as codes are written), so it is
+            never copied to grow. Without it the store grows by half its size at a time.
     """
 
-    step = 256  # growth of the stores, in tokens (exact) and units (body)
+    step = 256  # growth of the exact store, in tokens
     block_elems = 1 << 18  # body elements decoded at a time per K or V (1 MiB of float32)
 
     def __init__(self, kcodec: Codec, vcodec: Codec, num_kv_heads: int, window: int | None = None,
-                 sink: int = 4, recent: int = 128):
+                 sink: int = 4, recent: int = 128, max_tokens: int | None = None):
         self.kc, self.vc = kcodec, vcodec
         self.tile = max(kcodec.tile, vcodec.tile)
         if self.tile % kcodec.tile or self.tile % vcodec.tile:
             raise ValueError(f"tiles {kcodec.tile} and {vcodec.tile} do not nest")
         self.hkv, self.dk, self.dv = num_kv_heads, kcodec.dim, vcodec.dim
         self.window, self.sink, self.recent = window, sink, recent
+        self.max_tokens = max_tokens
         self.offset = 0
         # exact store: [sink entries for positions 0..nsink-1][pool entries for positions pool0..offset-1]
         self.ek = torch.empty(self.hkv, 0, self.dk, dtype=torch.float16)  # (Hkv, capacity, D)
@@ -228,11 +232,19 @@ class CompressedCache:
                     t = t.reshape(t.shape[0], units, t.shape[1] // units, *t.shape[2:])
                 old = store.get(name)
                 if old is None or old.shape[1] < have + units:
-                    cap = max(have + units, (have + units + self.step - 1) // self.step * self.step)
-                    old = _grow(old if old is not None else t[:, :0], cap, 1)
+                    old = _grow(old if old is not None else t[:, :0], self._body_capacity(have + units), 1)
                     store[name] = old
                 old[:, have : have + units] = t
         self.cend = new_end
+
+    def _body_capacity(self, need: int) -> int:
+        """Units to allocate for the body when `need` do not fit."""
+        if self.window is not None:  # live units plus what compaction may leave dead
+            live = -(-(self.window + self.tile) // self.tile) + 1
+            return max(need, live + max(live, 64))
+        if self.max_tokens is not None and need * self.tile <= self.max_tokens:
+            return -(-(self.max_tokens - self.sink) // self.tile)
+        return max(need, 64, need * 3 // 2)
 
     def _decode(self, which: str, u0: int, u1: int) -> torch.Tensor:
         """Body units [u0, u1) of keys or values, decoded to the codec's domain (Hkv, n, dim)."""
@@ -298,8 +310,8 @@ class CompressedCache:
         u0, n = self._live_units()
         if u0 and (u0 >= 64 or 2 * u0 >= n):
             for store in (self.kf, self.vf):
-                for name, t in store.items():
-                    store[name] = t[:, u0:].clone()
+                for t in store.values():  # move the live units to the front, in place
+                    t[:, : n - u0] = t[:, u0:n].clone()
             self.cstart += u0 * self.tile
         ns, p0, p1 = self._live_exact()
         p0 = max(self.cend, self.pool0)  # dead tokens not yet compressed stay until they are

@@ -80,8 +80,8 @@ class KVSpec:
         return sink, recent
 
     def make_cache(self, layer: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                   value_dim: int | None = None, window: int | None = None):
-        """The cache of one layer."""
+                   value_dim: int | None = None, window: int | None = None, max_tokens: int | None = None):
+        """The cache of one layer; max_tokens (the context length) lets it reserve its store."""
         from .cache import DenseCache
         from .compressed import CompressedCache
 
@@ -93,12 +93,13 @@ class KVSpec:
         sink, recent = self.policy(k, v, head_dim, value_dim)
         if window is not None and recent >= window:  # the exact window covers all the layer sees
             return DenseCache("f16", num_kv_heads, head_dim, value_dim, window)
-        return CompressedCache(kc, vc, num_kv_heads, window, sink, recent)
+        return CompressedCache(kc, vc, num_kv_heads, window, sink, recent, max_tokens)
 
-    def make_caches(self, cache_layout: list[tuple[int, int, int, int | None]]) -> list:
+    def make_caches(self, cache_layout: list[tuple[int, int, int, int | None]],
+                    max_tokens: int | None = None) -> list:
         """One cache per layer from [(kv heads, key dim, value dim, window or None)]."""
         n = len(cache_layout)
-        return [self.make_cache(i, n, h, d, dv, w) for i, (h, d, dv, w) in enumerate(cache_layout)]
+        return [self.make_cache(i, n, h, d, dv, w, max_tokens) for i, (h, d, dv, w) in enumerate(cache_layout)]
 
 
 def valid_names() -> list[str]:
