@@ -8,6 +8,8 @@ page is assembled from whatever JSON is there. Sections:
     ppl       tightkv ppl on the essays (ctx 2048, 6 chunks) across KV types
     niah      tightkv niah on the essays (1K-8K x 5 depths) across KV types
     speed     tightkv bench --vs-llamacpp at depths 16, 2048, 8192
+    docqa     tightkv docqa: whole-document QA, full vs rag vs rlv, f16 and progressive
+              (resumable; DOCQA_ARGS sets --quick or not)
 
     python bench/make_benchmarks.py                  # run every section, write the page
     python bench/make_benchmarks.py --only ppl,speed # rerun some sections
@@ -29,7 +31,9 @@ ESSAYS = ROOT.parent / "shared" / "data" / "essays.txt"
 PPL_TYPES = "f16,q8_0,q4_0,tq4,tq3,kvarn4,kivi4,progressive,k8v4,aggressive"
 NIAH_TYPES = "f16,q8_0,progressive,aggressive"
 SPEED_TYPES = "f16,progressive"
-SECTIONS = ["machine", "memory", "ppl", "niah", "speed"]
+DOCQA_TYPES = "f16,progressive"
+DOCQA_ARGS = ["--measure-wm", "--wm-lengths", "1024,2048,4096,8192,16384"]  # add "--quick" for an 8K full prefix
+SECTIONS = ["machine", "memory", "ppl", "niah", "speed", "docqa"]
 
 
 def tightkv(*args: str) -> None:
@@ -74,6 +78,9 @@ def run_section(name: str) -> None:
         tightkv("niah", "--lengths", "1024,4096,8192", "--depths", "0,25,50,75,100", "--haystack", str(ESSAYS),
                 "--compare", NIAH_TYPES, "--threads", "2", "--png", str(ROOT / "docs" / "niah.png"),
                 "--json", str(OUT / "niah.json"))
+    elif name == "docqa":
+        tightkv("docqa", "--compare", DOCQA_TYPES, *DOCQA_ARGS, "--threads", "2", "--essays", str(ESSAYS),
+                "--json", str(OUT / "docqa.json"))
     elif name == "speed":
         tightkv("bench", "--depths", "16,2048,8192", "--n-gen", "64", "-r", "3", "--compare", SPEED_TYPES,
                 "--threads", "2", "--vs-llamacpp", "--json", str(OUT / "speed.json"))
@@ -141,7 +148,79 @@ def render() -> str:
             parts.append(f"| {r['engine']} | {r['kv']} | {r['test']} | {r['tok_s']:.2f} | {vs16} | {vs8} | "
                          f"{r['gb_s'] or ''} |")
         parts.append("")
+    parts += render_docqa(_load("docqa"))
     return "\n".join(parts)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def render_docqa(d: dict | None) -> list[str]:
+    """The whole-document QA section: accuracy with n and a 95% Wilson interval per
+    set, mode and KV type, time per question, cold and warm time to first token."""
+    if not d or not d.get("runs"):
+        return []
+    sets = d.get("sets", {})
+    wm = d.get("working_memory") or {}
+    used = d.get("working_memory_used") or {}
+    out = ["## Whole-document QA", "",
+           f"`tightkv docqa --compare {DOCQA_TYPES} {' '.join(DOCQA_ARGS)}` on {d.get('model', '')} "
+           f"(seed {d.get('seed', 0)}, {d.get('threads', '?')} threads). Answers are greedy, one line, scored by "
+           "containment of the expected answer (no LLM judge). Sets:", ""]
+    for name, s in sets.items():
+        kinds = {}
+        for q in s["questions"]:
+            kinds[q["kind"]] = kinds.get(q["kind"], 0) + 1
+        desc = {"report": "synthetic company report, 5 sections",
+                "long": "essays with planted facts, beyond the 32K context",
+                "long-prefix": "the longest prefix of `long` that full mode reads"}.get(name, name)
+        out.append(f"- `{name}`: {desc}; {s['tokens']:,} tokens; "
+                   + ", ".join(f"{n} {k}" for k, n in kinds.items()) + " questions")
+    out.append("")
+    if wm.get("rows"):
+        rows = ", ".join(f"{r['doc_tokens']:,} tokens {r['correct']}/{r['n']}" for r in wm["rows"])
+        out += [f"Working memory (`--measure-wm`, f16, planted facts asked with the whole text in context): {rows}. "
+                "Working memory = the longest length before the first whose accuracy falls below "
+                f"{_pct(wm['pass_rate'])} of the peak ({_pct(wm.get('peak', 1.0))}): **{wm['tokens']:,} tokens**. "
+                "`auto` mode reads a document whole up to this length and uses RLV beyond it; every RLV call stays "
+                "below it.", ""]
+    elif used:
+        out += [f"Working memory used: {used.get('tokens')} tokens ({used.get('source')}).", ""]
+    out += ["| set | mode | kv | accuracy | n | 95% CI | single | multi | s / question | cold TTFT | warm TTFT |",
+            "|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for key, r in d["runs"].items():
+        name, mode, kv = key.split("|")
+        lo, hi = r["ci95"]
+        single = _pct(r["accuracy_single"]) if "accuracy_single" in r else ""
+        multi = _pct(r["accuracy_multi"]) if "accuracy_multi" in r else ""
+        cold = f"{r['cold_ttft_s']:.2f}s" if "cold_ttft_s" in r else ""
+        warm = f"{r['warm_ttft_s']:.2f}s" if "warm_ttft_s" in r else ""
+        out.append(f"| {name} | {mode} | {kv} | {_pct(r['accuracy'])} | {r['n']} | {_pct(lo)}-{_pct(hi)} | {single} | "
+                   f"{multi} | {r['sec_per_q']:.1f}s | {cold} | {warm} |")
+    out.append("")
+    prefix_ids = {q["id"] for q in sets.get("long-prefix", {}).get("questions", [])}
+    if prefix_ids:
+        cmp = []
+        for key, r in d["runs"].items():
+            name, mode, kv = key.split("|")
+            if name in ("long", "long-prefix"):
+                sub = [i for i in r["items"] if i["id"] in prefix_ids]
+                cmp.append(f"{mode}/{kv} {sum(i['correct'] for i in sub)}/{len(sub)}")
+        out += ["On the questions whose facts lie inside the prefix full mode can hold: " + ", ".join(cmp) + ".", ""]
+    reads = [(k, r["reads"]) for k, r in d["runs"].items() if r.get("reads")]
+    if reads:
+        out += ["RLV's checks over all reads (answers of single reads, right or wrong): "
+                + "; ".join(f"{k.replace('|', ' ')}: {x['correct']}/{x['n']} right, yes/no margin AUC "
+                            f"{x['margin_auc'] if x['margin_auc'] is not None else 'n/a'}, verified "
+                            f"{x['verified_correct']}/{x['verified']} right" for k, x in reads) + ".", ""]
+    cold = [(k, r) for k, r in d["runs"].items() if "cold_ttft_s" in r and "warm_ttft_s" in r]
+    if cold:
+        out += ["Cold TTFT: a fresh process prefills the document (model already loaded); warm TTFT: a new session "
+                "loads the saved cache from disk; both include the question's own prefill. " +
+                "; ".join(f"{k.replace('|', ' ')}: {r['cold_ttft_s'] / max(r['warm_ttft_s'], 1e-9):.0f}x faster warm, "
+                          f"KV {r['kv_bytes'] / 1e6:.1f} MB" for k, r in cold) + ".", ""]
+    return out
 
 
 def main() -> int:

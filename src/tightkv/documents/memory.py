@@ -4,10 +4,11 @@ Small models fall off a cliff well before their nominal context. `auto` mode
 puts a document whole into the cache only when it fits inside this length, and
 every RLV call stays below it. The figure comes from a measurement,
 `tightkv docqa --measure-wm` (see `tightkv.eval.docqa.measure_working_memory`):
-facts planted in essay text at several depths, asked about with the whole text
-in context, at growing lengths; the working memory is the longest length at
-which the model still answers at least `PASS_RATE` of them, with every shorter
-length passing too.
+facts planted in essay text at spread depths, asked about with the whole text
+in context, at growing lengths; the working memory is the longest length before
+the first one where accuracy falls below `PASS_RATE` times the model's peak
+accuracy on these facts (its ceiling: a small model misreads some facts at
+any length, which is not a context effect).
 
 Lookup order: a measurement saved by the user (``home()/documents/
 working_memory.json``), then the built-in measurements below, then an

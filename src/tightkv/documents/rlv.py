@@ -19,7 +19,7 @@ the model only reads a few sections, answers, and judges its own answer:
    sections read) and of the *type* the question asks for (a number for "how
    many", a name rather than a unit for "who"). The yes/no margin gates
    acceptance only when `threshold` is set: on Gemma 3 270M it is close to
-   chance (see docs/documents.md), so by default it ranks answers instead.
+   chance (see the docqa section of docs/benchmarks.md), so by default it ranks answers instead.
 5. **research**: if the answer is not verified, read again, in this order:
    the *follow-up*: a multi-hop question's first read often yields the
    intermediate entity ("the Meridian division" for "Who leads the division
@@ -51,7 +51,7 @@ RESERVE = 160  # tokens kept free in a read for the question, the answer and the
 
 class RLV:
     def __init__(self, model, sections: list[Section], *, kv: str | None = None, working_memory: int = 2048,
-                 reads: int = 3, group: int = 3, reformulate: bool = False, threshold: float | None = None,
+                 reads: int = 3, group: int = 2, reformulate: bool = False, threshold: float | None = None,
                  log: Callable[[str], None] | None = None):
         self.model, self.sections, self.kv = model, sections, kv
         self.wm = working_memory
@@ -61,8 +61,8 @@ class RLV:
         self.budget = max(64, self.wm - RESERVE)
         n = len(sections)
         avg = sum(s.tokens for s in sections) / max(1, n)
-        self.log(f"gist: {n} sections, {avg:.0f} tokens on average (max {max((s.tokens for s in sections), default=0)}),"
-                 f" read budget {self.budget} tokens")
+        longest = max((s.tokens for s in sections), default=0)
+        self.log(f"gist: {n} sections, {avg:.0f} tokens on average (max {longest}), read budget {self.budget} tokens")
         for s in sections[:3]:
             self.log(f"  {s.gist()}")
         if n > 3:
@@ -76,7 +76,8 @@ class RLV:
             out["keywords"] = kw
         if self.reformulate:
             ids = self.model.tokenize(prompts.reformulate_prompt(question))
-            r = self.model.generate(ids, max_tokens=16, temperature=0.0, stop=["\n"], cache=self.model.new_cache(self.kv))
+            r = self.model.generate(ids, max_tokens=16, temperature=0.0, stop=["\n"],
+                                    cache=self.model.new_cache(self.kv))
             if r.text.strip():
                 out["reformulation"] = r.text.strip()
         return out

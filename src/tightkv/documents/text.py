@@ -275,7 +275,7 @@ _PERSON_Q = re.compile(r"^(who|whom)\b|\b(by|to|with|after|for) whom\b|^after wh
 def first_sentence(answer: str, max_chars: int = 160) -> str:
     """An answer cut to its first sentence (a base model often runs on)."""
     a = answer.strip()
-    m = re.search(r"(?<!\d)[.!?](\s|$)", a)
+    m = re.search(r"[.!?](\s|$)", a)
     if m and m.end() < len(a):
         a = a[: m.start() + 1]
     return a[:max_chars].strip()

@@ -1,0 +1,138 @@
+"""`tightkv docqa`: the whole-document QA benchmark (full vs rag vs rlv, per KV type).
+
+Sets (generated with --seed): `report`, a 5-section company report with 4
+single-hop and 3 multi-hop questions; `long`, essays of at least 40K tokens with
+12 planted facts (past the embedded model's 32K context: full runs on the longest
+prefix that fits, `long-prefix`, with the questions whose facts lie inside it).
+Results go to --json after every configuration, and a rerun skips the
+configurations already there (so a long run can be resumed); --quick caps the
+prefix that full mode reads at 8K tokens. --measure-wm measures the model's
+working memory first and records it for `auto` mode.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from ..errors import TightKVError
+from .common import int_list, kv_list
+
+NAME = "docqa"
+HELP = "whole-document QA benchmark: full vs chunk-RAG vs RLV, per KV type"
+DEFAULT_ESSAYS = Path(__file__).resolve().parents[4] / "shared" / "data" / "essays.txt"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=None, help="registry name or .gguf path (default: embedded)")
+    p.add_argument("--sets", default="report,long", help="report, long (comma-separated)")
+    p.add_argument("--modes", default="full,rag,rlv", help="full, rag, rlv (comma-separated)")
+    p.add_argument("--compare", "--kv", dest="compare", default="f16,progressive", help="KV types, comma-separated")
+    p.add_argument("--essays", default=None, help="text for the long document (default: the shared essays corpus)")
+    p.add_argument("--long-tokens", type=int, default=40000, help="length of the long document in tokens")
+    p.add_argument("--prefix-tokens", type=int, default=None,
+                   help="full mode on the long document reads its first N tokens (default: what fits the context)")
+    p.add_argument("--quick", action="store_true", help="full mode reads only the first 8K tokens of the long document")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--measure-wm", action="store_true", help="measure the working memory first (and record it)")
+    p.add_argument("--wm-lengths", default="1024,2048,4096,8192", help="lengths probed by --measure-wm")
+    p.add_argument("--json", default=None, help="results file (resumed if it exists)")
+    p.add_argument("--fresh", action="store_true", help="ignore results already in --json")
+    p.add_argument("--threads", "-t", type=int, default=None)
+
+
+def _essays(ns) -> str:
+    path = Path(ns.essays) if ns.essays else DEFAULT_ESSAYS
+    if not path.is_file():
+        raise TightKVError(f"{path}: no such essays file (give --essays FILE)")
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def run(ns: argparse.Namespace) -> int:
+    import tempfile
+
+    from ..api import Model
+    from ..documents.memory import save_working_memory, working_memory
+    from ..documents.store import DocumentStore
+    from ..eval.docqa import (company_report, docset_record, fitting_prefix, load_json, long_document,
+                              measure_working_memory, run_config, save_json)
+
+    sets = [s.strip() for s in ns.sets.split(",") if s.strip()]
+    modes = [m.strip() for m in ns.modes.split(",") if m.strip()]
+    kvs = kv_list(ns.compare)
+    for s in sets:
+        if s not in ("report", "long"):
+            raise TightKVError(f"unknown set '{s}' (valid: report, long)")
+    for m in modes:
+        if m not in ("full", "rag", "rlv"):
+            raise TightKVError(f"unknown mode '{m}' (valid: full, rag, rlv)")
+    model = Model(ns.model, threads=ns.threads)
+    for kv in kvs:
+        model.new_cache(kv)
+    out_path = Path(ns.json) if ns.json else None
+    doc = {} if (ns.fresh or out_path is None) else load_json(out_path)
+    doc.setdefault("runs", {})
+    doc.update({"model": model.path.name, "seed": ns.seed, "threads": model.threads})
+    log = lambda s: print(s, flush=True)  # noqa: E731
+
+    def save() -> None:
+        if out_path:
+            save_json(out_path, doc)
+
+    if ns.measure_wm:
+        wm = measure_working_memory(model, _essays(ns), int_list(ns.wm_lengths, "--wm-lengths"), log=log)
+        doc["working_memory"] = wm
+        path = save_working_memory(model, wm["tokens"], wm)
+        log(f"working memory: {wm['tokens']} tokens (recorded in {path})")
+        save()
+    doc["working_memory_used"] = dict(zip(("tokens", "source"), working_memory(model)))
+
+    docsets = {}
+    if "report" in sets:
+        docsets["report"] = company_report(ns.seed)
+    if "long" in sets:
+        count = lambda t: len(model.tokenize(t, add_bos=False))  # noqa: E731
+        long = long_document(_essays(ns), count, min_tokens=ns.long_tokens, seed=ns.seed)
+        docsets["long"] = long
+        limit = ns.prefix_tokens or (8192 if ns.quick else model.context_length - 128)
+        docsets["long-prefix"] = fitting_prefix(long, model, limit)
+    doc["sets"] = {name: docset_record(d, model) for name, d in docsets.items()}
+    for name, d in docsets.items():
+        log(f"set {name}: {doc['sets'][name]['tokens']} tokens, {len(d.questions)} questions")
+    save()
+
+    for name, d in docsets.items():
+        for mode in modes:
+            if (name == "long") == (mode == "full") and name != "report":
+                continue  # full cannot hold `long`: it reads long-prefix; rag and rlv read all of `long`
+            for kv in kvs:
+                key = f"{name}|{mode}|{kv}"
+                prev = doc["runs"].get(key)
+                if prev and prev.get("doc_tokens") == doc["sets"][name]["tokens"] and prev.get("n") == len(d.questions):
+                    log(f"{key}: done already ({prev['correct']}/{prev['n']})")
+                    continue
+                log(f"{key}: {len(d.questions)} questions")
+                t = time.perf_counter()
+                with tempfile.TemporaryDirectory(prefix="tightkv-docqa-") as tmp:
+                    rec = run_config(model, d, mode, kv, store=DocumentStore(tmp), log=log)
+                rec["wall_s"] = round(time.perf_counter() - t, 1)
+                rec["set"] = name
+                doc["runs"][key] = rec
+                save()
+                log(f"{key}: {rec['correct']}/{rec['n']} correct, {rec['sec_per_q']:.1f}s per question")
+    print(format_table(doc))
+    return 0
+
+
+def format_table(doc: dict) -> str:
+    lines = [f"{'set':<12} {'mode':<5} {'kv':<12} {'acc':>6} {'n':>3} {'95% CI':>13} {'s/q':>7} "
+             f"{'cold TTFT':>10} {'warm TTFT':>10}"]
+    for key, r in doc.get("runs", {}).items():
+        name, mode, kv = key.split("|")
+        lo, hi = r["ci95"]
+        cold = f"{r['cold_ttft_s']:.2f}s" if "cold_ttft_s" in r else ""
+        warm = f"{r['warm_ttft_s']:.2f}s" if "warm_ttft_s" in r else ""
+        lines.append(f"{name:<12} {mode:<5} {kv:<12} {r['accuracy']:>6.2f} {r['n']:>3} [{lo:.2f}, {hi:.2f}] "
+                     f"{r['sec_per_q']:>6.1f}s {cold:>10} {warm:>10}")
+    return "\n".join(lines)
+
