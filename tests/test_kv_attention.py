@@ -47,6 +47,7 @@ CASES = [
     ("f16:tq4", 2, 4, 64, None, (140, 1, 3)),
     ("q8_0:kvarn2", 1, 4, 64, None, (300, 1, 1)),
     ("tq4,sink=0,window=0", 2, 4, 64, None, (20, 1, 1, 7)),
+    ("tq3:kvarn4", 1, 2, 96, None, (150, 1, 140, 1)),  # Phi-3's head dim: blocked rotation
 ]
 
 
@@ -248,3 +249,18 @@ def test_kv_bytes_per_token_matches_real_caches():
         assert r["layers"][1]["window"] == 100
     f16 = kv_bytes_per_token("f16", GEMMA3_270M, 32768)
     assert f16["ratio_vs_f32"] == 2 and f16["total_bytes"] == (3 * 32768 + 15 * 512) * 256 * 2 * 2
+
+
+def test_body_store_is_reserved_once_and_bounded_in_sliding_layers():
+    g = torch.Generator().manual_seed(10)
+    cache = parse_kv("tq4").make_cache(0, 1, 1, 64, 64, None, max_tokens=4096)
+    cache.attend(*random_step(200, 2, 1, 64, 64, g, 0.0)[:3], 0.1)
+    store = cache.kf["idx"]
+    for T in (500, 1, 1000, 1):
+        cache.attend(*random_step(T, 2, 1, 64, 64, g, 0.0)[:3], 0.1)
+    assert cache.kf["idx"] is store  # never copied to grow
+    sliding = parse_kv("tq4").make_cache(0, 1, 1, 64, 64, 300)
+    for _ in range(12):
+        sliding.attend(*random_step(256, 2, 1, 64, 64, g, 0.0)[:3], 0.1)
+    assert sliding.kf["idx"].shape[1] <= 1024 and sliding.ek.shape[1] <= 1024
+    assert sliding.nbytes == layer_bytes(sliding.kc, sliding.vc, 1, 300, 4, 128, 12 * 256)
