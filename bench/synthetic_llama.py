@@ -145,7 +145,10 @@ def main() -> None:
     ap.add_argument("--llamacpp", default="f16", help="llama.cpp KV types, comma-separated ('' to skip)")
     ap.add_argument("--model", default=None, help="an existing synthetic GGUF (default: write one to a temp dir)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--tiny", action="store_true", help="a 2-layer model of the same kind (smoke test of this script)")
     ns = ap.parse_args()
+    if ns.tiny:
+        CONFIG.update(layers=2, hidden=256, heads=2, kv_heads=1, intermediate=256)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(ns.model) if ns.model else None
         if path is None:
