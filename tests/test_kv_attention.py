@@ -264,3 +264,13 @@ def test_body_store_is_reserved_once_and_bounded_in_sliding_layers():
         sliding.attend(*random_step(256, 2, 1, 64, 64, g, 0.0)[:3], 0.1)
     assert sliding.kf["idx"].shape[1] <= 1024 and sliding.ek.shape[1] <= 1024
     assert sliding.nbytes == layer_bytes(sliding.kc, sliding.vc, 1, 300, 4, 128, 12 * 256)
+
+
+def test_tune_attention_error_ranks_types():
+    from tightkv.kv import tune
+
+    g = torch.Generator().manual_seed(11)
+    layers = [{"q": torch.randn(2, 300, 64, generator=g), "k": torch.randn(1, 300, 64, generator=g) + 1,
+               "v": torch.randn(1, 300, 64, generator=g), "window": w, "scale": 0.125} for w in (None, 200)]
+    errs = {s: tune.attention_error(layers, s, chunk=128)["mean"] for s in ("f16", "q8_0", "tq4", "tq2")}
+    assert errs["f16"] < 1e-6 < errs["q8_0"] < errs["tq4"] < errs["tq2"]
