@@ -101,6 +101,15 @@ def test_read_documents(tmp_path):
     assert read_documents(["inline text"]).text == "inline text\n"
 
 
+def test_several_documents_are_split_apart_and_named(tiny, tmp_path):
+    (tmp_path / "a.md").write_text("# Alpha\n\nThe red fox lives in Oslo.\n\n# Beta\n\nBlue whales sing.\n")
+    (tmp_path / "b.txt").write_text("Gamma rays are bright. Delta is a river mouth.\n")
+    s = tiny.load_document(tmp_path / "a.md", tmp_path / "b.txt", mode="rlv", cache=False, progress=False)
+    titles = [x.title for x in s.sections]
+    assert titles == ["a.md: Alpha", "a.md: Beta", "b.txt: Gamma rays are"], titles
+    assert [s.doc.name_at(x.start) for x in s.sections] == ["a.md", "a.md", "b.txt"]
+
+
 # --- prefix cache: a question is trimmed away exactly ----------------------------------
 
 DOC = ("# Plants\n\nThe Lumen division runs the plant in Tampere. " * 6 + "\n\n# People\n\n"

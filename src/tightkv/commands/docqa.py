@@ -79,8 +79,12 @@ def run(ns: argparse.Namespace) -> int:
         if out_path:
             save_json(out_path, doc)
 
-    if ns.measure_wm:
-        wm = measure_working_memory(model, _essays(ns), int_list(ns.wm_lengths, "--wm-lengths"), log=log)
+    lengths = int_list(ns.wm_lengths, "--wm-lengths")
+    if ns.measure_wm and [r["length"] for r in doc.get("working_memory", {}).get("rows", [])] == lengths:
+        log(f"working memory: {doc['working_memory']['tokens']} tokens (measured already)")
+        save_working_memory(model, doc["working_memory"]["tokens"], doc["working_memory"])
+    elif ns.measure_wm:
+        wm = measure_working_memory(model, _essays(ns), lengths, log=log)
         doc["working_memory"] = wm
         path = save_working_memory(model, wm["tokens"], wm)
         log(f"working memory: {wm['tokens']} tokens (recorded in {path})")

@@ -28,7 +28,7 @@ def sections_context(sections) -> str:
 
 def chunks_context(chunks) -> str:
     """RAG context: retrieved chunks in rank order, as retrieved."""
-    return "Document:\n" + "\n...\n".join(c.text.strip() for c in chunks) + "\n\n"
+    return "Document:\n" + "\n\n".join(c.text.strip() for c in chunks) + "\n\n"
 
 
 def verify_suffix(question: str, answer: str) -> str:

@@ -291,7 +291,18 @@ class DocumentSession:
         """The gist index (RLV's sections; also used to cite full-mode answers)."""
         if self._sections is None:
             count = lambda s: len(self.model.tokenize(s, add_bos=False))  # noqa: E731
-            self._sections = split_sections(self.doc.text, self.section_tokens, count)
+            secs = []
+            # several documents: split each on its own, so a section never spans two, and name it in the title
+            for k, start in enumerate(self.doc.starts):
+                end = self.doc.starts[k + 1] if k + 1 < len(self.doc.starts) else len(self.doc.text)
+                for s in split_sections(self.doc.text[start:end], self.section_tokens, count):
+                    s.index, s.start, s.end = len(secs), s.start + start, s.end + start
+                    if len(self.doc.starts) > 1:
+                        head = f"Document {k + 1}: {self.doc.names[k]}"
+                        title = s.title[len(head):].strip() if s.title.startswith(head) else s.title
+                        s.title = f"{self.doc.names[k]}: {title}" if title else self.doc.names[k]
+                    secs.append(s)
+            self._sections = secs
         return self._sections
 
     # --- full mode: the document in the cache ------------------------------------------

@@ -37,6 +37,12 @@ class DocumentText:
 
     text: str
     names: tuple[str, ...]
+    starts: tuple[int, ...] = (0,)  # where each document begins in text
+
+    def name_at(self, pos: int) -> str:
+        """The name of the document that holds character `pos`."""
+        i = max((k for k, s in enumerate(self.starts) if s <= pos), default=0)
+        return self.names[i] if i < len(self.names) else ""
 
     @property
     def sha256(self) -> str:
@@ -59,8 +65,13 @@ def read_documents(sources: Sequence[str | Path]) -> DocumentText:
         names.append(name)
     if len(texts) == 1:
         return DocumentText(texts[0], tuple(names))
-    joined = "\n\n".join(f"Document {i + 1}: {n}\n\n{t}" for i, (n, t) in enumerate(zip(names, texts)))
-    return DocumentText(joined, tuple(names))
+    joined, starts = "", []
+    for i, (n, t) in enumerate(zip(names, texts)):
+        if joined:
+            joined += "\n\n"
+        starts.append(len(joined))
+        joined += f"Document {i + 1}: {n}\n\n{t}"
+    return DocumentText(joined, tuple(names), tuple(starts))
 
 
 def _looks_like_path(src: str) -> bool:
@@ -145,7 +156,7 @@ def split_sections(text: str, max_tokens: int, count: Callable[[str], int]) -> l
     small = max(8, max_tokens // 8)
     merged = [bounds[0]]
     for a, b in zip(bounds[1:-1], bounds[2:]):
-        if count(text[merged[-1]:a]) < small and text[merged[-1]:a].lstrip().startswith("#"):
+        if count(text[merged[-1]:a]) < small:
             titles[merged[-1]] = titles.get(a) or titles.get(merged[-1], "")
             continue
         merged.append(a)
