@@ -70,6 +70,8 @@ class Model:
             raise TightKVError(f"RoPE scaling is not supported for {self.args.architecture} models")
         self.kv = kv or os.environ.get("TIGHTKV_KV_CACHE_TYPE") or DEFAULT_KV
         self.context_length = self._check_context_length(context_length)
+        if hasattr(self.net, "set_context_length"):  # e.g. Phi-3 LongRoPE picks its factors by context
+            self.net.set_context_length(self.context_length)
         self.chat_template: str | None = self.gguf.metadata.get("tokenizer.chat_template")
         self._chat_cache: list | None = None
         self._chat_ids: list[int] = []
