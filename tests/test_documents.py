@@ -14,8 +14,8 @@ from tiny_gguf import write_gemma3
 
 from tightkv.documents import prompts
 from tightkv.documents.store import DocumentStore
-from tightkv.documents.text import (answer_matches, answer_type_ok, first_sentence, fixed_chunks, follow_up,
-                                    keywords, read_documents, split_sections)
+from tightkv.documents.text import (adds_information, answer_matches, answer_type_ok, first_sentence, fixed_chunks,
+                                    follow_up, grounded, keywords, read_documents, split_sections)
 from tightkv.eval.docqa import company_report, long_document, summarize, wilson
 
 REPORT = company_report(seed=3)
@@ -75,6 +75,33 @@ def test_answer_matching_keywords_and_checks():
     assert follow_up("Who leads the division that makes the Solace sensor?", "The Corvid division.") == \
         "Who leads the Corvid division?"
     assert follow_up("Who is the CEO?", "Jonas") is None
+    assert grounded("867 metres.", "The bridge is 867 metres long.")
+    assert not grounded("100 metres.", "The bridge, 867 metres long, fell.")  # a misquoted number
+    assert not adds_information("Who was the captain of the Albatross?", "The captain of the Albatross was")
+    assert not adds_information("Which company?", "# Orrin Materials annual report")
+    assert adds_information("Who was the captain of the Albatross?", "Alma Petrakis")
+
+
+def test_answer_line_skips_blank_lines_and_completes_a_broken_line():
+    from tightkv.documents.session import answer_line
+
+    class Scripted:  # yields text pieces as Model.generate(stream=True) does
+        def __init__(self, pieces):
+            self.pieces = pieces
+
+        def generate(self, ids, **kwargs):
+            return (p for p in self.pieces)
+
+        def tokenize(self, text, add_bos=False):
+            return text.split()
+
+    def line(*pieces):
+        return answer_line(Scripted(list(pieces)), [], 32, None).text
+
+    assert line("\n", "Porto", ", Portugal", "\n", "Question:") == "Porto, Portugal"
+    assert line("The captain", " was", "\n", "Alma Petrakis.", "\n", "Next") == "The captain was Alma Petrakis."
+    assert line("Answer:", "\n\n", "42", "\n", "x") == "Answer: 42"
+    assert line("no newline at all") == "no newline at all"
 
 
 def test_benchmark_sets_are_seeded():

@@ -22,7 +22,7 @@ def test_second_ask_loads_the_saved_cache(tmp_path):
     seed_embedded(home)
     env = {"TIGHTKV_HOME": str(home)}
     doc = tmp_path / "essays.txt"
-    doc.write_text(ESSAYS.read_text(encoding="utf-8")[:36000])
+    doc.write_text(ESSAYS.read_text(encoding="utf-8")[:34500])  # 8.3K tokens
     args = ["ask", "--doc", str(doc), "--mode", "full", "--kv", KV, "-n", "8", "--json",
             "What do the essays say about addiction?"]
     cold = cli(*args, env=env, timeout=1200)

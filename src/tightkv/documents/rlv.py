@@ -15,9 +15,10 @@ the model only reads a few sections, answers, and judges its own answer:
 4. **verify**: with the same sections still in the KV cache, the model judges
    whether they state the proposed answer: a constrained yes/no, the logit of
    " Yes" against " No" (a completion, so it works on a base model). An answer
-   is verified when it is also *grounded* (its content words occur in the
-   sections read) and of the *type* the question asks for (a number for "how
-   many", a name rather than a unit for "who"). The yes/no margin gates
+   is verified when it is also *grounded* (most of its content words, and all
+   of its numbers, occur in the sections read), says something the question did
+   not (no echo, no copied heading) and is of the *type* the question asks for
+   (a number for "how many", a name rather than a unit for "who"). The yes/no margin gates
    acceptance only when `threshold` is set: on Gemma 3 270M it is close to
    chance (see the docqa section of docs/benchmarks.md), so by default it ranks answers instead.
 5. **research**: if the answer is not verified, read again, in this order:
@@ -43,7 +44,8 @@ from typing import Callable
 from . import prompts
 from .rag import BM25Index
 from .session import Answer, PrefixCache, yes_score
-from .text import Section, answer_type_ok, first_sentence, follow_up, keywords, support
+from .text import Section, adds_information, answer_type_ok, first_sentence, follow_up, keywords, support
+from .text import grounded as is_grounded
 
 RRF_K = 60
 RESERVE = 160  # tokens kept free in a read for the question, the answer and the verify line
@@ -128,8 +130,8 @@ class RLV:
         calls = max(len(prefix) + len(q) + r.tokens, len(prefix) + vlen)
         if calls > self.wm:
             raise AssertionError(f"an RLV call of {calls} tokens exceeds the working memory of {self.wm}")
-        grounded = support(answer, " ".join(s.text for s in secs)) >= 0.5 if answer else False
-        typed = answer_type_ok(question, answer)
+        grounded = bool(answer) and is_grounded(answer, " ".join(s.text for s in secs))
+        typed = answer_type_ok(question, answer) and adds_information(question, answer)
         judged = self.threshold is None or margin > self.threshold
         cite = max(secs, key=lambda s: (support(answer, s.text), -group.index(s.index))) if answer else secs[0]
         return {"sections": group, "tokens": len(prefix), "answer": answer, "margin": margin, "grounded": grounded,

@@ -175,11 +175,27 @@ class Reply:
     prompt_seconds: float = 0.0
 
 
+_DANGLING = {"was", "is", "are", "were", "be", "the", "a", "an", "of", "by", "to", "in", "at", "on", "for", "and",
+             "named", "called", "after", "from", "with"}
+
+
+def _dangling(line: str) -> bool:
+    """A line that stops mid-sentence: on a colon, or on a function word."""
+    line = line.rstrip()
+    if line.endswith(":"):
+        return True
+    words = line.split()
+    return bool(words) and not line.endswith((".", "!", "?")) and words[-1].lower() in _DANGLING
+
+
 def answer_line(model, ids: list[int], max_tokens: int, cache: list) -> Reply:
-    """Greedy decoding of one answer line: leading blank lines are skipped (a base model
-    often starts with a newline), the first newline after text ends it."""
+    """Greedy decoding of one answer line. Blank lines are skipped (a base model often
+    starts with a newline); the first line break after text ends the answer, unless
+    the line stops mid-sentence ("The captain was" / "Alma Petrakis."), when the
+    next line completes it."""
     t0 = time.perf_counter()
-    text, ttft, n, stats = "", None, 0, None
+    lines: list[str] = []
+    buf, ttft, stats, finished = "", None, None, False
     pieces = model.generate(ids, max_tokens=max_tokens, temperature=0.0, stream=True, cache=cache)
     try:
         for piece in pieces:
@@ -188,15 +204,21 @@ def answer_line(model, ids: list[int], max_tokens: int, cache: list) -> Reply:
                 break
             if ttft is None:
                 ttft = time.perf_counter() - t0
-            text += piece
-            body = text.lstrip()
-            if "\n" in body:
-                text = body.split("\n", 1)[0]
+            buf += piece
+            while "\n" in buf and not finished:
+                line, buf = buf.split("\n", 1)
+                if line.strip():
+                    lines.append(line.strip())
+                    finished = not _dangling(line) or len(lines) >= 2
+            if finished:
                 break
     finally:
         pieces.close()
-    n = len(stats.ids) if stats is not None else len(model.tokenize(text, add_bos=False)) + 1
-    return Reply(text.strip(), n, ttft if ttft is not None else time.perf_counter() - t0,
+    if not finished and buf.strip():
+        lines.append(buf.strip())
+    text = " ".join(lines)
+    n = len(stats.ids) if stats is not None else len(model.tokenize(text, add_bos=False)) + len(lines)
+    return Reply(text, n, ttft if ttft is not None else time.perf_counter() - t0,
                  time.perf_counter() - t0, stats.prompt_seconds if stats is not None else 0.0)
 
 

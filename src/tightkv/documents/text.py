@@ -323,3 +323,24 @@ def follow_up(question: str, answer: str) -> str | None:
     if m.group("noun").lower() not in ent.lower():
         ent = f"{ent} {m.group('noun')}"
     return f"{m.group('head')} the {ent}?"
+
+
+_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+def _numbers(text: str) -> set[str]:
+    return {n.replace(",", "").rstrip(".") for n in _NUMBER.findall(text)}
+
+
+def grounded(answer: str, passage: str) -> bool:
+    """Whether the passage backs the answer: most of its content words occur in it,
+    and every number in it does (a small model misquotes digits)."""
+    return support(answer, passage) >= 0.5 and _numbers(answer) <= _numbers(passage)
+
+
+def adds_information(question: str, answer: str) -> bool:
+    """Whether the answer says something the question did not (not an echo of it, and
+    not a heading copied from the document)."""
+    if answer.lstrip().startswith("#"):
+        return False
+    return bool(set(terms(answer)) - set(terms(question)))
