@@ -167,7 +167,8 @@ def render_docqa(d: dict | None) -> list[str]:
     out = ["## Whole-document QA", "",
            f"`tightkv docqa --compare {DOCQA_TYPES} {' '.join(DOCQA_ARGS)}` on {d.get('model', '')} "
            f"(seed {d.get('seed', 0)}, {d.get('threads', '?')} threads). Answers are greedy, one line, scored by "
-           "containment of the expected answer (no LLM judge). Sets:", ""]
+           "containment of the expected answer (no LLM judge); what the numbers mean is discussed in "
+           "[documents.md](documents.md#results). Sets:", ""]
     for name, s in sets.items():
         kinds = {}
         for q in s["questions"]:
@@ -216,8 +217,10 @@ def render_docqa(d: dict | None) -> list[str]:
                             f"{x['verified_correct']}/{x['verified']} right" for k, x in reads) + ".", ""]
     cold = [(k, r) for k, r in d["runs"].items() if "cold_ttft_s" in r and "warm_ttft_s" in r]
     if cold:
-        out += ["Cold TTFT: a fresh process prefills the document (model already loaded); warm TTFT: a new session "
-                "loads the saved cache from disk; both include the question's own prefill. " +
+        out += ["Cold TTFT: a new session prefills the document and saves it (the model already loaded); warm TTFT: "
+                "a new session loads the saved cache from disk; both include the question's own prefill. "
+                "`s / question` is the time per question once the document is in the cache (full) or per retrieval "
+                "and read (rag, rlv). " +
                 "; ".join(f"{k.replace('|', ' ')}: {r['cold_ttft_s'] / max(r['warm_ttft_s'], 1e-9):.0f}x faster warm, "
                           f"KV {r['kv_bytes'] / 1e6:.1f} MB" for k, r in cold) + ".", ""]
     return out

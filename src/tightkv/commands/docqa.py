@@ -72,7 +72,9 @@ def run(ns: argparse.Namespace) -> int:
     out_path = Path(ns.json) if ns.json else None
     doc = {} if (ns.fresh or out_path is None) else load_json(out_path)
     doc.setdefault("runs", {})
-    doc.update({"model": model.path.name, "seed": ns.seed, "threads": model.threads})
+    from ..registry import DEFAULT_MODEL
+
+    doc.update({"model": ns.model or DEFAULT_MODEL, "seed": ns.seed, "threads": model.threads})
     log = lambda s: print(s, flush=True)  # noqa: E731
 
     def save() -> None:

@@ -286,7 +286,7 @@ def run_config(model, doc: DocSet, mode: str, kv: str, *, store=None, log: Calla
                               "verified": st.get("verified"), "grounded": st.get("grounded")})
         items.append({"id": q.id, "kind": q.kind, "question": q.question, "expected": q.answer[0], "answer": a.text,
                       "correct": ok, "citation": a.citation, "verified": a.verified, "seconds": round(a.seconds, 3),
-                      "ttft_s": round(a.ttft, 3)})
+                      "ttft_s": round(a.ttft, 3), **({"stages": a.stages} if mode == "rlv" else {})})
         log(f"  [{mode}/{kv}] {q.id} {'OK ' if ok else 'BAD'} {a.text[:60]!r} (want {q.answer[0]!r}) "
             f"{a.seconds:.1f}s")
     rec = summarize(items)
