@@ -28,7 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "bench"
 ESSAYS = ROOT.parent / "shared" / "data" / "essays.txt"
-PPL_TYPES = "f16,q8_0,q4_0,tq4,tq3,kvarn4,kivi4,progressive,k8v4,aggressive"
+PPL_BASE = ["q8_0", "q4_0", "tq4", "tq3", "kvarn4", "kivi4", "progressive", "k8v4", "aggressive"]
+OFF = ",sink=0,window=0"  # the same type with its exact sink and recent window turned off
+PPL_TYPES = ",".join(["f16", *PPL_BASE, *(t + OFF for t in PPL_BASE if t != "progressive")])
 NIAH_TYPES = "f16,q8_0,progressive,aggressive"
 SPEED_TYPES = "f16,progressive"
 DOCQA_TYPES = "f16,progressive"
@@ -113,11 +115,19 @@ def render() -> str:
         parts += ["## Perplexity and KLD against f16", "",
                   f"`tightkv ppl --file essays.txt --ctx {ppl['ctx']} --chunks {ppl['chunks']} --compare {PPL_TYPES}`",
                   "", "llama.cpp on the same protocol: f16 16.467, q8_0 16.470 (+0.02%), q4_0 17.990 (+9.2%).", "",
-                  "| kv | PPL | ± | ΔPPL vs f16 | KLD mean | KLD p99 | KLD p99.9 | same top-1 |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
-        for kv, r in ppl["results"].items():
+                  "Each type runs with its default exact sink and recent window; the last two columns are "
+                  f"the same type with both turned off (`{OFF.lstrip(',')}`; progressive is tq4 with its window).", "",
+                  "| kv | PPL | ± | ΔPPL vs f16 | KLD mean | KLD p99 | KLD p99.9 | same top-1 | ΔPPL off | KLD off |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        res = ppl["results"]
+        for kv, r in res.items():
+            if kv.endswith(OFF):
+                continue
+            off = res.get(kv + OFF)
+            off_cols = f"{100 * (off['ppl'] / base - 1):+.2f}% | {off['kld_mean']:.4f}" if off else " | "
             parts.append(f"| {kv} | {r['ppl']:.4f} | {r['ppl_stderr']:.4f} | {100 * (r['ppl'] / base - 1):+.2f}% | "
-                         f"{r['kld_mean']:.5f} | {r['kld_p99']:.4f} | {r['kld_p999']:.4f} | {100 * r['same_top1']:.2f}% |")
+                         f"{r['kld_mean']:.5f} | {r['kld_p99']:.4f} | {r['kld_p999']:.4f} | {100 * r['same_top1']:.2f}% | "
+                         f"{off_cols} |")
         parts.append("")
     niah = _load("niah")
     if niah:

@@ -35,5 +35,12 @@ def int_list(text: str, flag: str) -> list[int]:
 
 
 def kv_list(text: str | None) -> list[str]:
-    """Comma-separated KV types (f16 when empty)."""
-    return [k.strip() for k in (text or "f16").split(",") if k.strip()]
+    """Comma-separated KV specs (f16 when empty); an option such as ``sink=0``
+    belongs to the spec before it: ``f16,tq4,tq4,sink=0,window=0`` is three specs."""
+    specs: list[str] = []
+    for item in (k.strip() for k in (text or "f16").split(",")):
+        if "=" in item and specs:
+            specs[-1] += "," + item
+        elif item:
+            specs.append(item)
+    return specs
