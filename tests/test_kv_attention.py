@@ -131,13 +131,13 @@ def test_nbytes_is_the_formula(spec, window):
 
 
 def test_nbytes_by_hand():
-    """tq4 at head dim 256, 1 KV head, 1000 tokens, sink 4, window 128."""
+    """tq4 at head dim 256, 1 KV head, 1000 tokens, sink 4, window 128 (leaving it 32 at a time)."""
     cache = parse_kv("tq4").make_cache(0, 1, 1, 256, 256, None)
     g = torch.Generator().manual_seed(5)
     cache.attend(*random_step(1000, 4, 1, 256, 256, g, 0.0)[:3], 0.06)
-    body = 1000 - 4 - 128
+    body = 32 * ((1000 - 4 - 128) // 32)  # 864 compressed; 4 + 132 exact
     centres_and_scales = 4 * 256 * 2  # fp16 (K, V) x (centre, scale)
-    expect = body * 256 * 2 * (4 + 16 / 256) / 8 + (4 + 128) * 256 * 2 * 2 + centres_and_scales
+    expect = body * 256 * 2 * (4 + 16 / 256) / 8 + (1000 - body) * 256 * 2 * 2 + centres_and_scales
     assert cache.nbytes == expect
 
 

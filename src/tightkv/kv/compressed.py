@@ -9,8 +9,14 @@ Layout of one layer's history (positions are absolute token indices):
 A query at position p sees the key/value j as it is stored *for it*: exact when
 j < S or j >= b(p), compressed otherwise, where
 
-    c(p) = S + tile * floor(max(0, p + 1 - S - R) / tile)   (body end at p in decode)
+    c(p) = S + G * floor(max(0, p + 1 - S - R) / G)   (body end at p in decode)
     b(p) = max(c(p), body end before this call)
+
+G (`flush`) is the tile, raised to a multiple of it of at least FLUSH tokens when
+the cache keeps a recent window: tokens then leave the window FLUSH at a time, so
+the window holds R to R + G - 1 exact tokens and decode encodes once per G steps
+instead of every step. Without a recent window (``-paper`` types, ``window=0``)
+G is the tile: every token is encoded as soon as it is written.
 
 So decode and a chunked prefill of any chunk size see exactly the same data, and
 a prefill really attends over compressed keys: the chunk is appended (its tokens
@@ -37,6 +43,12 @@ from ..kernels import attention as _attn
 from .codecs import Codec
 
 _NEG_INF = float("-inf")
+FLUSH = 32  # tokens leave the recent window in groups of at least this many
+
+
+def flush_tokens(tile: int, recent: int) -> int:
+    """G: the compression granularity of a cache with this tile and recent window."""
+    return tile * -(-FLUSH // tile) if recent else tile
 
 
 def boundary(p: torch.Tensor | int, sink: int, recent: int, tile: int):
@@ -82,6 +94,7 @@ class CompressedCache:
         self.vf: dict[str, torch.Tensor] = {}
         self.cstart = self.cend = sink
         self.kr, self.vr = self.tile // kcodec.tile, self.tile // vcodec.tile  # codec units per unit
+        self.flush = flush_tokens(self.tile, recent)
         # fixed per-channel vectors set at the first compression: x = centre + scale * code
         self.kcenter: torch.Tensor | None = None  # (Hkv, D) fp16
         self.vcenter: torch.Tensor | None = None  # (Hkv, Dv) fp16
@@ -104,14 +117,14 @@ class CompressedCache:
         start, end = self.offset, self.offset + k.shape[1]
         body_before = self.cend
         if q is not None and self.kc.balance and self.kscale is None:
-            lo, hi = max(start, self.sink), min(end, self.sink + self.recent + self.tile)
+            lo, hi = max(start, self.sink), min(end, self.sink + self.recent + self.flush)
             if hi > lo:
                 qs = q[:, lo - start : hi - start].double().reshape(self.hkv, -1, self.dk)
                 self._qsq += (qs * qs).sum(1)
                 self._qn += qs.shape[1]
         self._append_exact(k, v)
-        self._compress(max(self.cend, boundary(end - 1, self.sink, self.recent, self.tile)))
-        return boundary(torch.arange(start, end), self.sink, self.recent, self.tile).clamp_min(body_before)
+        self._compress(max(self.cend, boundary(end - 1, self.sink, self.recent, self.flush)))
+        return boundary(torch.arange(start, end), self.sink, self.recent, self.flush).clamp_min(body_before)
 
     def attend_stored(self, q: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
         """Attend q (H, T, D), the last T positions, over the stored history -> (H, T, Dv)."""
@@ -134,7 +147,7 @@ class CompressedCache:
             raise ValueError("cannot trim: this sliding-window cache no longer holds the tokens it would need")
         # the body end for the new offset, as far as exact copies of its tokens remain
         top = max(self.sink, new)
-        target = boundary(new - 1, self.sink, self.recent, self.tile) if new > self.sink else self.sink
+        target = boundary(new - 1, self.sink, self.recent, self.flush) if new > self.sink else self.sink
         lower = max(target, min(self.pool0, top))
         g = self.cstart + -(-max(0, lower - self.cstart) // self.tile) * self.tile
         if g < self.cend and g <= top:
@@ -254,11 +267,11 @@ class CompressedCache:
         return codec.decode({n: t[:, u0:u1].flatten(1, 2) for n, t in fields.items()})
 
     def _first_block(self, store: torch.Tensor) -> torch.Tensor:
-        """The first recent + tile pool tokens (Hkv, n, dim): those held when decode first
+        """The first recent + flush pool tokens (Hkv, n, dim): those held when decode first
         compresses, so what is fitted on them does not depend on the prompt's chunking."""
         first = max(self.cend, self.pool0)
         i0 = self._pool_index(first)
-        i1 = self._pool_index(min(self.offset, first + self.recent + self.tile))
+        i1 = self._pool_index(min(self.offset, first + self.recent + self.flush))
         return store[:, i0:i1].float()
 
     def _query_rms(self) -> torch.Tensor | None:
@@ -442,7 +455,7 @@ def layer_bytes(kcodec: Codec, vcodec: Codec, num_kv_heads: int, window: int | N
     elements for the body, fp16 for the exact sink and pool, plus centring vectors."""
     tile = max(kcodec.tile, vcodec.tile)
     h = num_kv_heads
-    cend = boundary(tokens - 1, sink, recent, tile) if tokens > sink else sink
+    cend = boundary(tokens - 1, sink, recent, flush_tokens(tile, recent)) if tokens > sink else sink
     horizon = 0 if window is None else max(0, tokens - window + 1)
     units = (cend - sink) // tile
     dead = min(units, max(0, horizon - sink) // tile)
