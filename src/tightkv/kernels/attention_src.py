@@ -84,37 +84,6 @@ static inline f16v vexp(f16v x) {
 
 enum Kind { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 3, TQ4 = 4 };
 
-// Decode a stored vector of n channels to float32 (tq4: codebook values, scale
-// returned separately; lanes in the permuted order even|odd per 32 channels).
-static inline float decode_vec(int kind, const uint8_t *p0, const uint8_t *p1, int64_t n, const f16v &cb, float *out) {
-  switch (kind) {
-    case F32: memcpy(out, p0, n * 4); return 1.0f;
-    case F16: for (int64_t i = 0; i < n; i += 16) st(out + i, ld_f16(p0 + 2 * i)); return 1.0f;
-    case BF16: for (int64_t i = 0; i < n; i += 16) st(out + i, ld_bf16(p0 + 2 * i)); return 1.0f;
-    case Q8_0:
-      for (int64_t b = 0; b < n / 32; b++) {
-        f16v d = splat(f16s(p1 + 2 * b));
-        st(out + 32 * b, ld_i8(p0 + 32 * b) * d);
-        st(out + 32 * b + 16, ld_i8(p0 + 32 * b + 16) * d);
-      }
-      return 1.0f;
-    default: {  // TQ4
-      for (int64_t b = 0; b < n / 32; b++) {
-        u8x16 by; memcpy(&by, p0 + 16 * b, 16);
-        i16v c = __builtin_convertvector(by, i16v);
-        i16v lo = c & 15, hi = (c >> 4) & 15;
-#if defined(__AVX512F__)
-        st(out + 32 * b, (f16v)_mm512_permutexvar_ps((__m512i)lo, (__m512)cb));
-        st(out + 32 * b + 16, (f16v)_mm512_permutexvar_ps((__m512i)hi, (__m512)cb));
-#else
-        for (int i = 0; i < 16; i++) { out[32 * b + i] = cb[lo[i]]; out[32 * b + 16 + i] = cb[hi[i]]; }
-#endif
-      }
-      return f16s(p1);
-    }
-  }
-}
-
 struct Seg {
   int64_t kkind, vkind, body, unused;
   const uint8_t *k0, *k1;
@@ -138,22 +107,78 @@ struct Ctx {
 
 static const int BT = 32;
 
-template <int NR>
-static inline __attribute__((always_inline)) void dot_rows(const float *q, const float *kd, int64_t D, float *dots) {
+// Channels 32b .. 32b+31 of a stored vector as two float32 vectors (tq4: codebook
+// values in the permuted order even|odd, the per-vector scale applied by the caller).
+template <int KIND>
+static inline __attribute__((always_inline)) void load32(const uint8_t *p0, const uint8_t *p1, int64_t b,
+                                                         const f16v &cb, f16v &x0, f16v &x1) {
+  if (KIND == F32) {
+    x0 = ld((const float *)p0 + 32 * b); x1 = ld((const float *)p0 + 32 * b + 16);
+  } else if (KIND == F16) {
+    x0 = ld_f16(p0 + 64 * b); x1 = ld_f16(p0 + 64 * b + 32);
+  } else if (KIND == BF16) {
+    x0 = ld_bf16(p0 + 64 * b); x1 = ld_bf16(p0 + 64 * b + 32);
+  } else if (KIND == Q8_0) {
+    const f16v d = splat(f16s(p1 + 2 * b));
+    x0 = ld_i8(p0 + 32 * b) * d; x1 = ld_i8(p0 + 32 * b + 16) * d;
+  } else {
+    u8x16 by; memcpy(&by, p0 + 16 * b, 16);
+    i16v c = __builtin_convertvector(by, i16v);
+    i16v lo = c & 15, hi = (c >> 4) & 15;
+#if defined(__AVX512F__)
+    x0 = (f16v)_mm512_permutexvar_ps((__m512i)lo, (__m512)cb);
+    x1 = (f16v)_mm512_permutexvar_ps((__m512i)hi, (__m512)cb);
+#else
+    for (int i = 0; i < 16; i++) { x0[i] = cb[lo[i]]; x1[i] = cb[hi[i]]; }
+#endif
+  }
+}
+
+template <int KIND>
+static inline float vec_scale(const uint8_t *p1) { return KIND == TQ4 ? f16s(p1) : 1.0f; }
+
+// Scores of NR query rows (q rows D apart) against one stored key, decoded 32
+// channels at a time straight into the dot products.
+template <int KIND, int NR>
+static inline __attribute__((always_inline)) void dot_key(const float *q, const uint8_t *k0, const uint8_t *k1,
+                                                          int64_t D, const f16v &cb, float *dots) {
   f16v a0[NR], a1[NR];
   for (int u = 0; u < NR; u++) a0[u] = a1[u] = f16v{};
-  for (int64_t i = 0; i < D; i += 32) {
-    const f16v k0 = ld(kd + i), k1 = ld(kd + i + 16);
+  for (int64_t b = 0; b < D / 32; b++) {
+    f16v x0, x1;
+    load32<KIND>(k0, k1, b, cb, x0, x1);
     for (int u = 0; u < NR; u++) {
-      a0[u] = fma(ld(q + u * D + i), k0, a0[u]);
-      a1[u] = fma(ld(q + u * D + i + 16), k1, a1[u]);
+      a0[u] = fma(ld(q + u * D + 32 * b), x0, a0[u]);
+      a1[u] = fma(ld(q + u * D + 32 * b + 16), x1, a1[u]);
     }
   }
   for (int u = 0; u < NR; u++) dots[u] = hsum(a0[u] + a1[u]);
-}  // tokens per softmax block
+}
 
-static void chunk_fn_attn(const void *p, int64_t c) {
-  const Ctx *x = (const Ctx *)p;
+// out rows (NR, W apart) += sum_j w[u][j] * v_j over the n tokens of a block, 32
+// channels at a time with the NR accumulators in registers.
+template <int KIND, int NR>
+static inline __attribute__((always_inline)) void add_values(float *o, int64_t W, const float *w, const uint8_t *v0,
+                                                             const uint8_t *v1, int64_t vt0, int64_t vt1, int64_t n,
+                                                             int64_t Dv, const f16v &cb) {
+  for (int64_t b = 0; b < Dv / 32; b++) {
+    f16v a0[NR], a1[NR];
+    for (int u = 0; u < NR; u++) { a0[u] = ld(o + u * W + 32 * b); a1[u] = ld(o + u * W + 32 * b + 16); }
+    for (int64_t j = 0; j < n; j++) {
+      f16v x0, x1;
+      load32<KIND>(v0 + j * vt0, v1 ? v1 + j * vt1 : nullptr, b, cb, x0, x1);
+      for (int u = 0; u < NR; u++) {
+        const f16v pw = splat(w[u * BT + j]);
+        a0[u] = fma(pw, x0, a0[u]);
+        a1[u] = fma(pw, x1, a1[u]);
+      }
+    }
+    for (int u = 0; u < NR; u++) { st(o + u * W + 32 * b, a0[u]); st(o + u * W + 32 * b + 16, a1[u]); }
+  }
+}
+
+template <int KK, int VK>
+static void chunk_body(const Ctx *x, int64_t c) {
   const int64_t *ch = x->chunks + 4 * c;
   const Seg &s = x->segs[ch[0]];
   const int64_t h = ch[1], a = ch[2], e = ch[3];
@@ -167,24 +192,24 @@ static void chunk_fn_attn(const void *p, int64_t c) {
     for (int64_t i = 0; i < Dv; i++) o[i] = 0.f;
     o[Dv] = -INFINITY; o[Dv + 1] = 0.f;
   }
-  alignas(64) float kd[1024], vd[1024];
   std::vector<float> sc(R * BT);
   const uint8_t *kb0 = s.k0 + h * s.kh0, *kb1 = s.k1 ? s.k1 + h * s.kh1 : nullptr;
   const uint8_t *vb0 = s.v0 + h * s.vh0, *vb1 = s.v1 ? s.v1 + h * s.vh1 : nullptr;
   for (int64_t j0 = a; j0 < e; j0 += BT) {
     const int64_t j1 = j0 + BT < e ? j0 + BT : e, n = j1 - j0;
-    // scores: decode a key once, dot it with every row (4 rows at a time in registers)
+    // scores: each key decoded once per 4 query rows
     for (int64_t j = 0; j < n; j++) {
       const int64_t tok = j0 + j;
-      float ks = decode_vec(s.kkind, kb0 + tok * s.kt0, kb1 ? kb1 + tok * s.kt1 : nullptr, D, x->kcb, kd);
+      const uint8_t *k0 = kb0 + tok * s.kt0, *k1 = kb1 ? kb1 + tok * s.kt1 : nullptr;
+      const float ks = vec_scale<KK>(k1);
       for (int64_t r0 = 0; r0 < R; r0 += 4) {
         const int nr = R - r0 < 4 ? (int)(R - r0) : 4;
         float dots[4];
         switch (nr) {
-          case 1: dot_rows<1>(q + r0 * D, kd, D, dots); break;
-          case 2: dot_rows<2>(q + r0 * D, kd, D, dots); break;
-          case 3: dot_rows<3>(q + r0 * D, kd, D, dots); break;
-          default: dot_rows<4>(q + r0 * D, kd, D, dots); break;
+          case 1: dot_key<KK, 1>(q + r0 * D, k0, k1, D, x->kcb, dots); break;
+          case 2: dot_key<KK, 2>(q + r0 * D, k0, k1, D, x->kcb, dots); break;
+          case 3: dot_key<KK, 3>(q + r0 * D, k0, k1, D, x->kcb, dots); break;
+          default: dot_key<KK, 4>(q + r0 * D, k0, k1, D, x->kcb, dots); break;
         }
         for (int u = 0; u < nr; u++) {
           const int64_t r = r0 + u, t = r % T;
@@ -220,21 +245,47 @@ static void chunk_fn_attn(const void *p, int64_t c) {
       }
       o[Dv + 1] += lsum;
     }
-    // values
-    for (int64_t j = 0; j < n; j++) {
-      bool any = false;
-      for (int64_t r = 0; r < R; r++) any |= sc[r * BT + j] != 0.f;
-      if (!any) continue;
-      const int64_t tok = j0 + j;
-      float vs = decode_vec(s.vkind, vb0 + tok * s.vt0, vb1 ? vb1 + tok * s.vt1 : nullptr, Dv, x->vcb, vd);
-      for (int64_t r = 0; r < R; r++) {
-        const float pr = sc[r * BT + j] * vs;
-        if (pr == 0.f) continue;
-        float *o = part + r * W;
-        const f16v pw = splat(pr);
-        for (int64_t i = 0; i < Dv; i += 16) st(o + i, fma(pw, ld(vd + i), ld(o + i)));
+    // values: weights times each token's own scale, then summed 32 channels at a time
+    if (VK == TQ4)
+      for (int64_t j = 0; j < n; j++) {
+        const float vs = vec_scale<VK>(vb1 + (j0 + j) * s.vt1);
+        for (int64_t r = 0; r < R; r++) sc[r * BT + j] *= vs;
+      }
+    const uint8_t *v0 = vb0 + j0 * s.vt0, *v1 = vb1 ? vb1 + j0 * s.vt1 : nullptr;
+    for (int64_t r0 = 0; r0 < R; r0 += 4) {
+      const int nr = R - r0 < 4 ? (int)(R - r0) : 4;
+      float *o = part + r0 * W;
+      const float *w = sc.data() + r0 * BT;
+      switch (nr) {
+        case 1: add_values<VK, 1>(o, W, w, v0, v1, s.vt0, s.vt1, n, Dv, x->vcb); break;
+        case 2: add_values<VK, 2>(o, W, w, v0, v1, s.vt0, s.vt1, n, Dv, x->vcb); break;
+        case 3: add_values<VK, 3>(o, W, w, v0, v1, s.vt0, s.vt1, n, Dv, x->vcb); break;
+        default: add_values<VK, 4>(o, W, w, v0, v1, s.vt0, s.vt1, n, Dv, x->vcb); break;
       }
     }
+  }
+}
+
+template <int KK>
+static void chunk_v(const Ctx *x, int64_t c, int64_t vk) {
+  switch (vk) {
+    case F32: return chunk_body<KK, F32>(x, c);
+    case F16: return chunk_body<KK, F16>(x, c);
+    case BF16: return chunk_body<KK, BF16>(x, c);
+    case Q8_0: return chunk_body<KK, Q8_0>(x, c);
+    default: return chunk_body<KK, TQ4>(x, c);
+  }
+}
+
+static void chunk_fn_attn(const void *p, int64_t c) {
+  const Ctx *x = (const Ctx *)p;
+  const Seg &s = x->segs[x->chunks[4 * c]];
+  switch (s.kkind) {
+    case F32: return chunk_v<F32>(x, c, s.vkind);
+    case F16: return chunk_v<F16>(x, c, s.vkind);
+    case BF16: return chunk_v<BF16>(x, c, s.vkind);
+    case Q8_0: return chunk_v<Q8_0>(x, c, s.vkind);
+    default: return chunk_v<TQ4>(x, c, s.vkind);
   }
 }
 }  // namespace attn

@@ -80,6 +80,16 @@ def get_backend() -> str:
     return _BACKEND
 
 
+SMALL_OP_ELEMS = 1 << 14  # tensors up to this size take the kernel's small ops (decode)
+
+
+def small_ops(x: torch.Tensor):
+    """The kernel library for a small float32 tensor's per-token op, or None (torch then)."""
+    if x.numel() > SMALL_OP_ELEMS or x.dtype != torch.float32 or _BACKEND != "fast":
+        return None
+    return _lib if _lib_state == "loaded" else _kernel()
+
+
 def as_tensor(array: np.ndarray) -> torch.Tensor:
     """A zero-copy torch view of a (possibly read-only, memory-mapped) numpy array."""
     with warnings.catch_warnings():
@@ -115,6 +125,8 @@ class QuantLinear(torch.nn.Module):
         self.register_buffer("raw", raw, persistent=False)
         self._tid = _TYPE_IDS.get(qtype, -1)  # kernel type id; -1 for float types
         self._nbytes = raw.numel() * raw.element_size()
+        # the block kernel's view of `raw` (never moved: the module stays on the CPU)
+        self._ptr, self._ld = raw.data_ptr(), raw.stride(0) * raw.element_size()
 
     def extra_repr(self) -> str:
         return f"{self.qtype}, in_features={self.in_features}, out_features={self.out_features}"
@@ -127,6 +139,13 @@ class QuantLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x float32 (..., in_features) -> float32 (..., out_features)."""
         k, n = self.in_features, self.out_features
+        if x.dim() == 2 and x.shape[0] == 1 and self._tid >= 0 and x.dtype == torch.float32 and _BACKEND == "fast" \
+                and _lib_state == "loaded" and x.is_contiguous():  # decode: one row, straight to the kernel
+            y = torch.empty(1, n)
+            nth = (_THREADS or torch.get_num_threads()) if self._nbytes >= PARALLEL_MIN_BYTES else 1
+            if _lib.tk_gemv(self._tid, self._ptr, self._ld, n, k, x.data_ptr(), 1, y.data_ptr(), nth):
+                raise RuntimeError(f"tightkv kernel: bad {self.qtype} shape {n}x{k}")
+            return y
         x2 = x if x.dim() == 2 else x.reshape(-1, k)  # (M, in)
         if x2.dtype != torch.float32:
             x2 = x2.float()
@@ -146,6 +165,8 @@ class QuantLinear(torch.nn.Module):
         else:
             y = self._tiled(x2, self._ref_tile)
         return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
+
+    __call__ = forward  # no hooks on the hot path: nn.Module's call machinery costs ~2 us a layer
 
     def embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` (n,) of W, dequantized exactly: float32 (n, in_features)."""
@@ -299,6 +320,9 @@ def _load(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     lib.tk_attn.restype = i32
     lib.tk_tq4_encode.argtypes = [p, i64, i64, p, p, p, i32, p, p, i32]
     lib.tk_tq4_encode.restype = i32
+    lib.tk_rms_norm.argtypes = [p, p, i64, i64, f32, p]
+    lib.tk_rope_neox.argtypes = [p, p, p, i64, i64, i64, i64, p]
+    lib.tk_rms_norm.restype = lib.tk_rope_neox.restype = None
     return lib
 
 
@@ -311,6 +335,7 @@ def _full_source() -> str:
 
 _SOURCE = r"""
 // tightkv quantized matmul kernels: GGML blocks x float32 activations.
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -793,6 +818,37 @@ extern "C" int tk_simd() {
 extern "C" int tk_gemv(int type, const uint8_t *w, int64_t ldw, int64_t N, int64_t K, const float *x, int64_t M, float *y, int nth) {
 #define GEMV(T) gemv<T>(w, ldw, N, K, x, M, y, nth)
   DISPATCH(GEMV)
+}
+
+// Small per-token ops (decode), where torch's dispatch costs more than the math.
+// out (rows, d) = x / rms(x) * w, float32 accumulation as torch's.
+extern "C" void tk_rms_norm(const float *x, const float *w, int64_t rows, int64_t d, float eps, float *out) {
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * d;
+    float *o = out + r * d;
+    float ss = 0.f;
+    for (int64_t i = 0; i < d; i++) ss += xr[i] * xr[i];
+    const float inv = 1.0f / sqrtf(ss / (float)d + eps);
+    for (int64_t i = 0; i < d; i++) o[i] = xr[i] * inv * w[i];
+  }
+}
+
+// NeoX RoPE of x (H, T, D) contiguous over the first `rot` dims: pairs (i, i + rot/2);
+// cos, sin (T, rot/2).
+extern "C" void tk_rope_neox(const float *x, const float *cs, const float *sn, int64_t H, int64_t T, int64_t D,
+                             int64_t rot, float *out) {
+  const int64_t half = rot / 2;
+  for (int64_t h = 0; h < H; h++)
+    for (int64_t t = 0; t < T; t++) {
+      const float *xr = x + (h * T + t) * D, *c = cs + t * half, *s = sn + t * half;
+      float *o = out + (h * T + t) * D;
+      for (int64_t i = 0; i < half; i++) {
+        const float a = xr[i], b = xr[i + half];
+        o[i] = a * c[i] - b * s[i];
+        o[i + half] = b * c[i] + a * s[i];
+      }
+      for (int64_t i = rot; i < D; i++) o[i] = xr[i];
+    }
 }
 
 extern "C" int tk_dequant(int type, const uint8_t *w, int64_t ldw, int64_t N, int64_t K, float *out, int nth) {

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from ..errors import GGUFError
 from ..gguf.reader import GGUFFile
+from ..kernels import qmatmul as qm
 
 # GGUF architecture name -> module under tightkv.models
 ARCHITECTURES = {
@@ -119,7 +120,13 @@ def _as_torch(array: np.ndarray) -> torch.Tensor:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x (..., d) normalised by its root mean square, times weight (d)."""
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    lib = qm.small_ops(x)
+    if lib is None or not x.is_contiguous() or weight.dtype != torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    out = torch.empty_like(x)
+    d = x.shape[-1]
+    lib.tk_rms_norm(x.data_ptr(), weight.data_ptr(), x.numel() // d, d, eps, out.data_ptr())
+    return out
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, scale: float = 1.0,
@@ -157,6 +164,12 @@ def apply_rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
     """Rotate x (H, T, D) by halves: pairs (i, i + R/2), as NeoX and HF do, over the
     first R = 2 * cos.shape[-1] dims (partial rotary); the rest pass through."""
     rot = 2 * cos.shape[-1]
+    lib = qm.small_ops(x)
+    if lib is not None and x.dim() == 3 and x.is_contiguous() and cos.is_contiguous() and sin.is_contiguous():
+        out = torch.empty_like(x)
+        lib.tk_rope_neox(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), x.shape[0], x.shape[1], x.shape[2], rot,
+                         out.data_ptr())
+        return out
     if rot < x.shape[-1]:
         return torch.cat((apply_rope_neox(x[..., :rot], cos, sin), x[..., rot:]), dim=-1)
     half = rot // 2
