@@ -174,8 +174,9 @@ def run_llamacpp(path, kv: str, depths: list[int], n_prompt: int, n_gen: int, re
 def format_table(rows: list[Row], bandwidth: float | None = None) -> str:
     """A llama-bench-like table, with the ratio to llama.cpp's same test and KV type."""
     theirs = {(r.test, r.kv): r.tok_s for r in rows if r.engine == "llama.cpp"}
-    lines = ["| engine    | kv     | test            |      t/s | vs llama.cpp f16 | vs same kv | KV MiB | GB/s |",
-             "|-----------|--------|-----------------|---------:|---------:|---------:|-------:|-----:|"]
+    w = max([6] + [len(r.kv) for r in rows])
+    lines = [f"| engine    | {'kv':<{w}} | test            |      t/s | vs llama.cpp f16 | vs same kv | KV MiB | GB/s |",
+             f"|-----------|{'-' * (w + 2)}|-----------------|---------:|---------:|---------:|-------:|-----:|"]
     for r in rows:
         f16 = theirs.get((r.test, "f16"))
         same = theirs.get((r.test, r.kv))
@@ -183,6 +184,6 @@ def format_table(rows: list[Row], bandwidth: float | None = None) -> str:
         ratio_same = f"{r.tok_s / same:.2f}x" if same and r.engine == "tightkv" else ""
         kv_mib = f"{r.kv_bytes / 2**20:.1f}" if r.kv_bytes else ""
         gbs = f"{r.gb_s:.1f}" if r.gb_s else ""
-        lines.append(f"| {r.engine:<9} | {r.kv:<6} | {r.test:<15} | {r.tok_s:8.2f} | {ratio:>8} | {ratio_same:>8} "
+        lines.append(f"| {r.engine:<9} | {r.kv:<{w}} | {r.test:<15} | {r.tok_s:8.2f} | {ratio:>8} | {ratio_same:>8} "
                      f"| {kv_mib:>6} | {gbs:>4} |")
     return "\n".join(lines)
