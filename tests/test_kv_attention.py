@@ -131,11 +131,12 @@ def test_nbytes_is_the_formula(spec, window):
 
 
 def test_nbytes_by_hand():
-    """tq4 at head dim 256, 1 KV head, 1000 tokens, sink 4, window 128 (leaving it 32 at a time)."""
+    """tq4 at head dim 256, 1 KV head, 1000 tokens, sink 16, window 128 (leaving it 32 at a time)."""
     cache = parse_kv("tq4").make_cache(0, 1, 1, 256, 256, None)
+    assert (cache.sink, cache.recent) == (16, 128)
     g = torch.Generator().manual_seed(5)
     cache.attend(*random_step(1000, 4, 1, 256, 256, g, 0.0)[:3], 0.06)
-    body = 32 * ((1000 - 4 - 128) // 32)  # 864 compressed; 4 + 132 exact
+    body = 32 * ((1000 - 16 - 128) // 32)  # 832 compressed; 16 + 152 exact
     centres_and_scales = 4 * 256 * 2  # fp16 (K, V) x (centre, scale)
     expect = body * 256 * 2 * (4 + 16 / 256) / 8 + (1000 - body) * 256 * 2 * 2 + centres_and_scales
     assert cache.nbytes == expect
@@ -144,13 +145,16 @@ def test_nbytes_by_hand():
 def test_trim_then_continue_matches_a_fresh_run():
     g = torch.Generator().manual_seed(6)
     q, k, v = random_step(300, 4, 2, 64, 64, g, 0.5)
-    a = parse_kv("tq4").make_cache(0, 1, 2, 64, 64, None)
+    # the trimmed tokens pushed no group out of the window whose exact copies were
+    # already dropped (trim re-opens compressed tokens only while their copies are held)
+    spec = "tq4,sink=4"
+    a = parse_kv(spec).make_cache(0, 1, 2, 64, 64, None)
     a.attend(q[:, :200], k[:, :200], v[:, :200], 0.1)
     a.attend(q[:, 200:210], k[:, 200:210] * 3, v[:, 200:210], 0.1)  # tokens to forget
     a.trim(10)
     assert a.offset == 200
     out_a = a.attend(q[:, 200:], k[:, 200:], v[:, 200:], 0.1)
-    b = parse_kv("tq4").make_cache(0, 1, 2, 64, 64, None)
+    b = parse_kv(spec).make_cache(0, 1, 2, 64, 64, None)
     b.attend(q[:, :200], k[:, :200], v[:, :200], 0.1)
     out_b = b.attend(q[:, 200:], k[:, 200:], v[:, 200:], 0.1)
     assert (out_a - out_b).abs().max() < 1e-5
@@ -192,7 +196,7 @@ def test_parse_forms():
     assert (s.k, s.v) == ("q8_0", "tq4")
     assert (parse_kv(" Q8_0 : TQ4 ").k, parse_kv("k8v4").v) == ("q8_0", "tq4")
     p = parse_kv("progressive")
-    assert (p.k, p.v, p.recent, p.sink) == ("tq4", "tq4", 128, 4)
+    assert (p.k, p.v, p.recent, p.sink) == ("tq4", "tq4", 128, 16)
     s = parse_kv("tq3,sink=0,window=256")
     assert (s.sink, s.recent) == (0, 256)
     assert parse_kv(None).k == "f16" and parse_kv(s) is s
@@ -263,7 +267,7 @@ def test_body_store_is_reserved_once_and_bounded_in_sliding_layers():
     for _ in range(12):
         sliding.attend(*random_step(256, 2, 1, 64, 64, g, 0.0)[:3], 0.1)
     assert sliding.kf["idx"].shape[1] <= 1024 and sliding.ek.shape[1] <= 1024
-    assert sliding.nbytes == layer_bytes(sliding.kc, sliding.vc, 1, 300, 4, 128, 12 * 256)
+    assert sliding.nbytes == layer_bytes(sliding.kc, sliding.vc, 1, 300, sliding.sink, sliding.recent, 12 * 256)
 
 
 def test_tune_attention_error_ranks_types():

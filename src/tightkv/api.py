@@ -13,7 +13,7 @@ import numpy as np
 from .errors import ContextOverflowError, TightKVError
 from .registry import resolve
 
-DEFAULT_KV = "f16"
+DEFAULT_KV = "progressive"  # chosen by measurement: README, "KV cache"
 
 
 def default_threads() -> int:

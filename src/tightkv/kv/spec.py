@@ -17,7 +17,7 @@ Types: see `codecs.codec_names()`; each compressed type comes with a default sin
 and recent window (``-paper`` types: as published), and a K:V pair takes the larger
 of the two. Presets:
 
-- ``progressive``: tq4 keys and values, 4-token sink, 128-token exact window.
+- ``progressive``: tq4 keys and values, 16-token sink, 128-token exact window.
 - ``aggressive``: kvarn3 keys, tq3 values, sink 4, window 256: 7.8x smaller than an
   FP32 cache at 32K tokens on Gemma 3 270M, 9.4x on a Llama-shaped model, all counted.
 - ``k8v4``: q8_0 keys, tq4 values (keys carry the damage).
@@ -32,7 +32,7 @@ from .codecs import DENSE, codec_names, make_codec
 from .rotation import DEFAULT_SEED
 
 PRESETS: dict[str, dict] = {
-    "progressive": {"k": "tq4", "v": "tq4", "sink": 4, "recent": 128},
+    "progressive": {"k": "tq4", "v": "tq4", "sink": 16, "recent": 128},
     "aggressive": {"k": "kvarn3", "v": "tq3", "sink": 4, "recent": 256},
     "k8v4": {"k": "q8_0", "v": "tq4"},
 }
