@@ -8,7 +8,8 @@ from ..errors import TightKVError
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv", "--cache-type", dest="kv", default=None,
-                   help="KV cache type for keys and values (default f16, or $TIGHTKV_KV_CACHE_TYPE)")
+                   help="KV cache type or preset for keys and values (default progressive, or "
+                        "$TIGHTKV_KV_CACHE_TYPE; ppl and bench: f16)")
     p.add_argument("-c", "--ctx", type=int, default=None, help="context length in tokens")
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: physical cores)")
 

@@ -27,9 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verbose", action="store_true", help="print token counts, speeds and KV size")
     add_model_flags(p)
     p.add_argument("-ctk", "--cache-type-k", default=None, metavar="TYPE",
-                   help="KV cache type for keys (llama.cpp's flag; default f16)")
+                   help="KV cache type for keys (llama.cpp's flag; f16 when only -ctv is given)")
     p.add_argument("-ctv", "--cache-type-v", default=None, metavar="TYPE",
-                   help="KV cache type for values (default f16)")
+                   help="KV cache type for values (f16 when only -ctk is given)")
     p.add_argument("--rope-scale", type=float, default=None, metavar="FACTOR",
                    help="linear RoPE scaling: allows --ctx up to FACTOR x the trained context")
     p.add_argument("--system", default=None, help="system message (chat models)")

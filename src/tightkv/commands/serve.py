@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alias", default=None, help="the model id clients see (default: the model's name)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_model_flags(p)
-    p.add_argument("-ctk", "--cache-type-k", default=None, metavar="TYPE", help="KV cache type for keys (default f16)")
+    p.add_argument("-ctk", "--cache-type-k", default=None, metavar="TYPE", help="KV cache type for keys (f16 when only -ctv is given)")
     p.add_argument("-ctv", "--cache-type-v", default=None, metavar="TYPE", help="KV cache type for values")
 
 

@@ -45,8 +45,8 @@ import regex
 
 from ..errors import GGUFError
 from .tokenizer import (
-    ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, ATTR_UNDEFINED, ATTR_UNKNOWN, ATTR_USER_DEFINED, EOG_TEXTS,
-    TOKENIZER_CLASSES, TYPE_NORMAL, SPMTokenizer, Tokenizer, _meta_id, _TYPE_TO_ATTR,
+    ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, ATTR_UNDEFINED, ATTR_UNKNOWN, ATTR_USER_DEFINED,
+    TOKENIZER_CLASSES, TYPE_NORMAL, Tokenizer, _meta_id, _TYPE_TO_ATTR, eot_ids_from_metadata,
 )
 
 
@@ -232,27 +232,7 @@ class BPETokenizer(Tokenizer):
         self.add_bos = default_add_bos if add_bos is None else bool(add_bos)
         self.add_eos = bool(add_eos)
 
-        # end-of-generation tokens; llama.cpp also treats them as control tokens
-        eog = set(eot_ids or ())
-        for text in EOG_TEXTS:
-            i = self.ids.get(text)
-            if i is not None:
-                eog.add(i)
-                self.attrs[i] |= ATTR_CONTROL
-        if eos_id is not None:
-            eog.add(eos_id)
-        self.eot_ids = eog
-
-        # special-token partition tables, in the layout `SPMTokenizer._partition` reads
-        specials = [i for i, a in enumerate(self.attrs) if a & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)]
-        specials.sort(key=lambda i: -len(self.texts[i]))
-        self._specials_all: dict[str, list[tuple[int, str, int]]] = {}
-        self._specials_user: dict[str, list[tuple[int, str, int]]] = {}
-        for order, i in enumerate(specials):
-            entry = (order, self.texts[i], i)
-            self._specials_all.setdefault(self.texts[i][:2], []).append(entry)
-            if not self.attrs[i] & (ATTR_CONTROL | ATTR_UNKNOWN):
-                self._specials_user.setdefault(self.texts[i][:2], []).append(entry)
+        self._setup_specials(eos_id, eot_ids)
 
         self._char_ids = {c: self.ids.get(c) for c in BYTE_TO_CHAR}
         self._cache: dict[str, tuple[int, ...]] = {}
@@ -271,11 +251,7 @@ class BPETokenizer(Tokenizer):
         types = meta.get("tokenizer.ggml.token_type")
         if types is not None and len(types) < n:
             raise GGUFError(f"tokenizer has {len(types)} token types for {n} tokens")
-        eot = set()
-        for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
-            i = _meta_id(meta, key, None, n)
-            if i is not None:
-                eot.add(i)
+        eot = eot_ids_from_metadata(meta, n)
         for key, texts in _FIM_EOG:
             i = _meta_id(meta, key, None, n)
             if i is None:
@@ -296,8 +272,6 @@ class BPETokenizer(Tokenizer):
         )
 
     # -- encoding -----------------------------------------------------------
-
-    _partition = SPMTokenizer._partition
 
     def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
         """Token ids of `text`, equal to llama.cpp's `llama_tokenize(text, add_bos, special)`."""

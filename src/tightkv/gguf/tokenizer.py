@@ -88,6 +88,77 @@ class Tokenizer:
         """The bytes token `id` adds to the output (may be part of a UTF-8 character)."""
         raise NotImplementedError
 
+    # -- shared by the vocab types (needs self.texts, self.attrs, self.ids) ----
+
+    def _setup_specials(self, eos_id: int | None, eot_ids: set[int] | None) -> None:
+        """End-of-generation ids and the special-token partition tables."""
+        # end-of-generation tokens; llama.cpp also treats them as control tokens
+        eog = set(eot_ids or ())
+        for text in EOG_TEXTS:
+            i = self.ids.get(text)
+            if i is not None:
+                eog.add(i)
+                self.attrs[i] |= ATTR_CONTROL
+        if eos_id is not None:
+            eog.add(eos_id)
+        self.eot_ids = eog
+
+        # special-token partition order: longest text first (llama.cpp's std::sort leaves ties
+        # unordered; that matters only if equal-length specials can overlap, none do in Gemma)
+        specials = [i for i, a in enumerate(self.attrs) if a & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)]
+        specials.sort(key=lambda i: -len(self.texts[i]))
+        self._specials_all: dict[str, list[tuple[int, str, int]]] = {}  # first two chars -> (order, text, id)
+        self._specials_user: dict[str, list[tuple[int, str, int]]] = {}
+        for order, i in enumerate(specials):
+            entry = (order, self.texts[i], i)
+            self._specials_all.setdefault(self.texts[i][:2], []).append(entry)
+            if not self.attrs[i] & (ATTR_CONTROL | ATTR_UNKNOWN):
+                self._specials_user.setdefault(self.texts[i][:2], []).append(entry)
+
+    def _partition(self, text: str, special: bool) -> list[str | int]:
+        """Cut special tokens out of `text`: a list of text fragments and token ids."""
+        # only tokens whose first two characters occur in the text, in partition order
+        found = []
+        for head, group in (self._specials_all if special else self._specials_user).items():
+            if head in text:
+                found.extend(group)
+        found.sort()
+        frags: list[tuple[int, int] | int] = [(0, len(text))]
+        for _, s, tid in found:
+            if s not in text:
+                continue
+            size = len(s)
+            out: list[tuple[int, int] | int] = []
+            for f in frags:
+                if isinstance(f, int):
+                    out.append(f)
+                    continue
+                start, end = f
+                pos = text.find(s, start, end)
+                if pos < 0:
+                    out.append(f)
+                    continue
+                while pos >= 0:
+                    if pos > start:
+                        out.append((start, pos))
+                    out.append(tid)
+                    start = pos + size
+                    pos = text.find(s, start, end)
+                if start < end:
+                    out.append((start, end))
+            frags = out
+        return [f if isinstance(f, int) else text[f[0]:f[1]] for f in frags]
+
+
+def eot_ids_from_metadata(meta: dict[str, Any], n_tokens: int) -> set[int]:
+    """The end-of-turn / end-of-message ids the metadata names."""
+    eot = set()
+    for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        i = _meta_id(meta, key, None, n_tokens)
+        if i is not None:
+            eot.add(i)
+    return eot
+
 
 def _meta_id(meta: dict[str, Any], key: str, default: int | None, n_tokens: int) -> int | None:
     """A special-token id from metadata, llama.cpp style: bad ids keep the default."""
@@ -136,28 +207,7 @@ class SPMTokenizer(Tokenizer):
         self.add_eos = bool(add_eos)
         self.add_space_prefix = bool(add_space_prefix)
 
-        # end-of-generation tokens; llama.cpp also treats them as control tokens
-        eog = set(eot_ids or ())
-        for text in EOG_TEXTS:
-            i = self.ids.get(text)
-            if i is not None:
-                eog.add(i)
-                self.attrs[i] |= ATTR_CONTROL
-        if eos_id is not None:
-            eog.add(eos_id)
-        self.eot_ids = eog
-
-        # special-token partition order: longest text first (llama.cpp's std::sort leaves ties
-        # unordered; that matters only if equal-length specials can overlap, none do in Gemma)
-        specials = [i for i, a in enumerate(self.attrs) if a & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)]
-        specials.sort(key=lambda i: -len(self.texts[i]))
-        self._specials_all: dict[str, list[tuple[int, str, int]]] = {}  # first two chars -> (order, text, id)
-        self._specials_user: dict[str, list[tuple[int, str, int]]] = {}
-        for order, i in enumerate(specials):
-            entry = (order, self.texts[i], i)
-            self._specials_all.setdefault(self.texts[i][:2], []).append(entry)
-            if not self.attrs[i] & (ATTR_CONTROL | ATTR_UNKNOWN):
-                self._specials_user.setdefault(self.texts[i][:2], []).append(entry)
+        self._setup_specials(eos_id, eot_ids)
 
         # byte fallback: <0xNN>, else the single-byte character itself
         self._byte_ids: list[int | None] = []
@@ -189,11 +239,7 @@ class SPMTokenizer(Tokenizer):
             raise GGUFError(f"tokenizer has {len(scores)} scores for {n} tokens")
         if types is not None and len(types) < n:
             raise GGUFError(f"tokenizer has {len(types)} token types for {n} tokens")
-        eot = set()
-        for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
-            i = _meta_id(meta, key, None, n)
-            if i is not None:
-                eot.add(i)
+        eot = eot_ids_from_metadata(meta, n)
         return cls(
             list(tokens),
             list(scores[:n]) if scores is not None else None,
@@ -238,40 +284,6 @@ class SPMTokenizer(Tokenizer):
                 raise GGUFError("tokenizer asks for an EOS token but has no eos_token_id")
             out.append(self.eos_id)
         return out
-
-    def _partition(self, text: str, special: bool) -> list[str | int]:
-        """Cut special tokens out of `text`: a list of text fragments and token ids."""
-        # only tokens whose first two characters occur in the text, in partition order
-        found = []
-        for head, group in (self._specials_all if special else self._specials_user).items():
-            if head in text:
-                found.extend(group)
-        found.sort()
-        frags: list[tuple[int, int] | int] = [(0, len(text))]
-        for _, s, tid in found:
-            if s not in text:
-                continue
-            size = len(s)
-            out: list[tuple[int, int] | int] = []
-            for f in frags:
-                if isinstance(f, int):
-                    out.append(f)
-                    continue
-                start, end = f
-                pos = text.find(s, start, end)
-                if pos < 0:
-                    out.append(f)
-                    continue
-                while pos >= 0:
-                    if pos > start:
-                        out.append((start, pos))
-                    out.append(tid)
-                    start = pos + size
-                    pos = text.find(s, start, end)
-                if start < end:
-                    out.append((start, end))
-            frags = out
-        return [f if isinstance(f, int) else text[f[0]:f[1]] for f in frags]
 
     def _encode_fragment(self, text: str) -> list[int]:
         """Encode one escaped fragment piece by piece, through the cache."""

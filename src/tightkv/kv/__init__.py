@@ -16,14 +16,19 @@ Modules:
 Our variants (plain names) versus the papers (``-paper``). All are exact for
 attention, so they change only what the codec has to represent:
 
-1. An exact sink (first 4 tokens) and recent window (last 128 tokens; 256 for
-   types of 3 bits and less), kept in fp16; a prefill attends to what is stored.
+1. An exact sink (first 4 tokens; 16 for TurboQuant) and recent window (last 128
+   tokens; 256 for types of 3 bits and less; tokens leave it 32 at a time), kept in
+   fp16; a prefill attends to what is stored.
 2. A fixed per-channel centre c and scale w, fitted on the first block the layer
    compresses; the codec encodes (x - c) / w. Keys: score = (q * w) . code + q . c,
    with w = sqrt(std(k) / rms(q)), which minimizes the score error of a
    per-vector codec. Values: out = w * (sum p code) + c * (sum p), w = sqrt(std(v)).
 3. q8_0/q4_0 rotate (the Hadamard of llama.cpp PR #21038); tqB stores the
    least-squares scale instead of the norm; kiviB flushes keys every 32 tokens.
+
+The full protocol (6 chunks, with the sink and window turned off beside each type)
+is in docs/benchmarks.md, from ``python bench/make_benchmarks.py --only ppl``; the
+one-chunk exploration below chose the variants (sink 4, per-token flush).
 
 Measured on the embedded Gemma 3 270M, essays corpus, context 2048, chunk 1 only
 (1,023 scored tokens, the second half; f16 PPL 18.398), with ``tightkv.eval.ppl``.
