@@ -87,7 +87,7 @@ def run_section(name: str) -> None:
                 "--json", str(OUT / "docqa.json"))
     elif name == "synthetic":
         subprocess.run([sys.executable, str(ROOT / "bench" / "synthetic_llama.py"), "--depth", "16384", "--n-gen", "32",
-                        "--ours", "f16,tq4", "--llamacpp", "f16,q8_0", "--json", str(OUT / "synthetic_llama.json")],
+                        "--ours", "f16,tq4", "--llamacpp", "f16", "--json", str(OUT / "synthetic_llama.json")],
                        check=True)
     elif name == "speed":
         tightkv("bench", "--depths", "16,2048,8192", "--n-gen", "64", "-r", "3", "-p", "512", "-c", "8448",
@@ -178,7 +178,7 @@ def render_synthetic(d: dict | None) -> list[str]:
     base = {r["kv"]: r["tg_tok_s"] for r in rows if r["engine"] == "llama.cpp"}
     c = d["config"]
     out = ["## Synthetic Llama at 16K tokens", "",
-           "`python bench/synthetic_llama.py --depth 16384 --n-gen 32 --ours f16,tq4 --llamacpp f16,q8_0`: "
+           "`python bench/synthetic_llama.py --depth 16384 --n-gen 32 --ours f16,tq4 --llamacpp f16`: "
            f"{c['layers']} layers, {c['kv_heads']} KV heads of {c['head_dim']}, hidden {c['hidden']}, Q4_0 weights "
            f"(random), {d['threads']} threads; each row is a fresh process, so its peak RSS is the model plus "
            "its KV cache plus working memory.", "",

@@ -135,6 +135,11 @@ def isolated(fn, *args) -> dict:
     return payload
 
 
+def write_json(ns: argparse.Namespace, rows: list[dict]) -> None:
+    doc = {"config": CONFIG, "threads": ns.threads, "n_gen": ns.n_gen, "reps": ns.reps, "rows": rows}
+    Path(ns.json).write_text(json.dumps(doc, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--depth", type=int, default=16384)
@@ -157,12 +162,13 @@ def main() -> None:
             print(f"wrote {path.name} ({path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t:.0f} s",
                   file=sys.stderr)
         rows = []
-        for kv in filter(None, ns.ours.split(",")):
-            print(f"tightkv {kv} ...", file=sys.stderr, flush=True)
-            rows.append(isolated(ours, path, kv, ns.depth, ns.n_gen, ns.threads, ns.reps))
-        for kv in filter(None, ns.llamacpp.split(",")):
-            print(f"llama.cpp {kv} ...", file=sys.stderr, flush=True)
-            rows.append(isolated(llamacpp, path, kv, ns.depth, ns.n_gen, ns.threads, ns.reps))
+        runs = [(ours, "tightkv", kv) for kv in filter(None, ns.ours.split(","))]
+        runs += [(llamacpp, "llama.cpp", kv) for kv in filter(None, ns.llamacpp.split(","))]
+        for fn, engine, kv in runs:
+            print(f"{engine} {kv} ...", file=sys.stderr, flush=True)
+            rows.append(isolated(fn, path, kv, ns.depth, ns.n_gen, ns.threads, ns.reps))
+            if ns.json:  # after every row: a long run that is stopped keeps what it measured
+                write_json(ns, rows)
     base = next((r["tg_tok_s"] for r in rows if r["engine"] == "llama.cpp" and r["kv"] == "f16"), None)
     print(f"| engine    | kv          | depth | tg t/s | vs llama.cpp f16 | pp t/s | KV MiB | peak RSS MiB |")
     print(f"|-----------|-------------|------:|-------:|-----------------:|-------:|-------:|-------------:|")
@@ -173,9 +179,6 @@ def main() -> None:
               f"| {r['pp_tok_s']:6.1f} | {kv_mib:>6} | {r['peak_rss'] / 2**20:12.0f} |")
     print(f"synthetic Llama (16 layers, 8 KV heads of 128, hidden 2048, Q4_0), {ns.threads} threads, "
           f"{ns.n_gen} tokens, medians of {ns.reps}")
-    if ns.json:
-        doc = {"config": CONFIG, "threads": ns.threads, "n_gen": ns.n_gen, "reps": ns.reps, "rows": rows}
-        Path(ns.json).write_text(json.dumps(doc, indent=1))
 
 
 if __name__ == "__main__":

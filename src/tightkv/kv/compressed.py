@@ -124,6 +124,8 @@ class CompressedCache:
                 self._qn += qs.shape[1]
         self._append_exact(k, v)
         self._compress(max(self.cend, boundary(end - 1, self.sink, self.recent, self.flush)))
+        if end - start == 1:  # decode: plain ints, no tensor ops
+            return torch.tensor([max(boundary(start, self.sink, self.recent, self.flush), body_before)])
         return boundary(torch.arange(start, end), self.sink, self.recent, self.flush).clamp_min(body_before)
 
     def attend_stored(self, q: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
