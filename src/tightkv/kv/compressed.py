@@ -35,7 +35,6 @@ Sliding-window layers keep only what a future query can see.
 """
 from __future__ import annotations
 
-import math
 
 import torch
 
