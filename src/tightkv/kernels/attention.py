@@ -38,9 +38,7 @@ _BACKEND = "fast"
 def set_backend(name: str) -> None:
     """"fast" (the fused kernel where supported) or "reference" (torch only)."""
     global _BACKEND
-    if name not in ("fast", "reference"):
-        raise ValueError(f"unknown attention backend {name!r} (fast or reference)")
-    _BACKEND = name
+    _BACKEND = qm.check_backend(name, "attention")
 
 
 def get_backend() -> str:

@@ -68,12 +68,16 @@ def set_threads(n: int | None) -> None:
     _THREADS = n if n is None else max(1, int(n))
 
 
+def check_backend(name: str, what: str) -> str:
+    if name not in ("fast", "reference"):
+        raise ValueError(f"unknown {what} backend {name!r} (fast or reference)")
+    return name
+
+
 def set_backend(name: str) -> None:
     """Choose "fast" (compiled kernel where available) or "reference" for all QuantLinears."""
     global _BACKEND
-    if name not in ("fast", "reference"):
-        raise ValueError(f"unknown qmatmul backend {name!r} (fast or reference)")
-    _BACKEND = name
+    _BACKEND = check_backend(name, "qmatmul")
 
 
 def get_backend() -> str:
@@ -141,11 +145,7 @@ class QuantLinear(torch.nn.Module):
         k, n = self.in_features, self.out_features
         if x.dim() == 2 and x.shape[0] == 1 and self._tid >= 0 and x.dtype == torch.float32 and _BACKEND == "fast" \
                 and _lib_state == "loaded" and x.is_contiguous():  # decode: one row, straight to the kernel
-            y = torch.empty(1, n)
-            nth = (_THREADS or torch.get_num_threads()) if self._nbytes >= PARALLEL_MIN_BYTES else 1
-            if _lib.tk_gemv(self._tid, self._ptr, self._ld, n, k, x.data_ptr(), 1, y.data_ptr(), nth):
-                raise RuntimeError(f"tightkv kernel: bad {self.qtype} shape {n}x{k}")
-            return y
+            return self._gemv(_lib, x, 1)
         x2 = x if x.dim() == 2 else x.reshape(-1, k)  # (M, in)
         if x2.dtype != torch.float32:
             x2 = x2.float()
@@ -155,12 +155,10 @@ class QuantLinear(torch.nn.Module):
         if self.qtype == "F32":
             y = F.linear(x2, self.raw)
         elif self._tid >= 0 and _BACKEND == "fast" and (lib := _lib if _lib_state == "loaded" else _kernel()) is not None:
-            nth = (_THREADS or torch.get_num_threads()) if self._nbytes * m >= PARALLEL_MIN_BYTES else 1
             if m <= GEMV_MAX_ROWS:
-                y = torch.empty(m, n)  # (M, out)
-                if lib.tk_gemv(self._tid, self.raw.data_ptr(), self.raw.stride(0), n, k, x2.data_ptr(), m, y.data_ptr(), nth):
-                    raise RuntimeError(f"tightkv kernel: bad {self.qtype} shape {n}x{k}")
+                y = self._gemv(lib, x2, m)
             else:
+                nth = self._threads(m)
                 y = self._tiled(x2, lambda r0, r1: self._fast_tile(lib, r0, r1, nth))
         else:
             y = self._tiled(x2, self._ref_tile)
@@ -179,6 +177,17 @@ class QuantLinear(torch.nn.Module):
         return self._ref_tile(start, stop)
 
     # -- paths ---------------------------------------------------------------
+
+    def _threads(self, m: int) -> int:
+        return (_THREADS or torch.get_num_threads()) if self._nbytes * m >= PARALLEL_MIN_BYTES else 1
+
+    def _gemv(self, lib, x2: torch.Tensor, m: int) -> torch.Tensor:
+        """The block-dot kernel: x2 (M, in) contiguous float32 -> (M, out)."""
+        n, k = self.out_features, self.in_features
+        y = torch.empty(m, n)  # (M, out)
+        if lib.tk_gemv(self._tid, self._ptr, self._ld, n, k, x2.data_ptr(), m, y.data_ptr(), self._threads(m)):
+            raise RuntimeError(f"tightkv kernel: bad {self.qtype} shape {n}x{k}")
+        return y
 
     def _tile_rows(self) -> int:
         return max(1, min(self.out_features, TILE_ELEMS // self.in_features))
