@@ -59,7 +59,8 @@ RECENT = 128
 LOW_BIT_RECENT = 256
 # Exact sink: 4 tokens; 16 for TurboQuant, whose per-vector codes treat the sink's
 # outsized keys worst (essays, ctx 2048, 6 chunks, tq4: sink 4 +0.51% ΔPPL / KLD 0.00398,
-# sink 8 +0.24% / 0.00388, sink 16 +0.08% / 0.00391).
+# sink 8 +0.24% / 0.00388, sink 16 +0.08% / 0.00391; `tightkv ppl --file essays.txt --ctx 2048
+# --chunks 6 --compare f16,tq4,sink=8,tq4,sink=16` on the 2-core EPYC dev box).
 SINK = 4
 TQ_SINK = 16
 
