@@ -177,6 +177,7 @@ def test_killed_clients_leave_no_leaked_generation(server):
     FIN): every generation stops, caches are freed, CPU goes idle and memory
     comes back within 10% of the baseline."""
     proc = psutil.Process(server.proc.pid)
+    wait_idle(server)
     status, _, _ = request(server, "POST", CHAT, {"messages": [{"role": "user", "content": "warm up"}],
                                                   "max_tokens": 30, "stream": True})
     assert status == 200

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -131,3 +132,32 @@ def test_serve_cli_errors_are_one_line(tmp_path, gguf):
                              timeout=120)
         assert out.returncode != 0 and text in out.stderr, out.stderr
         assert "Traceback" not in out.stderr
+
+
+def test_a_job_being_prepared_still_counts_against_the_queue():
+    """The worker tokenizes a job outside the lock; a submit meanwhile must see it (CI race)."""
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_prepare(model):
+        entered.set()
+        release.wait(10)
+        raise ValueError("done")
+
+    sch = Scheduler(lambda: _FakeModel(), parallel=1, max_queue=0)
+    sch.start()
+    try:
+        for _ in range(100):
+            if sch.state == "ready":
+                break
+            time.sleep(0.05)
+        sch.submit(Job(slow_prepare, loop))
+        assert entered.wait(10)
+        with pytest.raises(Unavailable):
+            sch.submit(Job(lambda m: Prepared([1], 1), loop))
+    finally:
+        release.set()
+        sch.stop()
+        loop.close()

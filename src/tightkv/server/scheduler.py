@@ -190,8 +190,7 @@ class Scheduler:
                     self._cv.wait()
                 if self._stop:
                     return
-                new = list(self._inbox)
-                self._inbox.clear()
+                new = list(self._inbox)  # they stay counted in the inbox while prepared
             for job in new:
                 self._prepare(job)
             self._admit()
@@ -201,6 +200,7 @@ class Scheduler:
         """Tokenize and validate a new job; a bad request fails here, before it waits."""
         if job.cancelled:
             self.cancelled += 1
+            self._leave_inbox(job)
             job.post(ERROR, Cancelled("cancelled"))
             return
         from ..engine.generate import check_context
@@ -212,12 +212,19 @@ class Scheduler:
             sampling = {k: v for k, v in prep.options.items() if k in SamplingParams.__dataclass_fields__}
             SamplingParams(**sampling).validate()
         except Exception as err:  # noqa: BLE001 - the request's error, not the server's
+            self._leave_inbox(job)
             job.post(ERROR, err)
             return
         job.prompt, job.prepared = prep.ids, prep
+        self._leave_inbox(job, to=self._waiting)
         job.post(ACCEPTED, len(prep.ids))
+
+    def _leave_inbox(self, job: Job, to: collections.deque | None = None) -> None:
+        """Move a job out of the inbox in one locked step, so `submit` never sees it uncounted."""
         with self._cv:
-            self._waiting.append(job)
+            self._inbox.remove(job)
+            if to is not None:
+                to.append(job)
 
     def _admit(self) -> None:
         with self._cv:
