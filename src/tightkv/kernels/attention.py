@@ -8,9 +8,14 @@ softmax, for:
 - the dense cache (f32 / f16 / bf16): dot products straight from f16 storage,
   no float32 copy of the history;
 - the compressed cache: its exact sink and recent pool (f16) plus a body of
-  ``tq4`` codes (scored in the rotated domain: 16-entry codebook lookup with
-  one AVX-512 permute per 16 channels, then float dots), ``q8_0`` blocks or a
-  dense half. Queries are rotated and scaled once, value sums are rotated back
+  ``tq4`` codes, ``q8_0`` blocks or a dense half. tq4 is scored in the rotated
+  domain: with AVX-512 VNNI and a head size that is a multiple of 128, the query
+  is quantized to int8 (one scale per row), each key's nibbles become u8
+  codebook bytes by one byte shuffle per 64 channels, and one VNNI instruction
+  multiplies 64 of them; values are summed the same way with the softmax
+  weights of each 32-token block as u8 and four tokens' codes interleaved per
+  instruction (`set_int8`). Otherwise: one float permute per 16 channels
+  (codebook lookup), then float dots. Queries are rotated and scaled once, value sums are rotated back
   once; nothing is decoded beyond one vector at a time.
 
 Work is split over (KV head, token range) chunks that the pool's threads claim;
@@ -43,6 +48,13 @@ def set_backend(name: str) -> None:
 
 def get_backend() -> str:
     return _BACKEND
+
+
+def set_int8(keys: bool = True, values: bool = True) -> bool:
+    """Let tq4 keys / values take the int8 (VNNI) path; False keeps float dots.
+    Returns whether the loaded kernel has that path at all."""
+    lib_ = lib()
+    return bool(lib_ and lib_.tk_attn_int8(int(keys) | 2 * int(values)))
 
 
 def lib():
@@ -226,12 +238,26 @@ def encode(codec, x: torch.Tensor) -> dict | None:
     xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
     c = getattr(codec, "_fast_enc", None)
     if c is None:
-        c = codec._fast_enc = (codec.rotation.float().mT.contiguous(), codec.thresholds.float().contiguous(),
-                               codec.codebook.float().contiguous())
+        c = codec._fast_enc = (codec.rotation.float().mT.contiguous(), *_hadamard_signs(codec.rotation),
+                               codec.thresholds.float().contiguous(), codec.codebook.float().contiguous())
     idx = torch.empty(h, n, d // 2, dtype=torch.uint8)
     norm = torch.empty(h, n, dtype=torch.float16)
     threads = qm._THREADS or torch.get_num_threads()
-    if lib_.tk_tq4_encode(xf.data_ptr(), h * n, d, c[0].data_ptr(), c[1].data_ptr(), c[2].data_ptr(),
-                          int(codec.paper), idx.data_ptr(), norm.data_ptr(), threads):
+    if lib_.tk_tq4_encode(xf.data_ptr(), h * n, d, c[0].data_ptr(), _ptr(c[1]), c[2], c[3].data_ptr(),
+                          c[4].data_ptr(), int(codec.paper), idx.data_ptr(), norm.data_ptr(), threads):
         return None
     return {"idx": idx, "norm": norm}
+
+
+def _hadamard_signs(rot: torch.Tensor) -> tuple[torch.Tensor | None, int]:
+    """(signs, block) when rot is `rotation.rotation_matrix`'s H diag(signs) / sqrt(block),
+    so that the encoder can use a fast Walsh-Hadamard transform; (None, 0) otherwise."""
+    from ..kv.rotation import hadamard, rotation_block
+
+    d = rot.shape[0]
+    b = rotation_block(d)
+    j = torch.arange(d)
+    signs = torch.sign(rot[(j // b) * b, j]).float().contiguous()
+    hb = hadamard(b) / b**0.5
+    want = torch.block_diag(*([hb] * (d // b))) * signs[None, :]
+    return (signs, b) if torch.allclose(want, rot.float(), atol=1e-6) else (None, 0)

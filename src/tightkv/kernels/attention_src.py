@@ -100,6 +100,14 @@ struct Ctx {
   const int64_t *ranges;  // (nseg, T, 2)
   const float *qx, *qb, *bias;  // (Hkv, R, D) exact-domain and code-domain queries (scaled), (Hkv, R) bias
   f16v kcb, vcb;
+  // int8 paths (tq4 with D % 128 == 0 on AVX-512 VNNI): per (head, row) int8 code-domain
+  // query in nibble order, its byte sum and its float multiplier; codebooks as bytes
+  int i8k, i8v;
+  const int8_t *q8;
+  const int32_t *q8sum;
+  const float *q8mul;
+  uint8_t klut[64], vlut[64];  // K: codebook / kstep + 128 (u8); V: codebook / vstep (s8)
+  float vstep;
   // chunks
   const int64_t *chunks;  // (nchunks, 4): seg, head, start, end
   float *part;            // (nchunks, R, Dv + 2): acc, m, l
@@ -136,6 +144,121 @@ static inline __attribute__((always_inline)) void load32(const uint8_t *p0, cons
 
 template <int KIND>
 static inline float vec_scale(const uint8_t *p1) { return KIND == TQ4 ? f16s(p1) : 1.0f; }
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define TK_I8 1
+// Lane k of the result = the sum of the 16 lanes of a[k].
+static inline __m512i hsum16(const __m512i *a) {
+  __m512i b[8], c[4], d[2];
+  for (int i = 0; i < 8; i++)
+    b[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2 * i], a[2 * i + 1]),
+                            _mm512_unpackhi_epi32(a[2 * i], a[2 * i + 1]));
+  for (int i = 0; i < 4; i++)
+    c[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(b[2 * i], b[2 * i + 1]),
+                            _mm512_unpackhi_epi64(b[2 * i], b[2 * i + 1]));
+  for (int i = 0; i < 2; i++)
+    d[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(c[2 * i], c[2 * i + 1], 0x88),
+                            _mm512_shuffle_i32x4(c[2 * i], c[2 * i + 1], 0xDD));
+  return _mm512_add_epi32(_mm512_shuffle_i32x4(d[0], d[1], 0x88), _mm512_shuffle_i32x4(d[0], d[1], 0xDD));
+}
+
+// Integer dots of NR int8 query rows (D bytes apart; per 128 channels: the 64 even
+// channels, then the 64 odd ones) with n <= 16 tq4 keys: each key's 64 code bytes per
+// 128 channels split into low and high nibbles, mapped through the u8 codebook by
+// one byte shuffle each, then multiplied by VNNI dot instructions.
+template <int NR>
+static inline __attribute__((always_inline)) void dots_tq4_i8(const int8_t *q8, const uint8_t *k0, int64_t kt0,
+                                                              int64_t n, int64_t D, const uint8_t *lutp,
+                                                              int32_t *dots /* (NR, 16) */) {
+  const __m512i lut = _mm512_loadu_si512(lutp), m4 = _mm512_set1_epi8(15);
+  __m512i acc[NR][16];
+  for (int k = 0; k < 16; k++) {
+    __m512i a[NR];
+    for (int u = 0; u < NR; u++) a[u] = _mm512_setzero_si512();
+    if (k < n) {
+      const uint8_t *p = k0 + k * kt0;
+      for (int64_t c = 0; c < D / 128; c++) {
+        const __m512i by = _mm512_loadu_si512(p + 64 * c);
+        const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(by, m4));
+        const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(by, 4), m4));
+        for (int u = 0; u < NR; u++) {
+          a[u] = _mm512_dpbusd_epi32(a[u], lo, _mm512_loadu_si512(q8 + u * D + 128 * c));
+          a[u] = _mm512_dpbusd_epi32(a[u], hi, _mm512_loadu_si512(q8 + u * D + 128 * c + 64));
+        }
+      }
+    }
+    for (int u = 0; u < NR; u++) acc[u][k] = a[u];
+  }
+  for (int u = 0; u < NR; u++) _mm512_storeu_si512(dots + 16 * u, hsum16(acc[u]));
+}
+
+// out rows (NR, W apart, lanes in the int8 value order) += sum_j w[u][j] v_j over n
+// tq4 value vectors: weights quantized to u8 per row (scale max/255), four tokens'
+// code bytes interleaved so that one VNNI instruction sums 4 tokens x 16 channels.
+// Lane p = 128c + 32g + 16h + 4L + i holds channel 128c + 2(16L + 4g + i) + h.
+template <int NR>
+static inline __attribute__((always_inline)) void add_values_tq4_i8(float *o, int64_t W, const float *w,
+                                                                   const uint8_t *v0, int64_t vt0, int64_t n,
+                                                                   int64_t Dv, const uint8_t *lutp, float vstep) {
+  static_assert(BT == 32, "two weight vectors per block");
+  alignas(64) uint8_t wq[NR][BT];
+  float wsc[NR];
+  const __mmask16 m0 = (__mmask16)(n >= 16 ? 0xFFFF : (1u << n) - 1),
+                  m1 = (__mmask16)(n >= 32 ? 0xFFFF : n <= 16 ? 0 : (1u << (n - 16)) - 1);
+  for (int u = 0; u < NR; u++) {  // weights >= 0 to u8, rounded, with the block's max at 255
+    const __m512 w0 = _mm512_max_ps(_mm512_maskz_loadu_ps(m0, w + u * BT), _mm512_setzero_ps());
+    const __m512 w1 = _mm512_max_ps(_mm512_maskz_loadu_ps(m1, w + u * BT + 16), _mm512_setzero_ps());
+    const float mx = _mm512_reduce_max_ps(_mm512_max_ps(w0, w1));
+    const __m512 inv = _mm512_set1_ps(mx > 0 ? 255.f / mx : 0.f);
+    _mm_storeu_si128((__m128i *)wq[u], _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(w0, inv))));
+    _mm_storeu_si128((__m128i *)(wq[u] + 16), _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(w1, inv))));
+    wsc[u] = mx / 255.f * vstep;
+  }
+  const __m512i lut = _mm512_loadu_si512(lutp), m4 = _mm512_set1_epi8(15);
+  for (int64_t c = 0; c < Dv / 128; c++) {
+    __m512i acc[NR][8];
+    for (int u = 0; u < NR; u++)
+      for (int i = 0; i < 8; i++) acc[u][i] = _mm512_setzero_si512();
+    for (int64_t j = 0; j < n; j += 4) {
+      __m512i t[4];
+      for (int i = 0; i < 4; i++)
+        t[i] = j + i < n ? _mm512_loadu_si512(v0 + (j + i) * vt0 + 64 * c) : _mm512_setzero_si512();
+      const __m512i al = _mm512_unpacklo_epi8(t[0], t[1]), ah = _mm512_unpackhi_epi8(t[0], t[1]);
+      const __m512i bl = _mm512_unpacklo_epi8(t[2], t[3]), bh = _mm512_unpackhi_epi8(t[2], t[3]);
+      const __m512i g4[4] = {_mm512_unpacklo_epi16(al, bl), _mm512_unpackhi_epi16(al, bl),
+                             _mm512_unpacklo_epi16(ah, bh), _mm512_unpackhi_epi16(ah, bh)};
+      __m512i wb[NR];
+      for (int u = 0; u < NR; u++) {
+        int32_t w4; memcpy(&w4, &wq[u][j], 4);
+        wb[u] = _mm512_set1_epi32(w4);
+      }
+      for (int g = 0; g < 4; g++) {
+        const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(g4[g], m4));
+        const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(g4[g], 4), m4));
+        for (int u = 0; u < NR; u++) {
+          acc[u][2 * g] = _mm512_dpbusd_epi32(acc[u][2 * g], wb[u], lo);
+          acc[u][2 * g + 1] = _mm512_dpbusd_epi32(acc[u][2 * g + 1], wb[u], hi);
+        }
+      }
+    }
+    for (int u = 0; u < NR; u++) {
+      const __m512 s = _mm512_set1_ps(wsc[u]);
+      float *ou = o + u * W + 128 * c;
+      for (int i = 0; i < 8; i++)
+        _mm512_storeu_ps(ou + 16 * i, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[u][i]), s,
+                                                      _mm512_loadu_ps(ou + 16 * i)));
+    }
+  }
+}
+#else
+#define TK_I8 0
+#endif
+
+// Position of channel i in a value accumulator of the int8 tq4 path (see above).
+static inline int64_t i8v_pos(int64_t i) {
+  const int64_t c = i / 128, r = i % 128, h = r % 2, k = r / 2;
+  return 128 * c + 32 * ((k % 16) / 4) + 16 * h + 4 * (k / 16) + k % 4;
+}
 
 // Scores of NR query rows (q rows D apart) against one stored key, decoded 32
 // channels at a time straight into the dot products.
@@ -198,6 +321,46 @@ static void chunk_body(const Ctx *x, int64_t c) {
   for (int64_t j0 = a; j0 < e; j0 += BT) {
     const int64_t j1 = j0 + BT < e ? j0 + BT : e, n = j1 - j0;
     // scores: each key decoded once per 4 query rows
+#if TK_I8
+    if (KK == TQ4 && x->i8k) {
+      const int8_t *q8 = x->q8 + h * R * D;
+      alignas(64) int32_t dots[4 * 16];
+      for (int64_t g0 = 0; g0 < n; g0 += 16) {
+        const int64_t ng = n - g0 < 16 ? n - g0 : 16;
+        const uint8_t *k0 = kb0 + (j0 + g0) * s.kt0;
+        for (int64_t r0 = 0; r0 < R; r0 += 4) {
+          const int nr = R - r0 < 4 ? (int)(R - r0) : 4;
+          switch (nr) {
+            case 1: dots_tq4_i8<1>(q8 + r0 * D, k0, s.kt0, ng, D, x->klut, dots); break;
+            case 2: dots_tq4_i8<2>(q8 + r0 * D, k0, s.kt0, ng, D, x->klut, dots); break;
+            case 3: dots_tq4_i8<3>(q8 + r0 * D, k0, s.kt0, ng, D, x->klut, dots); break;
+            default: dots_tq4_i8<4>(q8 + r0 * D, k0, s.kt0, ng, D, x->klut, dots); break;
+          }
+          const __mmask16 live = (__mmask16)((1u << ng) - 1);
+          const uint8_t *nrm = kb1 + (j0 + g0) * s.kt1;
+          __m512 ks;
+          if (s.kt1 == 2) {
+            ks = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, nrm));
+          } else {
+            alignas(64) float tmp[16] = {};
+            for (int64_t k = 0; k < ng; k++) tmp[k] = f16s(nrm + k * s.kt1);
+            ks = _mm512_load_ps(tmp);
+          }
+          const __m512i tok = _mm512_add_epi32(_mm512_set1_epi32((int)(j0 + g0)),
+                                               _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+          for (int u = 0; u < nr; u++) {
+            const int64_t r = r0 + u, t = r % T, hr = h * R + r;
+            const __m512i di = _mm512_sub_epi32(_mm512_load_si512(dots + 16 * u), _mm512_set1_epi32(x->q8sum[hr]));
+            const __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(di), _mm512_set1_ps(x->q8mul[hr])), ks,
+                                             _mm512_set1_ps(bias[r]));
+            const __mmask16 in = _mm512_cmpge_epi32_mask(tok, _mm512_set1_epi32((int)rg[2 * t])) &
+                                 _mm512_cmplt_epi32_mask(tok, _mm512_set1_epi32((int)rg[2 * t + 1])) & live;
+            _mm512_storeu_ps(sc.data() + r * BT + g0, _mm512_mask_blend_ps(in, _mm512_set1_ps(-INFINITY), v));
+          }
+        }
+      }
+    } else
+#endif
     for (int64_t j = 0; j < n; j++) {
       const int64_t tok = j0 + j;
       const uint8_t *k0 = kb0 + tok * s.kt0, *k1 = kb1 ? kb1 + tok * s.kt1 : nullptr;
@@ -252,6 +415,17 @@ static void chunk_body(const Ctx *x, int64_t c) {
         for (int64_t r = 0; r < R; r++) sc[r * BT + j] *= vs;
       }
     const uint8_t *v0 = vb0 + j0 * s.vt0, *v1 = vb1 ? vb1 + j0 * s.vt1 : nullptr;
+#if TK_I8
+    if (VK == TQ4 && x->i8v) {
+      for (int64_t r0 = 0; r0 < R; r0 += 2) {
+        float *o = part + r0 * W;
+        const float *w = sc.data() + r0 * BT;
+        if (R - r0 == 1) add_values_tq4_i8<1>(o, W, w, v0, s.vt0, n, Dv, x->vlut, x->vstep);
+        else add_values_tq4_i8<2>(o, W, w, v0, s.vt0, n, Dv, x->vlut, x->vstep);
+      }
+      continue;
+    }
+#endif
     for (int64_t r0 = 0; r0 < R; r0 += 4) {
       const int nr = R - r0 < 4 ? (int)(R - r0) : 4;
       float *o = part + r0 * W;
@@ -290,6 +464,13 @@ static void chunk_fn_attn(const void *p, int64_t c) {
 }
 }  // namespace attn
 
+// Which sides may take the int8 tq4 path: bit 0 keys, bit 1 values (default both).
+static int g_int8_mask = 3;
+extern "C" int tk_attn_int8(int mask) {
+  if (mask >= 0) g_int8_mask = mask;
+  return TK_I8 ? g_int8_mask : 0;
+}
+
 // Returns 0, or 1 for an unsupported shape.
 extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_t D, int64_t Dv, float scale,
                        const float *rkT, const float *kscale, const float *kcenter,
@@ -303,7 +484,17 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
   for (int64_t i = 0; i < nseg; i++)
     if (sg[i].body) { any_body = true; kperm |= sg[i].kkind == TQ4; vperm |= sg[i].vkind == TQ4; }
   // queries: exact domain (scaled) and code domain (scaled, tq4 lanes permuted), bias
+  const bool i8k = TK_I8 && (g_int8_mask & 1) && kperm && D % 128 == 0,
+             i8v = TK_I8 && (g_int8_mask & 2) && vperm && Dv % 128 == 0;
   std::vector<float> qx(Hkv * R * D), qb(any_body ? Hkv * R * D : 0), bias(Hkv * R, 0.f), tmp(D);
+  std::vector<int8_t> q8(i8k ? Hkv * R * D : 0);
+  std::vector<int32_t> q8sum(Hkv * R, 0);
+  std::vector<float> q8mul(Hkv * R, 0.f);
+  float kstep = 0.f, vstep = 0.f;
+  for (int i = 0; i < 16 && kcb; i++) kstep = fabsf(kcb[i]) > kstep ? fabsf(kcb[i]) : kstep;
+  for (int i = 0; i < 16 && vcb; i++) vstep = fabsf(vcb[i]) > vstep ? fabsf(vcb[i]) : vstep;
+  kstep = kstep > 0 ? kstep / 127 : 1.f;
+  vstep = vstep > 0 ? vstep / 127 : 1.f;
   for (int64_t h = 0; h < Hkv; h++)
     for (int64_t r = 0; r < R; r++) {
       const float *qr = q + (h * R + r) * D;
@@ -320,6 +511,21 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
       for (int64_t i = 0; i < D; i++) {
         const int64_t src = kperm ? (i / 32) * 32 + (i % 32 < 16 ? 2 * (i % 32) : 2 * (i % 32 - 16) + 1) : i;
         ob[i] = tmp[src] * scale;
+      }
+      if (i8k) {  // int8 query in nibble order: per 128 channels the even ones, then the odd ones
+        float mx = 0.f;
+        for (int64_t i = 0; i < D; i++) mx = fabsf(tmp[i]) > mx ? fabsf(tmp[i]) : mx;
+        const float qs = mx > 0 ? mx * scale / 127 : 1.f, inv = scale / qs;
+        int8_t *o8 = q8.data() + (h * R + r) * D;
+        int32_t sum = 0;
+        for (int64_t i = 0; i < D; i++) {
+          const int64_t src = (i / 128) * 128 + 2 * (i % 64) + (i % 128) / 64;
+          const int v = (int)lrintf(tmp[src] * inv);
+          o8[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+          sum += o8[i];
+        }
+        q8sum[h * R + r] = 128 * sum;
+        q8mul[h * R + r] = qs * kstep;
       }
       if (kcenter) {
         float b = 0.f;
@@ -350,6 +556,13 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
   memset(&cx.kcb, 0, 64); memset(&cx.vcb, 0, 64);
   if (kcb) memcpy(&cx.kcb, kcb, 64);
   if (vcb) memcpy(&cx.vcb, vcb, 64);
+  cx.i8k = i8k; cx.i8v = i8v; cx.q8 = q8.data(); cx.q8sum = q8sum.data(); cx.q8mul = q8mul.data();
+  cx.vstep = vstep;
+  for (int i = 0; i < 64; i++) {
+    const int ck = kcb ? (int)lrintf(kcb[i % 16] / kstep) : 0, cv = vcb ? (int)lrintf(vcb[i % 16] / vstep) : 0;
+    cx.klut[i] = (uint8_t)(ck + 128);
+    cx.vlut[i] = (uint8_t)(int8_t)cv;
+  }
   cx.chunks = chunks.data(); cx.part = part.data();
   run_chunks(chunk_fn_attn, &cx, nch, nch > 1 ? nth : 1);
   // merge the chunks' partial states per head and row
@@ -376,7 +589,7 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
       if (any_body) {
         for (int64_t i = 0; i < Dv; i++) y[i] = 0.f;
         for (int64_t i = 0; i < Dv; i++) {  // un-permute, then y = acc_c @ R_v
-          const int64_t src = vperm ? (i / 32) * 32 + ((i % 2) ? 16 + (i % 32) / 2 : (i % 32) / 2) : i;
+          const int64_t src = i8v ? i8v_pos(i) : vperm ? (i / 32) * 32 + ((i % 2) ? 16 + (i % 32) / 2 : (i % 32) / 2) : i;
           const float ai = accc[src];
           if (rv) { const float *row = rv + i * Dv; for (int64_t j = 0; j < Dv; j++) y[j] += ai * row[j]; }
           else y[i] = ai;
@@ -402,6 +615,8 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
 namespace attn {
 struct EncCtx {
   const float *x, *rot, *thr, *cb;  // rot: R^T (D, D) row-major
+  const float *signs;               // or, for R = H diag(signs) / sqrt(hb) per block: the signs
+  int64_t hb;                       // Hadamard block size (a power of two dividing D)
   int64_t n, D, per;
   int paper;
   uint8_t *idx;
@@ -420,11 +635,25 @@ static void enc_chunk(const void *p, int64_t c) {
     const float den = nrm > 1e-30f ? nrm : 1e-30f;
     for (int64_t i = 0; i < D; i++) u[i] = (double)(xv[i] / den);
     double yc = 0, cc = 0;
-    for (int64_t j = 0; j < D; j++) yd[j] = 0;
-    for (int64_t i = 0; i < D; i++) {  // yd = u R^T, rows of R^T: independent lanes, vectorized
-      const float *row = e->rot + i * D;
-      const double ui = u[i];
-      for (int64_t j = 0; j < D; j++) yd[j] += ui * (double)row[j];
+    if (e->signs) {  // yd = u R^T = (u * signs) H / sqrt(hb): fast Walsh-Hadamard per block
+      const int64_t hb = e->hb;
+      const double norm = 1.0 / sqrt((double)hb);
+      for (int64_t i = 0; i < D; i++) yd[i] = u[i] * (double)e->signs[i];
+      for (int64_t b0 = 0; b0 < D; b0 += hb)
+        for (int64_t len = 1; len < hb; len *= 2)
+          for (int64_t i = b0; i < b0 + hb; i += 2 * len)
+            for (int64_t j = i; j < i + len; j++) {
+              const double a = yd[j], b = yd[j + len];
+              yd[j] = a + b; yd[j + len] = a - b;
+            }
+      for (int64_t i = 0; i < D; i++) yd[i] *= norm;
+    } else {
+      for (int64_t j = 0; j < D; j++) yd[j] = 0;
+      for (int64_t i = 0; i < D; i++) {  // yd = u R^T, rows of R^T: independent lanes, vectorized
+        const float *row = e->rot + i * D;
+        const double ui = u[i];
+        for (int64_t j = 0; j < D; j++) yd[j] += ui * (double)row[j];
+      }
     }
     for (int64_t j = 0; j < D; j++) {
       const float yj = (float)yd[j];
@@ -444,11 +673,11 @@ static void enc_chunk(const void *p, int64_t c) {
 }
 }  // namespace attn
 
-extern "C" int tk_tq4_encode(const float *x, int64_t n, int64_t D, const float *rot, const float *thr, const float *cb,
-                             int paper, uint8_t *idx, uint16_t *norm, int nth) {
+extern "C" int tk_tq4_encode(const float *x, int64_t n, int64_t D, const float *rot, const float *signs, int64_t hb,
+                             const float *thr, const float *cb, int paper, uint8_t *idx, uint16_t *norm, int nth) {
   using namespace attn;
-  if (D % 2) return 1;
-  EncCtx e = {x, rot, thr, cb, n, D, 8, paper, idx, (_Float16 *)norm};
+  if (D % 2 || (signs && (hb < 1 || (hb & (hb - 1)) || D % hb))) return 1;
+  EncCtx e = {x, rot, thr, cb, signs, hb, n, D, 8, paper, idx, (_Float16 *)norm};
   const int64_t nch = (n + e.per - 1) / e.per;
   run_chunks(enc_chunk, &e, nch, nch > 1 ? nth : 1);
   return 0;
