@@ -18,11 +18,14 @@ softmax, for:
   (codebook lookup), then float dots. Queries are rotated and scaled once, value sums are rotated back
   once; nothing is decoded beyond one vector at a time.
 
-Work is split over (KV head, token range) chunks that the pool's threads claim;
-the partial (max, sum, accumulator) states are merged by log-sum-exp. The torch
-code in kv/cache.py and kv/compressed.py stays the reference; this path is used
-for up to `MAX_T` query positions when the kernel is available and the formats
-are supported (``set_backend("reference")`` turns it off).
+Work is split into chunks that the pool's threads claim: for a decode step
+(KV head, token range); for a prefill chunk (KV head, 64 query rows), each over
+the rows' visible range, with rows skipping the 32-token blocks they cannot see
+(causal masks, windows). The partial (max, sum, accumulator) states are merged
+by log-sum-exp. The torch code in kv/cache.py and kv/compressed.py stays the
+reference. The compressed cache takes this path for decode and prefill alike;
+the dense cache for up to `MAX_T` query positions (its prefill goes to torch's
+fused SDPA). ``set_backend("reference")`` turns it off.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ import torch
 
 from . import qmatmul as qm
 
-MAX_T = 16  # query positions per call handled by the kernel (decode, speculative steps)
+MAX_T = 16  # query positions per call the kernel takes for a dense cache (decode, speculative steps)
 CHUNK_TOKENS = 256  # tokens per chunk a thread claims
 
 F32, F16, BF16, Q8_0, TQ4 = range(5)
@@ -88,17 +91,22 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def run(lib_, q: torch.Tensor, hkv: int, dv: int, scale: float, segs: list[list[int]], ranges: list[int],
+def run(lib_, q: torch.Tensor, hkv: int, dv: int, scale: float, segs: list[list[int]], ranges,
         keep: tuple = (), rkT=None, kscale=None, kcenter=None, rv=None, vscale=None, vcenter=None,
         kcb=None, vcb=None) -> torch.Tensor:
-    """q (H, T, D) -> (H, T, Dv) float32. ranges: per segment and query position, lo, hi."""
+    """q (H, T, D) -> (H, T, Dv) float32. ranges: per segment and query position, lo, hi
+    (a list of ints, or a contiguous int64 tensor)."""
     H, T, D = q.shape
     qf = q if q.dtype == torch.float32 and q.is_contiguous() else q.float().contiguous()
     R = (H // hkv) * T
     out = torch.empty(H, T, dv)
     flat = [x for s in segs for x in s]
     seg_arr = (ctypes.c_int64 * len(flat))(*flat)
-    rng_arr = (ctypes.c_int64 * len(ranges))(*ranges)
+    if isinstance(ranges, torch.Tensor):
+        keep = (*keep, ranges)
+        rng_arr = ranges.data_ptr()
+    else:
+        rng_arr = (ctypes.c_int64 * len(ranges))(*ranges)
     threads = qm._THREADS or torch.get_num_threads()
     rc = lib_.tk_attn(qf.data_ptr(), hkv, R, T, D, dv, scale, _ptr(rkT), _ptr(kscale), _ptr(kcenter),
                       _ptr(rv), _ptr(vscale), _ptr(vcenter), len(segs), seg_arr, rng_arr,
@@ -186,10 +194,11 @@ def _extras(cache) -> tuple:
     return ex[1]
 
 
-def compressed_decode(cache, q: torch.Tensor, q_pos0: int, b: list[int], scale: float) -> torch.Tensor | None:
-    """CompressedCache attention for T positions q_pos0.. whose bodies end at b (T,)."""
+def compressed_attend(cache, q: torch.Tensor, q_pos0: int, b: torch.Tensor, scale: float) -> torch.Tensor | None:
+    """CompressedCache attention for T positions q_pos0.. whose bodies end at b (T,):
+    decode steps and prefill chunks alike (no limit on T)."""
     H, T, D = q.shape
-    if T > MAX_T or not compressed_supported(cache):
+    if not compressed_supported(cache):
         return None
     lib_ = lib()
     if lib_ is None:
@@ -199,22 +208,34 @@ def compressed_decode(cache, q: torch.Tensor, q_pos0: int, b: list[int], scale: 
     n_ex_end = cache.nsink + max(0, cache.offset - cache.pool0)
     ek, ev = cache.ek, cache.ev
     segs = [segment(F16, F16, False, ek, None, ev, None), segment(F16, F16, False, ek, None, ev, None)]
-    ranges_sink, ranges_pool, ranges_body = [], [], []
     n_units = cache.cend - cache.cstart
-    for t in range(T):
-        p = q_pos0 + t
-        wlo = p - win + 1 if win is not None else 0
-        ranges_sink += [max(0, wlo), min(cache.nsink, p + 1)]
-        lo = max(cache.pool0, b[t], wlo)
-        ranges_pool += [cache.nsink + lo - cache.pool0, min(n_ex_end, cache.nsink + p + 1 - cache.pool0)]
-        ranges_body += [max(0, wlo - cache.cstart), min(n_units, b[t] - cache.cstart, p + 1 - cache.cstart)]
-    ranges = ranges_sink + ranges_pool
+    body = n_units > 0 and cache.kf
+    if T <= MAX_T:  # decode: plain ints
+        b = b.tolist()
+        ranges_sink, ranges_pool, ranges_body = [], [], []
+        for t in range(T):
+            p = q_pos0 + t
+            wlo = p - win + 1 if win is not None else 0
+            ranges_sink += [max(0, wlo), min(cache.nsink, p + 1)]
+            lo = max(cache.pool0, b[t], wlo)
+            ranges_pool += [cache.nsink + lo - cache.pool0, min(n_ex_end, cache.nsink + p + 1 - cache.pool0)]
+            ranges_body += [max(0, wlo - cache.cstart), min(n_units, b[t] - cache.cstart, p + 1 - cache.cstart)]
+        ranges = ranges_sink + ranges_pool + (ranges_body if body else [])
+    else:  # prefill: the same bounds as tensors
+        p = q_pos0 + torch.arange(T)
+        wlo = p - win + 1 if win is not None else torch.zeros_like(p)
+        lo = torch.maximum(b.clamp_min(cache.pool0), wlo)
+        parts = [wlo.clamp_min(0), (p + 1).clamp_max(cache.nsink),
+                 cache.nsink + lo - cache.pool0, (cache.nsink + p + 1 - cache.pool0).clamp_max(n_ex_end)]
+        if body:
+            parts += [(wlo - cache.cstart).clamp_min(0),
+                      torch.minimum(b - cache.cstart, p + 1 - cache.cstart).clamp_max(n_units)]
+        ranges = torch.stack(parts, 1).view(T, -1, 2).transpose(0, 1).contiguous()  # (segments, T, 2)
     extras = (None,) * 6
-    if n_units > 0 and cache.kf:
+    if body:
         k0, k1 = _fields(kk, cache.kf)
         v0, v1 = _fields(vk, cache.vf)
         segs.append(segment(kk, vk, True, k0, k1, v0, v1))
-        ranges += ranges_body
         extras = _extras(cache)[:6]
     rkT, ks, kcn, rv, vs, vcn = extras
     return run(lib_, q, cache.hkv, cache.dv, scale, segs, ranges, rkT=rkT, kscale=ks, kcenter=kcn,

@@ -109,11 +109,13 @@ struct Ctx {
   uint8_t klut[64], vlut[64];  // K: codebook / kstep + 128 (u8); V: codebook / vstep (s8)
   float vstep;
   // chunks
-  const int64_t *chunks;  // (nchunks, 4): seg, head, start, end
-  float *part;            // (nchunks, R, Dv + 2): acc, m, l
+  const int64_t *chunks;  // (nchunks, CH): seg, head, token start, end, row start, end
+  const int64_t *poff;    // where each chunk's partial starts in part
+  float *part;            // per chunk (rows, Dv + 2): acc, m, l
 };
 
 static const int BT = 32;
+static const int CH = 6;
 
 // Channels 32b .. 32b+31 of a stored vector as two float32 vectors (tq4: codebook
 // values in the permuted order even|odd, the per-vector scale applied by the caller).
@@ -302,59 +304,67 @@ static inline __attribute__((always_inline)) void add_values(float *o, int64_t W
 
 template <int KK, int VK>
 static void chunk_body(const Ctx *x, int64_t c) {
-  const int64_t *ch = x->chunks + 4 * c;
+  const int64_t *ch = x->chunks + CH * c;
   const Seg &s = x->segs[ch[0]];
-  const int64_t h = ch[1], a = ch[2], e = ch[3];
-  const int64_t R = x->R, T = x->T, D = x->D, Dv = x->Dv, W = Dv + 2;
-  float *part = x->part + c * R * W;
-  const float *q = (s.body ? x->qb : x->qx) + h * R * D;
-  const float *bias = s.body ? x->bias + h * R : nullptr;
+  const int64_t h = ch[1], a = ch[2], e = ch[3], ra = ch[4], nrows = ch[5] - ch[4];
+  const int64_t R = x->R, T = x->T, D = x->D, Dv = x->Dv, W = Dv + 2, hr0 = h * R + ra;
+  float *part = x->part + x->poff[c];
+  const float *q = (s.body ? x->qb : x->qx) + hr0 * D;
+  const float *bias = s.body ? x->bias + hr0 : nullptr;
   const int64_t *rg = x->ranges + ch[0] * T * 2;
-  for (int64_t r = 0; r < R; r++) {
+  for (int64_t r = 0; r < nrows; r++) {
     float *o = part + r * W;
     for (int64_t i = 0; i < Dv; i++) o[i] = 0.f;
     o[Dv] = -INFINITY; o[Dv + 1] = 0.f;
   }
-  std::vector<float> sc(R * BT);
+  std::vector<float> sc(nrows * BT);
+  std::vector<int64_t> lo(nrows), hi(nrows);  // each row's visible range
+  std::vector<char> alive(nrows + 4, 0);
+  for (int64_t r = 0; r < nrows; r++) { const int64_t t = (ra + r) % T; lo[r] = rg[2 * t]; hi[r] = rg[2 * t + 1]; }
   const uint8_t *kb0 = s.k0 + h * s.kh0, *kb1 = s.k1 ? s.k1 + h * s.kh1 : nullptr;
   const uint8_t *vb0 = s.v0 + h * s.vh0, *vb1 = s.v1 ? s.v1 + h * s.vh1 : nullptr;
   for (int64_t j0 = a; j0 < e; j0 += BT) {
     const int64_t j1 = j0 + BT < e ? j0 + BT : e, n = j1 - j0;
-    // scores: each key decoded once per 4 query rows
+    for (int64_t r = 0; r < nrows; r++) alive[r] = (lo[r] > j0 ? lo[r] : j0) < (hi[r] < j1 ? hi[r] : j1);
+    // scores of the rows that see this block: each key decoded once per 4 rows
 #if TK_I8
     if (KK == TQ4 && x->i8k) {
-      const int8_t *q8 = x->q8 + h * R * D;
+      const int8_t *q8 = x->q8 + hr0 * D;
       alignas(64) int32_t dots[4 * 16];
       for (int64_t g0 = 0; g0 < n; g0 += 16) {
         const int64_t ng = n - g0 < 16 ? n - g0 : 16;
         const uint8_t *k0 = kb0 + (j0 + g0) * s.kt0;
-        for (int64_t r0 = 0; r0 < R; r0 += 4) {
-          const int nr = R - r0 < 4 ? (int)(R - r0) : 4;
+        const __mmask16 live = (__mmask16)((1u << ng) - 1);
+        const uint8_t *nrm = kb1 + (j0 + g0) * s.kt1;
+        __m512 ks;
+        if (s.kt1 == 2) {
+          ks = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, nrm));
+        } else {
+          alignas(64) float tmp[16] = {};
+          for (int64_t k = 0; k < ng; k++) tmp[k] = f16s(nrm + k * s.kt1);
+          ks = _mm512_load_ps(tmp);
+        }
+        const __m512i tok = _mm512_add_epi32(_mm512_set1_epi32((int)(j0 + g0)),
+                                             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+        for (int64_t r0 = 0; r0 < nrows; r0 += 4) {
+          const int nr = nrows - r0 < 4 ? (int)(nrows - r0) : 4;
+          if (!(alive[r0] | alive[r0 + 1] | alive[r0 + 2] | alive[r0 + 3])) {
+            for (int u = 0; u < nr; u++) _mm512_storeu_ps(sc.data() + (r0 + u) * BT + g0, _mm512_set1_ps(-INFINITY));
+            continue;
+          }
           switch (nr) {
             case 1: dots_tq4_i8<1>(q8 + r0 * D, k0, s.kt0, ng, D, x->klut, dots); break;
             case 2: dots_tq4_i8<2>(q8 + r0 * D, k0, s.kt0, ng, D, x->klut, dots); break;
             case 3: dots_tq4_i8<3>(q8 + r0 * D, k0, s.kt0, ng, D, x->klut, dots); break;
             default: dots_tq4_i8<4>(q8 + r0 * D, k0, s.kt0, ng, D, x->klut, dots); break;
           }
-          const __mmask16 live = (__mmask16)((1u << ng) - 1);
-          const uint8_t *nrm = kb1 + (j0 + g0) * s.kt1;
-          __m512 ks;
-          if (s.kt1 == 2) {
-            ks = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, nrm));
-          } else {
-            alignas(64) float tmp[16] = {};
-            for (int64_t k = 0; k < ng; k++) tmp[k] = f16s(nrm + k * s.kt1);
-            ks = _mm512_load_ps(tmp);
-          }
-          const __m512i tok = _mm512_add_epi32(_mm512_set1_epi32((int)(j0 + g0)),
-                                               _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
           for (int u = 0; u < nr; u++) {
-            const int64_t r = r0 + u, t = r % T, hr = h * R + r;
+            const int64_t r = r0 + u, hr = hr0 + r;
             const __m512i di = _mm512_sub_epi32(_mm512_load_si512(dots + 16 * u), _mm512_set1_epi32(x->q8sum[hr]));
             const __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(di), _mm512_set1_ps(x->q8mul[hr])), ks,
                                              _mm512_set1_ps(bias[r]));
-            const __mmask16 in = _mm512_cmpge_epi32_mask(tok, _mm512_set1_epi32((int)rg[2 * t])) &
-                                 _mm512_cmplt_epi32_mask(tok, _mm512_set1_epi32((int)rg[2 * t + 1])) & live;
+            const __mmask16 in = _mm512_cmpge_epi32_mask(tok, _mm512_set1_epi32((int)lo[r])) &
+                                 _mm512_cmplt_epi32_mask(tok, _mm512_set1_epi32((int)hi[r])) & live;
             _mm512_storeu_ps(sc.data() + r * BT + g0, _mm512_mask_blend_ps(in, _mm512_set1_ps(-INFINITY), v));
           }
         }
@@ -365,30 +375,31 @@ static void chunk_body(const Ctx *x, int64_t c) {
       const int64_t tok = j0 + j;
       const uint8_t *k0 = kb0 + tok * s.kt0, *k1 = kb1 ? kb1 + tok * s.kt1 : nullptr;
       const float ks = vec_scale<KK>(k1);
-      for (int64_t r0 = 0; r0 < R; r0 += 4) {
-        const int nr = R - r0 < 4 ? (int)(R - r0) : 4;
-        float dots[4];
-        switch (nr) {
+      for (int64_t r0 = 0; r0 < nrows; r0 += 4) {
+        const int nr = nrows - r0 < 4 ? (int)(nrows - r0) : 4;
+        float dots[4] = {0.f, 0.f, 0.f, 0.f};
+        if (alive[r0] | alive[r0 + 1] | alive[r0 + 2] | alive[r0 + 3]) switch (nr) {
           case 1: dot_key<KK, 1>(q + r0 * D, k0, k1, D, x->kcb, dots); break;
           case 2: dot_key<KK, 2>(q + r0 * D, k0, k1, D, x->kcb, dots); break;
           case 3: dot_key<KK, 3>(q + r0 * D, k0, k1, D, x->kcb, dots); break;
           default: dot_key<KK, 4>(q + r0 * D, k0, k1, D, x->kcb, dots); break;
         }
         for (int u = 0; u < nr; u++) {
-          const int64_t r = r0 + u, t = r % T;
+          const int64_t r = r0 + u;
           float v = dots[u] * ks;
           if (bias) v += bias[r];
-          if (tok < rg[2 * t] || tok >= rg[2 * t + 1]) v = -INFINITY;
+          if (tok < lo[r] || tok >= hi[r]) v = -INFINITY;
           sc[r * BT + j] = v;
         }
       }
     }
     // online softmax per row
-    for (int64_t r = 0; r < R; r++) {
+    for (int64_t r = 0; r < nrows; r++) {
+      if (!alive[r]) continue;
       float *srow = sc.data() + r * BT, *o = part + r * W;
       float bm = -INFINITY;
       for (int64_t j = 0; j < n; j++) bm = srow[j] > bm ? srow[j] : bm;
-      if (bm == -INFINITY) { for (int64_t j = 0; j < n; j++) srow[j] = 0.f; continue; }
+      if (bm == -INFINITY) { alive[r] = 0; continue; }
       const float m = o[Dv], mn = bm > m ? bm : m;
       if (mn > m && m != -INFINITY) {
         const float alpha = vexp(splat(m - mn))[0];
@@ -408,26 +419,30 @@ static void chunk_body(const Ctx *x, int64_t c) {
       }
       o[Dv + 1] += lsum;
     }
+    for (int64_t r = 0; r < nrows; r++)
+      if (!alive[r]) for (int64_t j = 0; j < n; j++) sc[r * BT + j] = 0.f;
     // values: weights times each token's own scale, then summed 32 channels at a time
     if (VK == TQ4)
       for (int64_t j = 0; j < n; j++) {
         const float vs = vec_scale<VK>(vb1 + (j0 + j) * s.vt1);
-        for (int64_t r = 0; r < R; r++) sc[r * BT + j] *= vs;
+        for (int64_t r = 0; r < nrows; r++) sc[r * BT + j] *= vs;
       }
     const uint8_t *v0 = vb0 + j0 * s.vt0, *v1 = vb1 ? vb1 + j0 * s.vt1 : nullptr;
 #if TK_I8
     if (VK == TQ4 && x->i8v) {
-      for (int64_t r0 = 0; r0 < R; r0 += 2) {
+      for (int64_t r0 = 0; r0 < nrows; r0 += 2) {
+        if (!(alive[r0] | alive[r0 + 1])) continue;
         float *o = part + r0 * W;
         const float *w = sc.data() + r0 * BT;
-        if (R - r0 == 1) add_values_tq4_i8<1>(o, W, w, v0, s.vt0, n, Dv, x->vlut, x->vstep);
+        if (nrows - r0 == 1) add_values_tq4_i8<1>(o, W, w, v0, s.vt0, n, Dv, x->vlut, x->vstep);
         else add_values_tq4_i8<2>(o, W, w, v0, s.vt0, n, Dv, x->vlut, x->vstep);
       }
       continue;
     }
 #endif
-    for (int64_t r0 = 0; r0 < R; r0 += 4) {
-      const int nr = R - r0 < 4 ? (int)(R - r0) : 4;
+    for (int64_t r0 = 0; r0 < nrows; r0 += 4) {
+      const int nr = nrows - r0 < 4 ? (int)(nrows - r0) : 4;
+      if (!(alive[r0] | alive[r0 + 1] | alive[r0 + 2] | alive[r0 + 3])) continue;
       float *o = part + r0 * W;
       const float *w = sc.data() + r0 * BT;
       switch (nr) {
@@ -453,7 +468,7 @@ static void chunk_v(const Ctx *x, int64_t c, int64_t vk) {
 
 static void chunk_fn_attn(const void *p, int64_t c) {
   const Ctx *x = (const Ctx *)p;
-  const Seg &s = x->segs[x->chunks[4 * c]];
+  const Seg &s = x->segs[x->chunks[CH * c]];
   switch (s.kkind) {
     case F32: return chunk_v<F32>(x, c, s.vkind);
     case F16: return chunk_v<F16>(x, c, s.vkind);
@@ -471,7 +486,150 @@ extern "C" int tk_attn_int8(int mask) {
   return TK_I8 ? g_int8_mask : 0;
 }
 
-// Returns 0, or 1 for an unsupported shape.
+namespace attn {
+// C (n, m) = A (n, k) @ B (k, m), all row-major and contiguous, m % 32 == 0: 8 rows x
+// 32 columns of C in registers, one broadcast of A and two loads of B per step.
+template <int NR>
+static inline void mm_block(const float *A, const float *B, float *C, int64_t k, int64_t m, int64_t j) {
+  f16v c0[NR], c1[NR];
+  for (int r = 0; r < NR; r++) c0[r] = c1[r] = f16v{};
+  for (int64_t i = 0; i < k; i++) {
+    const f16v b0 = ld(B + i * m + j), b1 = ld(B + i * m + j + 16);
+    for (int r = 0; r < NR; r++) {
+      const f16v a = splat(A[r * k + i]);
+      c0[r] = fma(a, b0, c0[r]);
+      c1[r] = fma(a, b1, c1[r]);
+    }
+  }
+  for (int r = 0; r < NR; r++) { st(C + r * m + j, c0[r]); st(C + r * m + j + 16, c1[r]); }
+}
+static void matmul(const float *A, const float *B, float *C, int64_t n, int64_t k, int64_t m) {
+  for (int64_t r = 0; r < n; r += 8)
+    for (int64_t j = 0; j < m; j += 32) {
+      if (n - r >= 8) mm_block<8>(A + r * k, B, C + r * m, k, m, j);
+      else for (int64_t q = r; q < n; q++) mm_block<1>(A + q * k, B, C + q * m, k, m, j);
+    }
+}
+
+// Everything the per-row query preparation and the final merge read.
+struct Host {
+  const float *q, *rkT, *kscale, *kcenter, *rv, *vscale, *vcenter;
+  float scale, kstep;
+  int64_t Hkv, R, D, Dv, nseg, nch;
+  bool any_body, kperm, vperm, i8k, i8v;
+  const Seg *sg;
+  const int64_t *chunks, *poff, *row_chunks, *row_first;  // chunks of each (head, row tile)
+  const int32_t *ksrc, *q8src, *vsrc;  // lane orders: code-domain query, int8 query, value sums
+  int64_t rt;                                              // rows per tile
+  float *qx, *qb, *bias, *q8mul, *part, *out;
+  int8_t *q8;
+  int32_t *q8sum;
+};
+static const int64_t PREP_ROWS = 16;
+
+// Rows hr = 16c .. 16c+15: the exact-domain query (scaled), the code-domain query
+// (kscale, rotation, scale; tq4 lanes permuted even|odd per 32), its int8 form, the bias q.kcenter.
+static void prep_rows(const void *p, int64_t c) {
+  const Host *x = (const Host *)p;
+  const int64_t D = x->D, n = x->Hkv * x->R, h0 = c * PREP_ROWS;
+  const int64_t nb = n - h0 < PREP_ROWS ? n - h0 : PREP_ROWS;
+  std::vector<float> a(PREP_ROWS * D), rot(PREP_ROWS * D);
+  for (int64_t k = 0; k < nb; k++) {
+    const int64_t hr = h0 + k, h = hr / x->R;
+    const float *qr = x->q + hr * D;
+    float *ox = x->qx + hr * D;
+    for (int64_t i = 0; i < D; i++) ox[i] = qr[i] * x->scale;
+    for (int64_t i = 0; i < D; i++) a[k * D + i] = x->kscale ? qr[i] * x->kscale[h * D + i] : qr[i];
+  }
+  if (!x->any_body) return;
+  if (x->rkT) matmul(a.data(), x->rkT, rot.data(), nb, D, D);  // (q * kscale) R_k^T
+  else rot = a;
+  for (int64_t k = 0; k < nb; k++) {
+    const int64_t hr = h0 + k, h = hr / x->R;
+    const float *qr = x->q + hr * D, *tmp = rot.data() + k * D;
+    float *ob = x->qb + hr * D;
+    for (int64_t i = 0; i < D; i++) ob[i] = tmp[x->ksrc[i]] * x->scale;
+    if (x->i8k) {  // int8 query in nibble order: per 128 channels the even ones, then the odd ones
+      float mx = 0.f;
+      for (int64_t i = 0; i < D; i++) mx = fabsf(tmp[i]) > mx ? fabsf(tmp[i]) : mx;
+      const float qs = mx > 0 ? mx * x->scale / 127 : 1.f, inv = x->scale / qs;
+      int8_t *o8 = x->q8 + hr * D;
+      int32_t sum = 0;
+      for (int64_t i = 0; i < D; i++) {
+        const int v = (int)lrintf(tmp[x->q8src[i]] * inv);
+        o8[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+        sum += o8[i];
+      }
+      x->q8sum[hr] = 128 * sum;
+      x->q8mul[hr] = qs * x->kstep;
+    }
+    if (x->kcenter) {
+      float b = 0.f;
+      for (int64_t i = 0; i < D; i++) b += qr[i] * x->kcenter[h * D + i];
+      x->bias[hr] = b * x->scale;
+    }
+  }
+}
+
+// Rows hr = 16c .. 16c+15: merge their chunks' partial states by log-sum-exp; the
+// body's sum is un-permuted, rotated back (acc_c R_v), scaled and centred once.
+static void merge_rows(const void *p, int64_t c) {
+  const Host *x = (const Host *)p;
+  const int64_t Dv = x->Dv, W = Dv + 2, n = x->Hkv * x->R, h0 = c * PREP_ROWS;
+  const int64_t nb = n - h0 < PREP_ROWS ? n - h0 : PREP_ROWS;
+  std::vector<float> accs(PREP_ROWS * Dv), accc(Dv), cperm(PREP_ROWS * Dv, 0.f), y(PREP_ROWS * Dv), ls(2 * PREP_ROWS);
+  // pass 1: each row's exact-domain sum (accs), its code-domain sum un-permuted (cperm), l and l_c
+  for (int64_t k = 0; k < nb; k++) {
+    const int64_t hr = h0 + k;
+    const int64_t h = hr / x->R, r = hr % x->R, tile = h * ((x->R + x->rt - 1) / x->rt) + r / x->rt;
+    const int64_t *mine = x->row_chunks + x->row_first[tile], nm = x->row_first[tile + 1] - x->row_first[tile];
+    float m = -INFINITY;
+    for (int64_t kk = 0; kk < nm; kk++) {
+      const int64_t ci = mine[kk];
+      const float mc = x->part[x->poff[ci] + (r - x->chunks[CH * ci + 4]) * W + Dv];
+      m = mc > m ? mc : m;
+    }
+    float l = 0.f, lc = 0.f;
+    float *acc = accs.data() + k * Dv;
+    for (int64_t i = 0; i < Dv; i++) acc[i] = accc[i] = 0.f;
+    for (int64_t kk = 0; kk < nm; kk++) {
+      const int64_t ci = mine[kk];
+      const float *pc = x->part + x->poff[ci] + (r - x->chunks[CH * ci + 4]) * W;
+      if (pc[Dv] == -INFINITY) continue;
+      const float w = expf(pc[Dv] - m);
+      const bool body = x->sg[x->chunks[CH * ci]].body;
+      float *dst = body ? accc.data() : acc;
+      for (int64_t i = 0; i < Dv; i++) dst[i] += w * pc[i];
+      l += w * pc[Dv + 1];
+      if (body) lc += w * pc[Dv + 1];
+    }
+    if (x->any_body)
+      for (int64_t i = 0; i < Dv; i++) cperm[k * Dv + i] = accc[x->vsrc[i]];
+    ls[2 * k] = l; ls[2 * k + 1] = lc;
+  }
+  // pass 2: y = acc_c @ R_v for the block's rows at once, then scale, centre and normalize
+  if (x->any_body) {
+    if (x->rv) matmul(cperm.data(), x->rv, y.data(), nb, Dv, Dv);
+    else y = cperm;
+  }
+  for (int64_t k = 0; k < nb; k++) {
+    const int64_t hr = h0 + k, h = hr / x->R;
+    float *acc = accs.data() + k * Dv, *o = x->out + hr * Dv;
+    if (x->any_body)
+      for (int64_t i = 0; i < Dv; i++) {
+        float v = y[k * Dv + i] * (x->vscale ? x->vscale[h * Dv + i] : 1.f);
+        if (x->vcenter) v += ls[2 * k + 1] * x->vcenter[h * Dv + i];
+        acc[i] += v;
+      }
+    const float inv = ls[2 * k] > 0 ? 1.f / ls[2 * k] : 0.f;
+    for (int64_t i = 0; i < Dv; i++) o[i] = acc[i] * inv;
+  }
+}
+}  // namespace attn
+
+// Returns 0, or 1 for an unsupported shape. Decode (R <= ROW_TILE rows per KV head):
+// chunks split each segment's tokens; prefill: chunks are (segment, head, row tile)
+// over the tile's whole visible range, and rows skip the blocks they cannot see.
 extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_t D, int64_t Dv, float scale,
                        const float *rkT, const float *kscale, const float *kcenter,
                        const float *rv, const float *vscale, const float *vcenter,
@@ -479,130 +637,86 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
                        const float *kcb, const float *vcb, int64_t chunk_tokens, float *out, int nth) {
   using namespace attn;
   if (D % 32 || Dv % 32 || D > 1024 || Dv > 1024 || R < 1 || T < 1 || R % T) return 1;
-  const Seg *sg = (const Seg *)segs;
-  bool any_body = false, kperm = false, vperm = false;
+  const int64_t ROW_TILE = 64;
+  Host hx = {};
+  hx.q = q; hx.rkT = rkT; hx.kscale = kscale; hx.kcenter = kcenter; hx.rv = rv; hx.vscale = vscale;
+  hx.vcenter = vcenter; hx.scale = scale; hx.Hkv = Hkv; hx.R = R; hx.D = D; hx.Dv = Dv; hx.nseg = nseg;
+  hx.sg = (const Seg *)segs;
   for (int64_t i = 0; i < nseg; i++)
-    if (sg[i].body) { any_body = true; kperm |= sg[i].kkind == TQ4; vperm |= sg[i].vkind == TQ4; }
-  // queries: exact domain (scaled) and code domain (scaled, tq4 lanes permuted), bias
-  const bool i8k = TK_I8 && (g_int8_mask & 1) && kperm && D % 128 == 0,
-             i8v = TK_I8 && (g_int8_mask & 2) && vperm && Dv % 128 == 0;
-  std::vector<float> qx(Hkv * R * D), qb(any_body ? Hkv * R * D : 0), bias(Hkv * R, 0.f), tmp(D);
-  std::vector<int8_t> q8(i8k ? Hkv * R * D : 0);
-  std::vector<int32_t> q8sum(Hkv * R, 0);
-  std::vector<float> q8mul(Hkv * R, 0.f);
+    if (hx.sg[i].body) { hx.any_body = true; hx.kperm |= hx.sg[i].kkind == TQ4; hx.vperm |= hx.sg[i].vkind == TQ4; }
+  hx.i8k = TK_I8 && (g_int8_mask & 1) && hx.kperm && D % 128 == 0;
+  hx.i8v = TK_I8 && (g_int8_mask & 2) && hx.vperm && Dv % 128 == 0;
+  const int64_t rows = Hkv * R;
+  std::vector<int32_t> ksrc(D), q8src(D), vsrc(Dv);
+  for (int64_t i = 0; i < D; i++) {
+    ksrc[i] = hx.kperm ? (i / 32) * 32 + (i % 32 < 16 ? 2 * (i % 32) : 2 * (i % 32 - 16) + 1) : i;
+    q8src[i] = (i / 128) * 128 + 2 * (i % 64) + (i % 128) / 64;
+  }
+  for (int64_t i = 0; i < Dv; i++)
+    vsrc[i] = hx.i8v ? i8v_pos(i) : hx.vperm ? (i / 32) * 32 + ((i % 2) ? 16 + (i % 32) / 2 : (i % 32) / 2) : i;
+  hx.ksrc = ksrc.data(); hx.q8src = q8src.data(); hx.vsrc = vsrc.data();
+  std::vector<float> qx(rows * D), qb(hx.any_body ? rows * D : 0), bias(rows, 0.f), q8mul(rows, 0.f);
+  std::vector<int8_t> q8(hx.i8k ? rows * D : 0);
+  std::vector<int32_t> q8sum(rows, 0);
   float kstep = 0.f, vstep = 0.f;
   for (int i = 0; i < 16 && kcb; i++) kstep = fabsf(kcb[i]) > kstep ? fabsf(kcb[i]) : kstep;
   for (int i = 0; i < 16 && vcb; i++) vstep = fabsf(vcb[i]) > vstep ? fabsf(vcb[i]) : vstep;
-  kstep = kstep > 0 ? kstep / 127 : 1.f;
+  hx.kstep = kstep = kstep > 0 ? kstep / 127 : 1.f;
   vstep = vstep > 0 ? vstep / 127 : 1.f;
-  for (int64_t h = 0; h < Hkv; h++)
-    for (int64_t r = 0; r < R; r++) {
-      const float *qr = q + (h * R + r) * D;
-      float *ox = qx.data() + (h * R + r) * D;
-      for (int64_t i = 0; i < D; i++) ox[i] = qr[i] * scale;
-      if (!any_body) continue;
-      for (int64_t i = 0; i < D; i++) tmp[i] = 0.f;
-      for (int64_t i = 0; i < D; i++) {
-        const float ai = kscale ? qr[i] * kscale[h * D + i] : qr[i];
-        if (rkT) { const float *row = rkT + i * D; for (int64_t j = 0; j < D; j++) tmp[j] += ai * row[j]; }
-        else tmp[i] = ai;
+  hx.qx = qx.data(); hx.qb = qb.data(); hx.bias = bias.data(); hx.q8 = q8.data(); hx.q8sum = q8sum.data();
+  hx.q8mul = q8mul.data();
+  // per-row work is shared out only when there are many rows (prefill): for a decode
+  // step it is tiny, and each pool round-trip costs a wake-up
+  const int64_t nprep = (rows + PREP_ROWS - 1) / PREP_ROWS, nth_rows = rows >= 256 ? nth : 1;
+  run_chunks(prep_rows, &hx, nprep, nth_rows);
+  // chunks: per segment, head and row tile, the tile's visible token range, split in
+  // pieces of chunk_tokens while a single tile holds all rows (decode)
+  const int64_t rt = R <= ROW_TILE ? R : ROW_TILE, ntiles = (R + rt - 1) / rt;
+  const bool split = ntiles == 1;
+  std::vector<int64_t> chunks, poff;
+  std::vector<std::vector<int64_t>> per_tile(Hkv * ntiles);
+  int64_t total = 0;
+  for (int64_t sgi = 0; sgi < nseg; sgi++)
+    for (int64_t ti = 0; ti < ntiles; ti++) {
+      const int64_t r0 = ti * rt, r1 = r0 + rt < R ? r0 + rt : R;
+      int64_t a = INT64_MAX, e = 0;
+      for (int64_t r = r0; r < r1; r++) {
+        const int64_t t = r % T, lo = ranges[(sgi * T + t) * 2], hi = ranges[(sgi * T + t) * 2 + 1];
+        if (hi > lo) { a = lo < a ? lo : a; e = hi > e ? hi : e; }
       }
-      float *ob = qb.data() + (h * R + r) * D;
-      for (int64_t i = 0; i < D; i++) {
-        const int64_t src = kperm ? (i / 32) * 32 + (i % 32 < 16 ? 2 * (i % 32) : 2 * (i % 32 - 16) + 1) : i;
-        ob[i] = tmp[src] * scale;
-      }
-      if (i8k) {  // int8 query in nibble order: per 128 channels the even ones, then the odd ones
-        float mx = 0.f;
-        for (int64_t i = 0; i < D; i++) mx = fabsf(tmp[i]) > mx ? fabsf(tmp[i]) : mx;
-        const float qs = mx > 0 ? mx * scale / 127 : 1.f, inv = scale / qs;
-        int8_t *o8 = q8.data() + (h * R + r) * D;
-        int32_t sum = 0;
-        for (int64_t i = 0; i < D; i++) {
-          const int64_t src = (i / 128) * 128 + 2 * (i % 64) + (i % 128) / 64;
-          const int v = (int)lrintf(tmp[src] * inv);
-          o8[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
-          sum += o8[i];
+      if (e <= a) continue;
+      const int64_t step = split ? chunk_tokens : e - a;
+      for (int64_t h = 0; h < Hkv; h++)
+        for (int64_t c0 = a; c0 < e; c0 += step) {
+          per_tile[h * ntiles + ti].push_back((int64_t)chunks.size() / CH);
+          const int64_t v[CH] = {sgi, h, c0, c0 + step < e ? c0 + step : e, r0, r1};
+          chunks.insert(chunks.end(), v, v + CH);
+          poff.push_back(total);
+          total += (r1 - r0) * (Dv + 2);
         }
-        q8sum[h * R + r] = 128 * sum;
-        q8mul[h * R + r] = qs * kstep;
-      }
-      if (kcenter) {
-        float b = 0.f;
-        for (int64_t i = 0; i < D; i++) b += qr[i] * kcenter[h * D + i];
-        bias[h * R + r] = b * scale;
-      }
     }
-  // chunks: every segment's union range per head, in pieces of chunk_tokens
-  std::vector<int64_t> chunks;
-  for (int64_t s = 0; s < nseg; s++) {
-    int64_t a = INT64_MAX, e = 0;
-    for (int64_t t = 0; t < T; t++) {
-      const int64_t lo = ranges[(s * T + t) * 2], hi = ranges[(s * T + t) * 2 + 1];
-      if (hi > lo) { a = lo < a ? lo : a; e = hi > e ? hi : e; }
-    }
-    if (e <= a) continue;
-    for (int64_t h = 0; h < Hkv; h++)
-      for (int64_t c0 = a; c0 < e; c0 += chunk_tokens) {
-        chunks.push_back(s); chunks.push_back(h); chunks.push_back(c0);
-        chunks.push_back(c0 + chunk_tokens < e ? c0 + chunk_tokens : e);
-      }
-  }
-  const int64_t nch = (int64_t)chunks.size() / 4, W = Dv + 2;
-  std::vector<float> part(nch * R * W);
+  const int64_t nch = (int64_t)chunks.size() / CH;
+  std::vector<int64_t> row_chunks, row_first(1, 0);
+  for (auto &v : per_tile) { row_chunks.insert(row_chunks.end(), v.begin(), v.end()); row_first.push_back(row_chunks.size()); }
+  std::vector<float> part(total);
   Ctx cx;
-  cx.Hkv = Hkv; cx.R = R; cx.T = T; cx.D = D; cx.Dv = Dv; cx.segs = sg; cx.ranges = ranges;
+  cx.Hkv = Hkv; cx.R = R; cx.T = T; cx.D = D; cx.Dv = Dv; cx.segs = hx.sg; cx.ranges = ranges;
   cx.qx = qx.data(); cx.qb = qb.data(); cx.bias = bias.data();
   memset(&cx.kcb, 0, 64); memset(&cx.vcb, 0, 64);
   if (kcb) memcpy(&cx.kcb, kcb, 64);
   if (vcb) memcpy(&cx.vcb, vcb, 64);
-  cx.i8k = i8k; cx.i8v = i8v; cx.q8 = q8.data(); cx.q8sum = q8sum.data(); cx.q8mul = q8mul.data();
+  cx.i8k = hx.i8k; cx.i8v = hx.i8v; cx.q8 = q8.data(); cx.q8sum = q8sum.data(); cx.q8mul = q8mul.data();
   cx.vstep = vstep;
   for (int i = 0; i < 64; i++) {
     const int ck = kcb ? (int)lrintf(kcb[i % 16] / kstep) : 0, cv = vcb ? (int)lrintf(vcb[i % 16] / vstep) : 0;
     cx.klut[i] = (uint8_t)(ck + 128);
     cx.vlut[i] = (uint8_t)(int8_t)cv;
   }
-  cx.chunks = chunks.data(); cx.part = part.data();
+  cx.chunks = chunks.data(); cx.poff = poff.data(); cx.part = part.data();
   run_chunks(chunk_fn_attn, &cx, nch, nch > 1 ? nth : 1);
-  // merge the chunks' partial states per head and row
-  std::vector<float> acc(Dv), accc(Dv), y(Dv);
-  for (int64_t h = 0; h < Hkv; h++)
-    for (int64_t r = 0; r < R; r++) {
-      float m = -INFINITY;
-      for (int64_t c = 0; c < nch; c++)
-        if (chunks[4 * c + 1] == h) { float mc = part[(c * R + r) * W + Dv]; m = mc > m ? mc : m; }
-      float l = 0.f, lc = 0.f;
-      for (int64_t i = 0; i < Dv; i++) acc[i] = accc[i] = 0.f;
-      for (int64_t c = 0; c < nch; c++) {
-        if (chunks[4 * c + 1] != h) continue;
-        const float *pc = part.data() + (c * R + r) * W;
-        if (pc[Dv] == -INFINITY) continue;
-        const float w = expf(pc[Dv] - m);
-        const bool body = sg[chunks[4 * c]].body;
-        float *dst = body ? accc.data() : acc.data();
-        for (int64_t i = 0; i < Dv; i++) dst[i] += w * pc[i];
-        l += w * pc[Dv + 1];
-        if (body) lc += w * pc[Dv + 1];
-      }
-      float *o = out + (h * R + r) * Dv;
-      if (any_body) {
-        for (int64_t i = 0; i < Dv; i++) y[i] = 0.f;
-        for (int64_t i = 0; i < Dv; i++) {  // un-permute, then y = acc_c @ R_v
-          const int64_t src = i8v ? i8v_pos(i) : vperm ? (i / 32) * 32 + ((i % 2) ? 16 + (i % 32) / 2 : (i % 32) / 2) : i;
-          const float ai = accc[src];
-          if (rv) { const float *row = rv + i * Dv; for (int64_t j = 0; j < Dv; j++) y[j] += ai * row[j]; }
-          else y[i] = ai;
-        }
-        for (int64_t i = 0; i < Dv; i++) {
-          float v = y[i] * (vscale ? vscale[h * Dv + i] : 1.f);
-          if (vcenter) v += lc * vcenter[h * Dv + i];
-          acc[i] += v;
-        }
-      }
-      const float inv = l > 0 ? 1.f / l : 0.f;
-      for (int64_t i = 0; i < Dv; i++) o[i] = acc[i] * inv;
-    }
+  hx.chunks = chunks.data(); hx.poff = poff.data(); hx.row_chunks = row_chunks.data(); hx.row_first = row_first.data();
+  hx.rt = rt; hx.nch = nch; hx.part = part.data(); hx.out = out;
+  run_chunks(merge_rows, &hx, nprep, nth_rows);
   return 0;
 }
 

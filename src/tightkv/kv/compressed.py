@@ -130,10 +130,9 @@ class CompressedCache:
     def attend_stored(self, q: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
         """Attend q (H, T, D), the last T positions, over the stored history -> (H, T, Dv)."""
         T = q.shape[1]
-        if T <= _attn.MAX_T:  # decode: the fused kernel over the stored codes
-            out = _attn.compressed_decode(self, q, self.offset - T, b.tolist(), scale)
-            if out is not None:
-                return out if out.dtype == q.dtype else out.to(q.dtype)
+        out = _attn.compressed_attend(self, q, self.offset - T, b, scale)  # the fused kernel
+        if out is not None:
+            return out if out.dtype == q.dtype else out.to(q.dtype)
         q_pos = torch.arange(self.offset - T, self.offset)
         out = self._attention(q, q_pos, b, scale)
         return out if out.dtype == q.dtype else out.to(q.dtype)
