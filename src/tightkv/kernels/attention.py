@@ -249,6 +249,7 @@ def encode(codec, x: torch.Tensor) -> dict | None:
     steps as `codecs.TurboQuant.encode`, per vector, rotation in float64), or None
     where it does not apply."""
     from ..kv import codecs
+    from ..kv.rotation import rotation_block, rotation_signs
 
     if type(codec) is not codecs.TurboQuant or codec.code_bits != 4 or "encode" in vars(codec):
         return None
@@ -259,26 +260,14 @@ def encode(codec, x: torch.Tensor) -> dict | None:
     xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
     c = getattr(codec, "_fast_enc", None)
     if c is None:
-        c = codec._fast_enc = (codec.rotation.float().mT.contiguous(), *_hadamard_signs(codec.rotation),
+        signs = rotation_signs(codec.dim, codec.seed)  # the rotation is H diag(signs) per block
+        c = codec._fast_enc = (codec.rotation.float().mT.contiguous(), signs, rotation_block(codec.dim),
                                codec.thresholds.float().contiguous(), codec.codebook.float().contiguous())
     idx = torch.empty(h, n, d // 2, dtype=torch.uint8)
     norm = torch.empty(h, n, dtype=torch.float16)
     threads = qm._THREADS or torch.get_num_threads()
-    if lib_.tk_tq4_encode(xf.data_ptr(), h * n, d, c[0].data_ptr(), _ptr(c[1]), c[2], c[3].data_ptr(),
+    if lib_.tk_tq4_encode(xf.data_ptr(), h * n, d, c[0].data_ptr(), c[1].data_ptr(), c[2], c[3].data_ptr(),
                           c[4].data_ptr(), int(codec.paper), idx.data_ptr(), norm.data_ptr(), threads):
         return None
     return {"idx": idx, "norm": norm}
 
-
-def _hadamard_signs(rot: torch.Tensor) -> tuple[torch.Tensor | None, int]:
-    """(signs, block) when rot is `rotation.rotation_matrix`'s H diag(signs) / sqrt(block),
-    so that the encoder can use a fast Walsh-Hadamard transform; (None, 0) otherwise."""
-    from ..kv.rotation import hadamard, rotation_block
-
-    d = rot.shape[0]
-    b = rotation_block(d)
-    j = torch.arange(d)
-    signs = torch.sign(rot[(j // b) * b, j]).float().contiguous()
-    hb = hadamard(b) / b**0.5
-    want = torch.block_diag(*([hb] * (d // b))) * signs[None, :]
-    return (signs, b) if torch.allclose(want, rot.float(), atol=1e-6) else (None, 0)

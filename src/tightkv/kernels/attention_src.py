@@ -515,7 +515,7 @@ static void matmul(const float *A, const float *B, float *C, int64_t n, int64_t 
 struct Host {
   const float *q, *rkT, *kscale, *kcenter, *rv, *vscale, *vcenter;
   float scale, kstep;
-  int64_t Hkv, R, D, Dv, nseg, nch;
+  int64_t Hkv, R, D, Dv;
   bool any_body, kperm, vperm, i8k, i8v;
   const Seg *sg;
   const int64_t *chunks, *poff, *row_chunks, *row_first;  // chunks of each (head, row tile)
@@ -640,7 +640,7 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
   const int64_t ROW_TILE = 64;
   Host hx = {};
   hx.q = q; hx.rkT = rkT; hx.kscale = kscale; hx.kcenter = kcenter; hx.rv = rv; hx.vscale = vscale;
-  hx.vcenter = vcenter; hx.scale = scale; hx.Hkv = Hkv; hx.R = R; hx.D = D; hx.Dv = Dv; hx.nseg = nseg;
+  hx.vcenter = vcenter; hx.scale = scale; hx.Hkv = Hkv; hx.R = R; hx.D = D; hx.Dv = Dv;
   hx.sg = (const Seg *)segs;
   for (int64_t i = 0; i < nseg; i++)
     if (hx.sg[i].body) { hx.any_body = true; hx.kperm |= hx.sg[i].kkind == TQ4; hx.vperm |= hx.sg[i].vkind == TQ4; }
@@ -715,7 +715,7 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
   cx.chunks = chunks.data(); cx.poff = poff.data(); cx.part = part.data();
   run_chunks(chunk_fn_attn, &cx, nch, nch > 1 ? nth : 1);
   hx.chunks = chunks.data(); hx.poff = poff.data(); hx.row_chunks = row_chunks.data(); hx.row_first = row_first.data();
-  hx.rt = rt; hx.nch = nch; hx.part = part.data(); hx.out = out;
+  hx.rt = rt; hx.part = part.data(); hx.out = out;
   run_chunks(merge_rows, &hx, nprep, nth_rows);
   return 0;
 }

@@ -35,11 +35,17 @@ def rotation_block(dim: int) -> int:
 
 
 @lru_cache(maxsize=32)
+def rotation_signs(dim: int, seed: int = DEFAULT_SEED) -> torch.Tensor:
+    """The random signs s (dim,) float32 of `rotation_matrix` (for fast transforms)."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + dim)
+    return torch.randint(0, 2, (dim,), generator=gen).float() * 2 - 1
+
+
+@lru_cache(maxsize=32)
 def rotation_matrix(dim: int, seed: int = DEFAULT_SEED) -> torch.Tensor:
     """Orthogonal (dim, dim) float32: block-diagonal normalized Hadamard times random signs."""
     b = rotation_block(dim)
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + dim)
-    signs = torch.randint(0, 2, (dim,), generator=gen).float() * 2 - 1
+    signs = rotation_signs(dim, seed)
     hb = hadamard(b) / b**0.5
     r = torch.block_diag(*([hb] * (dim // b))) if dim != b else hb
     return (r * signs[None, :]).contiguous()
