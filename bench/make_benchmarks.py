@@ -6,6 +6,8 @@ page is assembled from whatever JSON is there. Sections:
     machine   CPU, cores, memory and measured read bandwidth
     memory    bench/load_memory.py: RSS rise from loading the embedded model
     ppl       tightkv ppl on the essays (ctx 2048, 6 chunks) across KV types
+    ppl-kernel  the same for the types the fused attention kernel serves only, merged into ppl.json
+    niah-kernel the same for niah (niah.json, niah.png)
     niah      tightkv niah on the essays (1K-8K x 5 depths) across KV types
     speed     tightkv bench --vs-llamacpp at depths 16, 2048, 8192
     synthetic bench/synthetic_llama.py: a KV-dominated Llama shape at 16K tokens, speed
@@ -33,7 +35,12 @@ ESSAYS = ROOT.parent / "shared" / "data" / "essays.txt"
 PPL_BASE = ["q8_0", "q4_0", "tq4", "tq3", "kvarn4", "kivi4", "progressive", "k8v4", "aggressive"]
 OFF = ",sink=0,window=0"  # the same type with its exact sink and recent window turned off
 PPL_TYPES = ",".join(["f16", *PPL_BASE, *(t + OFF for t in PPL_BASE if t != "progressive")])
+# the types whose attention runs in the fused kernel: `ppl-kernel` reruns only these
+# (after a kernel change) and replaces their rows in ppl.json; the rest take the torch path
+PPL_KERNEL = ["q8_0", "tq4", "progressive", "k8v4"]
+PPL_KERNEL_TYPES = ",".join(["f16", *PPL_KERNEL, *(t + OFF for t in PPL_KERNEL if t != "progressive")])
 NIAH_TYPES = "f16,q8_0,progressive,aggressive"
+NIAH_KERNEL_TYPES = "f16,q8_0,progressive"
 SPEED_TYPES = "f16,progressive"
 DOCQA_TYPES = "f16,progressive"
 DOCQA_ARGS = ["--measure-wm", "--wm-lengths", "1024,2048,4096,8192,16384"]  # add "--quick" for an 8K full prefix
@@ -78,6 +85,21 @@ def run_section(name: str) -> None:
     elif name == "ppl":
         tightkv("ppl", "--file", str(ESSAYS), "--ctx", "2048", "--chunks", "6", "--compare", PPL_TYPES,
                 "--threads", "2", "--json", str(OUT / "ppl.json"))
+    elif name == "ppl-kernel":
+        part = OUT / "ppl_kernel.json"
+        tightkv("ppl", "--file", str(ESSAYS), "--ctx", "2048", "--chunks", "6", "--compare", PPL_KERNEL_TYPES,
+                "--threads", "2", "--json", str(part))
+        _merge("ppl", part)
+    elif name == "niah-kernel":
+        part = OUT / "niah_kernel.json"
+        tightkv("niah", "--lengths", "1024,4096,8192", "--depths", "0,25,50,75,100", "--haystack", str(ESSAYS),
+                "--compare", NIAH_KERNEL_TYPES, "--threads", "2", "--png", str(OUT / "niah_kernel.png"),
+                "--json", str(part))
+        (OUT / "niah_kernel.png").unlink()
+        whole = _merge("niah", part)
+        from tightkv.eval.niah import heatmap
+
+        heatmap(whole["results"], whole["lengths"], whole["depths"], str(ROOT / "docs" / "niah.png"))
     elif name == "niah":
         tightkv("niah", "--lengths", "1024,4096,8192", "--depths", "0,25,50,75,100", "--haystack", str(ESSAYS),
                 "--compare", NIAH_TYPES, "--threads", "2", "--png", str(ROOT / "docs" / "niah.png"),
@@ -93,6 +115,21 @@ def run_section(name: str) -> None:
         tightkv("bench", "--depths", "16,2048,8192", "--n-gen", "64", "-r", "3", "-p", "512", "-c", "8448",
                 "--compare", SPEED_TYPES,
                 "--threads", "2", "--vs-llamacpp", "--json", str(OUT / "speed.json"))
+
+
+def _merge(name: str, part: Path) -> dict:
+    """Replace the rows of `name`.json by those of a partial rerun, if its f16 baseline
+    agrees with the old one (perplexity within 0.01%, needles passed alike)."""
+    whole, new = json.loads((OUT / f"{name}.json").read_text()), json.loads(part.read_text())
+    a, b = whole["results"]["f16"], new["results"]["f16"]
+    if "ppl" in a:
+        assert abs(a["ppl"] - b["ppl"]) < 1e-4 * a["ppl"], f"the f16 baseline moved: {a['ppl']} -> {b['ppl']}"
+    else:
+        assert [c["passed"] for c in a["cells"]] == [c["passed"] for c in b["cells"]], "the f16 baseline moved"
+    whole["results"].update(new["results"])
+    (OUT / f"{name}.json").write_text(json.dumps(whole, indent=1))
+    part.unlink()
+    return whole
 
 
 def _load(name: str) -> dict | None:

@@ -1,0 +1,64 @@
+"""Quality cost of the int8 attention path: perplexity and KLD against f16 with the
+fused kernel's tq4 dots in int8 (VNNI) and in float, through decode-sized steps.
+
+    python bench/attention_int8.py [--chunks 3] [--kv progressive] [--json PATH]
+
+Each chunk of the llama-perplexity protocol (essays, ctx 2048) is fed 16 tokens
+at a time, so every scored position goes through the decode kernel as in
+generation. Prints one row per mode.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+ESSAYS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "essays.txt"
+
+
+def measure(model, text: str, kv: str, chunks: int, step: int) -> dict:
+    from tightkv.eval import ppl
+
+    results = {}
+    orig = ppl.score_chunk
+    ppl.score_chunk = lambda net, ids, caches, res: orig(net, ids, caches, res, sub=step)
+    try:
+        results = ppl.perplexity(model, text, 2048, chunks, [kv], progress=True)
+    finally:
+        ppl.score_chunk = orig
+    return results[kv]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chunks", type=int, default=3)
+    ap.add_argument("--kv", default="progressive")
+    ap.add_argument("--step", type=int, default=16, help="tokens per forward call")
+    ap.add_argument("--file", default=str(ESSAYS))
+    ap.add_argument("--json", default=None)
+    ns = ap.parse_args()
+
+    from tightkv.api import Model
+    from tightkv.kernels import attention
+
+    model = Model()
+    text = Path(ns.file).read_text()
+    rows = []
+    for mode in ("int8", "float"):
+        if not attention.set_int8(mode == "int8", mode == "int8") and mode == "int8":
+            print("this CPU has no AVX-512 VNNI: the int8 path is not built")
+            continue
+        r = measure(model, text, ns.kv, ns.chunks, ns.step)
+        rows.append({"mode": mode, "kv": ns.kv, **r})
+    attention.set_int8()
+    print(f"| mode | kv | ppl | KLD mean | KLD p99 | same top-1 |  (essays, ctx 2048, {ns.chunks} chunks, "
+          f"{ns.step} tokens per step)")
+    for r in rows:
+        print(f"| {r['mode']} | {r['kv']} | {r['ppl']:.4f} | {r['kld_mean']:.5f} | {r['kld_p99']:.4f} | "
+              f"{r['same_top1']:.4f} |")
+    if ns.json:
+        Path(ns.json).write_text(json.dumps({"chunks": ns.chunks, "step": ns.step, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
