@@ -82,26 +82,46 @@ def test_answer_matching_keywords_and_checks():
     assert adds_information("Who was the captain of the Albatross?", "Alma Petrakis")
 
 
-def test_answer_line_skips_blank_lines_and_completes_a_broken_line():
-    from tightkv.documents.session import answer_line
-
-    class Scripted:  # yields text pieces as Model.generate(stream=True) does
-        def __init__(self, pieces):
-            self.pieces = pieces
-
-        def generate(self, ids, **kwargs):
-            return (p for p in self.pieces)
-
-        def tokenize(self, text, add_bos=False):
-            return text.split()
+def test_answer_text_skips_blank_lines_and_completes_a_broken_line():
+    from tightkv.documents.session import answer_text
 
     def line(*pieces):
-        return answer_line(Scripted(list(pieces)), [], 32, None).text
+        return answer_text(iter(pieces))[0]
 
     assert line("\n", "Porto", ", Portugal", "\n", "Question:") == "Porto, Portugal"
     assert line("The captain", " was", "\n", "Alma Petrakis.", "\n", "Next") == "The captain was Alma Petrakis."
     assert line("Answer:", "\n\n", "42", "\n", "x") == "Answer: 42"
     assert line("no newline at all") == "no newline at all"
+    pieces = iter(["Porto", "\n", "never read"])
+    answer_text(pieces)
+    assert next(pieces) == "never read"  # stops reading once the line is complete
+
+
+def test_answer_start_keeps_the_answer_on_the_answer_line():
+    """Before the answer has text, a line break or end of text is passed over for the
+    next best token (the model looping on "\\nAnswer:" after a whole document)."""
+    from tightkv.documents.session import AnswerStart
+
+    class Tok:
+        eot_ids = {0}
+        vocab = [b"<eot>", b"\n", b"\n\n", b" ", b" At", b" Baltic", b"."]
+
+        def token_bytes(self, i):
+            return self.vocab[i]
+
+    def logits(*order):  # token ids, likeliest first
+        x = torch.zeros(7)
+        for rank, i in enumerate(order):
+            x[i] = 10.0 - rank
+        return x
+
+    pick = AnswerStart(Tok())
+    assert pick(logits(1, 0, 2, 3, 4), []) == 3  # a space is not an answer yet, but it keeps the line
+    assert not pick.started
+    assert pick(logits(0, 2, 1, 4), []) == 4 and pick.started
+    assert pick(logits(1, 5), []) == 1  # once the answer has begun, a line break ends it as usual
+    assert pick.margins == [1.0, 7.0, 1.0]  # chosen minus runner-up among the tokens allowed
+    assert AnswerStart(Tok())(logits(4, 1), []) == 4
 
 
 def test_benchmark_sets_are_seeded():

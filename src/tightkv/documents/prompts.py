@@ -2,8 +2,10 @@
 
 The embedded model (Gemma 3 270M) is a base model with no chat template, so every
 prompt is a document followed by a "Question: ...\\nAnswer:" line, answered greedily
-up to the end of the line. The document part is a fixed prefix, so its KV cache can
-be reused (and saved) while questions change.
+up to the end of the line (the answer starts on that line: `session.AnswerStart`).
+The document part is a fixed prefix, so its KV cache can be reused (and saved)
+while questions change. Full mode, RAG and RLV share this format; only what stands
+under "Document:" differs (the whole document, retrieved chunks, read sections).
 """
 from __future__ import annotations
 

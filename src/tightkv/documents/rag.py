@@ -62,5 +62,5 @@ class RagIndex:
         top = chunks[0] if chunks else None
         return Answer(first_sentence(r.text), "rag", top.title if top else "", top.index if top else None,
                       ttft=time.perf_counter() - t0 - r.seconds + r.ttft,
-                      seconds=time.perf_counter() - t0, prompt_tokens=len(ids),
+                      seconds=time.perf_counter() - t0, prompt_tokens=len(ids), min_margin=r.min_margin,
                       stages=[{"stage": "retrieve", "chunks": [c.index for c in chunks]}])

@@ -136,7 +136,7 @@ class RLV:
         cite = max(secs, key=lambda s: (support(answer, s.text), -group.index(s.index))) if answer else secs[0]
         return {"sections": group, "tokens": len(prefix), "answer": answer, "margin": margin, "grounded": grounded,
                 "typed": typed, "verified": bool(answer) and grounded and typed and judged, "cite": cite.index,
-                "ttft": ttft, "seconds": time.perf_counter() - t, "call_tokens": calls}
+                "ttft": ttft, "seconds": time.perf_counter() - t, "call_tokens": calls, "min_margin": r.min_margin}
 
     def _next_group(self, question: str, ranked: list[int], done: list[dict], seen: set[int],
                     tried: set) -> tuple[str, list[int], str] | None:
@@ -200,7 +200,8 @@ class RLV:
         return Answer(best["answer"] if best else "", "rlv", f"{sec.label} {sec.title}" if sec else "",
                       sec.index if sec else None, verified=bool(best and best["verified"]),
                       ttft=done[0]["ttft"] if done else 0.0, seconds=time.perf_counter() - t0,
-                      prompt_tokens=max((r["call_tokens"] for r in done), default=0), stages=stages)
+                      prompt_tokens=max((r["call_tokens"] for r in done), default=0),
+                      min_margin=best["min_margin"] if best else None, stages=stages)
 
 
 def _num(v):

@@ -44,6 +44,8 @@ class Answer:
         ttft: seconds to the first answer token, from `ask` (plus the document's
             prefill or disk load when this question triggered it).
         seconds: total seconds for the question.
+        min_margin: the smallest logit gap between a chosen answer token and the
+            runner-up (`AnswerStart`): how close the greedy answer came to another.
         stages: per-stage records (RLV), for --verbose and JSON.
     """
 
@@ -55,6 +57,7 @@ class Answer:
     ttft: float = 0.0
     seconds: float = 0.0
     prompt_tokens: int = 0
+    min_margin: float | None = None
     stages: list[dict] = field(default_factory=list)
 
     def __str__(self) -> str:
@@ -63,7 +66,7 @@ class Answer:
     def as_dict(self) -> dict:
         return {"answer": self.text, "mode": self.mode, "citation": self.citation, "section": self.section,
                 "verified": self.verified, "ttft_s": round(self.ttft, 4), "seconds": round(self.seconds, 4),
-                "prompt_tokens": self.prompt_tokens, "stages": self.stages}
+                "prompt_tokens": self.prompt_tokens, "min_margin": self.min_margin, "stages": self.stages}
 
 
 class PrefixCache:
@@ -166,13 +169,15 @@ class PrefixCache:
 
 @dataclass
 class Reply:
-    """One generated answer line: text, tokens generated, time to first token, seconds."""
+    """One generated answer line: text, tokens generated, time to first token, seconds,
+    and the smallest margin of its greedy choices (`AnswerStart`)."""
 
     text: str
     tokens: int
     ttft: float
     seconds: float
     prompt_seconds: float = 0.0
+    min_margin: float | None = None
 
 
 _DANGLING = {"was", "is", "are", "were", "be", "the", "a", "an", "of", "by", "to", "in", "at", "on", "for", "and",
@@ -188,38 +193,119 @@ def _dangling(line: str) -> bool:
     return bool(words) and not line.endswith((".", "!", "?")) and words[-1].lower() in _DANGLING
 
 
-def answer_line(model, ids: list[int], max_tokens: int, cache: list) -> Reply:
-    """Greedy decoding of one answer line. Blank lines are skipped (a base model often
-    starts with a newline); the first line break after text ends the answer, unless
-    the line stops mid-sentence ("The captain was" / "Alma Petrakis."), when the
-    next line completes it."""
-    t0 = time.perf_counter()
-    lines: list[str] = []
-    buf, ttft, stats, finished = "", None, None, False
-    pieces = model.generate(ids, max_tokens=max_tokens, temperature=0.0, stream=True, cache=cache)
+class AnswerStart:
+    """Greedy choice that keeps the answer on the "Answer:" line.
+
+    The prompt ends with "Answer:" and the answer is that line's text. After the
+    whole document, a line break is often a base model's likeliest next token
+    there, and greedy decoding that takes it can fall into a loop (Gemma 3 270M
+    writes "\\nAnswer:\\nAnswer:..." for one of the report's questions, where the
+    next choice is " At Baltic Freight."). So until the answer has visible text, a
+    token that would end the line (a line break) or the answer (end of text) is
+    passed over for the next best; after that it is plain greedy decoding.
+
+    It also records each choice's margin: the logit of the chosen token minus the
+    runner-up's (a log-probability gap; near 0, the choice was a coin flip that a
+    small change to the attention, such as a compressed cache, can turn).
+    """
+
+    def __init__(self, tokenizer, tries: int = 16):
+        self.tokenizer, self.tries = tokenizer, tries
+        self.started = False
+        self.margins: list[float] = []
+
+    def ends_line(self, token: int) -> bool:
+        if token in self.tokenizer.eot_ids:
+            return True
+        text = self.tokenizer.token_bytes(token).decode("utf-8", errors="replace")
+        return "\n" in text or "\r" in text
+
+    def __call__(self, logits: torch.Tensor, history: list[int]) -> int:
+        logits = logits.float()
+        token = int(torch.argmax(logits))
+        if not self.started and self.ends_line(token):
+            logits = logits.clone()
+            for _ in range(self.tries):
+                logits[token] = float("-inf")
+                token = int(torch.argmax(logits))
+                if not self.ends_line(token):
+                    break
+        top = torch.topk(logits, 2).values
+        self.margins.append(float(top[0] - top[1]))
+        self.started = self.started or bool(self.tokenizer.token_bytes(token).strip())
+        return token
+
+
+def answer_pieces(model, ids: list[int], max_tokens: int, cache: list, timing: dict):
+    """Text pieces of a greedy answer after ids (the cache may already hold a prefix of
+    them), starting on the prompt's last line (`AnswerStart`); `timing` receives
+    prompt_seconds, the generated ids and each choice's margin."""
+    import codecs
+
+    from ..engine.generate import check_context, generate_tokens
+
+    limit = check_context(len(ids), max_tokens, model.context_length)
+    tok = model.tokenizer
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    timing["ids"] = out = []
+    pick = AnswerStart(tok)
+    timing["margins"] = pick.margins
+    tokens = generate_tokens(model.net, list(ids), cache, pick, limit, tok.eot_ids, timing)
     try:
-        for piece in pieces:
-            if not isinstance(piece, str):
-                stats = piece
-                break
-            if ttft is None:
-                ttft = time.perf_counter() - t0
-            buf += piece
-            while "\n" in buf and not finished:
-                line, buf = buf.split("\n", 1)
-                if line.strip():
-                    lines.append(line.strip())
-                    finished = not _dangling(line) or len(lines) >= 2
-            if finished:
-                break
+        for t in tokens:
+            out.append(t)
+            piece = decoder.decode(tok.token_bytes(t))
+            if piece:
+                yield piece
+        tail = decoder.decode(b"", final=True)
+        if tail:
+            yield tail
     finally:
-        pieces.close()
+        tokens.close()
+
+
+def answer_text(pieces) -> tuple[str, int]:
+    """One answer line from text pieces: (text, lines used). Blank lines are skipped;
+    the first line break after text ends the answer, unless the line stops
+    mid-sentence ("The captain was" / "Alma Petrakis."), when the next line
+    completes it. Stops reading `pieces` as soon as the answer is complete."""
+    lines: list[str] = []
+    buf, finished = "", False
+    for piece in pieces:
+        buf += piece
+        while "\n" in buf and not finished:
+            line, buf = buf.split("\n", 1)
+            if line.strip():
+                lines.append(line.strip())
+                finished = not _dangling(line) or len(lines) >= 2
+        if finished:
+            break
     if not finished and buf.strip():
         lines.append(buf.strip())
-    text = " ".join(lines)
-    n = len(stats.ids) if stats is not None else len(model.tokenize(text, add_bos=False)) + len(lines)
-    return Reply(text, n, ttft if ttft is not None else time.perf_counter() - t0,
-                 time.perf_counter() - t0, stats.prompt_seconds if stats is not None else 0.0)
+    return " ".join(lines), len(lines)
+
+
+def answer_line(model, ids: list[int], max_tokens: int, cache: list) -> Reply:
+    """Greedy decoding of one answer line after ids: `answer_pieces`, then `answer_text`."""
+    t0 = time.perf_counter()
+    first: list[float] = []
+    timing: dict = {}
+    pieces = answer_pieces(model, ids, max_tokens, cache, timing)
+
+    def timed():
+        for piece in pieces:
+            if not first:
+                first.append(time.perf_counter() - t0)
+            yield piece
+
+    try:
+        text, _ = answer_text(timed())
+    finally:
+        pieces.close()
+    margins = timing.get("margins") or []
+    return Reply(text, len(timing.get("ids", [])), first[0] if first else time.perf_counter() - t0,
+                 time.perf_counter() - t0, timing.get("prompt_seconds", 0.0),
+                 round(min(margins), 3) if margins else None)
 
 
 def yes_no_tokens(model) -> tuple[int, int]:
@@ -377,9 +463,10 @@ class DocumentSession:
         sec = self.cite(text)
         ttft = (time.perf_counter() - t0 - reply.seconds + reply.ttft) if fresh else reply.ttft
         self.log(f"full: {len(suffix)} question tokens after {len(self.prefix)} cached; "
-                 f"restore {pc.restore_seconds * 1e3:.1f} ms")
+                 f"restore {pc.restore_seconds * 1e3:.1f} ms; smallest answer-token margin {reply.min_margin}")
         return Answer(text, "full", sec.label + " " + sec.title if sec else "", sec.index if sec else None,
-                      ttft=ttft, seconds=time.perf_counter() - t0, prompt_tokens=len(self.prefix) + len(suffix))
+                      ttft=ttft, seconds=time.perf_counter() - t0, prompt_tokens=len(self.prefix) + len(suffix),
+                      min_margin=reply.min_margin)
 
     def cite(self, answer: str) -> Section | None:
         """The section that best supports an answer (its words, then its rarest words)."""

@@ -285,10 +285,12 @@ def run_config(model, doc: DocSet, mode: str, kv: str, *, store=None, log: Calla
                 reads.append({"correct": answer_matches(st["answer"], q.answer), "margin": st.get("margin"),
                               "verified": st.get("verified"), "grounded": st.get("grounded")})
         items.append({"id": q.id, "kind": q.kind, "question": q.question, "expected": q.answer[0], "answer": a.text,
-                      "correct": ok, "citation": a.citation, "verified": a.verified, "seconds": round(a.seconds, 3),
+                      "correct": ok, "citation": a.citation, "verified": a.verified, "min_margin": a.min_margin,
+                      "seconds": round(a.seconds, 3),
                       "ttft_s": round(a.ttft, 3), **({"stages": a.stages} if mode == "rlv" else {})})
+        margin = f" margin {a.min_margin:.2f}" if a.min_margin is not None else ""
         log(f"  [{mode}/{kv}] {q.id} {'OK ' if ok else 'BAD'} {a.text[:60]!r} (want {q.answer[0]!r}) "
-            f"{a.seconds:.1f}s")
+            f"{a.seconds:.1f}s{margin}")
     rec = summarize(items)
     if reads:
         rec["reads"] = verify_stats(reads)
