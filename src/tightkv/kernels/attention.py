@@ -15,8 +15,9 @@ softmax, for:
   multiplies 64 of them; values are summed the same way with the softmax
   weights of each 32-token block as u8 and four tokens' codes interleaved per
   instruction (`set_int8`). Otherwise: one float permute per 16 channels
-  (codebook lookup), then float dots. Queries are rotated and scaled once, value sums are rotated back
-  once; nothing is decoded beyond one vector at a time.
+  (codebook lookup), then float dots. Queries are rotated and scaled once,
+  value sums are rotated back once; nothing is decoded beyond one vector at a
+  time.
 
 Work is split into chunks that the pool's threads claim: for a decode step
 (KV head, token range); for a prefill chunk (KV head, 64 query rows), each over
@@ -103,7 +104,6 @@ def run(lib_, q: torch.Tensor, hkv: int, dv: int, scale: float, segs: list[list[
     flat = [x for s in segs for x in s]
     seg_arr = (ctypes.c_int64 * len(flat))(*flat)
     if isinstance(ranges, torch.Tensor):
-        keep = (*keep, ranges)
         rng_arr = ranges.data_ptr()
     else:
         rng_arr = (ctypes.c_int64 * len(ranges))(*ranges)
