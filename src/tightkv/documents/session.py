@@ -176,7 +176,6 @@ class Reply:
     tokens: int
     ttft: float
     seconds: float
-    prompt_seconds: float = 0.0
     min_margin: float | None = None
 
 
@@ -236,34 +235,6 @@ class AnswerStart:
         return token
 
 
-def answer_pieces(model, ids: list[int], max_tokens: int, cache: list, timing: dict):
-    """Text pieces of a greedy answer after ids (the cache may already hold a prefix of
-    them), starting on the prompt's last line (`AnswerStart`); `timing` receives
-    prompt_seconds, the generated ids and each choice's margin."""
-    import codecs
-
-    from ..engine.generate import check_context, generate_tokens
-
-    limit = check_context(len(ids), max_tokens, model.context_length)
-    tok = model.tokenizer
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    timing["ids"] = out = []
-    pick = AnswerStart(tok)
-    timing["margins"] = pick.margins
-    tokens = generate_tokens(model.net, list(ids), cache, pick, limit, tok.eot_ids, timing)
-    try:
-        for t in tokens:
-            out.append(t)
-            piece = decoder.decode(tok.token_bytes(t))
-            if piece:
-                yield piece
-        tail = decoder.decode(b"", final=True)
-        if tail:
-            yield tail
-    finally:
-        tokens.close()
-
-
 def answer_text(pieces) -> tuple[str, int]:
     """One answer line from text pieces: (text, lines used). Blank lines are skipped;
     the first line break after text ends the answer, unless the line stops
@@ -286,26 +257,37 @@ def answer_text(pieces) -> tuple[str, int]:
 
 
 def answer_line(model, ids: list[int], max_tokens: int, cache: list) -> Reply:
-    """Greedy decoding of one answer line after ids: `answer_pieces`, then `answer_text`."""
-    t0 = time.perf_counter()
-    first: list[float] = []
-    timing: dict = {}
-    pieces = answer_pieces(model, ids, max_tokens, cache, timing)
+    """Greedy decoding of one answer line after ids (the cache may already hold a
+    prefix of them), starting on the prompt's last line (`AnswerStart`), read by
+    `answer_text`."""
+    from ..engine.generate import check_context, stream
+    from ..engine.sampling import SamplingParams
 
-    def timed():
+    t0 = time.perf_counter()
+    limit = check_context(len(ids), max_tokens, model.context_length)
+    pick = AnswerStart(model.tokenizer)
+    pieces = stream(model.net, model.tokenizer, list(ids), cache, SamplingParams(temperature=0.0), limit,
+                    sampler=pick)
+    first: list[float] = []
+    stats: list = []
+
+    def texts():
         for piece in pieces:
+            if not isinstance(piece, str):  # the final stats record
+                stats.append(piece)
+                return
             if not first:
                 first.append(time.perf_counter() - t0)
             yield piece
 
     try:
-        text, _ = answer_text(timed())
+        text, _ = answer_text(texts())
     finally:
         pieces.close()
-    margins = timing.get("margins") or []
-    return Reply(text, len(timing.get("ids", [])), first[0] if first else time.perf_counter() - t0,
-                 time.perf_counter() - t0, timing.get("prompt_seconds", 0.0),
-                 round(min(margins), 3) if margins else None)
+    # stopped early, every choice so far was yielded: one margin per choice
+    n = stats[0].generated_tokens if stats else len(pick.margins)
+    return Reply(text, n, first[0] if first else time.perf_counter() - t0, time.perf_counter() - t0,
+                 round(min(pick.margins), 3) if pick.margins else None)
 
 
 def yes_no_tokens(model) -> tuple[int, int]:

@@ -168,9 +168,11 @@ def _overlap(text: str, stop: str) -> int:
 
 
 def stream(model, tokenizer, prompt: list[int], cache: list, params: SamplingParams,
-           max_tokens: int, stop: list[str] | None = None, progress=None) -> Iterator[str | GenerationStats]:
-    """Yield text pieces, then one `GenerationStats` carrying the generated ids."""
-    sampler = Sampler(params)
+           max_tokens: int, stop: list[str] | None = None, progress=None,
+           sampler: Callable[[torch.Tensor, list[int]], int] | None = None) -> Iterator[str | GenerationStats]:
+    """Yield text pieces, then one `GenerationStats` carrying the generated ids.
+    `sampler` (logits, history) -> token replaces the one `params` describe."""
+    sampler = sampler or Sampler(params)
     matcher = StopMatcher(stop or [])
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     timing: dict = {}
