@@ -19,14 +19,7 @@ ESSAYS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "essay
 def measure(model, text: str, kv: str, chunks: int, step: int) -> dict:
     from tightkv.eval import ppl
 
-    results = {}
-    orig = ppl.score_chunk
-    ppl.score_chunk = lambda net, ids, caches, res: orig(net, ids, caches, res, sub=step)
-    try:
-        results = ppl.perplexity(model, text, 2048, chunks, [kv], progress=True)
-    finally:
-        ppl.score_chunk = orig
-    return results[kv]
+    return ppl.perplexity(model, text, 2048, chunks, [kv], progress=True, batch=step)[kv]
 
 
 def main() -> None:
