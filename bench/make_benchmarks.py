@@ -83,27 +83,19 @@ def run_section(name: str) -> None:
         subprocess.run([sys.executable, str(ROOT / "bench" / "load_memory.py"), "--json", str(OUT / "memory.json")],
                        check=True)
     elif name == "ppl":
-        tightkv("ppl", "--file", str(ESSAYS), "--ctx", "2048", "--chunks", "6", "--compare", PPL_TYPES,
-                "--threads", "2", "--json", str(OUT / "ppl.json"))
+        _ppl(PPL_TYPES, OUT / "ppl.json")
     elif name == "ppl-kernel":
-        part = OUT / "ppl_kernel.json"
-        tightkv("ppl", "--file", str(ESSAYS), "--ctx", "2048", "--chunks", "6", "--compare", PPL_KERNEL_TYPES,
-                "--threads", "2", "--json", str(part))
-        _merge("ppl", part)
+        _ppl(PPL_KERNEL_TYPES, OUT / "ppl_kernel.json")
+        _merge("ppl", OUT / "ppl_kernel.json")
+    elif name == "niah":
+        _niah(NIAH_TYPES, OUT / "niah.json", ROOT / "docs" / "niah.png")
     elif name == "niah-kernel":
-        part = OUT / "niah_kernel.json"
-        tightkv("niah", "--lengths", "1024,4096,8192", "--depths", "0,25,50,75,100", "--haystack", str(ESSAYS),
-                "--compare", NIAH_KERNEL_TYPES, "--threads", "2", "--png", str(OUT / "niah_kernel.png"),
-                "--json", str(part))
+        _niah(NIAH_KERNEL_TYPES, OUT / "niah_kernel.json", OUT / "niah_kernel.png")
         (OUT / "niah_kernel.png").unlink()
-        whole = _merge("niah", part)
+        whole = _merge("niah", OUT / "niah_kernel.json")
         from tightkv.eval.niah import heatmap
 
         heatmap(whole["results"], whole["lengths"], whole["depths"], str(ROOT / "docs" / "niah.png"))
-    elif name == "niah":
-        tightkv("niah", "--lengths", "1024,4096,8192", "--depths", "0,25,50,75,100", "--haystack", str(ESSAYS),
-                "--compare", NIAH_TYPES, "--threads", "2", "--png", str(ROOT / "docs" / "niah.png"),
-                "--json", str(OUT / "niah.json"))
     elif name == "docqa":
         tightkv("docqa", "--compare", DOCQA_TYPES, *DOCQA_ARGS, "--threads", "2", "--essays", str(ESSAYS),
                 "--json", str(OUT / "docqa.json"))
@@ -115,6 +107,16 @@ def run_section(name: str) -> None:
         tightkv("bench", "--depths", "16,2048,8192", "--n-gen", "64", "-r", "3", "-p", "512", "-c", "8448",
                 "--compare", SPEED_TYPES,
                 "--threads", "2", "--vs-llamacpp", "--json", str(OUT / "speed.json"))
+
+
+def _ppl(types: str, out: Path) -> None:
+    tightkv("ppl", "--file", str(ESSAYS), "--ctx", "2048", "--chunks", "6", "--compare", types,
+            "--threads", "2", "--json", str(out))
+
+
+def _niah(types: str, out: Path, png: Path) -> None:
+    tightkv("niah", "--lengths", "1024,4096,8192", "--depths", "0,25,50,75,100", "--haystack", str(ESSAYS),
+            "--compare", types, "--threads", "2", "--png", str(png), "--json", str(out))
 
 
 def _merge(name: str, part: Path) -> dict:
