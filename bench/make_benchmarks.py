@@ -160,6 +160,10 @@ def render() -> str:
         base = ppl["results"]["f16"]["ppl"]
         parts += ["## Perplexity and KLD against f16", "",
                   f"`tightkv ppl --file essays.txt --ctx {ppl['ctx']} --chunks {ppl['chunks']} --compare {PPL_TYPES}`",
+                  "", f"The rows of {', '.join(PPL_KERNEL)} (and their `{OFF.lstrip(',')}` variants), whose attention "
+                  "runs in the fused kernel, were last rerun after a kernel change by "
+                  f"`python bench/make_benchmarks.py --only ppl-kernel` (the same command with `--compare "
+                  f"{PPL_KERNEL_TYPES}`, same f16 baseline).",
                   "", "llama.cpp on the same protocol: f16 16.467, q8_0 16.470 (+0.02%), q4_0 17.990 (+9.2%).", "",
                   "Each type runs with its default exact sink and recent window; the last two columns are "
                   f"the same type with both turned off (`{OFF.lstrip(',')}`; progressive is tq4 with its window).", "",
@@ -179,7 +183,9 @@ def render() -> str:
     if niah:
         parts += ["## Needle in a haystack", "",
                   f"`tightkv niah --lengths {','.join(map(str, niah['lengths']))} --depths "
-                  f"{','.join(f'{d:g}' for d in niah['depths'])} --haystack essays.txt --compare {NIAH_TYPES}`", "",
+                  f"{','.join(f'{d:g}' for d in niah['depths'])} --haystack essays.txt --compare {NIAH_TYPES}`; "
+                  f"the {NIAH_KERNEL_TYPES} rows rerun after the kernel change by `python bench/make_benchmarks.py "
+                  "--only niah-kernel`.", "",
                   "| kv | passed | failed cells (length @ depth) |", "|---|---:|---|"]
         for kv, r in niah["results"].items():
             fails = [f"{c['length']}@{c['depth']:g}%" for c in r["cells"] if not c["passed"]]
