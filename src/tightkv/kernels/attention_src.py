@@ -98,20 +98,27 @@ struct Ctx {
   int64_t Hkv, R, T, D, Dv;
   const Seg *segs;
   const int64_t *ranges;  // (nseg, T, 2)
-  const float *qx, *qb, *bias;  // (Hkv, R, D) exact-domain and code-domain queries (scaled), (Hkv, R) bias
+  // inputs: queries (Hkv, R, D), scale, and the body's rotation, scale and centre per side
+  const float *q, *rkT, *kscale, *kcenter, *rv, *vscale, *vcenter;
+  float scale, kstep, vstep;  // kstep, vstep: the codebooks' int8 steps
+  bool any_body, kperm, vperm;
+  const int32_t *ksrc, *q8src, *vsrc;  // lane orders: code-domain query, int8 query, value sums
+  float *qx, *qb, *bias;  // (Hkv, R, D) exact-domain and code-domain queries (scaled), (Hkv, R) bias
   f16v kcb, vcb;
   // int8 paths (tq4 with D % 128 == 0 on AVX-512 VNNI): per (head, row) int8 code-domain
   // query in nibble order, its byte sum and its float multiplier; codebooks as bytes
-  int i8k, i8v;
-  const int8_t *q8;
-  const int32_t *q8sum;
-  const float *q8mul;
+  bool i8k, i8v;
+  int8_t *q8;
+  int32_t *q8sum;
+  float *q8mul;
   uint8_t klut[64], vlut[64];  // K: codebook / kstep + 128 (u8); V: codebook / vstep (s8)
-  float vstep;
-  // chunks
+  // chunks, and those of each (head, row tile) for the merge
   const int64_t *chunks;  // (nchunks, CH): seg, head, token start, end, row start, end
   const int64_t *poff;    // where each chunk's partial starts in part
   float *part;            // per chunk (rows, Dv + 2): acc, m, l
+  const int64_t *row_chunks, *row_first;
+  int64_t rt;  // rows per tile
+  float *out;  // (Hkv, R, Dv)
 };
 
 static const int BT = 32;
@@ -511,26 +518,12 @@ static void matmul(const float *A, const float *B, float *C, int64_t n, int64_t 
     }
 }
 
-// Everything the per-row query preparation and the final merge read.
-struct Host {
-  const float *q, *rkT, *kscale, *kcenter, *rv, *vscale, *vcenter;
-  float scale, kstep;
-  int64_t Hkv, R, D, Dv;
-  bool any_body, kperm, vperm, i8k, i8v;
-  const Seg *sg;
-  const int64_t *chunks, *poff, *row_chunks, *row_first;  // chunks of each (head, row tile)
-  const int32_t *ksrc, *q8src, *vsrc;  // lane orders: code-domain query, int8 query, value sums
-  int64_t rt;                                              // rows per tile
-  float *qx, *qb, *bias, *q8mul, *part, *out;
-  int8_t *q8;
-  int32_t *q8sum;
-};
 static const int64_t PREP_ROWS = 16;
 
 // Rows hr = 16c .. 16c+15: the exact-domain query (scaled), the code-domain query
 // (kscale, rotation, scale; tq4 lanes permuted even|odd per 32), its int8 form, the bias q.kcenter.
 static void prep_rows(const void *p, int64_t c) {
-  const Host *x = (const Host *)p;
+  const Ctx *x = (const Ctx *)p;
   const int64_t D = x->D, n = x->Hkv * x->R, h0 = c * PREP_ROWS;
   const int64_t nb = n - h0 < PREP_ROWS ? n - h0 : PREP_ROWS;
   std::vector<float> a(PREP_ROWS * D), rot(PREP_ROWS * D);
@@ -574,7 +567,7 @@ static void prep_rows(const void *p, int64_t c) {
 // Rows hr = 16c .. 16c+15: merge their chunks' partial states by log-sum-exp; the
 // body's sum is un-permuted, rotated back (acc_c R_v), scaled and centred once.
 static void merge_rows(const void *p, int64_t c) {
-  const Host *x = (const Host *)p;
+  const Ctx *x = (const Ctx *)p;
   const int64_t Dv = x->Dv, W = Dv + 2, n = x->Hkv * x->R, h0 = c * PREP_ROWS;
   const int64_t nb = n - h0 < PREP_ROWS ? n - h0 : PREP_ROWS;
   std::vector<float> accs(PREP_ROWS * Dv), accc(Dv), cperm(PREP_ROWS * Dv, 0.f), y(PREP_ROWS * Dv), ls(2 * PREP_ROWS);
@@ -597,7 +590,7 @@ static void merge_rows(const void *p, int64_t c) {
       const float *pc = x->part + x->poff[ci] + (r - x->chunks[CH * ci + 4]) * W;
       if (pc[Dv] == -INFINITY) continue;
       const float w = expf(pc[Dv] - m);
-      const bool body = x->sg[x->chunks[CH * ci]].body;
+      const bool body = x->segs[x->chunks[CH * ci]].body;
       float *dst = body ? accc.data() : acc;
       for (int64_t i = 0; i < Dv; i++) dst[i] += w * pc[i];
       l += w * pc[Dv + 1];
@@ -638,37 +631,37 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
   using namespace attn;
   if (D % 32 || Dv % 32 || D > 1024 || Dv > 1024 || R < 1 || T < 1 || R % T) return 1;
   const int64_t ROW_TILE = 64;
-  Host hx = {};
-  hx.q = q; hx.rkT = rkT; hx.kscale = kscale; hx.kcenter = kcenter; hx.rv = rv; hx.vscale = vscale;
-  hx.vcenter = vcenter; hx.scale = scale; hx.Hkv = Hkv; hx.R = R; hx.D = D; hx.Dv = Dv;
-  hx.sg = (const Seg *)segs;
+  Ctx cx = {};
+  cx.q = q; cx.rkT = rkT; cx.kscale = kscale; cx.kcenter = kcenter; cx.rv = rv; cx.vscale = vscale;
+  cx.vcenter = vcenter; cx.scale = scale; cx.Hkv = Hkv; cx.R = R; cx.T = T; cx.D = D; cx.Dv = Dv;
+  cx.segs = (const Seg *)segs; cx.ranges = ranges;
   for (int64_t i = 0; i < nseg; i++)
-    if (hx.sg[i].body) { hx.any_body = true; hx.kperm |= hx.sg[i].kkind == TQ4; hx.vperm |= hx.sg[i].vkind == TQ4; }
-  hx.i8k = TK_I8 && (g_int8_mask & 1) && hx.kperm && D % 128 == 0;
-  hx.i8v = TK_I8 && (g_int8_mask & 2) && hx.vperm && Dv % 128 == 0;
+    if (cx.segs[i].body) { cx.any_body = true; cx.kperm |= cx.segs[i].kkind == TQ4; cx.vperm |= cx.segs[i].vkind == TQ4; }
+  cx.i8k = TK_I8 && (g_int8_mask & 1) && cx.kperm && D % 128 == 0;
+  cx.i8v = TK_I8 && (g_int8_mask & 2) && cx.vperm && Dv % 128 == 0;
   const int64_t rows = Hkv * R;
   std::vector<int32_t> ksrc(D), q8src(D), vsrc(Dv);
   for (int64_t i = 0; i < D; i++) {
-    ksrc[i] = hx.kperm ? (i / 32) * 32 + (i % 32 < 16 ? 2 * (i % 32) : 2 * (i % 32 - 16) + 1) : i;
+    ksrc[i] = cx.kperm ? (i / 32) * 32 + (i % 32 < 16 ? 2 * (i % 32) : 2 * (i % 32 - 16) + 1) : i;
     q8src[i] = (i / 128) * 128 + 2 * (i % 64) + (i % 128) / 64;
   }
   for (int64_t i = 0; i < Dv; i++)
-    vsrc[i] = hx.i8v ? i8v_pos(i) : hx.vperm ? (i / 32) * 32 + ((i % 2) ? 16 + (i % 32) / 2 : (i % 32) / 2) : i;
-  hx.ksrc = ksrc.data(); hx.q8src = q8src.data(); hx.vsrc = vsrc.data();
-  std::vector<float> qx(rows * D), qb(hx.any_body ? rows * D : 0), bias(rows, 0.f), q8mul(rows, 0.f);
-  std::vector<int8_t> q8(hx.i8k ? rows * D : 0);
+    vsrc[i] = cx.i8v ? i8v_pos(i) : cx.vperm ? (i / 32) * 32 + ((i % 2) ? 16 + (i % 32) / 2 : (i % 32) / 2) : i;
+  cx.ksrc = ksrc.data(); cx.q8src = q8src.data(); cx.vsrc = vsrc.data();
+  std::vector<float> qx(rows * D), qb(cx.any_body ? rows * D : 0), bias(rows, 0.f), q8mul(rows, 0.f);
+  std::vector<int8_t> q8(cx.i8k ? rows * D : 0);
   std::vector<int32_t> q8sum(rows, 0);
   float kstep = 0.f, vstep = 0.f;
   for (int i = 0; i < 16 && kcb; i++) kstep = fabsf(kcb[i]) > kstep ? fabsf(kcb[i]) : kstep;
   for (int i = 0; i < 16 && vcb; i++) vstep = fabsf(vcb[i]) > vstep ? fabsf(vcb[i]) : vstep;
-  hx.kstep = kstep = kstep > 0 ? kstep / 127 : 1.f;
-  vstep = vstep > 0 ? vstep / 127 : 1.f;
-  hx.qx = qx.data(); hx.qb = qb.data(); hx.bias = bias.data(); hx.q8 = q8.data(); hx.q8sum = q8sum.data();
-  hx.q8mul = q8mul.data();
+  cx.kstep = kstep = kstep > 0 ? kstep / 127 : 1.f;
+  cx.vstep = vstep = vstep > 0 ? vstep / 127 : 1.f;
+  cx.qx = qx.data(); cx.qb = qb.data(); cx.bias = bias.data(); cx.q8 = q8.data(); cx.q8sum = q8sum.data();
+  cx.q8mul = q8mul.data();
   // per-row work is shared out only when there are many rows (prefill): for a decode
   // step it is tiny, and each pool round-trip costs a wake-up
   const int64_t nprep = (rows + PREP_ROWS - 1) / PREP_ROWS, nth_rows = rows >= 256 ? nth : 1;
-  run_chunks(prep_rows, &hx, nprep, nth_rows);
+  run_chunks(prep_rows, &cx, nprep, nth_rows);
   // chunks: per segment, head and row tile, the tile's visible token range, split in
   // pieces of chunk_tokens while a single tile holds all rows (decode)
   const int64_t rt = R <= ROW_TILE ? R : ROW_TILE, ntiles = (R + rt - 1) / rt;
@@ -699,24 +692,18 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
   std::vector<int64_t> row_chunks, row_first(1, 0);
   for (auto &v : per_tile) { row_chunks.insert(row_chunks.end(), v.begin(), v.end()); row_first.push_back(row_chunks.size()); }
   std::vector<float> part(total);
-  Ctx cx;
-  cx.Hkv = Hkv; cx.R = R; cx.T = T; cx.D = D; cx.Dv = Dv; cx.segs = hx.sg; cx.ranges = ranges;
-  cx.qx = qx.data(); cx.qb = qb.data(); cx.bias = bias.data();
   memset(&cx.kcb, 0, 64); memset(&cx.vcb, 0, 64);
   if (kcb) memcpy(&cx.kcb, kcb, 64);
   if (vcb) memcpy(&cx.vcb, vcb, 64);
-  cx.i8k = hx.i8k; cx.i8v = hx.i8v; cx.q8 = q8.data(); cx.q8sum = q8sum.data(); cx.q8mul = q8mul.data();
-  cx.vstep = vstep;
   for (int i = 0; i < 64; i++) {
     const int ck = kcb ? (int)lrintf(kcb[i % 16] / kstep) : 0, cv = vcb ? (int)lrintf(vcb[i % 16] / vstep) : 0;
     cx.klut[i] = (uint8_t)(ck + 128);
     cx.vlut[i] = (uint8_t)(int8_t)cv;
   }
   cx.chunks = chunks.data(); cx.poff = poff.data(); cx.part = part.data();
+  cx.row_chunks = row_chunks.data(); cx.row_first = row_first.data(); cx.rt = rt; cx.out = out;
   run_chunks(chunk_fn_attn, &cx, nch, nch > 1 ? nth : 1);
-  hx.chunks = chunks.data(); hx.poff = poff.data(); hx.row_chunks = row_chunks.data(); hx.row_first = row_first.data();
-  hx.rt = rt; hx.part = part.data(); hx.out = out;
-  run_chunks(merge_rows, &hx, nprep, nth_rows);
+  run_chunks(merge_rows, &cx, nprep, nth_rows);
   return 0;
 }
 
