@@ -57,7 +57,7 @@ F16_MAX = 65504.0
 # Gemma 3 270M, see the tightkv.kv package docstring).
 RECENT = 128
 LOW_BIT_RECENT = 256
-# Exact sink: 4 tokens; 16 for TurboQuant, whose per-vector codes treat the sink's
+# Exact sink: 4 tokens; 16 for the 2-4 bit types (TurboQuant, KVarN, KIVI), whose codes treat the sink's
 # outsized keys worst (essays, ctx 2048, 6 chunks, tq4: sink 4 +0.51% ΔPPL / KLD 0.00398,
 # sink 8 +0.24% / 0.00388, sink 16 +0.08% / 0.00391; `tightkv ppl --file essays.txt --ctx 2048
 # --chunks 6 --compare f16,tq4,sink=8,tq4,sink=16` on the 2-core EPYC dev box).
@@ -85,12 +85,13 @@ class Codec:
     center: bool = False  # the cache subtracts a fixed per-channel vector before encoding
     balance: bool = False  # ... and divides by a fixed per-channel scale
     sink: int = 0  # default exact first tokens
+    default_sink: int = SINK  # ... of our variant (the papers keep none)
     recent: int = 0  # default exact last tokens
 
     def __init__(self, dim: int, role: str = "k", seed: int = DEFAULT_SEED, paper: bool = False):
         self.dim, self.role, self.seed, self.paper = dim, role, seed, paper
         if not paper:
-            self.center, self.balance, self.sink, self.recent = True, True, SINK, RECENT
+            self.center, self.balance, self.sink, self.recent = True, True, self.default_sink, RECENT
 
     # --- interface ------------------------------------------------------------
     def unit_bytes(self) -> int:
@@ -241,10 +242,10 @@ class TurboQuant(Codec):
     (u = R x / |x|), which lowers the error at the same size.
     """
 
+    default_sink = TQ_SINK
+
     def __init__(self, dim, role="k", seed=DEFAULT_SEED, paper=False, bits=4):
         super().__init__(dim, role, seed, paper)
-        if not paper:
-            self.sink = TQ_SINK
         self.code_bits = bits
         packed_size(dim, bits)
         self.rotation = rotation_matrix(dim, seed)
@@ -328,10 +329,10 @@ class KVarN(Codec):
     tile = 128
     iters = 16
 
+    default_sink = TQ_SINK
+
     def __init__(self, dim, role="k", seed=DEFAULT_SEED, paper=False, bits=4):
         super().__init__(dim, role, seed, paper)
-        if not paper:
-            self.sink = TQ_SINK
         self.code_bits = bits
         packed_size(dim, bits)
         self.rotation = rotation_matrix(dim, seed)
@@ -396,10 +397,10 @@ class KIVI(Codec):
 
     group = 32
 
+    default_sink = TQ_SINK
+
     def __init__(self, dim, role="k", seed=DEFAULT_SEED, paper=False, bits=4):
         super().__init__(dim, role, seed, paper)
-        if not paper:
-            self.sink = TQ_SINK
         self.code_bits = bits
         packed_size(dim, bits)
         self.cgroup = math.gcd(self.group, dim)
