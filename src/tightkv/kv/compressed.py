@@ -35,7 +35,6 @@ Sliding-window layers keep only what a future query can see.
 """
 from __future__ import annotations
 
-
 import torch
 
 from ..kernels import attention as _attn
@@ -131,11 +130,9 @@ class CompressedCache:
         """Attend q (H, T, D), the last T positions, over the stored history -> (H, T, Dv)."""
         T = q.shape[1]
         out = _attn.compressed_attend(self, q, self.offset - T, b, scale)  # the fused kernel
-        if out is not None:
-            return out if out.dtype == q.dtype else out.to(q.dtype)
-        q_pos = torch.arange(self.offset - T, self.offset)
-        out = self._attention(q, q_pos, b, scale)
-        return out if out.dtype == q.dtype else out.to(q.dtype)
+        if out is None:  # formats or shapes it does not take: the torch reference
+            out = self._attention(q, torch.arange(self.offset - T, self.offset), b, scale)
+        return out.to(q.dtype)
 
     def trim(self, n: int) -> None:
         if n <= 0:
