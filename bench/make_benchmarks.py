@@ -43,7 +43,7 @@ NIAH_TYPES = "f16,q8_0,progressive,aggressive"
 NIAH_KERNEL_TYPES = "f16,q8_0,progressive"
 SPEED_TYPES = "f16,progressive"
 DOCQA_TYPES = "f16,progressive"
-DOCQA_ARGS = ["--measure-wm", "--wm-lengths", "1024,2048,4096,8192,16384"]  # add "--quick" for an 8K full prefix
+DOCQA_ARGS = ["--modes", "full,full-plain,rag,rlv,rlv-plain", "--measure-wm", "--wm-lengths", "1024,2048,4096,8192,16384"]  # add "--quick" for an 8K full prefix
 SECTIONS = ["machine", "memory", "ppl", "niah", "speed", "synthetic", "docqa"]
 
 
@@ -263,15 +263,19 @@ def render_docqa(d: dict | None) -> list[str]:
            f"`tightkv docqa --compare {DOCQA_TYPES} {' '.join(DOCQA_ARGS)}` on {d.get('model', '')} "
            f"(seed {d.get('seed', 0)}, {d.get('threads', '?')} threads). Answers are greedy, one line, scored by "
            "containment of the expected answer (no LLM judge); what the numbers mean is discussed in "
-           "[documents.md](documents.md#results). Sets:", ""]
+           "[documents.md](documents.md#results). `full` and `rlv` quote the question's 5 best-matching "
+           "sentences before it; `full-plain` and `rlv-plain` are the same modes without them. Sets:", ""]
     for name, s in sets.items():
         kinds = {}
         for q in s["questions"]:
             kinds[q["kind"]] = kinds.get(q["kind"], 0) + 1
-        desc = {"report": "synthetic company report, 5 sections",
+        desc = {"report": f"{s.get('docs', 1)} synthetic company reports (seeds "
+                          f"{', '.join(str(m.get('seed')) for m in s['meta'])}), 5 sections each"
+                          if isinstance(s.get("meta"), list) else "synthetic company report, 5 sections",
                 "long": "essays with planted facts, beyond the 32K context",
                 "long-prefix": "the longest prefix of `long` that full mode reads"}.get(name, name)
-        out.append(f"- `{name}`: {desc}; {s['tokens']:,} tokens; "
+        size = f"{s['tokens']:,} tokens" + (" in all" if s.get("docs", 1) > 1 else "")
+        out.append(f"- `{name}`: {desc}; {size}; "
                    + ", ".join(f"{n} {k}" for k, n in kinds.items()) + " questions")
     out.append("")
     if wm.get("rows"):
@@ -317,7 +321,7 @@ def render_docqa(d: dict | None) -> list[str]:
                 "`s / question` is the time per question once the document is in the cache (full) or per retrieval "
                 "and read (rag, rlv). " +
                 "; ".join(f"{k.replace('|', ' ')}: {r['cold_ttft_s'] / max(r['warm_ttft_s'], 1e-9):.0f}x faster warm, "
-                          f"KV {r['kv_bytes'] / 1e6:.1f} MB" for k, r in cold) + ".", ""]
+                          f"KV {r.get('first_doc_kv_bytes', r['kv_bytes']) / 1e6:.1f} MB" for k, r in cold) + ".", ""]
     return out
 
 

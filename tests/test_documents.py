@@ -141,6 +141,8 @@ def test_benchmark_sets_are_seeded():
 
 
 def test_read_documents(tmp_path):
+    long_line = "The Lumen division runs the plant in Tampere. " * 60  # too long a name for a file: text
+    assert read_documents([long_line]).text.strip() == long_line.strip()
     (tmp_path / "a.md").write_text("# A\n\nAlpha.\n")
     (tmp_path / "b.txt").write_text("Beta.\n")
     d = read_documents([tmp_path / "a.md", str(tmp_path / "b.txt")])
@@ -155,6 +157,43 @@ def test_several_documents_are_split_apart_and_named(tiny, tmp_path):
     titles = [x.title for x in s.sections]
     assert titles == ["a.md: Alpha", "a.md: Beta", "b.txt: Gamma rays are"], titles
     assert [s.doc.name_at(x.start) for x in s.sections] == ["a.md", "a.md", "b.txt"]
+
+
+# --- quoted evidence ------------------------------------------------------------------
+
+def test_quotes_are_the_matching_sentences_in_document_order():
+    from tightkv.documents.evidence import SentenceIndex, quotes_block, quotes_that_fit
+
+    ev = SentenceIndex(REPORT.text)
+    assert ev.sentences and not any(s.text.startswith("#") for s in ev.sentences)
+    assert all(REPORT.text[s.start:s.end].split() == s.text.split() for s in ev.sentences)
+    q = next(q for q in REPORT.questions if q.id == "r5")  # who leads the division that runs the plant in X?
+    plant = q.question.rstrip("?").split()[-1]
+    top = ev.top(q.question, 5)
+    assert len(top) == 5 and plant in top[0].text
+    division = top[0].text.split()[1]  # "The <Division> division runs the plant in <plant>."
+    assert any(f"{division} division is led by" in s.text for s in top)  # the second hop's fact is quoted too
+    block = quotes_block(top)
+    assert block.startswith("Relevant sentences:\n") and block.endswith("\n\n")
+    starts = [REPORT.text.index(line) for line in block.splitlines()[1:-1]]
+    assert starts == sorted(starts)
+    assert quotes_that_fit(top, len(quotes_block(top[:2]).split()), words) == top[:2]
+    assert quotes_that_fit(top, 0, words) == [] and quotes_block([]) == "" and ev.top(q.question, 0) == []
+
+
+def test_full_mode_quotes_before_the_question_and_within_the_context(tiny):
+    s = tiny.load_document(REPORT.text, kv="f16", mode="full", cache=False, progress=False)
+    plain = tiny.load_document(REPORT.text, kv="f16", mode="full", cache=False, progress=False, quotes=0)
+    q = next(q for q in REPORT.questions if q.id == "r6").question
+    a, b = s.ask(q, max_tokens=4), plain.ask(q, max_tokens=4)
+    assert len(a.stages[0]["sentences"]) == 5 and b.stages[0]["sentences"] == []
+    assert a.prompt_tokens > b.prompt_tokens + 20
+    sentence = "The Lumen division runs the plant in Tampere. "
+    per = len(tiny.tokenize(sentence * 10, add_bos=False)) / 10
+    long_doc = sentence * int((tiny.context_length - 160) / per)  # leaves no room for 5 quotes
+    near = tiny.load_document(long_doc, kv="f16", mode="full", cache=False, progress=False)
+    c = near.ask("Which division runs the plant in Tampere?", max_tokens=4)
+    assert len(c.stages[0]["sentences"]) < 5 and c.prompt_tokens + 4 <= tiny.context_length
 
 
 # --- prefix cache: a question is trimmed away exactly ----------------------------------
@@ -275,6 +314,17 @@ def test_rlv_locates_reads_verifies_and_cites(tiny):
         assert stages[2] == "research"
     assert a.citation.startswith("§") and a.section is not None
     assert any(line.startswith("gist:") for line in logs) and any(line.startswith("verify 1:") for line in logs)
+
+
+def test_rlv_reads_quote_the_whole_document_within_the_working_memory(tiny):
+    s = tiny.load_document(REPORT.text, kv="f16", mode="rlv", cache=False, progress=False, section_tokens=64)
+    from tightkv.documents.rlv import RLV
+
+    rlv = RLV(tiny, s.sections, kv="f16", working_memory=400, reads=2, evidence=s.evidence, quotes=5)
+    assert rlv.budget + rlv.quote_room <= 400
+    a = rlv.ask(next(q for q in REPORT.questions if q.id == "r5").question, max_tokens=6)
+    reads = [st for st in a.stages if st["stage"] in ("lookup", "research")]
+    assert reads and all(st["quotes"] for st in reads) and all(st["call_tokens"] <= 400 for st in reads)
 
 
 def test_auto_mode_uses_the_working_memory(tiny):

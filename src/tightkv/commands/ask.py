@@ -40,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clear-cache", action="store_true", help="delete every cached document and exit")
     p.add_argument("--reads", type=int, default=3, help="rlv: reads at most per question (lookup + research)")
     p.add_argument("--reformulate", action="store_true", help="rlv: add the model's reformulation as a query variant")
+    p.add_argument("--quotes", type=int, default=None, metavar="N",
+                   help="full and rlv: quote the N sentences that best match the question before it "
+                        "(default 5; 0: none)")
     p.add_argument("--top-k", type=int, default=3, help="rag: chunks in context (default 3)")
     p.add_argument("--chunk-tokens", type=int, default=200, help="rag: chunk size in tokens (default 200)")
     p.add_argument("--verbose", "-v", action="store_true", help="log each stage (cache, locate, lookup, verify)")
@@ -69,8 +72,11 @@ def run(ns: argparse.Namespace) -> int:
         raise TightKVError("give a question after the flags, e.g. tightkv ask --doc report.md \"Who is the CEO?\"")
     if ns.max_tokens < 1:
         raise TightKVError(f"--max-tokens must be positive, got {ns.max_tokens}")
+    if ns.quotes is not None and ns.quotes < 0:
+        raise TightKVError(f"--quotes must be 0 or more, got {ns.quotes}")
 
     from ..api import Model
+    from ..documents.evidence import QUOTES
     from ..documents.session import DocumentSession
     from ..documents.text import read_documents
     from ..kv.spec import parse_kv
@@ -88,12 +94,8 @@ def run(ns: argparse.Namespace) -> int:
         log(f"model: {model.path.name} loaded in {t_model:.2f}s")
     session = DocumentSession(model, doc, kv=ns.kv, mode=ns.mode, store=None if ns.no_cache else store,
                               progress=not ns.no_progress and not ns.json, log=log, rag_top_k=ns.top_k,
-                              rag_chunk_tokens=ns.chunk_tokens)
-    if session.mode == "rlv":
-        from ..documents.rlv import RLV
-
-        session._rlv = RLV(model, session.sections, kv=session.kv, working_memory=session.wm, reads=ns.reads,
-                           reformulate=ns.reformulate, log=session.log)
+                              rag_chunk_tokens=ns.chunk_tokens, quotes=QUOTES if ns.quotes is None else ns.quotes,
+                              rlv_options={"reads": ns.reads, "reformulate": ns.reformulate})
     t_ready = time.perf_counter() - t_start
     if ns.cache_info:
         path = store.path_for(model, doc, session.kv, session.prefix)

@@ -1,12 +1,13 @@
 """`tightkv docqa`: the whole-document QA benchmark (full vs rag vs rlv, per KV type).
 
-Sets (generated with --seed): `report`, a 5-section company report with 4
-single-hop and 3 multi-hop questions; `long`, essays of at least 40K tokens with
+Sets (generated with --seed): `report`, --reports company reports of 5
+sections, each with 4 single-hop and 3 multi-hop questions; `long`, essays of at least 40K tokens with
 12 planted facts (past the embedded model's 32K context: full runs on the longest
 prefix that fits, `long-prefix`, with the questions whose facts lie inside it).
 Results go to --json after every configuration, and a rerun skips the
 configurations already there (so a long run can be resumed); --quick caps the
-prefix that full mode reads at 8K tokens. --measure-wm measures the model's
+prefix that full mode reads at 8K tokens. Modes: full, rag, rlv, and full-plain
+and rlv-plain (without the quoted sentences, to show what the quotes add). --measure-wm measures the model's
 working memory first and records it for `auto` mode.
 """
 from __future__ import annotations
@@ -20,13 +21,15 @@ from .common import int_list, kv_list
 
 NAME = "docqa"
 HELP = "whole-document QA benchmark: full vs chunk-RAG vs RLV, per KV type"
+MODES = ("full", "rag", "rlv", "full-plain", "rlv-plain")
 DEFAULT_ESSAYS = Path(__file__).resolve().parents[4] / "shared" / "data" / "essays.txt"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None, help="registry name or .gguf path (default: embedded)")
     p.add_argument("--sets", default="report,long", help="report, long (comma-separated)")
-    p.add_argument("--modes", default="full,rag,rlv", help="full, rag, rlv (comma-separated)")
+    p.add_argument("--modes", default="full,rag,rlv", help=f"{', '.join(MODES)} (comma-separated)")
+    p.add_argument("--reports", type=int, default=10, help="company reports in the report set (seeds seed, seed+1, ...)")
     p.add_argument("--compare", "--kv", dest="compare", default="f16,progressive", help="KV types, comma-separated")
     p.add_argument("--essays", default=None, help="text for the long document (default: the shared essays corpus)")
     p.add_argument("--long-tokens", type=int, default=40000, help="length of the long document in tokens")
@@ -54,7 +57,7 @@ def run(ns: argparse.Namespace) -> int:
     from ..api import Model
     from ..documents.memory import save_working_memory, working_memory
     from ..documents.store import DocumentStore
-    from ..eval.docqa import (company_report, docset_record, fitting_prefix, load_json, long_document,
+    from ..eval.docqa import (company_reports, docset_record, fitting_prefix, load_json, long_document,
                               measure_working_memory, run_config, save_json)
 
     sets = [s.strip() for s in ns.sets.split(",") if s.strip()]
@@ -64,8 +67,10 @@ def run(ns: argparse.Namespace) -> int:
         if s not in ("report", "long"):
             raise TightKVError(f"unknown set '{s}' (valid: report, long)")
     for m in modes:
-        if m not in ("full", "rag", "rlv"):
-            raise TightKVError(f"unknown mode '{m}' (valid: full, rag, rlv)")
+        if m not in MODES:
+            raise TightKVError(f"unknown mode '{m}' (valid: {', '.join(MODES)})")
+    if ns.reports < 1:
+        raise TightKVError(f"--reports must be at least 1, got {ns.reports}")
     model = Model(ns.model, threads=ns.threads)
     for kv in kvs:
         model.new_cache(kv)
@@ -95,29 +100,32 @@ def run(ns: argparse.Namespace) -> int:
 
     docsets = {}
     if "report" in sets:
-        docsets["report"] = company_report(ns.seed)
+        docsets["report"] = company_reports(ns.seed, ns.reports)
     if "long" in sets:
         count = lambda t: len(model.tokenize(t, add_bos=False))  # noqa: E731
         long = long_document(_essays(ns), count, min_tokens=ns.long_tokens, seed=ns.seed)
-        docsets["long"] = long
-        limit = ns.prefix_tokens or (8192 if ns.quick else model.context_length - 128)
-        docsets["long-prefix"] = fitting_prefix(long, model, limit)
+        docsets["long"] = [long]
+        # room after the prefix for the quoted sentences, the question and the answer
+        limit = ns.prefix_tokens or (8192 if ns.quick else model.context_length - 512)
+        docsets["long-prefix"] = [fitting_prefix(long, model, limit)]
     doc["sets"] = {name: docset_record(d, model) for name, d in docsets.items()}
     for name, d in docsets.items():
-        log(f"set {name}: {doc['sets'][name]['tokens']} tokens, {len(d.questions)} questions")
+        log(f"set {name}: {len(d)} document(s), {doc['sets'][name]['tokens']} tokens, "
+            f"{len(doc['sets'][name]['questions'])} questions")
     save()
 
     for name, d in docsets.items():
         for mode in modes:
-            if (name == "long") == (mode == "full") and name != "report":
+            if (name == "long") == mode.startswith("full") and name != "report":
                 continue  # full cannot hold `long`: it reads long-prefix; rag and rlv read all of `long`
             for kv in kvs:
                 key = f"{name}|{mode}|{kv}"
                 prev = doc["runs"].get(key)
-                if prev and prev.get("doc_tokens") == doc["sets"][name]["tokens"] and prev.get("n") == len(d.questions):
+                n = len(doc["sets"][name]["questions"])
+                if prev and prev.get("doc_tokens") == doc["sets"][name]["tokens"] and prev.get("n") == n:
                     log(f"{key}: done already ({prev['correct']}/{prev['n']})")
                     continue
-                log(f"{key}: {len(d.questions)} questions")
+                log(f"{key}: {n} questions")
                 t = time.perf_counter()
                 with tempfile.TemporaryDirectory(prefix="tightkv-docqa-") as tmp:
                     rec = run_config(model, d, mode, kv, store=DocumentStore(tmp), log=log)
@@ -131,14 +139,14 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def format_table(doc: dict) -> str:
-    lines = [f"{'set':<12} {'mode':<5} {'kv':<12} {'acc':>6} {'n':>3} {'95% CI':>13} {'s/q':>7} "
+    lines = [f"{'set':<12} {'mode':<10} {'kv':<12} {'acc':>6} {'n':>3} {'95% CI':>13} {'s/q':>7} "
              f"{'cold TTFT':>10} {'warm TTFT':>10}"]
     for key, r in doc.get("runs", {}).items():
         name, mode, kv = key.split("|")
         lo, hi = r["ci95"]
         cold = f"{r['cold_ttft_s']:.2f}s" if "cold_ttft_s" in r else ""
         warm = f"{r['warm_ttft_s']:.2f}s" if "warm_ttft_s" in r else ""
-        lines.append(f"{name:<12} {mode:<5} {kv:<12} {r['accuracy']:>6.2f} {r['n']:>3} [{lo:.2f}, {hi:.2f}] "
+        lines.append(f"{name:<12} {mode:<10} {kv:<12} {r['accuracy']:>6.2f} {r['n']:>3} [{lo:.2f}, {hi:.2f}] "
                      f"{r['sec_per_q']:>6.1f}s {cold:>10} {warm:>10}")
     return "\n".join(lines)
 

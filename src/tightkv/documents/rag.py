@@ -12,28 +12,8 @@ from typing import Callable
 
 from . import prompts
 from .session import Answer, answer_line
-from .text import DocumentText, Section, first_sentence, fixed_chunks, terms
-
-
-class BM25Index:
-    """bm25s over sections, with our terms (stop words out, light stemming)."""
-
-    def __init__(self, sections: list[Section]):
-        import bm25s
-
-        self.sections = sections
-        self.bm25 = bm25s.BM25()
-        corpus = [terms(s.text) or ["_empty_"] for s in sections]
-        self.bm25.index(corpus, show_progress=False)
-
-    def rank(self, query: str, k: int | None = None) -> list[tuple[int, float]]:
-        """[(section index, score)] with a positive score, best first."""
-        q = terms(query)
-        if not q or not self.sections:
-            return []
-        k = min(k or len(self.sections), len(self.sections))
-        docs, scores = self.bm25.retrieve([q], k=k, show_progress=False)
-        return [(int(d), float(s)) for d, s in zip(docs[0], scores[0]) if s > 0]
+from .search import BM25Index
+from .text import DocumentText, Section, first_sentence, fixed_chunks
 
 
 class RagIndex:

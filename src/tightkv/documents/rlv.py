@@ -42,25 +42,29 @@ import time
 from typing import Callable
 
 from . import prompts
-from .rag import BM25Index
+from .evidence import QUOTES, SentenceIndex, quotes_block, quotes_that_fit
+from .search import BM25Index, rrf
 from .session import Answer, PrefixCache, yes_score
 from .text import Section, adds_information, answer_type_ok, first_sentence, follow_up, keywords, support
 from .text import grounded as is_grounded
 
-RRF_K = 60
 RESERVE = 160  # tokens kept free in a read for the question, the answer and the verify line
+QUOTE_ROOM = 256  # tokens kept for the quoted sentences of a read
 
 
 class RLV:
     def __init__(self, model, sections: list[Section], *, kv: str | None = None, working_memory: int = 2048,
                  reads: int = 3, group: int = 2, reformulate: bool = False, threshold: float | None = None,
+                 evidence: SentenceIndex | None = None, quotes: int = QUOTES,
                  log: Callable[[str], None] | None = None):
         self.model, self.sections, self.kv = model, sections, kv
         self.wm = working_memory
         self.reads, self.group, self.reformulate, self.threshold = reads, group, reformulate, threshold
+        self.evidence, self.quotes = evidence, quotes if evidence is not None else 0
         self.log = log or (lambda s: None)
         self.index = BM25Index(sections)
-        self.budget = max(64, self.wm - RESERVE)
+        self.quote_room = min(QUOTE_ROOM, self.wm // 4) if self.quotes else 0
+        self.budget = max(64, self.wm - RESERVE - self.quote_room)
         n = len(sections)
         avg = sum(s.tokens for s in sections) / max(1, n)
         longest = max((s.tokens for s in sections), default=0)
@@ -86,11 +90,7 @@ class RLV:
 
     def fuse(self, variants: dict[str, str]) -> list[tuple[int, float]]:
         """Sections ranked by Reciprocal Rank Fusion of the variants' BM25 rankings."""
-        fused: dict[int, float] = {}
-        for q in variants.values():
-            for rank, (i, _) in enumerate(self.index.rank(q)):
-                fused[i] = fused.get(i, 0.0) + 1.0 / (RRF_K + rank + 1)
-        return sorted(fused.items(), key=lambda x: (-x[1], x[0]))
+        return rrf(self.index, variants)
 
     def locate(self, question: str) -> tuple[list[tuple[int, float]], dict[str, str]]:
         """Sections ranked by RRF over the query variants: [(index, fused score)]."""
@@ -114,7 +114,8 @@ class RLV:
     def read(self, question: str, group: list[int]) -> dict:
         """Lookup and verify one group of sections: the answer and its checks."""
         secs = [self.sections[i] for i in group]
-        prefix = self.model.tokenize(prompts.sections_context(secs), add_bos=True)
+        quotes = self.quotes_for(question)
+        prefix = self.model.tokenize(prompts.sections_context(secs) + quotes_block(quotes), add_bos=True)
         pc = PrefixCache(self.model, prefix, self.kv)
         t = time.perf_counter()
         pc.fill()
@@ -130,13 +131,27 @@ class RLV:
         calls = max(len(prefix) + len(q) + r.tokens, len(prefix) + vlen)
         if calls > self.wm:
             raise AssertionError(f"an RLV call of {calls} tokens exceeds the working memory of {self.wm}")
-        grounded = bool(answer) and is_grounded(answer, " ".join(s.text for s in secs))
+        grounded = bool(answer) and is_grounded(answer, " ".join(s.text for s in [*secs, *quotes]))
         typed = answer_type_ok(question, answer) and adds_information(question, answer)
         judged = self.threshold is None or margin > self.threshold
-        cite = max(secs, key=lambda s: (support(answer, s.text), -group.index(s.index))) if answer else secs[0]
-        return {"sections": group, "tokens": len(prefix), "answer": answer, "margin": margin, "grounded": grounded,
+        cite = max(secs + self._holding(quotes), key=lambda s: (support(answer, s.text), s.index in group))
+        cite = cite if answer else secs[0]
+        return {"sections": group, "quotes": [[q.start, q.end] for q in quotes], "tokens": len(prefix),
+                "answer": answer, "margin": margin, "grounded": grounded,
                 "typed": typed, "verified": bool(answer) and grounded and typed and judged, "cite": cite.index,
                 "ttft": ttft, "seconds": time.perf_counter() - t, "call_tokens": calls, "min_margin": r.min_margin}
+
+    def quotes_for(self, question: str) -> list[Section]:
+        """The question's best-matching sentences of the whole document, as many as fit
+        the read's quote room (see `evidence`)."""
+        if not self.quotes:
+            return []
+        count = lambda t: len(self.model.tokenize(t, add_bos=False))  # noqa: E731
+        return quotes_that_fit(self.evidence.top(question, self.quotes), self.quote_room, count)
+
+    def _holding(self, quotes: list[Section]) -> list[Section]:
+        """The sections that contain the quoted sentences."""
+        return [s for s in self.sections if any(s.start <= q.start < s.end for q in quotes)]
 
     def _next_group(self, question: str, ranked: list[int], done: list[dict], seen: set[int],
                     tried: set) -> tuple[str, list[int], str] | None:

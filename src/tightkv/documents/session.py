@@ -25,6 +25,7 @@ import torch
 
 from ..errors import ContextOverflowError, TightKVError
 from . import prompts
+from .evidence import QUOTES, SentenceIndex, quotes_block, quotes_that_fit
 from .text import DocumentText, Section, first_sentence, read_documents, split_sections, support
 
 MODES = ("full", "rag", "rlv", "auto")
@@ -328,6 +329,7 @@ class DocumentSession:
     def __init__(self, model, sources, *, kv: str | None = None, mode: str = "auto", store=True,
                  progress: bool = True, log: Callable[[str], None] | None = None,
                  section_tokens: int | None = None, rag_chunk_tokens: int = 200, rag_top_k: int = 3,
+                 quotes: int = QUOTES, rlv_options: dict | None = None,
                  notice: Callable[[str], None] | None = None):
         from .memory import working_memory
         from .store import DocumentStore
@@ -352,6 +354,9 @@ class DocumentSession:
         self.wm, self.wm_source = working_memory(model)
         self.section_tokens = section_tokens or max(96, min(384, self.wm // 4))
         self.rag_chunk_tokens, self.rag_top_k = rag_chunk_tokens, rag_top_k
+        self.quotes = quotes
+        self.rlv_options = rlv_options or {}
+        self._evidence: SentenceIndex | None = None
         t = time.perf_counter()
         self.prefix = model.tokenize(prompts.document_prefix(self.doc.text), add_bos=True)
         self.doc_tokens = len(self.prefix)
@@ -394,6 +399,13 @@ class DocumentSession:
                     secs.append(s)
             self._sections = secs
         return self._sections
+
+    @property
+    def evidence(self) -> SentenceIndex:
+        """The document's sentences, indexed for quoting (full mode and RLV reads)."""
+        if self._evidence is None:
+            self._evidence = SentenceIndex(self.doc.text)
+        return self._evidence
 
     # --- full mode: the document in the cache ------------------------------------------
     def load(self) -> PrefixCache:
@@ -439,16 +451,31 @@ class DocumentSession:
         t0 = time.perf_counter()
         fresh = self.pc is None or not self.pc.filled
         pc = self.load()
-        suffix = self.model.tokenize(prompts.question_suffix(question), add_bos=False)
+        asked = prompts.question_suffix(question)
+        quotes = self.quotes_for(question, len(self.model.tokenize(asked, add_bos=False)) + max_tokens)
+        suffix = self.model.tokenize(quotes_block(quotes) + asked, add_bos=False)
         reply = pc.generate(suffix, max_tokens=max_tokens)
         text = first_sentence(reply.text)
         sec = self.cite(text)
         ttft = (time.perf_counter() - t0 - reply.seconds + reply.ttft) if fresh else reply.ttft
-        self.log(f"full: {len(suffix)} question tokens after {len(self.prefix)} cached; "
-                 f"restore {pc.restore_seconds * 1e3:.1f} ms; smallest answer-token margin {reply.min_margin}")
+        self.log(f"full: {len(suffix)} question tokens ({len(quotes)} quoted sentences) after {len(self.prefix)} "
+                 f"cached; restore {pc.restore_seconds * 1e3:.1f} ms; smallest answer-token margin {reply.min_margin}")
         return Answer(text, "full", sec.label + " " + sec.title if sec else "", sec.index if sec else None,
                       ttft=ttft, seconds=time.perf_counter() - t0, prompt_tokens=len(self.prefix) + len(suffix),
-                      min_margin=reply.min_margin)
+                      min_margin=reply.min_margin,
+                      stages=[{"stage": "quotes", "sentences": [[q.start, q.end] for q in quotes]}])
+
+    def quotes_for(self, question: str, reserve: int) -> list[Section]:
+        """Full mode's quoted evidence for a question: the best-matching sentences
+        (`self.quotes` at most) that fit the context beside the document and `reserve`."""
+        if self.quotes <= 0:
+            return []
+        room = self.model.context_length - len(self.prefix) - reserve - 8
+        count = lambda t: len(self.model.tokenize(t, add_bos=False))  # noqa: E731
+        quotes = quotes_that_fit(self.evidence.top(question, self.quotes), room, count)
+        for q in sorted(quotes, key=lambda q: q.start):
+            self.log(f"quote [{q.start}:{q.end}] {q.text[:100]}")
+        return quotes
 
     def cite(self, answer: str) -> Section | None:
         """The section that best supports an answer (its words, then its rarest words)."""
@@ -476,7 +503,9 @@ class DocumentSession:
             if self._rlv is None:
                 from .rlv import RLV
 
-                self._rlv = RLV(self.model, self.sections, kv=self.kv, working_memory=self.wm, log=self.log)
+                self._rlv = RLV(self.model, self.sections, kv=self.kv, working_memory=self.wm, log=self.log,
+                                evidence=self.evidence if self.quotes > 0 else None, quotes=self.quotes,
+                                **self.rlv_options)
             return self._rlv.ask(question, **kwargs)
         raise TightKVError(f"unknown mode '{mode}'")
 

@@ -78,7 +78,12 @@ def _looks_like_path(src: str) -> bool:
     if "\n" in src or len(src) >= 4096 or not src.strip():
         return False
     p = Path(src).expanduser()
-    return p.is_file() or (" " not in src.strip() and (p.suffix.lower() in TEXT_SUFFIXES - {""} or "/" in src))
+    try:
+        if p.is_file():
+            return True
+    except OSError:  # a name too long for the file system (or otherwise not a path): text
+        return False
+    return (" " not in src.strip() and (p.suffix.lower() in TEXT_SUFFIXES - {""} or "/" in src))
 
 
 def _read_one(src: str | Path, i: int) -> tuple[str, str]:

@@ -161,6 +161,11 @@ def company_report(seed: int = 0, filler: int = 4) -> DocSet:
     return DocSet("report", text, qs, {"seed": seed, "company": company})
 
 
+def company_reports(seed: int = 0, count: int = 10) -> list[DocSet]:
+    """`count` company reports, seeds seed, seed+1, ...: 7*count questions, 3*count multi-hop."""
+    return [company_report(seed + i) for i in range(count)]
+
+
 # --- (b) the long document with planted facts ----------------------------------------
 
 _FACTS = [
@@ -266,49 +271,61 @@ def fitting_prefix(doc: DocSet, model, max_tokens: int) -> DocSet:
 
 # --- running ------------------------------------------------------------------------
 
-def run_config(model, doc: DocSet, mode: str, kv: str, *, store=None, log: Callable[[str], None] = print,
+def run_config(model, docs: list[DocSet], mode: str, kv: str, *, store=None, log: Callable[[str], None] = print,
                timing_questions: bool = True) -> dict:
-    """Ask every question of a set in one mode and KV type; a result record."""
+    """Ask every question of a set (one document or several) in one mode and KV type;
+    a result record. A mode ending in "-plain" runs without quoted sentences."""
+    from ..documents.evidence import QUOTES
     from ..documents.session import DocumentSession
     from ..documents.store import DocumentStore
 
     store = store if store is not None else DocumentStore()
-    t0 = time.perf_counter()
-    session = DocumentSession(model, doc.text, kv=kv, mode=mode, store=store, progress=True)
-    setup = time.perf_counter() - t0
-    items, reads = [], []
-    for q in doc.questions:
-        a = session.ask(q.question)
-        ok = answer_matches(a.text, q.answer)
-        for st in a.stages:  # RLV reads: how well each check separates right from wrong answers
-            if st["stage"] in ("lookup", "research") and st.get("answer"):
-                reads.append({"correct": answer_matches(st["answer"], q.answer), "margin": st.get("margin"),
-                              "verified": st.get("verified"), "grounded": st.get("grounded")})
-        items.append({"id": q.id, "kind": q.kind, "question": q.question, "expected": q.answer[0], "answer": a.text,
-                      "correct": ok, "citation": a.citation, "verified": a.verified, "min_margin": a.min_margin,
-                      "seconds": round(a.seconds, 3),
-                      "ttft_s": round(a.ttft, 3), **({"stages": a.stages} if mode == "rlv" else {})})
-        margin = f" margin {a.min_margin:.2f}" if a.min_margin is not None else ""
-        log(f"  [{mode}/{kv}] {q.id} {'OK ' if ok else 'BAD'} {a.text[:60]!r} (want {q.answer[0]!r}) "
-            f"{a.seconds:.1f}s{margin}")
+    base, quotes = mode.removesuffix("-plain"), 0 if mode.endswith("-plain") else QUOTES
+    items, reads, tokens, first = [], [], 0, None
+    for d in docs:
+        t0 = time.perf_counter()
+        session = DocumentSession(model, d.text, kv=kv, mode=base, store=store, progress=True, quotes=quotes)
+        setup = time.perf_counter() - t0
+        tokens += session.doc_tokens
+        for q in d.questions:
+            items.append(_ask(session, d, q, mode, kv, reads, log))
+        first = first or (d, session, setup, items[-len(d.questions)] if d.questions else None)
     rec = summarize(items)
     if reads:
         rec["reads"] = verify_stats(reads)
-    rec.update({"mode": mode, "kv": kv, "doc_tokens": session.doc_tokens, "setup_s": round(setup, 3),
+    d, session, setup, item = first
+    rec.update({"mode": mode, "kv": kv, "docs": len(docs), "doc_tokens": tokens, "setup_s": round(setup, 3),
                 "cache_source": session.cache_source, "kv_bytes": session.kv_bytes})
-    if mode == "full":
-        first = items[0]["ttft_s"] if items else 0.0
-        rec["cold_ttft_s" if session.cache_source == "prefill" else "warm_ttft_s"] = round(setup + first, 3)
+    if base == "full" and item is not None:  # cold and warm times on the first document
+        rec["cold_ttft_s" if session.cache_source == "prefill" else "warm_ttft_s"] = round(setup + item["ttft_s"], 3)
         if timing_questions and session.cache_source == "prefill":  # warm: a new session loads the saved cache
             t1 = time.perf_counter()
-            warm = DocumentSession(model, doc.text, kv=kv, mode="full", store=store, progress=False)
-            a = warm.ask(doc.questions[0].question)
+            warm = DocumentSession(model, d.text, kv=kv, mode="full", store=store, progress=False, quotes=quotes)
+            a = warm.ask(d.questions[0].question)
             rec["warm_ttft_s"] = round(time.perf_counter() - t1 - (a.seconds - a.ttft), 3)
             rec["warm_source"] = warm.cache_source
+        rec["first_doc_kv_bytes"] = session.kv_bytes
         if session.pc is not None:
             rec["snapshot_bytes"] = session.pc.snapshot_bytes
             rec["restore_ms"] = round(session.pc.restore_seconds * 1e3, 3)
     return rec
+
+
+def _ask(session, d: DocSet, q: Question, mode: str, kv: str, reads: list[dict], log: Callable[[str], None]) -> dict:
+    """One question: the answer, whether it is right, and (RLV) each read's checks into `reads`."""
+    a = session.ask(q.question)
+    ok = answer_matches(a.text, q.answer)
+    for st in a.stages:  # RLV reads: how well each check separates right from wrong answers
+        if st["stage"] in ("lookup", "research") and st.get("answer"):
+            reads.append({"correct": answer_matches(st["answer"], q.answer), "margin": st.get("margin"),
+                          "verified": st.get("verified"), "grounded": st.get("grounded")})
+    margin = f" margin {a.min_margin:.2f}" if a.min_margin is not None else ""
+    log(f"  [{mode}/{kv}] {d.meta.get('seed', '')}/{q.id} {'OK ' if ok else 'BAD'} {a.text[:60]!r} "
+        f"(want {q.answer[0]!r}) {a.seconds:.1f}s{margin}")
+    return {"id": q.id, "doc": d.meta.get("seed"), "kind": q.kind, "question": q.question, "expected": q.answer[0],
+            "answer": a.text, "correct": ok, "citation": a.citation, "verified": a.verified,
+            "min_margin": a.min_margin, "seconds": round(a.seconds, 3), "ttft_s": round(a.ttft, 3),
+            **({"stages": a.stages} if a.stages else {})}
 
 
 def verify_stats(reads: list[dict]) -> dict:
@@ -393,8 +410,12 @@ def save_json(path: Path, doc: dict) -> None:
     tmp.replace(path)
 
 
-def docset_record(doc: DocSet, model) -> dict:
+def docset_record(docs: list[DocSet], model) -> dict:
+    """A set (one document or several) as the JSON records it: tokens in all, each
+    document's tokens and seed, and the questions."""
     from ..documents import prompts
 
-    return {"name": doc.name, "tokens": len(model.tokenize(prompts.document_prefix(doc.text))),
-            "chars": len(doc.text), "meta": doc.meta, "questions": [asdict(q) for q in doc.questions]}
+    tokens = [len(model.tokenize(prompts.document_prefix(d.text))) for d in docs]
+    return {"name": docs[0].name, "docs": len(docs), "tokens": sum(tokens), "doc_tokens": tokens,
+            "chars": sum(len(d.text) for d in docs), "meta": [d.meta for d in docs],
+            "questions": [{**asdict(q), "doc": d.meta.get("seed")} for d in docs for q in d.questions]}
