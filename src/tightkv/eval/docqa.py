@@ -355,7 +355,8 @@ def summarize(items: list[dict]) -> dict:
 def measure_working_memory(model, essays: str, lengths: list[int], kv: str = "f16", per_length: int = 12,
                            seed: int = 1, log: Callable[[str], None] = print) -> dict:
     """Accuracy of full-mode QA on planted facts, per document length, and the working
-    memory that follows from it (`working_memory_from`)."""
+    memory that follows from it (`working_memory_from`). The model reads the text
+    alone: no quoted sentences (`quotes=0`), so this is its own reach."""
     from ..documents.memory import PASS_RATE
     from ..documents.session import DocumentSession
 
@@ -364,7 +365,7 @@ def measure_working_memory(model, essays: str, lengths: list[int], kv: str = "f1
     for L in lengths:
         doc = long_document(essays, count, min_tokens=L, seed=seed + L, n_facts=per_length)
         doc = fitting_prefix(doc, model, L)
-        session = DocumentSession(model, doc.text, kv=kv, mode="full", store=False, progress=True)
+        session = DocumentSession(model, doc.text, kv=kv, mode="full", store=False, progress=True, quotes=0)
         ok = []
         for q in doc.questions:
             a = session.ask(q.question)
