@@ -72,6 +72,10 @@ def test_answer_matching_keywords_and_checks():
     assert not answer_type_ok("Who leads the division?", "The Meridian division.")
     assert answer_type_ok("Who leads the division?", "Lena Castell")
     assert not answer_type_ok("How many people work there?", "many")
+    colour = "What colour was the lighthouse on Skerra Island painted?"
+    assert not answer_type_ok(colour, "The lighthouse on Skerra Island was painted in 1525.")
+    assert answer_type_ok(colour, "Pale green.") and answer_type_ok("In which city was it built?", "In Krakow")
+    assert answer_type_ok("What is the access code for the archive room?", "4821")
     assert follow_up("Who leads the division that makes the Solace sensor?", "The Corvid division.") == \
         "Who leads the Corvid division?"
     assert follow_up("Who is the CEO?", "Jonas") is None

@@ -235,7 +235,8 @@ class Model:
         next time (cache=False skips the disk); each question costs only its own
         tokens; cache may also be a `DocumentStore` (another directory). mode: "full",
         "rag", "rlv" or "auto" (full when the document fits the model's measured working
-        memory, else rlv). See `tightkv.documents`.
+        memory, else rlv). quotes=N (default 5; 0: none): full and rlv put the N sentences
+        that best match a question before it. See `tightkv.documents`.
         """
         from .documents.session import DocumentSession
 

@@ -1,6 +1,7 @@
 """Whole-document QA: a document prefilled once into the (compressed) KV cache and
-kept on disk (`session`, `store`), the chunk-RAG baseline (`rag`), and RLV for
-documents past the model's working memory (`rlv`, `memory`).
+kept on disk (`session`, `store`), the question's best sentences quoted before it
+(`evidence`, over `search`), the chunk-RAG baseline (`rag`), and RLV for documents
+past the model's working memory (`rlv`, `memory`).
 
     from tightkv import Model
     doc = Model().load_document("report.md")

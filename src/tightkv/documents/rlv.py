@@ -201,7 +201,7 @@ class RLV:
             seen.update(group)
             labels = "+".join(self.sections[i].label for i in group)
             self.log(f"{'lookup' if kind == 'lookup' else 'research (' + kind + ')'} {len(done)}: read {labels} "
-                     f"({rec['tokens']} tokens) -> {rec['answer']!r}")
+                     f"and {len(rec['quotes'])} quoted sentences ({rec['tokens']} tokens) -> {rec['answer']!r}")
             self.log(f"verify {len(done)}: grounded {rec['grounded']}, type {'ok' if rec['typed'] else 'wrong'}, "
                      f"yes-no margin {rec['margin']:+.2f} -> {'verified' if rec['verified'] else 'not verified'}")
             stages.append({"stage": "lookup" if kind == "lookup" else "research",

@@ -285,6 +285,8 @@ _NUMBER_WORDS = {"one", "two", "three", "four", "five", "six", "seven", "eight",
 _NOT_A_PERSON = {"division", "company", "department", "board", "committee", "team", "group", "office", "plant",
                  "council", "ministry", "unit", "inc", "ltd", "corporation", "government", "document", "section"}
 _NUMERIC_Q = re.compile(r"^(how (many|much|long|old|far|tall|high|big|large|often)|(in )?(what|which) year|when)\b")
+_WORDS_Q = re.compile(r"^(what colou?r|where\b|((in|on|at|from) )?(what|which) (city|country|town|village|mountain|"
+                      r"island|river|day|month|company|colou?r|street|language|ingredient)\b)")
 _PERSON_Q = re.compile(r"^(who|whom)\b|\b(by|to|with|after|for) whom\b|^after which (astronomer|person|scientist)\b")
 
 
@@ -299,12 +301,16 @@ def first_sentence(answer: str, max_chars: int = 160) -> str:
 
 def answer_type_ok(question: str, answer: str) -> bool:
     """A cheap answer-type check: a number for how-many/which-year questions, a name
-    (not an organisation unit) for who questions; anything for the rest."""
+    (not an organisation unit) for who questions, words and not only a number (a
+    year, say) for which-city/what-colour questions; anything for the rest."""
     q, a = question.strip().lower(), answer.strip()
     if not a:
         return False
     if _NUMERIC_Q.search(q):
         return bool(re.search(r"\d", a)) or any(w.strip(".,").lower() in _NUMBER_WORDS for w in a.split())
+    if _WORDS_Q.search(q):
+        new = set(terms(a)) - set(terms(q))
+        return any(not any(c.isdigit() for c in w) for w in new)
     if _PERSON_Q.search(q):
         words = [w.strip(".,;:'\"()").lower() for w in a.split()]
         if any(w in _NOT_A_PERSON for w in words):
