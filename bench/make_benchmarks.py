@@ -251,6 +251,17 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
+def _docqa_rows(d: dict) -> list[tuple[str, dict]]:
+    """The runs in table order: by set, then mode, then KV type (a resumed run appends)."""
+    sets, modes, kvs = list(d.get("sets", {})), ["full", "full-plain", "rag", "rlv", "rlv-plain"], DOCQA_TYPES.split(",")
+
+    def order(item):
+        name, mode, kv = item[0].split("|")
+        return tuple(x.index(v) if v in x else len(x) for x, v in ((sets, name), (modes, mode), (kvs, kv)))
+
+    return sorted(d["runs"].items(), key=order)
+
+
 def render_docqa(d: dict | None) -> list[str]:
     """The whole-document QA section: accuracy with n and a 95% Wilson interval per
     set, mode and KV type, time per question, cold and warm time to first token."""
@@ -289,7 +300,7 @@ def render_docqa(d: dict | None) -> list[str]:
         out += [f"Working memory used: {used.get('tokens')} tokens ({used.get('source')}).", ""]
     out += ["| set | mode | kv | accuracy | n | 95% CI | single | multi | s / question | cold TTFT | warm TTFT |",
             "|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
-    for key, r in d["runs"].items():
+    for key, r in _docqa_rows(d):
         name, mode, kv = key.split("|")
         lo, hi = r["ci95"]
         single = _pct(r["accuracy_single"]) if "accuracy_single" in r else ""
@@ -302,19 +313,19 @@ def render_docqa(d: dict | None) -> list[str]:
     prefix_ids = {q["id"] for q in sets.get("long-prefix", {}).get("questions", [])}
     if prefix_ids:
         cmp = []
-        for key, r in d["runs"].items():
+        for key, r in _docqa_rows(d):
             name, mode, kv = key.split("|")
             if name in ("long", "long-prefix"):
                 sub = [i for i in r["items"] if i["id"] in prefix_ids]
                 cmp.append(f"{mode}/{kv} {sum(i['correct'] for i in sub)}/{len(sub)}")
         out += ["On the questions whose facts lie inside the prefix full mode can hold: " + ", ".join(cmp) + ".", ""]
-    reads = [(k, r["reads"]) for k, r in d["runs"].items() if r.get("reads")]
+    reads = [(k, r["reads"]) for k, r in _docqa_rows(d) if r.get("reads")]
     if reads:
         out += ["RLV's checks over all reads (answers of single reads, right or wrong): "
                 + "; ".join(f"{k.replace('|', ' ')}: {x['correct']}/{x['n']} right, yes/no margin AUC "
                             f"{x['margin_auc'] if x['margin_auc'] is not None else 'n/a'}, verified "
                             f"{x['verified_correct']}/{x['verified']} right" for k, x in reads) + ".", ""]
-    cold = [(k, r) for k, r in d["runs"].items() if "cold_ttft_s" in r and "warm_ttft_s" in r]
+    cold = [(k, r) for k, r in _docqa_rows(d) if "cold_ttft_s" in r and "warm_ttft_s" in r]
     if cold:
         out += ["Cold TTFT: a new session prefills the document and saves it (the model already loaded); warm TTFT: "
                 "a new session loads the saved cache from disk; both include the question's own prefill. "

@@ -11,7 +11,8 @@ the model only reads a few sections, answers, and judges its own answer:
    own reformulation as a search query; the rankings are fused by Reciprocal
    Rank Fusion, score(s) = sum over variants of 1 / (k + rank).
 3. **lookup**: the top candidates are read in full, in document order (as many
-   as fit the read budget, at most `group` of them), and the model answers.
+   as fit the read budget, at most `group` of them), followed by the question's
+   best-matching sentences from the whole document (`evidence`), and the model answers.
 4. **verify**: with the same sections still in the KV cache, the model judges
    whether they state the proposed answer: a constrained yes/no, the logit of
    " Yes" against " No" (a completion, so it works on a base model). An answer
@@ -27,7 +28,8 @@ the model only reads a few sections, answers, and judges its own answer:
    that runs the plant in Ghent?"); when the question has that shape (a noun
    phrase with a relative clause), the entity replaces the phrase ("Who leads
    the Meridian division?"), which is located and read on its own; the
-   *bridge*: the question's keywords plus the unverified answer located again,
+   *quotes* alone (the question's best sentences without the sections around
+   them, which may hold a likelier distractor); the *bridge*: the question's keywords plus the unverified answer located again,
    read beside the section the answer came from; the best
    candidate with its neighbours (a fact cut by a window boundary); then the
    next candidates, until `reads` reads are spent. With nothing verified, the
@@ -115,7 +117,8 @@ class RLV:
         """Lookup and verify one group of sections: the answer and its checks."""
         secs = [self.sections[i] for i in group]
         quotes = self.quotes_for(question)
-        prefix = self.model.tokenize(prompts.sections_context(secs) + quotes_block(quotes), add_bos=True)
+        context = (prompts.sections_context(secs) if secs else "") + quotes_block(quotes)
+        prefix = self.model.tokenize(context, add_bos=True)
         pc = PrefixCache(self.model, prefix, self.kv)
         t = time.perf_counter()
         pc.fill()
@@ -134,8 +137,8 @@ class RLV:
         grounded = bool(answer) and is_grounded(answer, " ".join(s.text for s in [*secs, *quotes]))
         typed = answer_type_ok(question, answer) and adds_information(question, answer)
         judged = self.threshold is None or margin > self.threshold
-        cite = max(secs + self._holding(quotes), key=lambda s: (support(answer, s.text), s.index in group))
-        cite = cite if answer else secs[0]
+        cited = secs + self._holding(quotes)
+        cite = max(cited, key=lambda s: (support(answer, s.text), s.index in group)) if answer else cited[0]
         return {"sections": group, "quotes": [[q.start, q.end] for q in quotes], "tokens": len(prefix),
                 "answer": answer, "margin": margin, "grounded": grounded,
                 "typed": typed, "verified": bool(answer) and grounded and typed and judged, "cite": cite.index,
@@ -155,8 +158,8 @@ class RLV:
 
     def _next_group(self, question: str, ranked: list[int], done: list[dict], seen: set[int],
                     tried: set) -> tuple[str, list[int], str] | None:
-        """The next read after unverified ones: follow-up, bridge, neighbours, next
-        candidates. Returns (kind, sections, the question to ask)."""
+        """The next read after unverified ones: follow-up, the quotes alone, bridge,
+        neighbours, next candidates. Returns (kind, sections, the question to ask)."""
         n = len(self.sections)
         last = done[-1]
         follow = follow_up(question, last["answer"]) if last["grounded"] and not last["typed"] else None
@@ -166,6 +169,9 @@ class RLV:
             if fused:
                 self.log(f"research: follow-up question {follow!r}")
                 return "follow-up", [fused[0][0]], follow
+        if self.quotes and "zoom" not in tried and self.evidence.top(question, 1):  # the best sentences without the sections around them
+            tried.add("zoom")
+            return "quotes", [], question
         if last["answer"] and last["grounded"] and ("bridge", last["answer"]) not in tried:
             tried.add(("bridge", last["answer"]))
             hop = [i for i, _ in self.fuse({"bridge": f"{keywords(question)} {last['answer']}",
@@ -199,7 +205,7 @@ class RLV:
             rec["kind"], rec["asked"] = kind, asked
             done.append(rec)
             seen.update(group)
-            labels = "+".join(self.sections[i].label for i in group)
+            labels = "+".join(self.sections[i].label for i in group) or "nothing else"
             self.log(f"{'lookup' if kind == 'lookup' else 'research (' + kind + ')'} {len(done)}: read {labels} "
                      f"and {len(rec['quotes'])} quoted sentences ({rec['tokens']} tokens) -> {rec['answer']!r}")
             self.log(f"verify {len(done)}: grounded {rec['grounded']}, type {'ok' if rec['typed'] else 'wrong'}, "
