@@ -332,7 +332,7 @@ def render_docqa(d: dict | None) -> list[str]:
                 "`s / question` is the time per question once the document is in the cache (full) or per retrieval "
                 "and read (rag, rlv). " +
                 "; ".join(f"{k.replace('|', ' ')}: {r['cold_ttft_s'] / max(r['warm_ttft_s'], 1e-9):.0f}x faster warm, "
-                          f"KV {r.get('first_doc_kv_bytes', r['kv_bytes']) / 1e6:.1f} MB" for k, r in cold) + ".", ""]
+                          f"KV {r['kv_bytes'] / 1e6:.1f} MB" for k, r in cold) + ".", ""]
     return out
 
 

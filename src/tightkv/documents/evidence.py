@@ -49,6 +49,11 @@ class SentenceIndex:
         ranked = rrf(self.index, {"question": question, "keywords": keywords(question)})
         return [self.sentences[i] for i, _ in ranked[:k]]
 
+    def quote(self, question: str, k: int, room: int, model) -> list[Section]:
+        """The k best sentences, as many as fit `room` of the model's tokens as a quoted block."""
+        count = lambda t: len(model.tokenize(t, add_bos=False))  # noqa: E731
+        return quotes_that_fit(self.top(question, k), room, count)
+
 
 def quotes_that_fit(quotes: list[Section], room: int, count: Callable[[str], int]) -> list[Section]:
     """As many of the quotes (best first) as fit `room` tokens of quoted block."""

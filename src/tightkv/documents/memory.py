@@ -66,7 +66,7 @@ def save_working_memory(model, tokens: int, detail: dict | None = None) -> Path:
         saved = json.loads(path.read_text())
     except (OSError, ValueError):
         saved = {}
-    saved[_identity(model)] = {"tokens": int(tokens), "source": f"measured by tightkv docqa --measure-wm",
+    saved[_identity(model)] = {"tokens": int(tokens), "source": "measured by tightkv docqa --measure-wm",
                                "detail": detail or {}}
     path.write_text(json.dumps(saved, indent=1))
     return path

@@ -44,7 +44,7 @@ import time
 from typing import Callable
 
 from . import prompts
-from .evidence import QUOTES, SentenceIndex, quotes_block, quotes_that_fit
+from .evidence import QUOTES, SentenceIndex, quotes_block
 from .search import BM25Index, rrf
 from .session import Answer, PrefixCache, yes_score
 from .text import Section, adds_information, answer_type_ok, first_sentence, follow_up, keywords, support
@@ -149,8 +149,7 @@ class RLV:
         the read's quote room (see `evidence`)."""
         if not self.quotes:
             return []
-        count = lambda t: len(self.model.tokenize(t, add_bos=False))  # noqa: E731
-        return quotes_that_fit(self.evidence.top(question, self.quotes), self.quote_room, count)
+        return self.evidence.quote(question, self.quotes, self.quote_room, self.model)
 
     def _holding(self, quotes: list[Section]) -> list[Section]:
         """The sections that contain the quoted sentences."""

@@ -25,7 +25,7 @@ import torch
 
 from ..errors import ContextOverflowError, TightKVError
 from . import prompts
-from .evidence import QUOTES, SentenceIndex, quotes_block, quotes_that_fit
+from .evidence import QUOTES, SentenceIndex, quotes_block
 from .text import DocumentText, Section, first_sentence, read_documents, split_sections, support
 
 MODES = ("full", "rag", "rlv", "auto")
@@ -471,8 +471,7 @@ class DocumentSession:
         if self.quotes <= 0:
             return []
         room = self.model.context_length - len(self.prefix) - reserve - 8
-        count = lambda t: len(self.model.tokenize(t, add_bos=False))  # noqa: E731
-        quotes = quotes_that_fit(self.evidence.top(question, self.quotes), room, count)
+        quotes = self.evidence.quote(question, self.quotes, room, self.model)
         for q in sorted(quotes, key=lambda q: q.start):
             self.log(f"quote [{q.start}:{q.end}] {q.text[:100]}")
         return quotes

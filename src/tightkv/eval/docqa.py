@@ -293,7 +293,7 @@ def run_config(model, docs: list[DocSet], mode: str, kv: str, *, store=None, log
     rec = summarize(items)
     if reads:
         rec["reads"] = verify_stats(reads)
-    d, session, setup, item = first
+    d, session, setup, item = first  # cache size and times: the first document's
     rec.update({"mode": mode, "kv": kv, "docs": len(docs), "doc_tokens": tokens, "setup_s": round(setup, 3),
                 "cache_source": session.cache_source, "kv_bytes": session.kv_bytes})
     if base == "full" and item is not None:  # cold and warm times on the first document
@@ -304,7 +304,6 @@ def run_config(model, docs: list[DocSet], mode: str, kv: str, *, store=None, log
             a = warm.ask(d.questions[0].question)
             rec["warm_ttft_s"] = round(time.perf_counter() - t1 - (a.seconds - a.ttft), 3)
             rec["warm_source"] = warm.cache_source
-        rec["first_doc_kv_bytes"] = session.kv_bytes
         if session.pc is not None:
             rec["snapshot_bytes"] = session.pc.snapshot_bytes
             rec["restore_ms"] = round(session.pc.restore_seconds * 1e3, 3)
