@@ -46,7 +46,11 @@ static inline float hsum(f16v a) {
 #endif
 }
 static inline float hmax(f16v a) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_max_ps((__m512)a);
+#else
   float s = a[0]; for (int i = 1; i < 16; i++) s = a[i] > s ? a[i] : s; return s;
+#endif
 }
 static inline f16v ld_f16(const uint8_t *p) {
 #if defined(__AVX512F__)
@@ -123,6 +127,7 @@ struct Ctx {
 
 static const int BT = 32;
 static const int CH = 6;
+static const int64_t PRE_ROWS = 8;  // rows from which the float path scores a block by one matmul
 
 // Channels 32b .. 32b+31 of a stored vector as two float32 vectors (tq4: codebook
 // values in the permuted order even|odd, the per-vector scale applied by the caller).
@@ -269,6 +274,30 @@ static inline int64_t i8v_pos(int64_t i) {
   return 128 * c + 32 * ((k % 16) / 4) + 16 * h + 4 * (k / 16) + k % 4;
 }
 
+// C (n, m) = A (n, k) @ B (k, m), all row-major and contiguous, m % 32 == 0: 8 rows x
+// 32 columns of C in registers, one broadcast of A and two loads of B per step.
+template <int NR>
+static inline void mm_block(const float *A, const float *B, float *C, int64_t k, int64_t m, int64_t j) {
+  f16v c0[NR], c1[NR];
+  for (int r = 0; r < NR; r++) c0[r] = c1[r] = f16v{};
+  for (int64_t i = 0; i < k; i++) {
+    const f16v b0 = ld(B + i * m + j), b1 = ld(B + i * m + j + 16);
+    for (int r = 0; r < NR; r++) {
+      const f16v a = splat(A[r * k + i]);
+      c0[r] = fma(a, b0, c0[r]);
+      c1[r] = fma(a, b1, c1[r]);
+    }
+  }
+  for (int r = 0; r < NR; r++) { st(C + r * m + j, c0[r]); st(C + r * m + j + 16, c1[r]); }
+}
+static void matmul(const float *A, const float *B, float *C, int64_t n, int64_t k, int64_t m) {
+  for (int64_t r = 0; r < n; r += 8)
+    for (int64_t j = 0; j < m; j += 32) {
+      if (n - r >= 8) mm_block<8>(A + r * k, B, C + r * m, k, m, j);
+      else for (int64_t q = r; q < n; q++) mm_block<1>(A + q * k, B, C + q * m, k, m, j);
+    }
+}
+
 // Scores of NR query rows (q rows D apart) against one stored key, decoded 32
 // channels at a time straight into the dot products.
 template <int KIND, int NR>
@@ -325,6 +354,8 @@ static void chunk_body(const Ctx *x, int64_t c) {
     o[Dv] = -INFINITY; o[Dv + 1] = 0.f;
   }
   std::vector<float> sc(nrows * BT);
+  // the float path with many rows: a key block transposed (D, BT) and the keys' scales
+  std::vector<float> kT(nrows >= PRE_ROWS ? D * BT : 0), kscl(BT);
   std::vector<int64_t> lo(nrows), hi(nrows);  // each row's visible range
   std::vector<char> alive(nrows + 4, 0);
   for (int64_t r = 0; r < nrows; r++) { const int64_t t = (ra + r) % T; lo[r] = rg[2 * t]; hi[r] = rg[2 * t + 1]; }
@@ -378,6 +409,25 @@ static void chunk_body(const Ctx *x, int64_t c) {
       }
     } else
 #endif
+    if (nrows >= PRE_ROWS) {  // many rows (prefill): the block's keys decoded, transposed, one matmul
+      for (int64_t j = 0; j < BT; j++) {
+        const uint8_t *k0 = kb0 + (j0 + j) * s.kt0, *k1 = kb1 ? kb1 + (j0 + j) * s.kt1 : nullptr;
+        for (int64_t b = 0; b < D / 32; b++) {
+          f16v x0 = f16v{}, x1 = f16v{};
+          if (j < n) load32<KK>(k0, k1, b, x->kcb, x0, x1);
+          for (int i = 0; i < 16; i++) { kT[(32 * b + i) * BT + j] = x0[i]; kT[(32 * b + 16 + i) * BT + j] = x1[i]; }
+        }
+        kscl[j] = j < n ? vec_scale<KK>(k1) : 0.f;
+      }
+      matmul(q, kT.data(), sc.data(), nrows, D, BT);
+      for (int64_t r = 0; r < nrows; r++)
+        for (int64_t j = 0; j < n; j++) {
+          const int64_t tok = j0 + j;
+          float v = sc[r * BT + j] * kscl[j];
+          if (bias) v += bias[r];
+          sc[r * BT + j] = tok < lo[r] || tok >= hi[r] ? -INFINITY : v;
+        }
+    } else
     for (int64_t j = 0; j < n; j++) {
       const int64_t tok = j0 + j;
       const uint8_t *k0 = kb0 + tok * s.kt0, *k1 = kb1 ? kb1 + tok * s.kt1 : nullptr;
@@ -400,12 +450,15 @@ static void chunk_body(const Ctx *x, int64_t c) {
         }
       }
     }
-    // online softmax per row
+    // online softmax per row, 16 scores at a time (the block's tail as -inf)
+    if (n < BT)
+      for (int64_t r = 0; r < nrows; r++)
+        for (int64_t j = n; j < BT; j++) sc[r * BT + j] = -INFINITY;
     for (int64_t r = 0; r < nrows; r++) {
       if (!alive[r]) continue;
       float *srow = sc.data() + r * BT, *o = part + r * W;
-      float bm = -INFINITY;
-      for (int64_t j = 0; j < n; j++) bm = srow[j] > bm ? srow[j] : bm;
+      const f16v s0 = ld(srow), s1 = ld(srow + 16);
+      const float bm = hmax(s0 > s1 ? s0 : s1);
       if (bm == -INFINITY) { alive[r] = 0; continue; }
       const float m = o[Dv], mn = bm > m ? bm : m;
       if (mn > m && m != -INFINITY) {
@@ -416,24 +469,23 @@ static void chunk_body(const Ctx *x, int64_t c) {
         o[Dv + 1] = 0.f;
       }
       o[Dv] = mn;
-      float lsum = 0.f;
-      for (int64_t j = 0; j < n; j += 16) {
-        alignas(64) float tmp[16];
-        for (int i = 0; i < 16; i++) tmp[i] = j + i < n ? srow[j + i] - mn : -INFINITY;
-        f16v pv = vexp(ld(tmp));
-        st(tmp, pv);
-        for (int i = 0; i < 16 && j + i < n; i++) { srow[j + i] = tmp[i]; lsum += tmp[i]; }
-      }
-      o[Dv + 1] += lsum;
+      const f16v p0 = vexp(s0 - mn), p1 = vexp(s1 - mn);
+      st(srow, p0);
+      st(srow + 16, p1);
+      o[Dv + 1] += hsum(p0 + p1);
     }
     for (int64_t r = 0; r < nrows; r++)
-      if (!alive[r]) for (int64_t j = 0; j < n; j++) sc[r * BT + j] = 0.f;
+      if (!alive[r]) for (int64_t j = 0; j < BT; j++) sc[r * BT + j] = 0.f;
     // values: weights times each token's own scale, then summed 32 channels at a time
-    if (VK == TQ4)
-      for (int64_t j = 0; j < n; j++) {
-        const float vs = vec_scale<VK>(vb1 + (j0 + j) * s.vt1);
-        for (int64_t r = 0; r < nrows; r++) sc[r * BT + j] *= vs;
+    if (VK == TQ4) {
+      alignas(64) float vs[BT] = {};
+      for (int64_t j = 0; j < n; j++) vs[j] = vec_scale<VK>(vb1 + (j0 + j) * s.vt1);
+      const f16v v0s = ld(vs), v1s = ld(vs + 16);
+      for (int64_t r = 0; r < nrows; r++) {
+        st(sc.data() + r * BT, ld(sc.data() + r * BT) * v0s);
+        st(sc.data() + r * BT + 16, ld(sc.data() + r * BT + 16) * v1s);
       }
+    }
     const uint8_t *v0 = vb0 + j0 * s.vt0, *v1 = vb1 ? vb1 + j0 * s.vt1 : nullptr;
 #if TK_I8
     if (VK == TQ4 && x->i8v) {
@@ -494,30 +546,6 @@ extern "C" int tk_attn_int8(int mask) {
 }
 
 namespace attn {
-// C (n, m) = A (n, k) @ B (k, m), all row-major and contiguous, m % 32 == 0: 8 rows x
-// 32 columns of C in registers, one broadcast of A and two loads of B per step.
-template <int NR>
-static inline void mm_block(const float *A, const float *B, float *C, int64_t k, int64_t m, int64_t j) {
-  f16v c0[NR], c1[NR];
-  for (int r = 0; r < NR; r++) c0[r] = c1[r] = f16v{};
-  for (int64_t i = 0; i < k; i++) {
-    const f16v b0 = ld(B + i * m + j), b1 = ld(B + i * m + j + 16);
-    for (int r = 0; r < NR; r++) {
-      const f16v a = splat(A[r * k + i]);
-      c0[r] = fma(a, b0, c0[r]);
-      c1[r] = fma(a, b1, c1[r]);
-    }
-  }
-  for (int r = 0; r < NR; r++) { st(C + r * m + j, c0[r]); st(C + r * m + j + 16, c1[r]); }
-}
-static void matmul(const float *A, const float *B, float *C, int64_t n, int64_t k, int64_t m) {
-  for (int64_t r = 0; r < n; r += 8)
-    for (int64_t j = 0; j < m; j += 32) {
-      if (n - r >= 8) mm_block<8>(A + r * k, B, C + r * m, k, m, j);
-      else for (int64_t q = r; q < n; q++) mm_block<1>(A + q * k, B, C + q * m, k, m, j);
-    }
-}
-
 static const int64_t PREP_ROWS = 16;
 
 // Rows hr = 16c .. 16c+15: the exact-domain query (scaled), the code-domain query
