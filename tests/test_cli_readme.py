@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+MAIN_JOB = 'tightkv run "The capital of France is" -n 64'
 THREE_LINES = '''from tightkv import Model
 m = Model.from_pretrained("gemma3:270m")
 print(m.ask("What is gravity?"))
@@ -25,8 +26,17 @@ def python_blocks(text: str) -> list[str]:
 def test_first_screen_commands_are_unchanged():
     text = README.read_text()
     first = text[: text.index("## ")]
-    assert 'pip install -e . && tightkv run "The capital of France is"' in first
+    assert f"pip install -e . && {MAIN_JOB}" in first
     assert "pip install -e '.[test]' && python3 -m pytest -q" in first
+
+
+@pytest.mark.slow
+def test_first_screen_main_job_finishes(tmp_path):
+    """The main job, as written after the install, ends on its own (a base model
+    left without -n would write on to the end of its 32K context)."""
+    proc = subprocess.run(MAIN_JOB, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() and "Traceback" not in proc.stderr
 
 
 @pytest.mark.slow
