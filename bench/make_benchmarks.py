@@ -262,6 +262,32 @@ def _docqa_rows(d: dict) -> list[tuple[str, dict]]:
     return sorted(d["runs"].items(), key=order)
 
 
+def _docqa_agreement(d: dict) -> list[str]:
+    """Per set and mode, how the compressed cache's answers compare with f16's, question
+    by question: the same text, right with one only, and f16's smallest answer margin there."""
+    base, *others = DOCQA_TYPES.split(",")
+    parts = []
+    for key, r in _docqa_rows(d):
+        name, mode, kv = key.split("|")
+        for other in others if kv == base else []:
+            o = d["runs"].get(f"{name}|{mode}|{other}")
+            if not o or len(o["items"]) != len(r["items"]):
+                continue
+            pairs = list(zip(r["items"], o["items"]))
+            same = sum(a["answer"] == b["answer"] for a, b in pairs)
+            ours = sum(a["correct"] and not b["correct"] for a, b in pairs)
+            theirs = sum(b["correct"] and not a["correct"] for a, b in pairs)
+            margins = sorted(a["min_margin"] for a, b in pairs
+                             if a["correct"] != b["correct"] and a.get("min_margin") is not None)
+            text = f"{name} {mode}: same answer {same}/{len(pairs)}, right with {base} only {ours}, with {other} only {theirs}"
+            if margins:
+                text += f" ({base} smallest answer margins there: {', '.join(f'{m:.2f}' for m in margins)})"
+            parts.append(text)
+    if not parts:
+        return []
+    return [f"{', '.join(others)} against {base}, question by question: " + "; ".join(parts) + ".", ""]
+
+
 def render_docqa(d: dict | None) -> list[str]:
     """The whole-document QA section: accuracy with n and a 95% Wilson interval per
     set, mode and KV type, time per question, cold and warm time to first token."""
@@ -319,6 +345,7 @@ def render_docqa(d: dict | None) -> list[str]:
                 sub = [i for i in r["items"] if i["id"] in prefix_ids]
                 cmp.append(f"{mode}/{kv} {sum(i['correct'] for i in sub)}/{len(sub)}")
         out += ["On the questions whose facts lie inside the prefix full mode can hold: " + ", ".join(cmp) + ".", ""]
+    out += _docqa_agreement(d)
     reads = [(k, r["reads"]) for k, r in _docqa_rows(d) if r.get("reads")]
     if reads:
         out += ["RLV's checks over all reads (answers of single reads, right or wrong): "

@@ -370,3 +370,6 @@ def test_cli_ask_errors(tmp_path):
     assert_one_line_error(cli("ask", "Q?", env=env), "--doc")
     (tmp_path / "d.txt").write_text("x")
     assert_one_line_error(cli("ask", "--doc", str(tmp_path / "d.txt"), "--kv", "nope", "Q?", env=env), "nope")
+    assert_one_line_error(cli("ask", "--doc", str(tmp_path / "d.txt"), "--quotes", "-1", "Q?", env=env), "--quotes")
+    assert_one_line_error(cli("docqa", "--reports", "0", env=env), "--reports")
+    assert_one_line_error(cli("docqa", "--modes", "full,chunky", env=env), "chunky")

@@ -1,14 +1,16 @@
 """`tightkv docqa`: the whole-document QA benchmark (full vs rag vs rlv, per KV type).
 
 Sets (generated with --seed): `report`, --reports company reports of 5
-sections, each with 4 single-hop and 3 multi-hop questions; `long`, essays of at least 40K tokens with
-12 planted facts (past the embedded model's 32K context: full runs on the longest
-prefix that fits, `long-prefix`, with the questions whose facts lie inside it).
+sections, each with 4 single-hop and 3 multi-hop questions; `long`, essays of at
+least 40K tokens with 12 planted facts (past the embedded model's 32K context:
+full runs on the longest prefix that fits, `long-prefix`, with the questions
+whose facts lie inside it).
 Results go to --json after every configuration, and a rerun skips the
 configurations already there (so a long run can be resumed); --quick caps the
 prefix that full mode reads at 8K tokens. Modes: full, rag, rlv, and full-plain
-and rlv-plain (without the quoted sentences, to show what the quotes add). --measure-wm measures the model's
-working memory first and records it for `auto` mode.
+and rlv-plain (without the quoted sentences, to show what the quotes add).
+--measure-wm measures the model's working memory first and records it for
+`auto` mode.
 """
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None, help="registry name or .gguf path (default: embedded)")
     p.add_argument("--sets", default="report,long", help="report, long (comma-separated)")
     p.add_argument("--modes", default="full,rag,rlv", help=f"{', '.join(MODES)} (comma-separated)")
-    p.add_argument("--reports", type=int, default=10, help="company reports in the report set (seeds seed, seed+1, ...)")
+    p.add_argument("--reports", type=int, default=10,
+                   help="company reports in the report set (seeds seed, seed+1, ...)")
     p.add_argument("--compare", "--kv", dest="compare", default="f16,progressive", help="KV types, comma-separated")
     p.add_argument("--essays", default=None, help="text for the long document (default: the shared essays corpus)")
     p.add_argument("--long-tokens", type=int, default=40000, help="length of the long document in tokens")

@@ -29,7 +29,7 @@ from typing import Callable
 from .search import BM25Index, rrf
 from .text import Section, keywords, sentences
 
-QUOTES = 5  # sentences quoted per question in full mode (0: none)
+QUOTES = 5  # sentences quoted per question in full mode and RLV reads (0: none)
 MAX_CHARS = 400  # a longer "sentence" (a list, a table, code) is cut to this
 
 

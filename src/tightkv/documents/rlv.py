@@ -29,8 +29,9 @@ the model only reads a few sections, answers, and judges its own answer:
    phrase with a relative clause), the entity replaces the phrase ("Who leads
    the Meridian division?"), which is located and read on its own; the
    *quotes* alone (the question's best sentences without the sections around
-   them, which may hold a likelier distractor); the *bridge*: the question's keywords plus the unverified answer located again,
-   read beside the section the answer came from; the best
+   them, which may hold a likelier distractor); the *bridge*: the question's
+   keywords plus the unverified answer located again, read beside the section
+   the answer came from; the best
    candidate with its neighbours (a fact cut by a window boundary); then the
    next candidates, until `reads` reads are spent. With nothing verified, the
    best unverified answer (grounded first, then by margin) is returned, marked so.
@@ -168,7 +169,7 @@ class RLV:
             if fused:
                 self.log(f"research: follow-up question {follow!r}")
                 return "follow-up", [fused[0][0]], follow
-        if self.quotes and "zoom" not in tried and self.evidence.top(question, 1):  # the best sentences without the sections around them
+        if done[0]["quotes"] and "zoom" not in tried:  # the lookup's quotes without the sections around them
             tried.add("zoom")
             return "quotes", [], question
         if last["answer"] and last["grounded"] and ("bridge", last["answer"]) not in tried:

@@ -281,23 +281,21 @@ def run_config(model, docs: list[DocSet], mode: str, kv: str, *, store=None, log
 
     store = store if store is not None else DocumentStore()
     base, quotes = mode.removesuffix("-plain"), 0 if mode.endswith("-plain") else QUOTES
-    items, reads, tokens, first = [], [], 0, None
+    items, reads, sessions = [], [], []
     for d in docs:
         t0 = time.perf_counter()
         session = DocumentSession(model, d.text, kv=kv, mode=base, store=store, progress=True, quotes=quotes)
-        setup = time.perf_counter() - t0
-        tokens += session.doc_tokens
-        for q in d.questions:
-            items.append(_ask(session, d, q, mode, kv, reads, log))
-        first = first or (d, session, setup, items[-len(d.questions)] if d.questions else None)
+        sessions.append((session, time.perf_counter() - t0))
+        items += [_ask(session, d, q, mode, kv, reads, log) for q in d.questions]
     rec = summarize(items)
     if reads:
         rec["reads"] = verify_stats(reads)
-    d, session, setup, item = first  # cache size and times: the first document's
-    rec.update({"mode": mode, "kv": kv, "docs": len(docs), "doc_tokens": tokens, "setup_s": round(setup, 3),
-                "cache_source": session.cache_source, "kv_bytes": session.kv_bytes})
-    if base == "full" and item is not None:  # cold and warm times on the first document
-        rec["cold_ttft_s" if session.cache_source == "prefill" else "warm_ttft_s"] = round(setup + item["ttft_s"], 3)
+    d, (session, setup) = docs[0], sessions[0]  # cache size and times: the first document's
+    rec.update({"mode": mode, "kv": kv, "docs": len(docs), "doc_tokens": sum(s.doc_tokens for s, _ in sessions),
+                "setup_s": round(setup, 3), "cache_source": session.cache_source, "kv_bytes": session.kv_bytes})
+    if base == "full" and d.questions:  # cold and warm times on the first document
+        first = "cold_ttft_s" if session.cache_source == "prefill" else "warm_ttft_s"
+        rec[first] = round(setup + items[0]["ttft_s"], 3)
         if timing_questions and session.cache_source == "prefill":  # warm: a new session loads the saved cache
             t1 = time.perf_counter()
             warm = DocumentSession(model, d.text, kv=kv, mode="full", store=store, progress=False, quotes=quotes)
