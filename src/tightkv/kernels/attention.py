@@ -270,4 +270,3 @@ def encode(codec, x: torch.Tensor) -> dict | None:
                           c[4].data_ptr(), int(codec.paper), idx.data_ptr(), norm.data_ptr(), threads):
         return None
     return {"idx": idx, "norm": norm}
-
