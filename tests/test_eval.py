@@ -37,6 +37,18 @@ def test_ppl_cli_writes_json(tmp_path):
         assert set(doc["results"][kind]) >= {"ppl", "ppl_stderr", "kld_mean", "kld_p99", "kld_p999", "same_top1"}
 
 
+def test_ppl_cli_takes_llamacpp_cache_type_flags(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text(ESSAYS.read_text()[:6000])
+    out = tmp_path / "ppl.json"
+    r = _cli("ppl", "--file", str(text), "--ctx", "256", "--chunks", "1", "-ctk", "q8_0", "-ctv", "tq4",
+             "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    results = json.loads(out.read_text())["results"]
+    assert list(results) == ["f16", "q8_0:tq4"]  # f16 is the KLD baseline, measured in the same run
+    assert 0 < results["q8_0:tq4"]["kld_mean"] < 0.05
+
+
 def test_bench_cli_table(tmp_path):
     out = tmp_path / "bench.json"
     r = _cli("bench", "--depths", "16,64", "-p", "32", "--n-gen", "4", "-r", "1", "--json", str(out))

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from ..errors import TightKVError
 
+from .common import add_kv_flags, kv_spec
+
 NAME = "ask"
 HELP = "answer questions about documents (whole document in the KV cache, RAG or RLV)"
 
@@ -29,8 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=["auto", "full", "rag", "rlv"], default="auto",
                    help="full: whole document in context; rag: top-k BM25 chunks; rlv: read-locate-verify; "
                         "auto: full if the document fits the model's working memory, else rlv (default)")
-    p.add_argument("--kv", "--cache-type", dest="kv", default=None,
-                   help="KV cache type or preset for the document (default: progressive)")
+    add_kv_flags(p)
     p.add_argument("-c", "--ctx", type=int, default=None, help="context length in tokens")
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: physical cores)")
     p.add_argument("-n", "--max-tokens", type=int, default=32, help="answer tokens at most (default 32)")
@@ -79,20 +80,14 @@ def run(ns: argparse.Namespace) -> int:
     from ..documents.evidence import QUOTES
     from ..documents.session import DocumentSession
     from ..documents.text import read_documents
-    from ..kv.spec import parse_kv
-
-    if ns.kv:
-        try:
-            parse_kv(ns.kv)
-        except TightKVError as err:
-            raise TightKVError(f"--kv: {err}") from None
+    kv = kv_spec(ns)
     doc = read_documents([Path(d) for d in ns.doc])  # file errors before the model loads
     log = _eprint if ns.verbose else None
     model = Model(ns.model, threads=ns.threads, context_length=ns.ctx)
     t_model = time.perf_counter() - t_start
     if log:
         log(f"model: {model.path.name} loaded in {t_model:.2f}s")
-    session = DocumentSession(model, doc, kv=ns.kv, mode=ns.mode, store=None if ns.no_cache else store,
+    session = DocumentSession(model, doc, kv=kv, mode=ns.mode, store=None if ns.no_cache else store,
                               progress=not ns.no_progress and not ns.json, log=log, rag_top_k=ns.top_k,
                               rag_chunk_tokens=ns.chunk_tokens, quotes=QUOTES if ns.quotes is None else ns.quotes,
                               rlv_options={"reads": ns.reads, "reformulate": ns.reformulate})

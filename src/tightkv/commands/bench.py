@@ -6,7 +6,7 @@ import sys
 
 from ..errors import TightKVError
 
-from .common import add_model_flags, int_list, kv_list
+from .common import add_model_flags, int_list, kv_types
 
 NAME = "bench"
 HELP = "prompt and generation speed, optionally beside llama.cpp"
@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare", default=None, help="comma-separated KV types")
     p.add_argument("--vs-llamacpp", action="store_true", help="also run llama.cpp (llama-cpp-python)")
     p.add_argument("--json", default=None)
-    add_model_flags(p)
+    add_model_flags(p, kv_default="f16")
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -33,18 +33,18 @@ def run(ns: argparse.Namespace) -> int:
 
     depths = int_list(ns.depths, "--depths")
     threads = ns.threads or default_threads()
-    kv_types = kv_list(ns.compare or ns.kv)
+    kinds = kv_types(ns)
     model = Model(ns.model, threads=threads, context_length=ns.ctx)
     if max(depths) + ns.n_gen + 1 > model.context_length:
         raise TightKVError(f"depth {max(depths)} + {ns.n_gen} tokens exceeds the context of {model.context_length}")
-    for kind in kv_types:
+    for kind in kinds:
         model.new_cache(kind)
     rows = []
-    for kind in kv_types:
+    for kind in kinds:
         print(f"tightkv {kind} ...", file=sys.stderr, flush=True)
         rows += run_tightkv(model, kind, depths, ns.n_prompt, ns.n_gen, ns.reps)
     if ns.vs_llamacpp:
-        for kind in dict.fromkeys(["f16", "q8_0"] + kv_types):
+        for kind in dict.fromkeys(["f16", "q8_0"] + kinds):
             print(f"llama.cpp {kind} ...", file=sys.stderr, flush=True)
             rows += run_llamacpp(model.path, kind, depths, ns.n_prompt, ns.n_gen, ns.reps, threads)
     print(format_table(rows))

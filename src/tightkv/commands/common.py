@@ -2,14 +2,23 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from ..errors import TightKVError
 
 
-def add_model_flags(p: argparse.ArgumentParser) -> None:
+def add_kv_flags(p: argparse.ArgumentParser, default: str = "progressive, or $TIGHTKV_KV_CACHE_TYPE") -> None:
+    """--kv (a type, preset or K:V pair) and llama.cpp's -ctk/-ctv."""
     p.add_argument("--kv", "--cache-type", dest="kv", default=None,
-                   help="KV cache type or preset for keys and values (default progressive, or "
-                        "$TIGHTKV_KV_CACHE_TYPE; ppl and bench: f16)")
+                   help=f"KV cache type or preset for keys and values, or a K:V pair (default {default})")
+    p.add_argument("-ctk", "--cache-type-k", default=None, metavar="TYPE",
+                   help="KV cache type for keys (llama.cpp's flag; f16 when only -ctv is given)")
+    p.add_argument("-ctv", "--cache-type-v", default=None, metavar="TYPE",
+                   help="KV cache type for values (f16 when only -ctk is given)")
+
+
+def add_model_flags(p: argparse.ArgumentParser, kv_default: str = "progressive, or $TIGHTKV_KV_CACHE_TYPE") -> None:
+    add_kv_flags(p, kv_default)
     p.add_argument("-c", "--ctx", type=int, default=None, help="context length in tokens")
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: physical cores)")
 
@@ -23,6 +32,37 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def kv_spec(ns: argparse.Namespace, env: bool = True) -> str | None:
+    """The KV spec from --kv or --cache-type-k/-v (else $TIGHTKV_KV_CACHE_TYPE when env), validated."""
+    from ..kv.spec import parse_kv
+
+    k, v = getattr(ns, "cache_type_k", None), getattr(ns, "cache_type_v", None)
+    if k or v:
+        if ns.kv:
+            raise TightKVError("use either --kv or --cache-type-k/--cache-type-v, not both")
+        k, v = (k or "f16").strip().lower(), (v or "f16").strip().lower()
+        spec = k if k == v else f"{k}:{v}"
+    else:
+        spec = ns.kv
+    source = "--kv" if spec else "TIGHTKV_KV_CACHE_TYPE"
+    if env:
+        spec = spec or os.environ.get("TIGHTKV_KV_CACHE_TYPE") or None
+    if spec:
+        try:
+            parse_kv(spec)
+        except TightKVError as err:
+            raise TightKVError(f"{source}: {err}") from None
+    return spec
+
+
+def kv_types(ns: argparse.Namespace) -> list[str]:
+    """The KV types a measuring verb runs: --compare, else --kv / -ctk/-ctv, else f16."""
+    one = kv_spec(ns, env=False)
+    if ns.compare and one:
+        raise TightKVError("use either --compare or --kv/--cache-type-k/--cache-type-v, not both")
+    return kv_list(ns.compare or one)
 
 
 def int_list(text: str, flag: str) -> list[int]:

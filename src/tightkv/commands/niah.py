@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from ..errors import TightKVError
-from .common import add_model_flags, int_list, kv_list
+from .common import add_model_flags, int_list, kv_types
 
 NAME = "niah"
 HELP = "needle-in-a-haystack over lengths x depths, with a PNG heatmap"
@@ -23,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare", default=None, help="comma-separated KV types run on the same grid")
     p.add_argument("--png", default=None, help="write the heatmap here")
     p.add_argument("--json", default=None)
-    add_model_flags(p)
+    add_model_flags(p, kv_default="f16")
 
 
 def _depths(text: str) -> list[float]:
@@ -52,7 +52,7 @@ def run(ns: argparse.Namespace) -> int:
     from ..eval.niah import format_grid, generated_haystack, heatmap, run_grid
 
     lengths, depths, needles = int_list(ns.lengths, "--lengths"), _depths(ns.depths), _needles(ns)
-    kv_types = kv_list(ns.compare or ns.kv)
+    kinds = kv_types(ns)
     if ns.haystack:
         path = Path(ns.haystack)
         if not path.is_file():
@@ -63,9 +63,9 @@ def run(ns: argparse.Namespace) -> int:
     model = Model(ns.model, threads=ns.threads, context_length=ns.ctx)
     if max(lengths) + 16 > model.context_length:
         raise TightKVError(f"length {max(lengths)} does not fit the context of {model.context_length}")
-    for kind in kv_types:
+    for kind in kinds:
         model.new_cache(kind)
-    results = run_grid(model, haystack, lengths, depths, kv_types, needles)
+    results = run_grid(model, haystack, lengths, depths, kinds, needles)
     print(format_grid(results, lengths, depths))
     if ns.png:
         heatmap(results, lengths, depths, ns.png)

@@ -5,7 +5,7 @@ import argparse
 
 from ..errors import TightKVError
 
-from .common import add_model_flags, kv_list
+from .common import add_model_flags, kv_types
 
 NAME = "ppl"
 HELP = "perplexity and KL divergence against the f16 cache"
@@ -17,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunks", type=int, default=None, help="number of chunks (default: all)")
     p.add_argument("--compare", default=None, help="comma-separated KV types or presets, e.g. f16,q8_0,tq4")
     p.add_argument("--json", default=None, help="write the results as JSON")
-    add_model_flags(p)
+    add_model_flags(p, kv_default="f16")
     p.set_defaults(ctx=2048)
 
 
@@ -33,11 +33,11 @@ def run(ns: argparse.Namespace) -> int:
         raise TightKVError(f"{path}: no such text file")
     if ns.ctx < 16:
         raise TightKVError(f"--ctx must be at least 16, got {ns.ctx}")
-    kv_types = kv_list(ns.compare or ns.kv)
+    kinds = kv_types(ns)
     model = Model(ns.model, threads=ns.threads)
-    for kind in kv_types:
+    for kind in kinds:
         model.new_cache(kind)  # a bad type name fails here, before any work
-    results = perplexity(model, path.read_text(encoding="utf-8", errors="replace"), ns.ctx, ns.chunks, kv_types)
+    results = perplexity(model, path.read_text(encoding="utf-8", errors="replace"), ns.ctx, ns.chunks, kinds)
     print(format_table(results))
     base = results["f16"]
     print(f"Final estimate: PPL = {base['ppl']:.4f} +/- {base['ppl_stderr']:.5f}")

@@ -9,13 +9,12 @@ across turns (see `tightkv.repl`).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from ..errors import TightKVError
 
-from .common import add_model_flags, add_sampling_flags
+from .common import add_model_flags, add_sampling_flags, kv_spec
 
 NAME = "run"
 HELP = "chat with a model, or answer one prompt (the embedded model by default)"
@@ -26,10 +25,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a registry name (e.g. gemma3:270m, qwen3:4b) or .gguf path, then the prompt")
     p.add_argument("--verbose", action="store_true", help="print token counts, speeds and KV size")
     add_model_flags(p)
-    p.add_argument("-ctk", "--cache-type-k", default=None, metavar="TYPE",
-                   help="KV cache type for keys (llama.cpp's flag; f16 when only -ctv is given)")
-    p.add_argument("-ctv", "--cache-type-v", default=None, metavar="TYPE",
-                   help="KV cache type for values (f16 when only -ctk is given)")
     p.add_argument("--rope-scale", type=float, default=None, metavar="FACTOR",
                    help="linear RoPE scaling: allows --ctx up to FACTOR x the trained context")
     p.add_argument("--system", default=None, help="system message (chat models)")
@@ -52,28 +47,6 @@ def split_model_and_prompt(args: list[str]) -> tuple[str | None, str | None]:
     if args and (is_model_name(args[0]) or (looks_like_path(args[0]) and args[0].endswith(".gguf"))):
         return args[0], " ".join(args[1:]) or None
     return None, " ".join(args) or None
-
-
-def kv_spec(ns: argparse.Namespace) -> str | None:
-    """The KV spec from --kv or --cache-type-k/-v (else $TIGHTKV_KV_CACHE_TYPE), validated."""
-    from ..kv.spec import parse_kv
-
-    k, v = getattr(ns, "cache_type_k", None), getattr(ns, "cache_type_v", None)
-    if k or v:
-        if ns.kv:
-            raise TightKVError("use either --kv or --cache-type-k/--cache-type-v, not both")
-        k, v = (k or "f16").strip().lower(), (v or "f16").strip().lower()
-        spec = k if k == v else f"{k}:{v}"
-    else:
-        spec = ns.kv
-    source = "--kv" if spec else "TIGHTKV_KV_CACHE_TYPE"
-    spec = spec or os.environ.get("TIGHTKV_KV_CACHE_TYPE") or None
-    if spec:
-        try:
-            parse_kv(spec)
-        except TightKVError as err:
-            raise TightKVError(f"{source}: {err}") from None
-    return spec
 
 
 def sampling_options(ns: argparse.Namespace) -> dict:

@@ -7,8 +7,7 @@ import sys
 
 from ..errors import TightKVError
 
-from .common import add_model_flags
-from .run import kv_spec
+from .common import add_model_flags, kv_spec
 
 NAME = "serve"
 HELP = "serve a model over HTTP: OpenAI /v1/* and Ollama /api/* routes"
@@ -27,8 +26,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alias", default=None, help="the model id clients see (default: the model's name)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_model_flags(p)
-    p.add_argument("-ctk", "--cache-type-k", default=None, metavar="TYPE", help="KV cache type for keys (f16 when only -ctv is given)")
-    p.add_argument("-ctv", "--cache-type-v", default=None, metavar="TYPE", help="KV cache type for values")
 
 
 def run(ns: argparse.Namespace) -> int:
