@@ -53,11 +53,11 @@ def test_bench_cli_table(tmp_path):
     out = tmp_path / "bench.json"
     r = _cli("bench", "--depths", "16,64", "-p", "32", "--n-gen", "4", "-r", "1", "--json", str(out))
     assert r.returncode == 0, r.stderr
-    assert "tg4 @ d64" in r.stdout
+    assert "tg4 @ d64" in r.stdout and "peak RSS MiB" in r.stdout
     rows = json.loads(out.read_text())["rows"]
     assert {(row["engine"], row["test"]) for row in rows} == {("tightkv", "pp32"), ("tightkv", "tg4 @ d16"),
                                                                ("tightkv", "tg4 @ d64")}
-    assert all(row["tok_s"] > 0 for row in rows)
+    assert all(row["tok_s"] > 0 and row["peak_rss"] > 100 * 2**20 for row in rows)
 
 
 def test_niah_cli_grid_json_and_png(tmp_path):
@@ -79,3 +79,27 @@ def test_niah_prompt_has_exact_length_and_needle(embedded):
     for depth in (0, 37, 100):
         ids = build_prompt(embedded, hay, DEFAULT_NEEDLES[0], 400, depth, ends)
         assert len(ids) == 400 and "4827" in embedded.detokenize(ids)
+
+
+def test_user_needles_are_framed_and_matched_ignoring_case():
+    from tightkv.eval.niah import ANSWER_TOKENS, DEFAULT_NEEDLES, Needle
+
+    n = Needle.from_user("The best thing to do in San Francisco is a picnic in Dolores Park.",
+                         "What is the best thing to do in San Francisco?", " Dolores Park ")
+    assert n.text == " The best thing to do in San Francisco is a picnic in Dolores Park. "
+    assert n.question == "\n\nQuestion: What is the best thing to do in San Francisco?\nAnswer:"
+    assert n.passed(" A picnic in dolores park.") and not n.passed(" Golden Gate Park")
+    assert n.max_tokens > ANSWER_TOKENS  # room to restate the question before the fact
+    framed = Needle.from_user("x", "Question: what?\nAnswer: it is", "y")
+    assert framed.question == "Question: what?\nAnswer: it is"  # already framed: kept as given
+    assert DEFAULT_NEEDLES[0].max_tokens == ANSWER_TOKENS
+
+
+def test_niah_cli_with_a_users_needle(tmp_path):
+    out = tmp_path / "niah.json"
+    r = _cli("niah", "--lengths", "256", "--depths", "50", "--haystack", str(ESSAYS), "--json", str(out),
+             "--needle", "The best thing to do in San Francisco is eating a sandwich in Dolores Park.",
+             "--question", "What is the best thing to do in San Francisco?", "--answer", "Dolores Park")
+    assert r.returncode == 0, r.stderr
+    (cell,) = json.loads(out.read_text())["results"]["f16"]["cells"]
+    assert cell["passed"] and "dolores park" in cell["answer"].lower(), cell

@@ -91,7 +91,8 @@ def run_tightkv(model, kv: str, depths: list[int], n_prompt: int, n_gen: int, re
     prompt = [model.tokenizer.bos_id] + bench_tokens(n_prompt - 1, vocab, 1)
     _ours_pp(model, kv, prompt[:64])  # warm-up: kernels compiled, pages touched
     runs = [_ours_pp(model, kv, prompt) for _ in range(reps)]
-    rows.append(Row("tightkv", kv, test_name("pp", n_prompt, 0), 0, statistics.median(runs), runs))
+    rows.append(Row("tightkv", kv, test_name("pp", n_prompt, 0), 0, statistics.median(runs), runs,
+                    peak_rss=peak_rss()))
     for depth in depths:
         context = [model.tokenizer.bos_id] + bench_tokens(depth - 1, vocab, 2)
         steps = bench_tokens(n_gen + 1, vocab, 3)
@@ -172,11 +173,15 @@ def run_llamacpp(path, kv: str, depths: list[int], n_prompt: int, n_gen: int, re
 
 
 def format_table(rows: list[Row], bandwidth: float | None = None) -> str:
-    """A llama-bench-like table, with the ratio to llama.cpp's same test and KV type."""
+    """A llama-bench-like table, with the ratio to llama.cpp's same test and KV type, the KV
+    cache's bytes, the bandwidth achieved, and the peak RSS of the engine's process so far
+    (tightkv runs every KV type in one process, llama.cpp each in its own)."""
     theirs = {(r.test, r.kv): r.tok_s for r in rows if r.engine == "llama.cpp"}
     w = max([6] + [len(r.kv) for r in rows])
-    lines = [f"| engine    | {'kv':<{w}} | test            |      t/s | vs llama.cpp f16 | vs same kv | KV MiB | GB/s |",
-             f"|-----------|{'-' * (w + 2)}|-----------------|---------:|---------:|---------:|-------:|-----:|"]
+    lines = [f"| engine    | {'kv':<{w}} | test            |      t/s | vs llama.cpp f16 | vs same kv | KV MiB | GB/s "
+             "| peak RSS MiB |",
+             f"|-----------|{'-' * (w + 2)}|-----------------|---------:|---------:|---------:|-------:|-----:"
+             "|-------------:|"]
     for r in rows:
         f16 = theirs.get((r.test, "f16"))
         same = theirs.get((r.test, r.kv))
@@ -184,6 +189,7 @@ def format_table(rows: list[Row], bandwidth: float | None = None) -> str:
         ratio_same = f"{r.tok_s / same:.2f}x" if same and r.engine == "tightkv" else ""
         kv_mib = f"{r.kv_bytes / 2**20:.1f}" if r.kv_bytes else ""
         gbs = f"{r.gb_s:.1f}" if r.gb_s else ""
+        rss = f"{r.peak_rss / 2**20:.0f}" if r.peak_rss else ""
         lines.append(f"| {r.engine:<9} | {r.kv:<{w}} | {r.test:<15} | {r.tok_s:8.2f} | {ratio:>8} | {ratio_same:>8} "
-                     f"| {kv_mib:>6} | {gbs:>4} |")
+                     f"| {kv_mib:>6} | {gbs:>4} | {rss:>12} |")
     return "\n".join(lines)

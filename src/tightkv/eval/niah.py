@@ -13,7 +13,8 @@ from dataclasses import dataclass
 DEFAULT_NEEDLE = " The secret code for the vault is 4827. "
 DEFAULT_QUESTION = "\n\nQuestion: What is the secret code for the vault?\nAnswer: The secret code for the vault is"
 DEFAULT_ANSWER = "4827"
-ANSWER_TOKENS = 8
+ANSWER_TOKENS = 8  # the default question ends where the answer starts
+RESTATED_ANSWER_TOKENS = 32  # a plain question: room for the model to restate it first
 
 
 @dataclass
@@ -21,6 +22,19 @@ class Needle:
     text: str
     question: str
     answer: str
+    max_tokens: int = ANSWER_TOKENS
+
+    @classmethod
+    def from_user(cls, text: str, question: str, answer: str) -> "Needle":
+        """A needle as a user writes it: the sentence is set off by spaces, and a plain
+        question ("What is ...?") is framed as "Question: ...\nAnswer:" for base models."""
+        if "answer" not in question.lower():
+            question = f"\n\nQuestion: {question.strip()}\nAnswer:"
+        return cls(f" {text.strip()} ", question, answer.strip(), RESTATED_ANSWER_TOKENS)
+
+    def passed(self, answer: str) -> bool:
+        """Exact match of the key fact, ignoring case."""
+        return self.answer.lower() in answer.lower()
 
 
 DEFAULT_NEEDLES = [Needle(DEFAULT_NEEDLE, DEFAULT_QUESTION, DEFAULT_ANSWER)]
@@ -88,9 +102,9 @@ def run_grid(model, haystack: str, lengths: list[int], depths: list[float], kv_t
     for kv, length, depth, i in tqdm(cells, desc="niah", unit="cell", disable=not progress):
         needle = needles[i]
         prompt = build_prompt(model, hay_tokens, needle, length, depth, ends)
-        out = model.generate(prompt, max_tokens=ANSWER_TOKENS, temperature=0.0, cache=model.new_cache(kv))
+        out = model.generate(prompt, max_tokens=needle.max_tokens, temperature=0.0, cache=model.new_cache(kv))
         results[kv]["cells"].append({"length": length, "depth": depth, "needle": i,
-                                     "passed": needle.answer in out.text, "answer": out.text.strip()})
+                                     "passed": needle.passed(out.text), "answer": out.text.strip()})
     return results
 
 
