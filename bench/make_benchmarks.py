@@ -13,6 +13,7 @@ page is assembled from whatever JSON is there. Sections:
     kv-policy tightkv ppl (ctx 2048, 2 chunks) over exact sink and window sizes: the
               measurement behind each compressed type's defaults
     niah      tightkv niah on the essays (1K-8K x 5 depths) across KV types
+    niah-needles  the same grid with two needles, questions and answers given as a user would
     speed     tightkv bench --vs-llamacpp at depths 16, 2048, 8192
     synthetic bench/synthetic_llama.py: a KV-dominated Llama shape at 16K tokens, speed
               beside llama.cpp and peak RSS of f16 against the default compressed cache
@@ -55,10 +56,15 @@ LATE_ESSAYS = 300_000  # first character of the later essays
 DOC_FILES = ["PRODUCT", "REFERENCES", "KV_ALGORITHMS", "CONVENTIONS", "STYLE", "ARCHITECTURE", "MODELS"]
 NIAH_TYPES = "f16,q8_0,progressive,aggressive"
 NIAH_KERNEL_TYPES = "f16,q8_0,progressive"
+USER_NEEDLES = [("The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.",
+                 "What is the best thing to do in San Francisco?", "Dolores Park"),
+                ("The special magic number mentioned in the report is 91736.",
+                 "What is the special magic number mentioned in the report?", "91736")]
+USER_NEEDLE_TYPES = "f16,progressive"
 SPEED_TYPES = "f16,progressive"
 DOCQA_TYPES = "f16,progressive"
 DOCQA_ARGS = ["--modes", "full,full-plain,rag,rlv,rlv-plain", "--measure-wm", "--wm-lengths", "1024,2048,4096,8192,16384"]  # add "--quick" for an 8K full prefix
-SECTIONS = ["machine", "memory", "ppl", "ppl-texts", "kv-policy", "niah", "speed", "synthetic", "docqa"]
+SECTIONS = ["machine", "memory", "ppl", "ppl-texts", "kv-policy", "niah", "niah-needles", "speed", "synthetic", "docqa"]
 
 
 def tightkv(*args: str) -> None:
@@ -115,6 +121,9 @@ def run_section(name: str) -> None:
         from tightkv.eval.niah import heatmap
 
         heatmap(whole["results"], whole["lengths"], whole["depths"], str(ROOT / "docs" / "niah.png"))
+    elif name == "niah-needles":
+        flags = [x for n, q, a in USER_NEEDLES for x in ("--needle", n, "--question", q, "--answer", a)]
+        _niah(USER_NEEDLE_TYPES, OUT / "niah_needles.json", ROOT / "docs" / "niah_needles.png", *flags)
     elif name == "docqa":
         tightkv("docqa", "--compare", DOCQA_TYPES, *DOCQA_ARGS, "--threads", "2", "--essays", str(ESSAYS),
                 "--json", str(OUT / "docqa.json"))
@@ -218,9 +227,9 @@ def _ppl(types: str, out: Path) -> None:
             "--threads", "2", "--json", str(out))
 
 
-def _niah(types: str, out: Path, png: Path) -> None:
+def _niah(types: str, out: Path, png: Path, *flags: str) -> None:
     tightkv("niah", "--lengths", "1024,4096,8192", "--depths", "0,25,50,75,100", "--haystack", str(ESSAYS),
-            "--compare", types, "--threads", "2", "--png", str(png), "--json", str(out))
+            "--compare", types, "--threads", "2", "--png", str(png), "--json", str(out), *flags)
 
 
 def _merge(name: str, part: Path) -> dict:
@@ -297,6 +306,7 @@ def render() -> str:
             fails = [f"{c['length']}@{c['depth']:g}%" for c in r["cells"] if not c["passed"]]
             parts.append(f"| {kv} | {sum(c['passed'] for c in r['cells'])}/{len(r['cells'])} | {', '.join(fails)} |")
         parts += ["", "![needle heatmap](niah.png)", ""]
+    parts += render_user_needles(_load("niah_needles"))
     speed = _load("speed")
     if speed:
         bw = (m or {}).get("read_gb_s_2_threads")
@@ -319,6 +329,29 @@ def render() -> str:
     parts += render_synthetic(_load("synthetic_llama"))
     parts += render_docqa(_load("docqa"))
     return "\n".join(parts)
+
+
+def _cell(text: str) -> str:
+    """Text safe inside a Markdown table cell."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def render_user_needles(d: dict | None) -> list[str]:
+    """The needle grid with needles given as a user would (plain question, key fact)."""
+    if not d:
+        return []
+    lines = ["### Needles given as a user would", "",
+             "`python bench/make_benchmarks.py --only niah-needles`: the same grid and haystack with `--compare "
+             f"{USER_NEEDLE_TYPES}` and two needles of `--needle TEXT --question TEXT --answer TEXT` (each cell "
+             "asks both; a plain question is asked as `Question: ...` / `Answer:`, and the key fact must appear "
+             "in the answer, ignoring case):", ""]
+    lines += [f"- \"{n}\" / \"{q}\" / `{a}`" for n, q, a in USER_NEEDLES]
+    lines += ["", "| kv | passed | failed cells (length @ depth: answer) |", "|---|---:|---|"]
+    for kv, r in d["results"].items():
+        fails = [f"{c['length']}@{c['depth']:g}% needle {c['needle'] + 1}: \"{_cell(c['answer'][:40])}\""
+                 for c in r["cells"] if not c["passed"]]
+        lines.append(f"| {kv} | {sum(c['passed'] for c in r['cells'])}/{len(r['cells'])} | {'; '.join(fails)} |")
+    return lines + ["", "![needles given as a user would](niah_needles.png)", ""]
 
 
 def render_synthetic(d: dict | None) -> list[str]:

@@ -103,3 +103,21 @@ def test_niah_cli_with_a_users_needle(tmp_path):
     assert r.returncode == 0, r.stderr
     (cell,) = json.loads(out.read_text())["results"]["f16"]["cells"]
     assert cell["passed"] and "dolores park" in cell["answer"].lower(), cell
+
+
+# The KV issue's quality bars (essays, ctx 2048), as (max ΔPPL vs f16, max mean KLD), checked here on
+# one chunk; the 6-chunk figures are `python bench/make_benchmarks.py --only ppl` (docs/benchmarks.md).
+# One chunk scores 1,023 tokens, so ΔPPL gets the slack of its noise (about ±0.3%) beyond the 4- and
+# 3-bit bars; KLD keeps the bars.
+KV_BARS = {"q8_0": (0.001, 0.001), "progressive": (0.008, 0.01), "tq4": (0.008, 0.01), "kvarn4": (0.008, 0.01),
+           "tq3": (0.013, 0.02), "aggressive": (0.013, 0.02), "q4_0": (0.092, 0.01)}
+
+
+def test_kv_quality_smoke_one_chunk(embedded):
+    from tightkv.eval.ppl import perplexity
+
+    r = perplexity(embedded, ESSAYS.read_text(), ctx=2048, n_chunks=1, kv_types=["f16", *KV_BARS], progress=False)
+    base = r["f16"]["ppl"]
+    for kind, (max_dppl, max_kld) in KV_BARS.items():
+        dppl, kld = r[kind]["ppl"] / base - 1, r[kind]["kld_mean"]
+        assert dppl <= max_dppl and kld <= max_kld, (kind, f"{100 * dppl:+.2f}%", kld)
