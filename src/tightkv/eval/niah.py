@@ -28,7 +28,7 @@ class Needle:
     def from_user(cls, text: str, question: str, answer: str) -> "Needle":
         """A needle as a user writes it: the sentence is set off by spaces, and a plain
         question ("What is ...?") is framed as "Question: ...\nAnswer:" for base models."""
-        if "answer" not in question.lower():
+        if "answer:" not in question.lower():
             question = f"\n\nQuestion: {question.strip()}\nAnswer:"
         return cls(f" {text.strip()} ", question, answer.strip(), RESTATED_ANSWER_TOKENS)
 
