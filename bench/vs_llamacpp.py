@@ -10,7 +10,10 @@ embedded model (or MODEL), each against llama.cpp running the same GGUF:
 - logits: top-20 logits after each prompt: the max and mean absolute difference
   (the issue's bars: 0.75 and 0.2) and top-1 agreement where the margin is >= 0.5.
 
-    python bench/vs_llamacpp.py [MODEL] [--seed N] [--json PATH]
+With --hf, HF transformers (float weights) also runs each prompt, to tell llama.cpp's
+own rounding (it quantizes activations to 8 bits) from ours.
+
+    python bench/vs_llamacpp.py [MODEL] [--seed N] [--hf] [--json PATH]
 """
 from __future__ import annotations
 
@@ -69,7 +72,22 @@ def check_tokens(model, ref, texts: list[str]) -> dict:
     return {"strings": len(texts), "mismatches": len(bad), "first": bad[:10]}
 
 
-def check_prompts(model, ref) -> dict:
+def hf_model(path: Path):
+    """The GGUF loaded by HF transformers, dequantized to float32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+
+
+def hf_logits(hf, ids: list[int]) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0, -1].float().numpy()
+
+
+def check_prompts(model, ref, hf=None) -> dict:
     diffs, rows, failures = [], [], 0
     for prompt in PROMPTS:
         special = prompt.startswith("<start_of_turn>")
@@ -96,6 +114,13 @@ def check_prompts(model, ref) -> dict:
         failures += not ok
         rows.append({"prompt": prompt, "agree": agree, "first_near_tie": first_tie, "ok": ok,
                      "top20_max_diff": round(float(diffs[-1].max()), 3)})
+        if hf is not None:
+            theirs_top = np.argsort(-np.array(ref.scores[len(ids) - 1], dtype=np.float32))[:20]
+            h = hf_logits(hf, ids)
+            rows[-1]["hf_vs_llamacpp_max_diff"] = round(float(np.abs(h[theirs_top] - np.array(
+                ref.scores[len(ids) - 1], dtype=np.float32)[theirs_top]).max()), 3)
+            rows[-1]["ours_vs_hf_max_diff"] = round(float(np.abs(model.logits(ids)[-1][theirs_top]
+                                                                 - h[theirs_top]).max()), 4)
     every = np.concatenate(diffs)
     return {"prompts": rows, "top20_max_diff": round(float(every.max()), 3),
             "top20_mean_diff": round(float(every.mean()), 3), "failures": failures}
@@ -105,6 +130,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?", default=None)
     ap.add_argument("--seed", type=int, default=0, help="seed of the random strings")
+    ap.add_argument("--hf", action="store_true", help="also run HF transformers (float) on each prompt")
     ap.add_argument("--json", default=None)
     ns = ap.parse_args()
     try:
@@ -117,10 +143,12 @@ def main() -> int:
     ref = Llama(str(model.path), n_ctx=2048, n_threads=2, verbose=False, logits_all=True, seed=0)
     tokens = check_tokens(model, ref, strings(ns.seed))
     print(f"tokens: {tokens['strings']} strings x add_bos x special, {tokens['mismatches']} mismatches")
-    prompts = check_prompts(model, ref)
+    prompts = check_prompts(model, ref, hf_model(model.path) if ns.hf else None)
     for row in prompts["prompts"]:
+        hf = (f"  HF vs llama.cpp {row['hf_vs_llamacpp_max_diff']:.3f}, ours vs HF {row['ours_vs_hf_max_diff']:.4f}"
+              if "ours_vs_hf_max_diff" in row else "")
         print(f"  {'ok  ' if row['ok'] else 'FAIL'} agree {row['agree']:2d} / first near-tie "
-              f"{row['first_near_tie']:2d}  top-20 max diff {row['top20_max_diff']:.3f}  {row['prompt'][:40]!r}")
+              f"{row['first_near_tie']:2d}  top-20 max diff {row['top20_max_diff']:.3f}{hf}  {row['prompt'][:40]!r}")
     print(f"greedy and top-1: {len(PROMPTS) - prompts['failures']}/{len(PROMPTS)} prompts ok; top-20 logits: max diff "
           f"{prompts['top20_max_diff']} (bar 0.75), mean {prompts['top20_mean_diff']} (bar 0.2)")
     if ns.json:
