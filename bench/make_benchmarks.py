@@ -342,9 +342,9 @@ def render_user_needles(d: dict | None) -> list[str]:
         return []
     lines = ["### Needles given as a user would", "",
              "`python bench/make_benchmarks.py --only niah-needles`: the same grid and haystack with `--compare "
-             f"{USER_NEEDLE_TYPES}` and two needles of `--needle TEXT --question TEXT --answer TEXT` (each length and "
-             "depth runs once per needle; a plain question is asked as `Question: ...` / `Answer:`, and the key fact must appear "
-             "in the answer, ignoring case):", ""]
+             f"{USER_NEEDLE_TYPES}` and two needles of `--needle TEXT --question TEXT --answer TEXT` (each "
+             "length and depth runs once per needle; a plain question is asked as `Question: ...` / `Answer:`, "
+             "and the key fact must appear in the answer, ignoring case):", ""]
     lines += [f"- \"{n}\" / \"{q}\" / `{a}`" for n, q, a in USER_NEEDLES]
     lines += ["", "| kv | passed | failed cells (length @ depth: answer) |", "|---|---:|---|"]
     for kv, r in d["results"].items():
