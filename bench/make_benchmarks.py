@@ -110,8 +110,7 @@ def run_section(name: str) -> None:
     elif name == "ppl-texts":
         run_texts()
     elif name == "kv-policy":
-        tightkv("ppl", "--file", str(ESSAYS), "--ctx", "2048", "--chunks", str(POLICY_CHUNKS), "--compare",
-                policy_types(), "--threads", "2", "--json", str(OUT / "kv_policy.json"))
+        _ppl(policy_types(), OUT / "kv_policy.json", chunks=POLICY_CHUNKS)
     elif name == "niah":
         _niah(NIAH_TYPES, OUT / "niah.json", ROOT / "docs" / "niah.png")
     elif name == "niah-kernel":
@@ -152,8 +151,7 @@ def run_texts() -> None:
         for name, text in held_out_texts().items():
             path, part = Path(tmp) / f"{name}.txt", Path(tmp) / f"{name}.json"
             path.write_text(text, encoding="utf-8")
-            tightkv("ppl", "--file", str(path), "--ctx", "2048", "--chunks", "6", "--compare", TEXTS_TYPES,
-                    "--threads", "2", "--json", str(part))
+            _ppl(TEXTS_TYPES, part, text=path)
             out[name] = json.loads(part.read_text())["results"]
     (OUT / "ppl_texts.json").write_text(json.dumps({"ctx": 2048, "chunks": 6, "texts": out}, indent=1))
 
@@ -204,8 +202,8 @@ def render_policy(d: dict | None) -> list[str]:
              f"--chunks {d['chunks']} --compare f16,tq4,sink=0,window=128,...`, every point below). Each compressed "
              "type keeps its first `sink` and last `window` tokens exact, at 16 bits per element instead of 3-4. "
              "The window trades memory for quality; the defaults (bold) are the smallest windows that meet the KV "
-             "issue's bar (ΔPPL +0.5% and KLD 0.01 at 4 bits, +1% and 0.02 at 3 bits) on the 6-chunk protocol: at 4 "
-             "bits 64 tokens sit at the edge and 128 meet it; at 3 bits 128 miss the KLD bar and 256 meet it. "
+             "issue's bar (ΔPPL +0.5% and KLD 0.01 at 4 bits, +1% and 0.02 at 3 bits) in this sweep: at 4 bits "
+             "64 tokens sit at the edge and 128 meet it; at 3 bits 128 miss the KLD bar and 256 meet it. "
              "A 512-token window keeps Gemma 3's 15 sliding-window layers (512 tokens) wholly exact, so those rows "
              "say little about long documents. The sink is a fixed cost of a few tokens per layer: 0 is clearly "
              "worse, and between 4, 16 and 64 the differences are near this run's noise. Two chunks (2,046 scored "
@@ -222,8 +220,8 @@ def render_policy(d: dict | None) -> list[str]:
     return lines + [""]
 
 
-def _ppl(types: str, out: Path) -> None:
-    tightkv("ppl", "--file", str(ESSAYS), "--ctx", "2048", "--chunks", "6", "--compare", types,
+def _ppl(types: str, out: Path, text: Path = ESSAYS, chunks: int = 6) -> None:
+    tightkv("ppl", "--file", str(text), "--ctx", "2048", "--chunks", str(chunks), "--compare", types,
             "--threads", "2", "--json", str(out))
 
 

@@ -47,6 +47,7 @@ def one_line(capsys, rc: int, *needles: str) -> str:
     (["run", "TINY", "hi", "-ctv", "q3_x"], ["unknown KV cache type 'q3_x'"]),
     (["ppl", "TINY", "--file", "TINY", "--compare", "f16,tq4", "-ctk", "q8_0"], ["either --compare or --kv"]),
     (["niah", "TINY", "-ctk", "q9"], ["unknown KV cache type 'q9'"]),
+    (["niah", "TINY", "--needle", "x", "--question", "y?", "--answer", " "], ["must not be empty"]),
     (["bench", "TINY", "--kv", "tq4", "--compare", "f16"], ["either --compare or --kv"]),
     (["ask", "--doc", "TINY", "-ctv", "zz", "q?"], ["unknown KV cache type 'zz'"]),
     (["run", "TINY", "hi", "--temperature", "-1"], ["temperature must be >= 0"]),

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 from ..errors import TightKVError
-
 from .common import add_kv_flags, kv_spec
 
 NAME = "ask"

@@ -18,8 +18,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--depths", default="0,25,50,75,100", help="needle depths in percent of the haystack")
     p.add_argument("--haystack", default=None, help="haystack text file (default: a built-in generated text)")
     p.add_argument("--needle", action="append", default=None, help="needle sentence (repeatable)")
-    p.add_argument("--question", action="append", default=None, help="question about it, one per needle; a plain question is asked as \"Question: ...\\nAnswer:\"")
-    p.add_argument("--answer", action="append", default=None, help="the key fact the answer must contain (ignoring case), one per needle")
+    p.add_argument("--question", action="append", default=None,
+                   help="question about it, one per needle; a plain question is asked as \"Question: ...\\nAnswer:\"")
+    p.add_argument("--answer", action="append", default=None,
+                   help="the key fact the answer must contain (ignoring case), one per needle")
     p.add_argument("--compare", default=None, help="comma-separated KV types run on the same grid")
     p.add_argument("--png", default=None, help="write the heatmap here")
     p.add_argument("--json", default=None)
@@ -44,6 +46,8 @@ def _needles(ns):
     q, a = ns.question or [], ns.answer or []
     if not (len(ns.needle) == len(q) == len(a)):
         raise TightKVError("give one --question and one --answer for each --needle")
+    if not all(x.strip() for x in [*ns.needle, *q, *a]):
+        raise TightKVError("--needle, --question and --answer must not be empty")
     return [Needle.from_user(n, qq, aa) for n, qq, aa in zip(ns.needle, q, a)]
 
 
