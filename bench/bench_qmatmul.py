@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from tightkv.gguf import quants
+from tightkv.kernels import library
 from tightkv.kernels import qmatmul as qm
 
 SHAPES = [  # name, qtype, (out_features, in_features)
@@ -71,8 +72,8 @@ def main() -> None:
 
         g = read_gguf(assemble())
     t = time.perf_counter()
-    qm._kernel()
-    print(f"kernel: {qm.kernel_status()} ({time.perf_counter() - t:.2f} s to load), threads={args.threads}")
+    library.library()
+    print(f"kernel: {library.status()} ({time.perf_counter() - t:.2f} s to load), threads={args.threads}")
 
     print(f"{'tensor':18} {'type':5} {'shape':>12} {'MB':>6} | {'rows':>4} {'ref ms':>8} {'GB/s':>5} | {'fast ms':>8} {'GB/s':>5} | {'speedup':>7}")
     for name, qtype, (n, k) in SHAPES:

@@ -8,6 +8,7 @@ from test_quants import random_blocks
 
 from tightkv.gguf import quants
 from tightkv.kernels import qmatmul as qm
+from tightkv.kernels import library
 
 BLOCK_TYPES = list(qm.BLOCK_TYPES)
 FLOAT_TYPES = ["F32", "F16", "BF16"]
@@ -48,18 +49,18 @@ def test_fast_matches_reference(qtype, monkeypatch):
 
 
 def test_kernel_is_available_here():
-    qm._kernel()
-    assert qm.kernel_status() == "loaded"
+    library.library()
+    assert library.status().startswith("loaded")
 
 
 @pytest.mark.parametrize("qtype", BLOCK_TYPES)
 def test_kernel_dequant_bit_exact(qtype):
-    lib = qm._kernel()
+    lib = library.library()
     if lib is None:
-        pytest.skip(qm.kernel_status())
+        pytest.skip(library.status())
     lin = make_linear(qtype, seed=1)
     out = torch.empty(OUT, IN)
-    assert lib.tk_dequant(qm._TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), OUT, IN, out.data_ptr(), 2) == 0
+    assert lib.tk_dequant(qm.TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), OUT, IN, out.data_ptr(), 2) == 0
     ref = quants.dequantize(lin.raw, qtype, (OUT, IN))
     assert torch.equal(out.view(torch.int32), ref.view(torch.int32))
 
@@ -105,7 +106,7 @@ def test_zero_copy_from_read_only_memmap(tmp_path):
 def test_no_compile_env_disables_kernel(monkeypatch):
     monkeypatch.setenv("TIGHTKV_NO_COMPILE", "1")
     with pytest.raises(RuntimeError, match="TIGHTKV_NO_COMPILE"):
-        qm._load()
+        library.load()
 
 
 def test_bad_backend_name():
@@ -114,24 +115,24 @@ def test_bad_backend_name():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flags, simd", [(("-mno-avx512f",), 256), (("-mno-avx512f", "-mno-avx2", "-mno-fma"), 0)])
-def test_other_simd_builds(flags, simd):
+@pytest.mark.parametrize("target, simd", [("avx2", 256), ("portable", 0)])
+def test_other_simd_builds(target, simd):
     """The AVX2 and portable builds of the kernel (compiled here on purpose) agree too."""
     import platform
 
-    if platform.machine() not in ("x86_64", "AMD64") or qm._kernel() is None:
+    if platform.machine() not in ("x86_64", "AMD64") or library.library() is None:
         pytest.skip("needs an x86-64 machine with a C++ compiler")
-    lib = qm._load(flags)
+    lib = library.load(target)
     assert lib.tk_simd() == simd
     for qtype in BLOCK_TYPES:
         lin = make_linear(qtype, seed=2)
         w = quants.dequantize(lin.raw, qtype, (OUT, IN))
         x = torch.randn(7, IN)
         y = torch.empty(7, OUT)
-        assert lib.tk_gemv(qm._TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), OUT, IN, x.data_ptr(), 7, y.data_ptr(), 2) == 0
+        assert lib.tk_gemv(qm.TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), OUT, IN, x.data_ptr(), 7, y.data_ptr(), 2) == 0
         assert rel_err(y, x @ w.T) < 1e-5
         out = torch.empty(OUT, IN)
-        assert lib.tk_dequant(qm._TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), OUT, IN, out.data_ptr(), 2) == 0
+        assert lib.tk_dequant(qm.TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), OUT, IN, out.data_ptr(), 2) == 0
         assert torch.equal(out.view(torch.int32), w.view(torch.int32))
 
 

@@ -4,13 +4,14 @@ import torch
 import torch.nn.functional as F
 
 from tightkv.kernels import qmatmul as qm
+from tightkv.kernels import library
 from tightkv.models.base import apply_rope_neox, rms_norm, rope_cos_sin
 
 
 @pytest.fixture(autouse=True)
 def kernel():
-    if qm._kernel() is None:
-        pytest.skip(qm.kernel_status())
+    if library.library() is None:
+        pytest.skip(library.status())
 
 
 @pytest.mark.parametrize("shape", [(1, 640), (4, 1, 256), (3, 7, 96)])

@@ -1,7 +1,7 @@
 """Fused decode attention over a KV cache, straight from the stored format.
 
-One C++ call per layer and step (source in attention_src.py, compiled into the
-qmatmul library and sharing its thread pool) scores a few query rows against
+One C++ call per layer and step (`csrc/attention.cpp`, compiled into the
+kernel library and sharing its thread pool) scores a few query rows against
 the stored keys and sums the stored values, block by block with an online
 softmax, for:
 
@@ -34,6 +34,7 @@ import ctypes
 
 import torch
 
+from . import library
 from . import qmatmul as qm
 
 MAX_T = 16  # query positions per call the kernel takes for a dense cache (decode, speculative steps)
@@ -65,7 +66,7 @@ def lib():
     """The loaded kernel library, or None (reference backend, no compiler)."""
     if _BACKEND != "fast":
         return None
-    return qm._lib if qm._lib_state == "loaded" else qm._kernel()
+    return library.library()
 
 
 def dims_ok(d: int, dv: int) -> bool:
@@ -107,7 +108,7 @@ def run(lib_, q: torch.Tensor, hkv: int, dv: int, scale: float, segs: list[list[
         rng_arr = ranges.data_ptr()
     else:
         rng_arr = (ctypes.c_int64 * len(ranges))(*ranges)
-    threads = qm._THREADS or torch.get_num_threads()
+    threads = library.threads()
     rc = lib_.tk_attn(qf.data_ptr(), hkv, R, T, D, dv, scale, _ptr(rkT), _ptr(kscale), _ptr(kcenter),
                       _ptr(rv), _ptr(vscale), _ptr(vcenter), len(segs), seg_arr, rng_arr,
                       _ptr(kcb), _ptr(vcb), CHUNK_TOKENS, out.data_ptr(), threads)
@@ -265,7 +266,7 @@ def encode(codec, x: torch.Tensor) -> dict | None:
                                codec.thresholds.float().contiguous(), codec.codebook.float().contiguous())
     idx = torch.empty(h, n, d // 2, dtype=torch.uint8)
     norm = torch.empty(h, n, dtype=torch.float16)
-    threads = qm._THREADS or torch.get_num_threads()
+    threads = library.threads()
     if lib_.tk_tq4_encode(xf.data_ptr(), h * n, d, c[0].data_ptr(), c[1].data_ptr(), c[2], c[3].data_ptr(),
                           c[4].data_ptr(), int(codec.paper), idx.data_ptr(), norm.data_ptr(), threads):
         return None

@@ -1,10 +1,3 @@
-"""C++ source of the fused decode-attention kernel, compiled into the same library as
-qmatmul's block kernels (so it shares their work-stealing thread pool).
-
-See attention.py for the Python side and the layout it is given.
-"""
-
-SOURCE = r"""
 // ---------------------------------------------------------------------------
 // Fused attention over a KV cache for a few query rows (decode), straight from
 // the stored format: dense f32/f16/bf16, q8_0 blocks or tq4 codes. Block by block
@@ -17,8 +10,9 @@ SOURCE = r"""
 // mapped back once: (acc_c R_v) * vscale + l_c * vcenter). Each segment gives every
 // query position t a visible index range [lo, hi).
 // ---------------------------------------------------------------------------
-#include <math.h>
 #include <vector>
+
+#include "common.h"
 
 namespace attn {
 typedef float f16v __attribute__((vector_size(64)));
@@ -811,4 +805,3 @@ extern "C" int tk_tq4_encode(const float *x, int64_t n, int64_t D, const float *
   run_chunks(enc_chunk, &e, nch, nch > 1 ? nth : 1);
   return 0;
 }
-"""

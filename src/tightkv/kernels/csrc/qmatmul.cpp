@@ -1,0 +1,151 @@
+// Quantized matmul kernels: GGML blocks x float32 activations, and small per-token ops.
+#include "blocks.h"
+
+// y[m, r] = sum_k W[r, k] x[m, k] for rows r0..r1 and M activation rows: each
+// 16-element unit of W is decoded once (s*q - mn) and multiplied into all M rows.
+template <class T, int M>
+static void gemv_rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, int64_t K, const float *x, float *y, int64_t N) {
+  const int64_t nb = K / T::QK;
+  for (int64_t r = r0; r < r1; r++) {
+    const uint8_t *b = w + r * ldw;
+    V acc[M][2];
+    for (int m = 0; m < M; m++) acc[m][0] = acc[m][1] = vzero();
+    for (int64_t j = 0; j < nb; j++, b += T::TS) {
+      const float *xb = x + j * T::QK;
+      T::visit(b, [&](int e, V q, float s, float mn) ALWAYS_INLINE_LAMBDA {
+        const V wv = T::MIN ? vfms(q, vset(s), vset(mn)) : vmul(q, vset(s));
+        const int p = (e >> 4) & 1;  // two dependency chains per row
+        for (int m = 0; m < M; m++) acc[m][p] = vfma(wv, vld(xb + m * K + e), acc[m][p]);
+      });
+    }
+    for (int m = 0; m < M; m++) y[m * N + r] = vsum(vadd(acc[m][0], acc[m][1]));
+  }
+}
+
+struct GemvCtx {
+  const uint8_t *w;
+  int64_t ldw, N, K, rows;
+  const float *x;
+  float *y;
+};
+
+template <class T, int M>
+static void gemv_chunk(const void *p, int64_t c) {
+  const GemvCtx *g = (const GemvCtx *)p;
+  int64_t r0 = c * g->rows, r1 = r0 + g->rows < g->N ? r0 + g->rows : g->N;
+  gemv_rows<T, M>(g->w, g->ldw, r0, r1, g->K, g->x, g->y, g->N);
+}
+
+// Rows per claimed chunk: about CHUNK_BYTES of weights, at most 64 chunks per thread.
+static const int64_t CHUNK_BYTES = 1 << 15;
+static const int64_t MB = 4;  // activation rows per pass over the weights
+static int64_t chunk_rows(int64_t N, int64_t row_bytes, int nth) {
+  int64_t n = N * row_bytes / CHUNK_BYTES, most = 64 * (int64_t)(nth > 1 ? nth : 1);
+  n = n < 1 ? 1 : n > most ? most : n;
+  return (N + n - 1) / n;
+}
+
+template <class T>
+static int gemv(const uint8_t *w, int64_t ldw, int64_t N, int64_t K, const float *x, int64_t M, float *y, int nth) {
+  if (K % T::QK || ldw < K / T::QK * T::TS) return 1;
+  const int64_t rows = chunk_rows(N, ldw, nth), nchunks = (N + rows - 1) / rows;
+  for (int64_t m0 = 0; m0 < M; m0 += MB) {
+    GemvCtx g = {w, ldw, N, K, rows, x + m0 * K, y + m0 * N};
+    switch (M - m0 < MB ? M - m0 : MB) {
+      case 1: run_chunks(gemv_chunk<T, 1>, &g, nchunks, nth); break;
+      case 2: run_chunks(gemv_chunk<T, 2>, &g, nchunks, nth); break;
+      case 3: run_chunks(gemv_chunk<T, 3>, &g, nchunks, nth); break;
+      default: run_chunks(gemv_chunk<T, 4>, &g, nchunks, nth); break;
+    }
+  }
+  return 0;
+}
+
+struct DequantCtx {
+  const uint8_t *w;
+  int64_t ldw, N, K, rows;
+  float *out;
+};
+
+// out (N, K) float32 = dequantized rows; bit-exact with gguf-py (no FMA contraction).
+template <class T>
+static void dequant_chunk(const void *p, int64_t c) {
+  const DequantCtx *g = (const DequantCtx *)p;
+  const int64_t nb = g->K / T::QK;
+  int64_t r0 = c * g->rows, r1 = r0 + g->rows < g->N ? r0 + g->rows : g->N;
+  for (int64_t r = r0; r < r1; r++) {
+    const uint8_t *b = g->w + r * g->ldw;
+    float *o = g->out + r * g->K;
+    for (int64_t j = 0; j < nb; j++, b += T::TS, o += T::QK)
+      T::visit(b, [&](int e, V q, float s, float mn) { vst(o + e, vsub(vmul(q, vset(s)), vset(mn))); });
+  }
+}
+
+template <class T>
+static int dequant(const uint8_t *w, int64_t ldw, int64_t N, int64_t K, float *out, int nth) {
+  if (K % T::QK || ldw < K / T::QK * T::TS) return 1;
+  const int64_t rows = chunk_rows(N, K * 4, nth);
+  DequantCtx g = {w, ldw, N, K, rows, out};
+  run_chunks(dequant_chunk<T>, &g, (N + rows - 1) / rows, nth);
+  return 0;
+}
+
+#define DISPATCH(CALL)                                                                   \
+  switch (type) {                                                                        \
+    case 0: return CALL(Q4_0); case 1: return CALL(Q4_1); case 2: return CALL(Q5_0);    \
+    case 3: return CALL(Q5_1); case 4: return CALL(Q8_0); case 5: return CALL(Q2_K);    \
+    case 6: return CALL(Q3_K); case 7: return CALL(Q4_K); case 8: return CALL(Q5_K);    \
+    case 9: return CALL(Q6_K); default: return 2;                                        \
+  }
+
+// 512, 256 or 0: the SIMD width this build uses (AVX-512, AVX2, plain C).
+extern "C" int tk_simd() {
+#if defined(__AVX512F__)
+  return 512;
+#elif defined(__AVX2__) && defined(__FMA__)
+  return 256;
+#else
+  return 0;
+#endif
+}
+
+extern "C" int tk_gemv(int type, const uint8_t *w, int64_t ldw, int64_t N, int64_t K, const float *x, int64_t M, float *y, int nth) {
+#define GEMV(T) gemv<T>(w, ldw, N, K, x, M, y, nth)
+  DISPATCH(GEMV)
+}
+
+// Small per-token ops (decode), where torch's dispatch costs more than the math.
+// out (rows, d) = x / rms(x) * w, float32 accumulation as torch's.
+extern "C" void tk_rms_norm(const float *x, const float *w, int64_t rows, int64_t d, float eps, float *out) {
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * d;
+    float *o = out + r * d;
+    float ss = 0.f;
+    for (int64_t i = 0; i < d; i++) ss += xr[i] * xr[i];
+    const float inv = 1.0f / sqrtf(ss / (float)d + eps);
+    for (int64_t i = 0; i < d; i++) o[i] = xr[i] * inv * w[i];
+  }
+}
+
+// NeoX RoPE of x (H, T, D) contiguous over the first `rot` dims: pairs (i, i + rot/2);
+// cos, sin (T, rot/2).
+extern "C" void tk_rope_neox(const float *x, const float *cs, const float *sn, int64_t H, int64_t T, int64_t D,
+                             int64_t rot, float *out) {
+  const int64_t half = rot / 2;
+  for (int64_t h = 0; h < H; h++)
+    for (int64_t t = 0; t < T; t++) {
+      const float *xr = x + (h * T + t) * D, *c = cs + t * half, *s = sn + t * half;
+      float *o = out + (h * T + t) * D;
+      for (int64_t i = 0; i < half; i++) {
+        const float a = xr[i], b = xr[i + half];
+        o[i] = a * c[i] - b * s[i];
+        o[i + half] = b * c[i] + a * s[i];
+      }
+      for (int64_t i = rot; i < D; i++) o[i] = xr[i];
+    }
+}
+
+extern "C" int tk_dequant(int type, const uint8_t *w, int64_t ldw, int64_t N, int64_t K, float *out, int nth) {
+#define DEQUANT(T) dequant<T>(w, ldw, N, K, out, nth)
+  DISPATCH(DEQUANT)
+}

@@ -1,0 +1,198 @@
+"""The compiled kernel library: C++ sources in `csrc/`, built at first use.
+
+`library()` returns the loaded ctypes library (or None where no compiler works);
+`status()` says which, and why. The build is cached in ``$TIGHTKV_HOME/kernels``
+under a hash of the sources, compiler, flags and CPU, written atomically; stale
+builds (another hash) are removed once a new one is in place.
+
+Instruction paths: the default target is the machine's own (``-march=native``),
+which takes AVX-512 (with VNNI where present), else AVX2+FMA, else portable
+GCC/clang vector extensions. ``TIGHTKV_SIMD`` forces one on any x86-64 machine
+that can run it, so every path can be measured and tested anywhere:
+
+=============  ==============================================  ============
+TIGHTKV_SIMD   compile target                                   `simd()`
+=============  ==============================================  ============
+``native``     ``-march=native`` (default)                      512/256/0
+``avx512``     native, refused if the CPU lacks AVX-512F        512
+``avx2``       native with AVX-512 off                          256
+``portable``   native with AVX-512, AVX2 and FMA off            0
+=============  ==============================================  ============
+
+``TIGHTKV_NO_COMPILE=1`` disables the library (everything runs the torch
+reference path).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+SOURCE_DIR = Path(__file__).with_name("csrc")
+SOURCES = ("pool.cpp", "qmatmul.cpp", "attention.cpp")  # compiled together into one library
+TARGETS = {
+    "native": (),
+    "avx512": (),
+    "avx2": ("-mno-avx512f",),
+    "portable": ("-mno-avx512f", "-mno-avx2", "-mno-fma"),
+}
+
+_lib: ctypes.CDLL | None = None
+_state = "unloaded"  # unloaded | loaded | unavailable
+_error = ""
+_lock = threading.Lock()
+_threads: int | None = None  # kernel threads; None follows torch.get_num_threads()
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel library, compiled on first use; None where unavailable."""
+    global _lib, _state, _error
+    if _state != "unloaded":
+        return _lib
+    with _lock:
+        if _state == "unloaded":
+            try:
+                _lib = load()
+                _state = "loaded"
+            except Exception as err:  # no compiler, odd platform: the reference path runs
+                _lib, _state, _error = None, "unavailable", str(err).strip().splitlines()[0][:300]
+                print(f"tightkv: CPU kernels unavailable ({_error}); running the slow torch reference "
+                      "path. Install a C++ compiler (e.g. apt-get install g++) for full speed.",
+                      file=sys.stderr, flush=True)
+    return _lib
+
+
+def status() -> str:
+    """'loaded (avx2)', 'unavailable: <why>' or 'unloaded' (not tried yet)."""
+    if _state == "loaded":
+        return f"loaded ({simd_name(_lib)})"
+    return _state + (f": {_error}" if _error else "")
+
+
+def simd_name(lib: ctypes.CDLL) -> str:
+    """The instruction path a loaded library was built for: avx512[+vnni], avx2 or portable."""
+    width = lib.tk_simd()
+    if width == 512:
+        return "avx512+vnni" if " avx512_vnni" in _cpu_flags() else "avx512"
+    return "avx2" if width == 256 else "portable"
+
+
+def set_threads(n: int | None) -> None:
+    """Threads for the kernels, independent of torch's (None: follow torch)."""
+    global _threads
+    _threads = n if n is None else max(1, int(n))
+
+
+def threads() -> int:
+    """Threads the kernels use for a parallel call."""
+    return _threads or torch.get_num_threads()
+
+
+def target() -> str:
+    """The compile target asked for by TIGHTKV_SIMD (default native)."""
+    name = os.environ.get("TIGHTKV_SIMD", "").strip().lower() or "native"
+    if name not in TARGETS:
+        raise RuntimeError(f"TIGHTKV_SIMD={name!r}: expected one of {', '.join(TARGETS)}")
+    return name
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TIGHTKV_HOME") or Path.home() / ".cache" / "tightkv") / "kernels"
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line
+    except OSError:
+        pass
+    import platform
+
+    return platform.machine() + platform.processor()
+
+
+def source_digest() -> str:
+    """A hash of the kernel sources (part of the fingerprint of stored caches)."""
+    h = hashlib.sha256()
+    for path in sorted(SOURCE_DIR.iterdir()):
+        if path.suffix in (".cpp", ".h"):
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def load(name: str | None = None) -> ctypes.CDLL:
+    """Compile (once, cached) and load the library for target `name` (default:
+    TIGHTKV_SIMD or native). Tests load the other targets side by side."""
+    if os.environ.get("TIGHTKV_NO_COMPILE", "") not in ("", "0"):
+        raise RuntimeError("disabled by TIGHTKV_NO_COMPILE")
+    name = name or target()
+    cpu = _cpu_flags()
+    if name == "avx512" and " avx512f" not in cpu:
+        raise RuntimeError("TIGHTKV_SIMD=avx512 but this CPU has no AVX-512F")
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if not cxx:
+        raise RuntimeError("no C++ compiler found")
+    flags = ["-O3", "-march=native", *TARGETS[name], "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17",
+             "-pthread"]
+    key = hashlib.sha256("\0".join([source_digest(), cxx, *flags, cpu]).encode()).hexdigest()[:16]
+    cache = cache_dir()
+    so = cache / f"tightkv-{name}-{key}.so"
+    if not so.exists():
+        _compile(cxx, flags, so)
+        _prune(cache, name, so)
+    return _declare(ctypes.CDLL(str(so)))
+
+
+def _compile(cxx: str, flags: list[str], so: Path) -> None:
+    so.parent.mkdir(parents=True, exist_ok=True)
+    print("tightkv: compiling CPU kernels (first run only, about a minute)...", end="", file=sys.stderr,
+          flush=True)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=so.parent) as tmp:
+        out = Path(tmp) / so.name
+        sources = [str(SOURCE_DIR / s) for s in SOURCES]
+        proc = subprocess.run([cxx, *flags, *sources, "-o", str(out)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(" failed", file=sys.stderr, flush=True)
+            err = proc.stderr.strip() or f"{cxx} exited with {proc.returncode}"
+            raise RuntimeError(f"kernel compile failed: {err[:300]}")
+        os.replace(out, so)
+    print(f" done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+
+
+def _prune(cache: Path, name: str, keep: Path) -> None:
+    """Remove older builds of the same target (other sources or compiler)."""
+    for old in cache.glob(f"tightkv-{name}-*.so"):
+        if old != keep:
+            old.unlink(missing_ok=True)
+    for old in cache.glob("qmatmul-*.so"):  # the builds before the sources moved to csrc/
+        old.unlink(missing_ok=True)
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """The library's ABI."""
+    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+    lib.tk_gemv.argtypes = [i32, p, i64, i64, i64, p, i64, p, i32]
+    lib.tk_dequant.argtypes = [i32, p, i64, i64, i64, p, i32]
+    lib.tk_gemv.restype = lib.tk_dequant.restype = lib.tk_simd.restype = i32
+    lib.tk_attn.argtypes = [p, i64, i64, i64, i64, i64, f32, p, p, p, p, p, p, i64, p, p, p, p, i64, p, i32]
+    lib.tk_attn.restype = i32
+    lib.tk_attn_int8.argtypes = [i32]
+    lib.tk_attn_int8.restype = i32
+    lib.tk_tq4_encode.argtypes = [p, i64, i64, p, p, i64, p, p, i32, p, p, i32]
+    lib.tk_tq4_encode.restype = i32
+    lib.tk_rms_norm.argtypes = [p, p, i64, i64, f32, p]
+    lib.tk_rope_neox.argtypes = [p, p, p, i64, i64, i64, i64, p]
+    lib.tk_rms_norm.restype = lib.tk_rope_neox.restype = None
+    return lib
