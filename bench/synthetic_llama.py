@@ -94,7 +94,7 @@ def llamacpp(path: Path, kv: str, depth: int, n_gen: int, threads: int, reps: in
 
     from tightkv.eval.bench import LLAMA_KV_TYPES, peak_rss
 
-    kw = {} if kv in ("f16", "f32") else {"flash_attn": True}
+    kw = {"flash_attn": True, "swa_full": False}  # as llama-server and llama-cli run
     m = Llama(str(path), n_ctx=depth + n_gen + 8, n_threads=threads, n_threads_batch=threads, n_batch=512,
               type_k=LLAMA_KV_TYPES[kv], type_v=LLAMA_KV_TYPES[kv], verbose=False, **kw)
     context, steps = [1] + tokens(depth - 1, 2), tokens(n_gen + 1, 3)

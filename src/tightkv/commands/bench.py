@@ -15,12 +15,12 @@ HELP = "prompt and generation speed, optionally beside llama.cpp"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None, help="registry name or .gguf path (default: embedded)")
     p.add_argument("--depths", default="16,2048", help="context depths for tg, comma-separated")
-    p.add_argument("--n-prompt", "-p", type=int, default=512)
-    p.add_argument("--n-gen", type=int, default=128)
+    p.add_argument("--n-prompt", "-p", type=int, default=512, help="prompt tokens of the pp test")
+    p.add_argument("--n-gen", type=int, default=128, help="decode steps of each tg test")
     p.add_argument("--reps", "-r", type=int, default=3, help="repetitions; the median is reported")
     p.add_argument("--compare", default=None, help="comma-separated KV types")
     p.add_argument("--vs-llamacpp", action="store_true", help="also run llama.cpp (llama-cpp-python)")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, help="also write the rows to this JSON file")
     add_model_flags(p, kv_default="f16")
 
 
@@ -40,13 +40,16 @@ def run(ns: argparse.Namespace) -> int:
     for kind in kinds:
         model.new_cache(kind)
     rows = []
+
+    def show(row) -> None:
+        print(row.summary(), file=sys.stderr, flush=True)
+
     for kind in kinds:
-        print(f"tightkv {kind} ...", file=sys.stderr, flush=True)
-        rows += run_tightkv(model, kind, depths, ns.n_prompt, ns.n_gen, ns.reps)
+        rows += run_tightkv(model, kind, depths, ns.n_prompt, ns.n_gen, ns.reps, on_row=show)
     if ns.vs_llamacpp:
         for kind in dict.fromkeys(["f16", "q8_0"] + kinds):
             print(f"llama.cpp {kind} ...", file=sys.stderr, flush=True)
-            rows += run_llamacpp(model.path, kind, depths, ns.n_prompt, ns.n_gen, ns.reps, threads)
+            rows += run_llamacpp(model.path, kind, depths, ns.n_prompt, ns.n_gen, ns.reps, threads, on_row=show)
     print(format_table(rows))
     print(f"model {model.path.name}, {threads} threads, medians of {ns.reps} runs")
     if ns.json:

@@ -4,18 +4,23 @@ Tests: ``pp512`` (a 512-token prompt into an empty cache) and ``tg128 @ dN``
 (128 decode steps after N tokens of context). Both engines get the same token
 ids, the same threads and the same depths; no sampling is timed, as in
 llama-bench. llama.cpp (llama-cpp-python) runs in a child process so that the
-two engines' memory never mixes.
+two engines' memory never mixes, and as its users run it: `LLAMA_SETTINGS`
+(flash attention on, a window-sized cache for sliding-window layers: the
+defaults of `llama-server` and `llama-cli`, not of llama-cpp-python).
 """
 from __future__ import annotations
 
 import multiprocessing as mp
 import statistics
+import sys
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 LLAMA_KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+LLAMA_SETTINGS = {"flash_attn": True, "swa_full": False}  # every llama.cpp row, f16 included
 INSTALL_HINT = ('llama-cpp-python is not installed; install it with\n'
                 '  CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_CURL=OFF" pip install llama-cpp-python==0.3.36')
 
@@ -31,6 +36,10 @@ class Row:
     kv_bytes: int = 0
     peak_rss: int = 0
     gb_s: float = 0.0
+
+    def summary(self) -> str:
+        """One line, as llama-bench prints a row when it finishes."""
+        return f"{self.engine} {self.kv} {self.test}: {self.tok_s:.2f} t/s"
 
     def as_dict(self) -> dict:
         return {"engine": self.engine, "kv": self.kv, "test": self.test, "depth": self.depth,
@@ -71,11 +80,24 @@ def _ours_pp(model, kv: str, ids: list[int]) -> float:
     return len(ids) / (time.perf_counter() - t)
 
 
+def _fill_bar(what: str, total: int):
+    """A progress callback for filling a depth: a bar on stderr (tqdm), closed at the end."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=what, unit="tok", leave=False, file=sys.stderr, mininterval=1.0)
+
+    def update(done: int, _total: int) -> None:
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+    return update
+
+
 def _ours_tg(model, kv: str, context: list[int], steps: list[int]) -> tuple[float, int]:
     from ..engine.generate import decode_step, prefill
 
     cache = model.new_cache(kv)
-    prefill(model.net, context, cache)
+    prefill(model.net, context, cache, progress=_fill_bar(f"tightkv {kv} filling d{len(context)}", len(context)))
     decode_step(model.net, steps[0], cache)  # warm the decode path
     t = time.perf_counter()
     for tok in steps[1:]:
@@ -84,15 +106,23 @@ def _ours_tg(model, kv: str, context: list[int], steps: list[int]) -> tuple[floa
     return (len(steps) - 1) / elapsed, sum(c.nbytes for c in cache)
 
 
-def run_tightkv(model, kv: str, depths: list[int], n_prompt: int, n_gen: int, reps: int) -> list[Row]:
+def _report(row: Row, on_row: Callable[[Row], None] | None) -> Row:
+    if on_row:
+        on_row(row)
+    return row
+
+
+def run_tightkv(model, kv: str, depths: list[int], n_prompt: int, n_gen: int, reps: int,
+                on_row: Callable[[Row], None] | None = None) -> list[Row]:
+    """tightkv's pp and tg rows for one KV type; `on_row` sees each row as it finishes."""
     vocab = model.args.vocab_size
     rows = []
     weight_bytes = model.path.stat().st_size
     prompt = [model.tokenizer.bos_id] + bench_tokens(n_prompt - 1, vocab, 1)
     _ours_pp(model, kv, prompt[:64])  # warm-up: kernels compiled, pages touched
     runs = [_ours_pp(model, kv, prompt) for _ in range(reps)]
-    rows.append(Row("tightkv", kv, test_name("pp", n_prompt, 0), 0, statistics.median(runs), runs,
-                    peak_rss=peak_rss()))
+    rows.append(_report(Row("tightkv", kv, test_name("pp", n_prompt, 0), 0, statistics.median(runs), runs,
+                            peak_rss=peak_rss()), on_row))
     for depth in depths:
         context = [model.tokenizer.bos_id] + bench_tokens(depth - 1, vocab, 2)
         steps = bench_tokens(n_gen + 1, vocab, 3)
@@ -100,8 +130,8 @@ def run_tightkv(model, kv: str, depths: list[int], n_prompt: int, n_gen: int, re
         runs = [m[0] for m in measured]
         kv_bytes = measured[-1][1]
         tps = statistics.median(runs)
-        rows.append(Row("tightkv", kv, test_name("tg", n_gen, depth), depth, tps, runs, kv_bytes, peak_rss(),
-                        (weight_bytes + kv_bytes) * tps / 1e9))
+        rows.append(_report(Row("tightkv", kv, test_name("tg", n_gen, depth), depth, tps, runs, kv_bytes,
+                                peak_rss(), (weight_bytes + kv_bytes) * tps / 1e9), on_row))
     return rows
 
 
@@ -116,10 +146,9 @@ def _llama_child(path, kv, depths, n_prompt, n_gen, reps, threads, queue):
 def _llama_measure(path, kv, depths, n_prompt, n_gen, reps, threads):
     from llama_cpp import Llama
 
-    kw = {} if kv in ("f16", "f32") else {"flash_attn": True}
     ctx = max(depths + [n_prompt]) + n_gen + 8
     m = Llama(str(path), n_ctx=ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
-              type_k=LLAMA_KV_TYPES[kv], type_v=LLAMA_KV_TYPES[kv], verbose=False, **kw)
+              type_k=LLAMA_KV_TYPES[kv], type_v=LLAMA_KV_TYPES[kv], verbose=False, **LLAMA_SETTINGS)
     vocab = m.n_vocab()
     out = []
     prompt = [m.token_bos()] + bench_tokens(n_prompt - 1, vocab, 1)
@@ -146,7 +175,8 @@ def _llama_measure(path, kv, depths, n_prompt, n_gen, reps, threads):
     return out, peak_rss()
 
 
-def run_llamacpp(path, kv: str, depths: list[int], n_prompt: int, n_gen: int, reps: int, threads: int) -> list[Row]:
+def run_llamacpp(path, kv: str, depths: list[int], n_prompt: int, n_gen: int, reps: int, threads: int,
+                 on_row: Callable[[Row], None] | None = None) -> list[Row]:
     """Measure llama.cpp in a child process; raises TightKVError if it is not installed."""
     import importlib.util
 
@@ -167,8 +197,8 @@ def run_llamacpp(path, kv: str, depths: list[int], n_prompt: int, n_gen: int, re
     measured, rss = payload
     rows = []
     for kind, n, depth, runs in measured:
-        rows.append(Row("llama.cpp", kv, test_name(kind, n, depth), depth, statistics.median(runs), runs,
-                        peak_rss=rss))
+        rows.append(_report(Row("llama.cpp", kv, test_name(kind, n, depth), depth, statistics.median(runs), runs,
+                                peak_rss=rss), on_row))
     return rows
 
 
@@ -178,7 +208,8 @@ def format_table(rows: list[Row], bandwidth: float | None = None) -> str:
     (tightkv runs every KV type in one process, llama.cpp each in its own)."""
     theirs = {(r.test, r.kv): r.tok_s for r in rows if r.engine == "llama.cpp"}
     w = max([6] + [len(r.kv) for r in rows])
-    lines = [f"| engine    | {'kv':<{w}} | test            |      t/s | vs llama.cpp f16 | vs same kv | KV MiB | GB/s "
+    lines = [f"llama.cpp rows: flash_attn={LLAMA_SETTINGS['flash_attn']}, swa_full={LLAMA_SETTINGS['swa_full']}",
+             f"| engine    | {'kv':<{w}} | test            |      t/s | vs llama.cpp f16 | vs same kv | KV MiB | GB/s "
              "| peak RSS MiB |",
              f"|-----------|{'-' * (w + 2)}|-----------------|---------:|---------:|---------:|-------:|-----:"
              "|-------------:|"]

@@ -25,9 +25,39 @@ typedef uint16_t u16x16 __attribute__((vector_size(32)));
 static inline f16v ld(const float *p) { f16v r; memcpy(&r, p, 64); return r; }
 static inline void st(float *p, f16v a) { memcpy(p, &a, 64); }
 static inline f16v splat(float a) { return f16v{} + a; }
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define TK_AVX2 1
+// 16 lanes as two AVX2 registers
+typedef float f8v __attribute__((vector_size(32)));
+static inline __m256 lo8(f16v a) { return (__m256)__builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7); }
+static inline __m256 hi8(f16v a) { return (__m256)__builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15); }
+static inline f16v join(__m256 a, __m256 b) {
+  return __builtin_shufflevector((f8v)a, (f8v)b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+static inline float hsum8(__m256 s) {
+  __m128 t = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+static inline float hmax8(__m256 s) {
+  __m128 t = _mm_max_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+  return _mm_cvtss_f32(_mm_max_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+// codebook lookup of 8 codes (int32 lanes 0..15) in a 16-entry table held as two registers
+static inline __m256 lut16(__m256i idx, __m256 cb0, __m256 cb1) {
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(cb0, idx), _mm256_permutevar8x32_ps(cb1, idx),
+                          _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+}
+#else
+#define TK_AVX2 0
+#endif
+
 static inline f16v fma(f16v a, f16v b, f16v c) {
 #if defined(__AVX512F__)
   return (f16v)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif TK_AVX2
+  return join(_mm256_fmadd_ps(lo8(a), lo8(b), lo8(c)), _mm256_fmadd_ps(hi8(a), hi8(b), hi8(c)));
 #else
   return a * b + c;
 #endif
@@ -35,6 +65,8 @@ static inline f16v fma(f16v a, f16v b, f16v c) {
 static inline float hsum(f16v a) {
 #if defined(__AVX512F__)
   return _mm512_reduce_add_ps((__m512)a);
+#elif TK_AVX2
+  return hsum8(_mm256_add_ps(lo8(a), hi8(a)));
 #else
   float s = 0; for (int i = 0; i < 16; i++) s += a[i]; return s;
 #endif
@@ -42,6 +74,8 @@ static inline float hsum(f16v a) {
 static inline float hmax(f16v a) {
 #if defined(__AVX512F__)
   return _mm512_reduce_max_ps((__m512)a);
+#elif TK_AVX2
+  return hmax8(_mm256_max_ps(lo8(a), hi8(a)));
 #else
   float s = a[0]; for (int i = 1; i < 16; i++) s = a[i] > s ? a[i] : s; return s;
 #endif
@@ -49,6 +83,8 @@ static inline float hmax(f16v a) {
 static inline f16v ld_f16(const uint8_t *p) {
 #if defined(__AVX512F__)
   return (f16v)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#elif TK_AVX2
+  return join(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16))));
 #else
   f16v r; for (int i = 0; i < 16; i++) { _Float16 h; memcpy(&h, p + 2 * i, 2); r[i] = (float)h; } return r;
 #endif
@@ -120,6 +156,7 @@ struct Ctx {
 };
 
 static const int BT = 32;
+static const int VROWS = TK_AVX2 ? 2 : 4;  // rows whose value sums stay in registers (2 x 4 x 16 lanes)
 static const int CH = 6;
 static const int64_t PRE_ROWS = 8;  // rows from which the float path scores a block by one matmul
 
@@ -144,6 +181,14 @@ static inline __attribute__((always_inline)) void load32(const uint8_t *p0, cons
 #if defined(__AVX512F__)
     x0 = (f16v)_mm512_permutexvar_ps((__m512i)lo, (__m512)cb);
     x1 = (f16v)_mm512_permutexvar_ps((__m512i)hi, (__m512)cb);
+#elif TK_AVX2
+    const __m256 cb0 = lo8(cb), cb1 = hi8(cb);
+    const __m256i l0 = (__m256i)__builtin_shufflevector(lo, lo, 0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i l1 = (__m256i)__builtin_shufflevector(lo, lo, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m256i h0 = (__m256i)__builtin_shufflevector(hi, hi, 0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i h1 = (__m256i)__builtin_shufflevector(hi, hi, 8, 9, 10, 11, 12, 13, 14, 15);
+    x0 = join(lut16(l0, cb0, cb1), lut16(l1, cb0, cb1));
+    x1 = join(lut16(h0, cb0, cb1), lut16(h1, cb0, cb1));
 #else
     for (int i = 0; i < 16; i++) { x0[i] = cb[lo[i]]; x1[i] = cb[hi[i]]; }
 #endif
@@ -284,6 +329,30 @@ static inline void mm_block(const float *A, const float *B, float *C, int64_t k,
   }
   for (int r = 0; r < NR; r++) { st(C + r * m + j, c0[r]); st(C + r * m + j + 16, c1[r]); }
 }
+#if TK_AVX2
+// AVX2 has 16 registers: 4 rows x 16 columns of C (8 accumulators) per block.
+template <int NR>
+static inline void mm_block16(const float *A, const float *B, float *C, int64_t k, int64_t m, int64_t j) {
+  __m256 c0[NR], c1[NR];
+  for (int r = 0; r < NR; r++) c0[r] = c1[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < k; i++) {
+    const __m256 b0 = _mm256_loadu_ps(B + i * m + j), b1 = _mm256_loadu_ps(B + i * m + j + 8);
+    for (int r = 0; r < NR; r++) {
+      const __m256 a = _mm256_broadcast_ss(A + r * k + i);
+      c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
+      c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
+    }
+  }
+  for (int r = 0; r < NR; r++) { _mm256_storeu_ps(C + r * m + j, c0[r]); _mm256_storeu_ps(C + r * m + j + 8, c1[r]); }
+}
+static void matmul(const float *A, const float *B, float *C, int64_t n, int64_t k, int64_t m) {
+  for (int64_t r = 0; r < n; r += 4)
+    for (int64_t j = 0; j < m; j += 16) {
+      if (n - r >= 4) mm_block16<4>(A + r * k, B, C + r * m, k, m, j);
+      else for (int64_t q = r; q < n; q++) mm_block16<1>(A + q * k, B, C + q * m, k, m, j);
+    }
+}
+#else
 static void matmul(const float *A, const float *B, float *C, int64_t n, int64_t k, int64_t m) {
   for (int64_t r = 0; r < n; r += 8)
     for (int64_t j = 0; j < m; j += 32) {
@@ -291,6 +360,7 @@ static void matmul(const float *A, const float *B, float *C, int64_t n, int64_t 
       else for (int64_t q = r; q < n; q++) mm_block<1>(A + q * k, B, C + q * m, k, m, j);
     }
 }
+#endif
 
 // Scores of NR query rows (q rows D apart) against one stored key, decoded 32
 // channels at a time straight into the dot products.
@@ -304,7 +374,11 @@ static inline __attribute__((always_inline)) void dot_key(const float *q, const 
     load32<KIND>(k0, k1, b, cb, x0, x1);
     for (int u = 0; u < NR; u++) {
       a0[u] = fma(ld(q + u * D + 32 * b), x0, a0[u]);
+#if TK_AVX2  // one accumulator per row: four rows' fit in AVX2's 16 registers
+      a0[u] = fma(ld(q + u * D + 32 * b + 16), x1, a0[u]);
+#else
       a1[u] = fma(ld(q + u * D + 32 * b + 16), x1, a1[u]);
+#endif
     }
   }
   for (int u = 0; u < NR; u++) dots[u] = hsum(a0[u] + a1[u]);
@@ -350,6 +424,8 @@ static void chunk_body(const Ctx *x, int64_t c) {
   std::vector<float> sc(nrows * BT);
   // the float path with many rows: a key block transposed (D, BT) and the keys' scales
   std::vector<float> kT(nrows >= PRE_ROWS ? D * BT : 0), kscl(BT);
+  // and for the values: a decoded block (BT, Dv) and the rows' sums over it (rows, Dv)
+  std::vector<float> vt(nrows >= PRE_ROWS ? BT * Dv : 0), pv(nrows >= PRE_ROWS ? nrows * Dv : 0);
   std::vector<int64_t> lo(nrows), hi(nrows);  // each row's visible range
   std::vector<char> alive(nrows + 4, 0);
   for (int64_t r = 0; r < nrows; r++) { const int64_t t = (ra + r) % T; lo[r] = rg[2 * t]; hi[r] = rg[2 * t + 1]; }
@@ -493,8 +569,25 @@ static void chunk_body(const Ctx *x, int64_t c) {
       continue;
     }
 #endif
-    for (int64_t r0 = 0; r0 < nrows; r0 += 4) {
-      const int nr = nrows - r0 < 4 ? (int)(nrows - r0) : 4;
+    if (nrows >= PRE_ROWS) {  // many rows (prefill): the block's values decoded once, one matmul
+      for (int64_t j = 0; j < BT; j++)
+        for (int64_t b = 0; b < Dv / 32; b++) {
+          f16v x0 = f16v{}, x1 = f16v{};
+          if (j < n) load32<VK>(v0 + j * s.vt0, v1 ? v1 + j * s.vt1 : nullptr, b, x->vcb, x0, x1);
+          st(vt.data() + j * Dv + 32 * b, x0);
+          st(vt.data() + j * Dv + 32 * b + 16, x1);
+        }
+      matmul(sc.data(), vt.data(), pv.data(), nrows, BT, Dv);  // (rows, BT) @ (BT, Dv)
+      for (int64_t r = 0; r < nrows; r++) {
+        if (!alive[r]) continue;
+        float *o = part + r * W;
+        const float *a = pv.data() + r * Dv;
+        for (int64_t i = 0; i < Dv; i += 16) st(o + i, ld(o + i) + ld(a + i));
+      }
+      continue;
+    }
+    for (int64_t r0 = 0; r0 < nrows; r0 += VROWS) {
+      const int nr = nrows - r0 < VROWS ? (int)(nrows - r0) : VROWS;
       if (!(alive[r0] | alive[r0 + 1] | alive[r0 + 2] | alive[r0 + 3])) continue;
       float *o = part + r0 * W;
       const float *w = sc.data() + r0 * BT;
