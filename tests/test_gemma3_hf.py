@@ -90,6 +90,15 @@ def assert_close(ours: np.ndarray, ref: np.ndarray, atol: float = ATOL) -> None:
     assert err <= atol, f"max |ours - reference| = {err:.3g} > {atol} (reference scale {np.abs(ref).max():.3g})"
 
 
+def steps_rtol() -> float:
+    """Decode-step tolerance against the reference backend: 1e-2 where the block dots take
+    float32 activations; 5e-2 where they take int8 ones (AVX2, as llama.cpp; measured
+    up to 2.0% of the largest logit on these random tiny models, whose random weights
+    amplify every rounding; tests/test_qmatmul.py checks the arithmetic itself to 1e-5)."""
+    lib = library.library()
+    return 5e-2 if lib is not None and lib.tk_gemv_int8() else 1e-2
+
+
 def assert_rel_close(ours: np.ndarray, ref: np.ndarray, rtol: float = 1e-2) -> None:
     """max |ours - ref| within rtol of the reference's largest logit."""
     assert ours.shape == ref.shape
@@ -190,6 +199,6 @@ def test_fast_backend_matches_reference(gguf_dir, qtype, backend):
     fast_prefill, fast_steps = m.logits(ids), step_logits(m, ids)
     status = library.status()
     assert_rel_close(fast_prefill, ref_prefill)
-    assert_rel_close(fast_steps, ref_steps)
-    if status.startswith("loaded"):  # float32 accumulation either way: far tighter than 1e-2
+    assert_rel_close(fast_steps, ref_steps, steps_rtol())
+    if status.startswith("loaded") and not library.library().tk_gemv_int8():  # float32 both: far tighter
         assert_close(fast_steps, ref_steps)

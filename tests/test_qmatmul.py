@@ -32,6 +32,30 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
+def int8_activations(x: torch.Tensor) -> torch.Tensor:
+    """x (M, K) as the AVX2 block dots see it: int8 in groups of 32, max at 127
+    (round half to even), times the group's scale."""
+    g = x.reshape(x.shape[0], -1, 32)
+    amax = g.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    return (torch.round(g * inv) * (amax / 127.0)).reshape(x.shape)
+
+
+def gemv_reference(lib, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """What tk_gemv of `lib` computes: float32 activations, or int8 ones (AVX2)."""
+    return (int8_activations(x) if lib.tk_gemv_int8() else x) @ w.T
+
+
+def check_gemv(lib, qtype: str, rows: int, threads: int = 2) -> None:
+    lin = make_linear(qtype, seed=2)
+    w = quants.dequantize(lin.raw, qtype, (OUT, IN))
+    x = torch.randn(rows, IN)
+    y = torch.empty(rows, OUT)
+    assert lib.tk_gemv(qm.TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), OUT, IN, x.data_ptr(), rows,
+                       y.data_ptr(), threads) == 0
+    assert rel_err(y, gemv_reference(lib, x, w)) < 1e-5
+
+
 @pytest.mark.parametrize("qtype", BLOCK_TYPES + FLOAT_TYPES)
 def test_fast_matches_reference(qtype, monkeypatch):
     monkeypatch.setattr(qm, "GEMV_MAX_ROWS", 8)
@@ -46,6 +70,20 @@ def test_fast_matches_reference(qtype, monkeypatch):
         assert fast.dtype == torch.float32 and fast.shape == (rows, OUT)
         assert rel_err(fast, ref) < 1e-2
         assert rel_err(ref, x @ w.T) < 1e-5
+
+
+@pytest.mark.parametrize("qtype", BLOCK_TYPES)
+def test_block_dots_match_their_reference(qtype):
+    """tk_gemv of the loaded build, 1 to 7 rows, against dequantized weights times the
+    activations as the build sees them (float32, or int8 groups on AVX2)."""
+    lib = library.library()
+    if lib is None:
+        pytest.skip(library.status())
+    for rows in (1, 2, 3, 4, 5, 7):
+        check_gemv(lib, qtype, rows)
+    x = torch.zeros(1, IN)  # an all-zero group has scale 0, not NaN
+    lin = make_linear(qtype, seed=3)
+    assert torch.equal(lin(x), torch.zeros(1, OUT))
 
 
 def test_kernel_is_available_here():
@@ -115,22 +153,22 @@ def test_bad_backend_name():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target, simd", [("avx2", 256), ("portable", 0)])
+@pytest.mark.parametrize("target, simd", [("avx512", 512), ("avx2", 256), ("portable", 0)])
 def test_other_simd_builds(target, simd):
-    """The AVX2 and portable builds of the kernel (compiled here on purpose) agree too."""
+    """Every instruction path's build (compiled here on purpose) agrees with its reference."""
     import platform
 
     if platform.machine() not in ("x86_64", "AMD64") or library.library() is None:
         pytest.skip("needs an x86-64 machine with a C++ compiler")
+    if target == "avx512" and " avx512f" not in open("/proc/cpuinfo").read():
+        pytest.skip("this CPU has no AVX-512")
     lib = library.load(target)
     assert lib.tk_simd() == simd
+    assert lib.tk_gemv_int8() == (simd == 256)  # AVX2 multiplies int8 activations, as llama.cpp does
     for qtype in BLOCK_TYPES:
         lin = make_linear(qtype, seed=2)
         w = quants.dequantize(lin.raw, qtype, (OUT, IN))
-        x = torch.randn(7, IN)
-        y = torch.empty(7, OUT)
-        assert lib.tk_gemv(qm.TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), OUT, IN, x.data_ptr(), 7, y.data_ptr(), 2) == 0
-        assert rel_err(y, x @ w.T) < 1e-5
+        check_gemv(lib, qtype, 7)
         out = torch.empty(OUT, IN)
         assert lib.tk_dequant(qm.TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), OUT, IN, out.data_ptr(), 2) == 0
         assert torch.equal(out.view(torch.int32), w.view(torch.int32))

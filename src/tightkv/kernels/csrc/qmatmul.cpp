@@ -1,5 +1,6 @@
 // Quantized matmul kernels: GGML blocks x float32 activations, and small per-token ops.
 #include "blocks.h"
+#include "gemv_avx2.h"
 
 // y[m, r] = sum_k W[r, k] x[m, k] for rows r0..r1 and M activation rows: each
 // 16-element unit of W is decoded once (s*q - mn) and multiplied into all M rows.
@@ -61,6 +62,29 @@ static int gemv(const uint8_t *w, int64_t ldw, int64_t N, int64_t K, const float
   return 0;
 }
 
+#if TK_GEMV_I8
+// The integer path: activations quantized once per call, then the same chunking.
+template <class T>
+static int gemv_i8(const uint8_t *w, int64_t ldw, int64_t N, int64_t K, const float *x, int64_t M, float *y, int nth) {
+  if (K % T::QK || ldw < K / T::QK * T::TS) return 1;
+  thread_local std::vector<int8_t> q;
+  thread_local std::vector<float> d, hs;
+  q.resize(M * K); d.resize(M * K / 32); hs.resize(M * K / 16);
+  i8::quantize_rows(x, M, K, q.data(), d.data(), hs.data());
+  const int64_t rows = chunk_rows(N, ldw, nth), nchunks = (N + rows - 1) / rows;
+  for (int64_t m0 = 0; m0 < M; m0 += MB) {
+    i8::Ctx g = {w, ldw, N, rows, {q.data() + m0 * K, d.data() + m0 * K / 32, hs.data() + m0 * K / 16, K}, y + m0 * N};
+    switch (M - m0 < MB ? M - m0 : MB) {
+      case 1: run_chunks(i8::chunk<T, 1>, &g, nchunks, nth); break;
+      case 2: run_chunks(i8::chunk<T, 2>, &g, nchunks, nth); break;
+      case 3: run_chunks(i8::chunk<T, 3>, &g, nchunks, nth); break;
+      default: run_chunks(i8::chunk<T, 4>, &g, nchunks, nth); break;
+    }
+  }
+  return 0;
+}
+#endif
+
 struct DequantCtx {
   const uint8_t *w;
   int64_t ldw, N, K, rows;
@@ -109,8 +133,15 @@ extern "C" int tk_simd() {
 #endif
 }
 
+// 1 where tk_gemv quantizes the activations to int8 (groups of 32), 0 for float32.
+extern "C" int tk_gemv_int8() { return TK_GEMV_I8; }
+
 extern "C" int tk_gemv(int type, const uint8_t *w, int64_t ldw, int64_t N, int64_t K, const float *x, int64_t M, float *y, int nth) {
+#if TK_GEMV_I8
+#define GEMV(T) gemv_i8<i8::T>(w, ldw, N, K, x, M, y, nth)
+#else
 #define GEMV(T) gemv<T>(w, ldw, N, K, x, M, y, nth)
+#endif
   DISPATCH(GEMV)
 }
 

@@ -1,0 +1,263 @@
+// AVX2 block dots with integer multiplies, as llama.cpp's AVX2 path does: the
+// activation rows are quantized to int8 in groups of 32 (one float scale each,
+// the group's max at 127), each weight group of 32 is unpacked to 32 bytes, and
+// maddubs/madd multiply 32 of them at once. Signed weights take the sign trick
+// (|w| as unsigned, the sign moved onto x) so no pair sum can saturate int16.
+// A group's two halves of 16 may carry their own scale and min (k-quants).
+//
+// The result is dequantized W times dequantized x (x_q * d) exactly, up to the
+// order of float sums; tests check it against that.
+#pragma once
+#include <vector>
+
+#include "blocks.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define TK_GEMV_I8 1
+
+namespace i8 {
+static inline __m256i ld256(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline __m256i bytes(int c) { return _mm256_set1_epi8((char)c); }
+static inline __m256i and8(__m256i a, int c) { return _mm256_and_si256(a, bytes(c)); }
+static inline __m256i srl8(__m256i a, int n) { return and8(_mm256_srli_epi16(a, n), 0xFF >> n); }
+// 16 bytes -> 32: the low nibbles (elements 0..15), then the high nibbles (16..31)
+static inline __m256i nibbles(const uint8_t *p) {
+  const __m128i t = _mm_loadu_si128((const __m128i *)p);
+  return and8(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), 15);
+}
+// byte i = 16 where bit i of h is set, else 0
+static inline __m256i bit16s(uint32_t h) {
+  const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+  const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)h), shuf), bit);
+  return and8(_mm256_cmpeq_epi8(v, bit), 16);
+}
+
+// Each type calls f(e, q, s0, s1, m0, m1) for elements e..e+31 of a block: the
+// values are s*q - m, with (s0, m0) for the first 16 and (s1, m1) for the rest.
+// SIGNED: q holds int8 values; otherwise unsigned bytes below 128.
+struct Q8_0 {
+  enum { QK = 32, TS = 34, SIGNED = 1, MIN = 0 };
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
+    const float d = h2f(b);
+    f(0, ld256(b + 2), d, d, 0.f, 0.f);
+  }
+};
+struct Q4_0 {
+  enum { QK = 32, TS = 18, SIGNED = 1, MIN = 0 };
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
+    const float d = h2f(b);
+    f(0, _mm256_sub_epi8(nibbles(b + 2), bytes(8)), d, d, 0.f, 0.f);
+  }
+};
+struct Q4_1 {
+  enum { QK = 32, TS = 20, SIGNED = 0, MIN = 1 };
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
+    const float d = h2f(b), m = h2f(b + 2);
+    f(0, nibbles(b + 4), d, d, -m, -m);
+  }
+};
+struct Q5_0 {
+  enum { QK = 32, TS = 22, SIGNED = 1, MIN = 0 };
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
+    const float d = h2f(b);
+    f(0, _mm256_sub_epi8(_mm256_or_si256(nibbles(b + 6), bit16s(u32(b + 2))), bytes(16)), d, d, 0.f, 0.f);
+  }
+};
+struct Q5_1 {
+  enum { QK = 32, TS = 24, SIGNED = 0, MIN = 1 };
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
+    const float d = h2f(b), m = h2f(b + 2);
+    f(0, _mm256_or_si256(nibbles(b + 8), bit16s(u32(b + 4))), d, d, -m, -m);
+  }
+};
+struct Q2_K {
+  enum { QK = 256, TS = 84, SIGNED = 0, MIN = 1 };
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
+    const uint8_t *sc = b, *qs = b + 16;
+    const float d = h2f(b + 80), dmin = h2f(b + 82);
+    UNROLL for (int h = 0; h < 2; h++) {
+      const __m256i q = ld256(qs + 32 * h);
+      UNROLL for (int j = 0; j < 4; j++) {
+        const int s0 = sc[8 * h + 2 * j], s1 = sc[8 * h + 2 * j + 1];
+        f(128 * h + 32 * j, and8(_mm256_srli_epi16(q, 2 * j), 3), d * (float)(s0 & 15), d * (float)(s1 & 15),
+          dmin * (float)(s0 >> 4), dmin * (float)(s1 >> 4));
+      }
+    }
+  }
+};
+static inline float q3k_scale(const uint8_t *ls, const uint8_t *hs, int k, float d) {
+  const int lo = k < 8 ? (ls[k] & 15) : (ls[k - 8] >> 4);
+  const int hi = (hs[k % 4] >> (2 * (k / 4))) & 3;
+  return d * (float)((int8_t)(lo | (hi << 4)) - 32);
+}
+struct Q3_K {
+  enum { QK = 256, TS = 110, SIGNED = 1, MIN = 0 };
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
+    const uint8_t *hm = b, *qs = b + 32, *ls = b + 96, *hs = b + 104;
+    const float d = h2f(b + 108);
+    const __m256i hv = ld256(hm);
+    UNROLL for (int h = 0; h < 2; h++) {
+      const __m256i q = ld256(qs + 32 * h);
+      UNROLL for (int j = 0; j < 4; j++) {
+        const int k = 8 * h + 2 * j;
+        const __m256i lo = and8(_mm256_srli_epi16(q, 2 * j), 3);
+        const __m256i hb = _mm256_slli_epi16(and8(_mm256_srli_epi16(hv, 4 * h + j), 1), 2);
+        f(128 * h + 32 * j, _mm256_sub_epi8(_mm256_or_si256(lo, hb), bytes(4)), q3k_scale(ls, hs, k, d),
+          q3k_scale(ls, hs, k + 1, d), 0.f, 0.f);
+      }
+    }
+  }
+};
+struct Q4_K {
+  enum { QK = 256, TS = 144, SIGNED = 0, MIN = 1 };
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
+    const float d = h2f(b), dmin = h2f(b + 2);
+    const uint8_t *scales = b + 4, *qs = b + 16;
+    UNROLL for (int j = 0; j < 4; j++) {
+      int s1, m1, s2, m2;
+      k_scale_min(scales, 2 * j, &s1, &m1);
+      k_scale_min(scales, 2 * j + 1, &s2, &m2);
+      const float d1 = d * (float)s1, n1 = dmin * (float)m1, d2 = d * (float)s2, n2 = dmin * (float)m2;
+      const __m256i q = ld256(qs + 32 * j);
+      f(64 * j, and8(q, 15), d1, d1, n1, n1);
+      f(64 * j + 32, srl8(q, 4), d2, d2, n2, n2);
+    }
+  }
+};
+struct Q5_K {
+  enum { QK = 256, TS = 176, SIGNED = 0, MIN = 1 };
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
+    const float d = h2f(b), dmin = h2f(b + 2);
+    const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
+    const __m256i hv = ld256(qh);
+    UNROLL for (int j = 0; j < 4; j++) {
+      int s1, m1, s2, m2;
+      k_scale_min(scales, 2 * j, &s1, &m1);
+      k_scale_min(scales, 2 * j + 1, &s2, &m2);
+      const float d1 = d * (float)s1, n1 = dmin * (float)m1, d2 = d * (float)s2, n2 = dmin * (float)m2;
+      const __m256i q = ld256(qs + 32 * j);
+      const __m256i h1 = _mm256_slli_epi16(and8(_mm256_srli_epi16(hv, 2 * j), 1), 4);
+      const __m256i h2 = _mm256_slli_epi16(and8(_mm256_srli_epi16(hv, 2 * j + 1), 1), 4);
+      f(64 * j, _mm256_or_si256(and8(q, 15), h1), d1, d1, n1, n1);
+      f(64 * j + 32, _mm256_or_si256(srl8(q, 4), h2), d2, d2, n2, n2);
+    }
+  }
+};
+struct Q6_K {
+  enum { QK = 256, TS = 210, SIGNED = 1, MIN = 0 };
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
+    const int8_t *sc = (const int8_t *)(b + 192);
+    const float d = h2f(b + 208);
+    UNROLL for (int h = 0; h < 2; h++) {
+      const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+      const int8_t *s = sc + 8 * h;
+      const __m256i a = ld256(ql), c = ld256(ql + 32), hh = ld256(qh);
+      const __m256i m32 = bytes(32);
+      f(128 * h, _mm256_sub_epi8(_mm256_or_si256(and8(a, 15), _mm256_slli_epi16(and8(hh, 3), 4)), m32),
+        d * s[0], d * s[1], 0.f, 0.f);
+      f(128 * h + 32, _mm256_sub_epi8(_mm256_or_si256(and8(c, 15), _mm256_slli_epi16(and8(_mm256_srli_epi16(hh, 2), 3), 4)), m32),
+        d * s[2], d * s[3], 0.f, 0.f);
+      f(128 * h + 64, _mm256_sub_epi8(_mm256_or_si256(srl8(a, 4), _mm256_slli_epi16(and8(_mm256_srli_epi16(hh, 4), 3), 4)), m32),
+        d * s[4], d * s[5], 0.f, 0.f);
+      f(128 * h + 96, _mm256_sub_epi8(_mm256_or_si256(srl8(c, 4), _mm256_slli_epi16(srl8(hh, 6), 4)), m32),
+        d * s[6], d * s[7], 0.f, 0.f);
+    }
+  }
+};
+
+// Activation rows quantized in groups of 32: q (M, K) int8, d (M, K/32) scales,
+// hs (M, K/16) the dequantized sums of each 16 (for the mins).
+struct XQ {
+  const int8_t *q;
+  const float *d, *hs;
+  int64_t K;
+};
+
+static inline float hsum8(__m256 s) {
+  __m128 t = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+static inline int32_t hsum8i(__m256i v) {
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
+  return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 1)));
+}
+
+// Quantize M rows of x (M, K), K % 32 == 0, into the buffers of xq.
+static inline void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *q, float *d, float *hs) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t g = 0; g < M * K / 32; g++) {
+    const float *xp = x + 32 * g;
+    __m256 v[4];
+    for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(xp + 8 * i);
+    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                              _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    __m128 t = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(t, _mm_shuffle_ps(t, t, 1)));
+    const float dd = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+    const __m256 iv = _mm256_set1_ps(id);
+    __m256i n[4];
+    for (int i = 0; i < 4; i++) n[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], iv));  // round to nearest even
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
+    const __m256i qv = _mm256_permutevar8x32_epi32(p, order);
+    _mm256_storeu_si256((__m256i *)(q + 32 * g), qv);
+    d[g] = dd;
+    // sums of each 16: bytes widened to int16 and added in pairs
+    const __m256i lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(qv));
+    const __m256i hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(qv, 1));
+    hs[2 * g] = dd * (float)hsum8i(_mm256_madd_epi16(lo, ones));
+    hs[2 * g + 1] = dd * (float)hsum8i(_mm256_madd_epi16(hi, ones));
+  }
+}
+
+template <class T, int M>
+static void rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ &x, float *y, int64_t N) {
+  const int64_t K = x.K, nb = K / T::QK, G = K / 32;
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t r = r0; r < r1; r++) {
+    const uint8_t *b = w + r * ldw;
+    __m256 acc[M];
+    float mins[M];
+    for (int m = 0; m < M; m++) { acc[m] = _mm256_setzero_ps(); mins[m] = 0.f; }
+    for (int64_t j = 0; j < nb; j++, b += T::TS) {
+      const int64_t g0 = j * (T::QK / 32);
+      T::visit(b, [&](int e, __m256i q, float s0, float s1, float m0, float m1) ALWAYS_INLINE_LAMBDA {
+        const int64_t g = g0 + e / 32;
+        const __m256 sv = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
+        const __m256i qa = T::SIGNED ? _mm256_sign_epi8(q, q) : q;
+        for (int m = 0; m < M; m++) {
+          __m256i xv = ld256((const uint8_t *)(x.q + m * K + 32 * g));
+          if (T::SIGNED) xv = _mm256_sign_epi8(xv, q);
+          const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, xv), ones);
+          acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(sv, _mm256_broadcast_ss(x.d + m * G + g)), acc[m]);
+          if (T::MIN) mins[m] += m0 * x.hs[m * 2 * G + 2 * g] + m1 * x.hs[m * 2 * G + 2 * g + 1];
+        }
+      });
+    }
+    for (int m = 0; m < M; m++) y[m * N + r] = hsum8(acc[m]) - mins[m];
+  }
+}
+
+struct Ctx {
+  const uint8_t *w;
+  int64_t ldw, N, rows;
+  XQ x;
+  float *y;
+};
+
+template <class T, int M>
+static void chunk(const void *p, int64_t c) {
+  const Ctx *g = (const Ctx *)p;
+  int64_t r0 = c * g->rows, r1 = r0 + g->rows < g->N ? r0 + g->rows : g->N;
+  rows<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->N);
+}
+}  // namespace i8
+#else
+#define TK_GEMV_I8 0
+#endif
