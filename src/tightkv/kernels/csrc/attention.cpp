@@ -362,6 +362,73 @@ static void matmul(const float *A, const float *B, float *C, int64_t n, int64_t 
 }
 #endif
 
+#if TK_AVX2
+// The same two loops in AVX2 registers (GCC lowers the 16-lane vector type through
+// the stack here): 32 channels of a stored vector as four float vectors.
+template <int KIND>
+static inline __attribute__((always_inline)) void load32x(const uint8_t *p0, const uint8_t *p1, int64_t b,
+                                                          __m256 cb0, __m256 cb1, __m256 x[4]) {
+  if (KIND == F32) {
+    for (int i = 0; i < 4; i++) x[i] = _mm256_loadu_ps((const float *)p0 + 32 * b + 8 * i);
+  } else if (KIND == F16) {
+    for (int i = 0; i < 4; i++) x[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p0 + 64 * b + 16 * i)));
+  } else if (KIND == BF16) {
+    for (int i = 0; i < 4; i++)
+      x[i] = _mm256_castsi256_ps(_mm256_slli_epi32(
+          _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p0 + 64 * b + 16 * i))), 16));
+  } else if (KIND == Q8_0) {
+    const __m256 d = _mm256_set1_ps(f16s(p1 + 2 * b));
+    for (int i = 0; i < 4; i++)
+      x[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p0 + 32 * b + 8 * i)))), d);
+  } else {  // tq4: lanes 0..15 the low nibbles of the 16 bytes, 16..31 the high ones
+    const __m128i by = _mm_loadu_si128((const __m128i *)(p0 + 16 * b));
+    const __m256i c0 = _mm256_cvtepu8_epi32(by), c1 = _mm256_cvtepu8_epi32(_mm_srli_si128(by, 8));
+    const __m256i m = _mm256_set1_epi32(15);
+    x[0] = lut16(_mm256_and_si256(c0, m), cb0, cb1);
+    x[1] = lut16(_mm256_and_si256(c1, m), cb0, cb1);
+    x[2] = lut16(_mm256_srli_epi32(c0, 4), cb0, cb1);
+    x[3] = lut16(_mm256_srli_epi32(c1, 4), cb0, cb1);
+  }
+}
+
+template <int KIND, int NR>
+static inline __attribute__((always_inline)) void dot_key(const float *q, const uint8_t *k0, const uint8_t *k1,
+                                                          int64_t D, const f16v &cb, float *dots) {
+  const __m256 cb0 = _mm256_loadu_ps((const float *)&cb), cb1 = _mm256_loadu_ps((const float *)&cb + 8);
+  __m256 acc[NR][2];
+  for (int u = 0; u < NR; u++) acc[u][0] = acc[u][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < D / 32; b++) {
+    __m256 x[4];
+    load32x<KIND>(k0, k1, b, cb0, cb1, x);
+    for (int u = 0; u < NR; u++)
+      for (int i = 0; i < 4; i++)
+        acc[u][i & 1] = _mm256_fmadd_ps(_mm256_loadu_ps(q + u * D + 32 * b + 8 * i), x[i], acc[u][i & 1]);
+  }
+  for (int u = 0; u < NR; u++) dots[u] = hsum8(_mm256_add_ps(acc[u][0], acc[u][1]));
+}
+
+template <int KIND, int NR>
+static inline __attribute__((always_inline)) void add_values(float *o, int64_t W, const float *w, const uint8_t *v0,
+                                                             const uint8_t *v1, int64_t vt0, int64_t vt1, int64_t n,
+                                                             int64_t Dv, const f16v &cb) {
+  const __m256 cb0 = _mm256_loadu_ps((const float *)&cb), cb1 = _mm256_loadu_ps((const float *)&cb + 8);
+  for (int64_t b = 0; b < Dv / 32; b++) {
+    __m256 acc[NR][4];
+    for (int u = 0; u < NR; u++)
+      for (int i = 0; i < 4; i++) acc[u][i] = _mm256_loadu_ps(o + u * W + 32 * b + 8 * i);
+    for (int64_t j = 0; j < n; j++) {
+      __m256 x[4];
+      load32x<KIND>(v0 + j * vt0, v1 ? v1 + j * vt1 : nullptr, b, cb0, cb1, x);
+      for (int u = 0; u < NR; u++) {
+        const __m256 pw = _mm256_broadcast_ss(w + u * BT + j);
+        for (int i = 0; i < 4; i++) acc[u][i] = _mm256_fmadd_ps(pw, x[i], acc[u][i]);
+      }
+    }
+    for (int u = 0; u < NR; u++)
+      for (int i = 0; i < 4; i++) _mm256_storeu_ps(o + u * W + 32 * b + 8 * i, acc[u][i]);
+  }
+}
+#else
 // Scores of NR query rows (q rows D apart) against one stored key, decoded 32
 // channels at a time straight into the dot products.
 template <int KIND, int NR>
@@ -374,11 +441,7 @@ static inline __attribute__((always_inline)) void dot_key(const float *q, const 
     load32<KIND>(k0, k1, b, cb, x0, x1);
     for (int u = 0; u < NR; u++) {
       a0[u] = fma(ld(q + u * D + 32 * b), x0, a0[u]);
-#if TK_AVX2  // one accumulator per row: four rows' fit in AVX2's 16 registers
-      a0[u] = fma(ld(q + u * D + 32 * b + 16), x1, a0[u]);
-#else
       a1[u] = fma(ld(q + u * D + 32 * b + 16), x1, a1[u]);
-#endif
     }
   }
   for (int u = 0; u < NR; u++) dots[u] = hsum(a0[u] + a1[u]);
@@ -406,6 +469,29 @@ static inline __attribute__((always_inline)) void add_values(float *o, int64_t W
   }
 }
 
+#endif
+
+// One stored vector of D channels decoded to float32 (tq4: in the code domain's
+// permuted lane order, without its scale).
+template <int KIND>
+static inline void decode_vec(const uint8_t *p0, const uint8_t *p1, int64_t D, const f16v &cb, float *out) {
+#if TK_AVX2
+  const __m256 cb0 = _mm256_loadu_ps((const float *)&cb), cb1 = _mm256_loadu_ps((const float *)&cb + 8);
+  for (int64_t b = 0; b < D / 32; b++) {
+    __m256 x[4];
+    load32x<KIND>(p0, p1, b, cb0, cb1, x);
+    for (int i = 0; i < 4; i++) _mm256_storeu_ps(out + 32 * b + 8 * i, x[i]);
+  }
+#else
+  for (int64_t b = 0; b < D / 32; b++) {
+    f16v x0, x1;
+    load32<KIND>(p0, p1, b, cb, x0, x1);
+    st(out + 32 * b, x0);
+    st(out + 32 * b + 16, x1);
+  }
+#endif
+}
+
 template <int KK, int VK>
 static void chunk_body(const Ctx *x, int64_t c) {
   const int64_t *ch = x->chunks + CH * c;
@@ -425,7 +511,7 @@ static void chunk_body(const Ctx *x, int64_t c) {
   // the float path with many rows: a key block transposed (D, BT) and the keys' scales
   std::vector<float> kT(nrows >= PRE_ROWS ? D * BT : 0), kscl(BT);
   // and for the values: a decoded block (BT, Dv) and the rows' sums over it (rows, Dv)
-  std::vector<float> vt(nrows >= PRE_ROWS ? BT * Dv : 0), pv(nrows >= PRE_ROWS ? nrows * Dv : 0);
+  std::vector<float> vt(nrows >= PRE_ROWS ? BT * (D > Dv ? D : Dv) : 0), pv(nrows >= PRE_ROWS ? nrows * Dv : 0);
   std::vector<int64_t> lo(nrows), hi(nrows);  // each row's visible range
   std::vector<char> alive(nrows + 4, 0);
   for (int64_t r = 0; r < nrows; r++) { const int64_t t = (ra + r) % T; lo[r] = rg[2 * t]; hi[r] = rg[2 * t + 1]; }
@@ -482,13 +568,12 @@ static void chunk_body(const Ctx *x, int64_t c) {
     if (nrows >= PRE_ROWS) {  // many rows (prefill): the block's keys decoded, transposed, one matmul
       for (int64_t j = 0; j < BT; j++) {
         const uint8_t *k0 = kb0 + (j0 + j) * s.kt0, *k1 = kb1 ? kb1 + (j0 + j) * s.kt1 : nullptr;
-        for (int64_t b = 0; b < D / 32; b++) {
-          f16v x0 = f16v{}, x1 = f16v{};
-          if (j < n) load32<KK>(k0, k1, b, x->kcb, x0, x1);
-          for (int i = 0; i < 16; i++) { kT[(32 * b + i) * BT + j] = x0[i]; kT[(32 * b + 16 + i) * BT + j] = x1[i]; }
-        }
+        if (j < n) decode_vec<KK>(k0, k1, D, x->kcb, vt.data() + j * D);  // (BT, D), then transposed
+        else memset(vt.data() + j * D, 0, D * sizeof(float));
         kscl[j] = j < n ? vec_scale<KK>(k1) : 0.f;
       }
+      for (int64_t i = 0; i < D; i++)
+        for (int64_t j = 0; j < BT; j++) kT[i * BT + j] = vt[j * D + i];
       matmul(q, kT.data(), sc.data(), nrows, D, BT);
       for (int64_t r = 0; r < nrows; r++)
         for (int64_t j = 0; j < n; j++) {
@@ -570,13 +655,10 @@ static void chunk_body(const Ctx *x, int64_t c) {
     }
 #endif
     if (nrows >= PRE_ROWS) {  // many rows (prefill): the block's values decoded once, one matmul
-      for (int64_t j = 0; j < BT; j++)
-        for (int64_t b = 0; b < Dv / 32; b++) {
-          f16v x0 = f16v{}, x1 = f16v{};
-          if (j < n) load32<VK>(v0 + j * s.vt0, v1 ? v1 + j * s.vt1 : nullptr, b, x->vcb, x0, x1);
-          st(vt.data() + j * Dv + 32 * b, x0);
-          st(vt.data() + j * Dv + 32 * b + 16, x1);
-        }
+      for (int64_t j = 0; j < BT; j++) {
+        if (j < n) decode_vec<VK>(v0 + j * s.vt0, v1 ? v1 + j * s.vt1 : nullptr, Dv, x->vcb, vt.data() + j * Dv);
+        else memset(vt.data() + j * Dv, 0, Dv * sizeof(float));
+      }
       matmul(sc.data(), vt.data(), pv.data(), nrows, BT, Dv);  // (rows, BT) @ (BT, Dv)
       for (int64_t r = 0; r < nrows; r++) {
         if (!alive[r]) continue;
