@@ -14,7 +14,8 @@ page is assembled from whatever JSON is there. Sections:
               measurement behind each compressed type's defaults
     niah      tightkv niah on the essays (1K-8K x 5 depths) across KV types
     niah-needles  the same grid with two needles, questions and answers given as a user would
-    speed     tightkv bench --vs-llamacpp at depths 16, 2048, 8192
+    speed     tightkv bench --vs-llamacpp at depths 16, 2048, 8192 (one JSON per kernel path)
+    speed-qwen  the same on Qwen2.5-Coder-0.5B-Instruct (bench/qwen_model.py)
     synthetic bench/synthetic_llama.py: a KV-dominated Llama shape at 16K tokens, speed
               beside llama.cpp and peak RSS of f16 against the default compressed cache
     docqa     tightkv docqa: whole-document QA, full vs rag vs rlv, f16 and progressive
@@ -64,7 +65,8 @@ USER_NEEDLE_TYPES = "f16,progressive"
 SPEED_TYPES = "f16,progressive"
 DOCQA_TYPES = "f16,progressive"
 DOCQA_ARGS = ["--modes", "full,full-plain,rag,rlv,rlv-plain", "--measure-wm", "--wm-lengths", "1024,2048,4096,8192,16384"]  # add "--quick" for an 8K full prefix
-SECTIONS = ["machine", "memory", "ppl", "ppl-texts", "kv-policy", "niah", "niah-needles", "speed", "synthetic", "docqa"]
+SECTIONS = ["machine", "memory", "ppl", "ppl-texts", "kv-policy", "niah", "niah-needles", "speed", "speed-qwen",
+            "synthetic", "docqa"]
 
 
 def tightkv(*args: str) -> None:
@@ -130,10 +132,21 @@ def run_section(name: str) -> None:
         subprocess.run([sys.executable, str(ROOT / "bench" / "synthetic_llama.py"), "--depth", "16384", "--n-gen", "32",
                         "--ours", "f16,progressive", "--llamacpp", "f16", "--json", str(OUT / "synthetic_llama.json")],
                        check=True)
-    elif name == "speed":
-        tightkv("bench", "--depths", "16,2048,8192", "--n-gen", "64", "-r", "3", "-p", "512", "-c", "8448",
-                "--compare", SPEED_TYPES,
-                "--threads", "2", "--vs-llamacpp", "--json", str(OUT / "speed.json"))
+    elif name in ("speed", "speed-qwen"):
+        from qwen_model import qwen_path  # bench/qwen_model.py: assembled from PyPI, verified
+
+        model = [] if name == "speed" else [str(qwen_path())]
+        tightkv("bench", *model, "--depths", "16,2048,8192", "--n-gen", "64", "-r", "3", "-p", "512", "-c", "8448",
+                "--compare", SPEED_TYPES, "--threads", "2", "--vs-llamacpp", "--json", str(speed_path(name)))
+
+
+def speed_path(name: str) -> Path:
+    """Speed tables are kept per model and per kernel instruction path (machines differ)."""
+    from tightkv.kernels import library
+
+    library.library()
+    simd = library.status().split("(")[-1].rstrip(")") if library.status().startswith("loaded") else "reference"
+    return OUT / f"{name.replace('-', '_')}_{simd.replace('+', '_')}.json"
 
 
 def held_out_texts() -> dict[str, str]:
@@ -305,28 +318,40 @@ def render() -> str:
             parts.append(f"| {kv} | {sum(c['passed'] for c in r['cells'])}/{len(r['cells'])} | {', '.join(fails)} |")
         parts += ["", "![needle heatmap](niah.png)", ""]
     parts += render_user_needles(_load("niah_needles"))
-    speed = _load("speed")
-    if speed:
-        bw = (m or {}).get("read_gb_s_2_threads")
-        parts += ["## Speed beside llama.cpp", "",
-                  f"`tightkv bench --depths 16,2048,8192 --n-gen 64 -r 3 -p 512 -c 8448 --compare {SPEED_TYPES} --vs-llamacpp` "
-                  f"({speed['threads']} threads, medians of {speed['reps']} runs, same GGUF and token ids). "
-                  "GB/s counts weights plus the KV cache read per token"
-                  + (f", against the measured {bw} GB/s." if bw else "."), "",
-                  "| engine | kv | test | t/s | vs llama.cpp f16 | vs llama.cpp q8_0 | GB/s |",
-                  "|---|---|---|---:|---:|---:|---:|"]
-        theirs = {(r["test"], r["kv"]): r["tok_s"] for r in speed["rows"] if r["engine"] == "llama.cpp"}
-        for r in speed["rows"]:
-            f16, q8 = theirs.get((r["test"], "f16")), theirs.get((r["test"], "q8_0"))
-            ours = r["engine"] == "tightkv"
-            vs16 = f"{r['tok_s'] / f16:.2f}x" if ours and f16 else ""
-            vs8 = f"{r['tok_s'] / q8:.2f}x" if ours and q8 else ""
-            gbs = f"{r['gb_s']} ({100 * r['gb_s'] / bw:.0f}%)" if r["gb_s"] and bw else (r["gb_s"] or "")
-            parts.append(f"| {r['engine']} | {r['kv']} | {r['test']} | {r['tok_s']:.2f} | {vs16} | {vs8} | {gbs} |")
-        parts.append("")
+    for path in sorted(OUT.glob("speed*.json")):
+        parts += render_speed(json.loads(path.read_text()), path.name, m)
     parts += render_synthetic(_load("synthetic_llama"))
     parts += render_docqa(_load("docqa"))
     return "\n".join(parts)
+
+
+def render_speed(speed: dict, name: str, m: dict | None) -> list[str]:
+    """One speed table; the machine and llama.cpp's settings as the run recorded them."""
+    mach = speed.get("machine")
+    where = (f"on {mach['cpu']}, tightkv kernels {mach['kernels']}" if mach else
+             "on the AVX-512 VNNI machine of the Machine section, before llama.cpp ran with flash attention "
+             "(llama-cpp-python's defaults: flash_attn off for f16, a full-size sliding-window cache)")
+    llama = speed.get("llama_settings")
+    llama_s = f"llama.cpp with {', '.join(f'{k}={v}' for k, v in llama.items())}. " if llama else ""
+    model = speed.get("model_name", "gemma3:270m")
+    bw = (m or {}).get("read_gb_s_2_threads") if not mach else None
+    parts = [f"## Speed beside llama.cpp: {model} ({name})", "",
+             f"`tightkv bench {'' if model == 'gemma3:270m' else model + ' '}--depths 16,2048,8192 --n-gen 64 -r 3 "
+             f"-p 512 -c 8448 --compare {SPEED_TYPES} --vs-llamacpp` ({speed['threads']} threads, medians of "
+             f"{speed['reps']} runs, same GGUF and token ids), {where}. {llama_s}"
+             "GB/s counts weights plus the KV cache read per token" + (f", against the measured {bw} GB/s." if bw else "."),
+             "", "| engine | kv | test | t/s | vs llama.cpp f16 | vs llama.cpp q8_0 | GB/s |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    theirs = {(r["test"], r["kv"]): r["tok_s"] for r in speed["rows"] if r["engine"] == "llama.cpp"}
+    for r in speed["rows"]:
+        f16, q8 = theirs.get((r["test"], "f16")), theirs.get((r["test"], "q8_0"))
+        ours = r["engine"] == "tightkv"
+        vs16 = f"{r['tok_s'] / f16:.2f}x" if ours and f16 else ""
+        vs8 = f"{r['tok_s'] / q8:.2f}x" if ours and q8 else ""
+        gbs = f"{r['gb_s']} ({100 * r['gb_s'] / bw:.0f}%)" if r["gb_s"] and bw else (r["gb_s"] or "")
+        parts.append(f"| {r['engine']} | {r['kv']} | {r['test']} | {r['tok_s']:.2f} | {vs16} | {vs8} | {gbs} |")
+    parts.append("")
+    return parts
 
 
 def _cell(text: str) -> str:

@@ -29,7 +29,7 @@ def run(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..api import Model, default_threads
-    from ..eval.bench import format_table, run_llamacpp, run_tightkv
+    from ..eval.bench import LLAMA_SETTINGS, format_table, machine, run_llamacpp, run_tightkv
 
     depths = int_list(ns.depths, "--depths")
     threads = ns.threads or default_threads()
@@ -51,8 +51,12 @@ def run(ns: argparse.Namespace) -> int:
             print(f"llama.cpp {kind} ...", file=sys.stderr, flush=True)
             rows += run_llamacpp(model.path, kind, depths, ns.n_prompt, ns.n_gen, ns.reps, threads, on_row=show)
     print(format_table(rows))
-    print(f"model {model.path.name}, {threads} threads, medians of {ns.reps} runs")
+    mach = machine()
+    print(f"model {model.path.name}, {threads} threads, medians of {ns.reps} runs; {mach['cpu']}, "
+          f"kernels {mach['kernels']}")
     if ns.json:
-        doc = {"model": str(model.path), "threads": threads, "reps": ns.reps, "rows": [r.as_dict() for r in rows]}
+        name = Path(ns.model).name if ns.model else "gemma3:270m"
+        doc = {"model": str(model.path), "model_name": name, "threads": threads, "reps": ns.reps, "machine": mach,
+               "llama_settings": LLAMA_SETTINGS, "rows": [r.as_dict() for r in rows]}
         Path(ns.json).write_text(json.dumps(doc, indent=1))
     return 0

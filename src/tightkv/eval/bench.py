@@ -70,6 +70,21 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def machine() -> dict:
+    """The CPU and the kernels' instruction path, named beside every figure."""
+    import platform
+
+    from ..kernels import library
+
+    cpu = platform.processor()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    library.library()
+    return {"cpu": cpu, "kernels": library.status()}
+
+
 # --- tightkv ---------------------------------------------------------------------
 def _ours_pp(model, kv: str, ids: list[int]) -> float:
     from ..engine.generate import prefill
