@@ -1,5 +1,5 @@
 """The fused decode-attention kernel against the torch reference (within 1e-2 relative):
-dense f32/f16/bf16 caches and compressed caches (tq4, q8_0, dense halves), GQA,
+dense f32/f16/bf16 caches and compressed caches (tq4, q8_0, q4_0, dense halves), GQA,
 sliding windows, sinks and recent pools, one and several query positions."""
 import pytest
 import torch
@@ -73,6 +73,10 @@ SPECS = [
     ("tq4,sink=0,window=0", 2, 4, 64, None, 1),
     ("tq4,sink=2,window=16", 2, 2, 64, 40, 3),
     ("progressive", 8, 16, 128, None, 4),
+    ("q4_0", 2, 4, 64, None, 1),
+    ("q4_0", 1, 4, 256, 512, 2),
+    ("q8_0:q4_0", 2, 14, 96, None, 1),
+    ("q4_0:tq4", 2, 14, 64, 300, 1),
 ]
 
 

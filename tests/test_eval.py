@@ -54,7 +54,12 @@ def test_bench_cli_table(tmp_path):
     r = _cli("bench", "--depths", "16,64", "-p", "32", "--n-gen", "4", "-r", "1", "--json", str(out))
     assert r.returncode == 0, r.stderr
     assert "tg4 @ d64" in r.stdout and "peak RSS MiB" in r.stdout
-    rows = json.loads(out.read_text())["rows"]
+    assert "kernels " in r.stdout  # the instruction path is named beside the figures
+    for test in ("pp32", "tg4 @ d16", "tg4 @ d64"):  # a line per row as it finishes, as llama-bench
+        assert f"tightkv f16 {test}: " in r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["machine"]["cpu"] and doc["llama_settings"] == {"flash_attn": True, "swa_full": False}
+    rows = doc["rows"]
     assert {(row["engine"], row["test"]) for row in rows} == {("tightkv", "pp32"), ("tightkv", "tg4 @ d16"),
                                                                ("tightkv", "tg4 @ d64")}
     assert all(row["tok_s"] > 0 and row["peak_rss"] > 100 * 2**20 for row in rows)

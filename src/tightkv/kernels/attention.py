@@ -40,7 +40,7 @@ from . import qmatmul as qm
 MAX_T = 16  # query positions per call the kernel takes for a dense cache (decode, speculative steps)
 CHUNK_TOKENS = 256  # tokens per chunk a thread claims
 
-F32, F16, BF16, Q8_0, TQ4 = range(5)
+F32, F16, BF16, Q8_0, TQ4, Q4_0 = range(6)  # the kernel's storage kinds
 _DENSE_KIND = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}
 _BACKEND = "fast"
 
@@ -139,25 +139,17 @@ def dense_decode(cache, q: torch.Tensor, scale: float) -> torch.Tensor | None:
 
 
 # --- compressed cache -------------------------------------------------------------
+KINDS = {"f32": F32, "f16": F16, "bf16": BF16, "q8_0": Q8_0, "tq4": TQ4, "q4_0": Q4_0}
+
+
 def codec_kind(codec) -> int | None:
-    from ..kv import codecs
-
-    t = type(codec)
-    if t is codecs.TurboQuant and codec.code_bits == 4:
-        return TQ4
-    if t is codecs.Q8_0:
-        return Q8_0
-    if t is codecs.Dense:
-        return _DENSE_KIND[codec.dtype]
-    return None
+    """The kernel's storage kind for a codec, from what the codec declares."""
+    return KINDS.get(codec.kernel_kind)
 
 
-def _fields(kind: int, fields: dict) -> tuple:
-    if kind == TQ4:
-        return fields["idx"], fields["norm"]
-    if kind == Q8_0:
-        return fields["qs"], fields["d"]
-    return fields["x"], None
+def _fields(codec, fields: dict) -> tuple:
+    codes, scales = codec.kernel_fields
+    return fields[codes], (fields[scales] if scales else None)
 
 
 def _codebook(codec) -> torch.Tensor | None:
@@ -234,8 +226,8 @@ def compressed_attend(cache, q: torch.Tensor, q_pos0: int, b: torch.Tensor, scal
         ranges = torch.stack(parts, 1).view(T, -1, 2).transpose(0, 1).contiguous()  # (segments, T, 2)
     extras = (None,) * 6
     if body:
-        k0, k1 = _fields(kk, cache.kf)
-        v0, v1 = _fields(vk, cache.vf)
+        k0, k1 = _fields(cache.kc, cache.kf)
+        v0, v1 = _fields(cache.vc, cache.vf)
         segs.append(segment(kk, vk, True, k0, k1, v0, v1))
         extras = _extras(cache)[:6]
     rkT, ks, kcn, rv, vs, vcn = extras
@@ -249,10 +241,9 @@ def encode(codec, x: torch.Tensor) -> dict | None:
     """TurboQuant 4-bit fields of x (Hkv, n, D) float32 by the C++ kernel (the same
     steps as `codecs.TurboQuant.encode`, per vector, rotation in float64), or None
     where it does not apply."""
-    from ..kv import codecs
     from ..kv.rotation import rotation_block, rotation_signs
 
-    if type(codec) is not codecs.TurboQuant or codec.code_bits != 4 or "encode" in vars(codec):
+    if codec.kernel_kind != "tq4" or "encode" in vars(codec):
         return None
     lib_ = lib()
     if lib_ is None:

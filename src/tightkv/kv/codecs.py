@@ -87,6 +87,11 @@ class Codec:
     sink: int = 0  # default exact first tokens
     default_sink: int = SINK  # ... of our variant (the papers keep none)
     recent: int = 0  # default exact last tokens
+    # What the fused attention kernel takes from this codec (kernels/attention.py):
+    # its storage kind, or None for the torch reference path, and the names of the
+    # field with the codes and of the one with per-block or per-vector scales.
+    kernel_kind: str | None = None
+    kernel_fields: tuple[str, str | None] = ("", None)
 
     def __init__(self, dim: int, role: str = "k", seed: int = DEFAULT_SEED, paper: bool = False):
         self.dim, self.role, self.seed, self.paper = dim, role, seed, paper
@@ -135,10 +140,12 @@ class Dense(Codec):
     """Plain float storage; lets a K:V pair mix exact and compressed halves."""
 
     DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+    kernel_fields = ("x", None)
 
     def __init__(self, dim, role="k", seed=DEFAULT_SEED, paper=False, kind="f16"):
         super().__init__(dim, role, seed, paper=True)
         self.dtype = self.DTYPES[kind]
+        self.kernel_kind = kind
 
     def unit_bytes(self):
         return self.dim * self.dtype.itemsize
@@ -165,6 +172,8 @@ class Q8_0(Codec):
     """
 
     block = 32
+    kernel_kind = "q8_0"
+    kernel_fields = ("qs", "d")
 
     def __init__(self, dim, role="k", seed=DEFAULT_SEED, paper=False):
         super().__init__(dim, role, seed, paper)
@@ -205,6 +214,8 @@ class Q4_0(Q8_0):
     ``qs`` holds each block's 16 bytes as llama.cpp does (low nibbles = channels
     0-15, high nibbles = 16-31).
     """
+
+    kernel_kind = "q4_0"
 
     def unit_bytes(self):
         return self.dim // 32 * 18
@@ -253,6 +264,9 @@ class TurboQuant(Codec):
         self.codebook = cb  # (2**bits,) centroids for a unit vector's coordinates
         self.thresholds = (cb[1:] + cb[:-1]) / 2
         self.values = tuple(cb.tolist())
+        self.kernel_kind = "tq4" if bits == 4 and type(self) is TurboQuant else None
+
+    kernel_fields = ("idx", "norm")
 
     def unit_bytes(self):
         return packed_size(self.dim, self.code_bits) + 2

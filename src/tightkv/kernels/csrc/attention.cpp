@@ -116,7 +116,7 @@ static inline f16v vexp(f16v x) {
   return x < lo ? splat(0.0f) : r;
 }
 
-enum Kind { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 3, TQ4 = 4 };
+enum Kind { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 3, TQ4 = 4, Q4_0 = 5 };
 
 struct Seg {
   int64_t kkind, vkind, body, unused;
@@ -174,6 +174,12 @@ static inline __attribute__((always_inline)) void load32(const uint8_t *p0, cons
   } else if (KIND == Q8_0) {
     const f16v d = splat(f16s(p1 + 2 * b));
     x0 = ld_i8(p0 + 32 * b) * d; x1 = ld_i8(p0 + 32 * b + 16) * d;
+  } else if (KIND == Q4_0) {  // llama.cpp's block: low nibbles channels 0..15, high 16..31
+    const f16v d = splat(f16s(p1 + 2 * b));
+    u8x16 by; memcpy(&by, p0 + 16 * b, 16);
+    const i16v c = __builtin_convertvector(by, i16v);
+    x0 = __builtin_convertvector((c & 15) - 8, f16v) * d;
+    x1 = __builtin_convertvector((c >> 4) - 8, f16v) * d;
   } else {
     u8x16 by; memcpy(&by, p0 + 16 * b, 16);
     i16v c = __builtin_convertvector(by, i16v);
@@ -380,6 +386,15 @@ static inline __attribute__((always_inline)) void load32x(const uint8_t *p0, con
     const __m256 d = _mm256_set1_ps(f16s(p1 + 2 * b));
     for (int i = 0; i < 4; i++)
       x[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p0 + 32 * b + 8 * i)))), d);
+  } else if (KIND == Q4_0) {
+    const __m256 d = _mm256_set1_ps(f16s(p1 + 2 * b));
+    const __m128i by = _mm_loadu_si128((const __m128i *)(p0 + 16 * b));
+    const __m256i c0 = _mm256_cvtepu8_epi32(by), c1 = _mm256_cvtepu8_epi32(_mm_srli_si128(by, 8));
+    const __m256i m = _mm256_set1_epi32(15), e = _mm256_set1_epi32(8);
+    x[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(c0, m), e)), d);
+    x[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(c1, m), e)), d);
+    x[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(c0, 4), e)), d);
+    x[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(c1, 4), e)), d);
   } else {  // tq4: lanes 0..15 the low nibbles of the 16 bytes, 16..31 the high ones
     const __m128i by = _mm_loadu_si128((const __m128i *)(p0 + 16 * b));
     const __m256i c0 = _mm256_cvtepu8_epi32(by), c1 = _mm256_cvtepu8_epi32(_mm_srli_si128(by, 8));
@@ -690,6 +705,7 @@ static void chunk_v(const Ctx *x, int64_t c, int64_t vk) {
     case F16: return chunk_body<KK, F16>(x, c);
     case BF16: return chunk_body<KK, BF16>(x, c);
     case Q8_0: return chunk_body<KK, Q8_0>(x, c);
+    case Q4_0: return chunk_body<KK, Q4_0>(x, c);
     default: return chunk_body<KK, TQ4>(x, c);
   }
 }
@@ -702,6 +718,7 @@ static void chunk_fn_attn(const void *p, int64_t c) {
     case F16: return chunk_v<F16>(x, c, s.vkind);
     case BF16: return chunk_v<BF16>(x, c, s.vkind);
     case Q8_0: return chunk_v<Q8_0>(x, c, s.vkind);
+    case Q4_0: return chunk_v<Q4_0>(x, c, s.vkind);
     default: return chunk_v<TQ4>(x, c, s.vkind);
   }
 }
