@@ -486,6 +486,61 @@ static inline __attribute__((always_inline)) void add_values(float *o, int64_t W
 
 #endif
 
+#if TK_AVX2
+// vexp on 8 lanes, the same steps as the 16-lane one
+static inline __m256 vexp8(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.0f), zero = _mm256_setzero_ps();
+  const __m256 t = _mm256_mul_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(1.44269504088896341f));
+  const __m256 half = _mm256_blendv_ps(_mm256_set1_ps(-0.5f), _mm256_set1_ps(0.5f), _mm256_cmp_ps(t, zero, _CMP_GE_OQ));
+  const __m256i n = _mm256_cvttps_epi32(_mm256_add_ps(t, half));
+  const __m256 f = _mm256_mul_ps(_mm256_sub_ps(t, _mm256_cvtepi32_ps(n)), _mm256_set1_ps(0.69314718055994531f));
+  const float c[7] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
+  __m256 p = _mm256_set1_ps(1.0f / 5040);
+  for (int i = 0; i < 7; i++) p = _mm256_add_ps(_mm256_mul_ps(p, f), _mm256_set1_ps(c[i]));
+  const __m256 r = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23)));
+  return _mm256_blendv_ps(r, zero, _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
+}
+#endif
+
+// Fold one row's block of BT scores (srow, -inf where unseen) into its running state
+// o = (acc[Dv], max, sum); the scores become the softmax weights. False if the row
+// saw nothing in the block.
+static inline bool softmax_block(float *srow, float *o, int64_t Dv) {
+#if TK_AVX2
+  __m256 sv[4];
+  for (int i = 0; i < 4; i++) sv[i] = _mm256_loadu_ps(srow + 8 * i);
+  const float bm = hmax8(_mm256_max_ps(_mm256_max_ps(sv[0], sv[1]), _mm256_max_ps(sv[2], sv[3])));
+#else
+  const f16v s0 = ld(srow), s1 = ld(srow + 16);
+  const float bm = hmax(s0 > s1 ? s0 : s1);
+#endif
+  if (bm == -INFINITY) return false;
+  const float m = o[Dv], mn = bm > m ? bm : m;
+  if (mn > m && m != -INFINITY) {
+    const float alpha = vexp(splat(m - mn))[0];
+    for (int64_t i = 0; i < Dv; i++) o[i] *= alpha;
+    o[Dv + 1] *= alpha;
+  } else if (m == -INFINITY) {
+    o[Dv + 1] = 0.f;
+  }
+  o[Dv] = mn;
+#if TK_AVX2
+  __m256 sum = _mm256_setzero_ps();
+  for (int i = 0; i < 4; i++) {
+    const __m256 e = vexp8(_mm256_sub_ps(sv[i], _mm256_set1_ps(mn)));
+    _mm256_storeu_ps(srow + 8 * i, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  o[Dv + 1] += hsum8(sum);
+#else
+  const f16v p0 = vexp(s0 - mn), p1 = vexp(s1 - mn);
+  st(srow, p0);
+  st(srow + 16, p1);
+  o[Dv + 1] += hsum(p0 + p1);
+#endif
+  return true;
+}
+
 // One stored vector of D channels decoded to float32 (tq4: in the code domain's
 // permuted lane order, without its scale).
 template <int KIND>
@@ -624,37 +679,16 @@ static void chunk_body(const Ctx *x, int64_t c) {
     if (n < BT)
       for (int64_t r = 0; r < nrows; r++)
         for (int64_t j = n; j < BT; j++) sc[r * BT + j] = -INFINITY;
-    for (int64_t r = 0; r < nrows; r++) {
-      if (!alive[r]) continue;
-      float *srow = sc.data() + r * BT, *o = part + r * W;
-      const f16v s0 = ld(srow), s1 = ld(srow + 16);
-      const float bm = hmax(s0 > s1 ? s0 : s1);
-      if (bm == -INFINITY) { alive[r] = 0; continue; }
-      const float m = o[Dv], mn = bm > m ? bm : m;
-      if (mn > m && m != -INFINITY) {
-        const float alpha = vexp(splat(m - mn))[0];
-        for (int64_t i = 0; i < Dv; i += 16) st(o + i, ld(o + i) * alpha);
-        o[Dv + 1] *= alpha;
-      } else if (m == -INFINITY) {
-        o[Dv + 1] = 0.f;
-      }
-      o[Dv] = mn;
-      const f16v p0 = vexp(s0 - mn), p1 = vexp(s1 - mn);
-      st(srow, p0);
-      st(srow + 16, p1);
-      o[Dv + 1] += hsum(p0 + p1);
-    }
+    for (int64_t r = 0; r < nrows; r++)
+      if (alive[r]) alive[r] = softmax_block(sc.data() + r * BT, part + r * W, Dv);
     for (int64_t r = 0; r < nrows; r++)
       if (!alive[r]) for (int64_t j = 0; j < BT; j++) sc[r * BT + j] = 0.f;
     // values: weights times each token's own scale, then summed 32 channels at a time
     if (VK == TQ4) {
       alignas(64) float vs[BT] = {};
       for (int64_t j = 0; j < n; j++) vs[j] = vec_scale<VK>(vb1 + (j0 + j) * s.vt1);
-      const f16v v0s = ld(vs), v1s = ld(vs + 16);
-      for (int64_t r = 0; r < nrows; r++) {
-        st(sc.data() + r * BT, ld(sc.data() + r * BT) * v0s);
-        st(sc.data() + r * BT + 16, ld(sc.data() + r * BT + 16) * v1s);
-      }
+      for (int64_t r = 0; r < nrows; r++)
+        for (int64_t j = 0; j < BT; j++) sc[r * BT + j] *= vs[j];
     }
     const uint8_t *v0 = vb0 + j0 * s.vt0, *v1 = vb1 ? vb1 + j0 * s.vt1 : nullptr;
 #if TK_I8
@@ -679,7 +713,7 @@ static void chunk_body(const Ctx *x, int64_t c) {
         if (!alive[r]) continue;
         float *o = part + r * W;
         const float *a = pv.data() + r * Dv;
-        for (int64_t i = 0; i < Dv; i += 16) st(o + i, ld(o + i) + ld(a + i));
+        for (int64_t i = 0; i < Dv; i++) o[i] += a[i];
       }
       continue;
     }
