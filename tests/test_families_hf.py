@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from tolerances import steps_rtol
 from tiny_gguf import FAMILY_DEFAULTS, write_llama, write_phi3, write_qwen
 
 transformers = pytest.importorskip("transformers")
@@ -128,15 +129,6 @@ def assert_close(ours: np.ndarray, ref: np.ndarray, atol: float = ATOL) -> None:
     assert ours.shape == ref.shape
     err = np.abs(ours - ref).max()
     assert err <= atol, f"max |ours - reference| = {err:.3g} > {atol} (reference scale {np.abs(ref).max():.3g})"
-
-
-def steps_rtol() -> float:
-    """Decode-step tolerance against the reference backend: 1e-2 where the block dots take
-    float32 activations; 5e-2 where they take int8 ones (AVX2, as llama.cpp; measured
-    up to 2.0% of the largest logit on these random tiny models, whose random weights
-    amplify every rounding; tests/test_qmatmul.py checks the arithmetic itself to 1e-5)."""
-    lib = library.library()
-    return 5e-2 if lib is not None and lib.tk_gemv_int8() else 1e-2
 
 
 def assert_rel_close(ours: np.ndarray, ref: np.ndarray, rtol: float = 1e-2) -> None:

@@ -68,8 +68,12 @@ def test_fast_matches_reference(qtype, monkeypatch):
         qm.set_backend("fast")
         fast = lin(x)
         assert fast.dtype == torch.float32 and fast.shape == (rows, OUT)
-        assert rel_err(fast, ref) < 1e-2
+        assert rel_err(fast, ref) < 3e-2  # int8 activations on AVX2: random k-quant blocks cancel a lot
         assert rel_err(ref, x @ w.T) < 1e-5
+        lib = library.library()
+        if qtype not in FLOAT_TYPES and lib is not None:  # the kernel's own arithmetic, tightly
+            want = gemv_reference(lib, x, w) if rows <= qm.GEMV_MAX_ROWS else x @ w.T
+            assert rel_err(fast, want) < 1e-5
 
 
 @pytest.mark.parametrize("qtype", BLOCK_TYPES)

@@ -8,14 +8,15 @@ softmax, for:
 - the dense cache (f32 / f16 / bf16): dot products straight from f16 storage,
   no float32 copy of the history;
 - the compressed cache: its exact sink and recent pool (f16) plus a body of
-  ``tq4`` codes, ``q8_0`` blocks or a dense half. tq4 is scored in the rotated
+  ``tq4`` codes, ``q8_0`` or ``q4_0`` blocks, or a dense half (what a codec
+  hands over is its `kernel_kind` and `kernel_fields`). tq4 is scored in the rotated
   domain: with AVX-512 VNNI and a head size that is a multiple of 128, the query
   is quantized to int8 (one scale per row), each key's nibbles become u8
   codebook bytes by one byte shuffle per 64 channels, and one VNNI instruction
   multiplies 64 of them; values are summed the same way with the softmax
   weights of each 32-token block as u8 and four tokens' codes interleaved per
   instruction (`set_int8`). Otherwise: one float permute per 16 channels
-  (codebook lookup), then float dots. Queries are rotated and scaled once,
+  (AVX2: two per 8), then float dots. Queries are rotated and scaled once,
   value sums are rotated back once; nothing is decoded beyond one vector at a
   time.
 

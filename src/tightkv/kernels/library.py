@@ -65,8 +65,8 @@ def library() -> ctypes.CDLL | None:
                 _state = "loaded"
             except Exception as err:  # no compiler, odd platform: the reference path runs
                 _lib, _state, _error = None, "unavailable", str(err).strip().splitlines()[0][:300]
-                print(f"tightkv: CPU kernels unavailable ({_error}); running the slow torch reference "
-                      "path. Install a C++ compiler (e.g. apt-get install g++) for full speed.",
+                hint = "" if "TIGHTKV_" in _error else " Install a C++ compiler (e.g. apt-get install g++) for full speed."
+                print(f"tightkv: CPU kernels unavailable ({_error}); running the slow torch reference path.{hint}",
                       file=sys.stderr, flush=True)
     return _lib
 
