@@ -34,11 +34,6 @@ static inline __m256 hi8(f16v a) { return (__m256)__builtin_shufflevector(a, a, 
 static inline f16v join(__m256 a, __m256 b) {
   return __builtin_shufflevector((f8v)a, (f8v)b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 }
-static inline float hsum8(__m256 s) {
-  __m128 t = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
-}
 static inline float hmax8(__m256 s) {
   __m128 t = _mm_max_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
   t = _mm_max_ps(t, _mm_movehl_ps(t, t));

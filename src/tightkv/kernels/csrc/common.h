@@ -17,3 +17,12 @@ void run_chunks(chunk_fn fn, const void *ctx, int64_t nchunks, int nth);
 #define ALWAYS_INLINE_LAMBDA __attribute__((always_inline))
 static inline float h2f(const uint8_t *p) { _Float16 h; memcpy(&h, p, 2); return (float)h; }
 static inline uint32_t u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+
+#if defined(__AVX2__)
+// The sum of the 8 lanes of an AVX2 float vector.
+static inline float hsum8(__m256 s) {
+  __m128 t = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+#endif
