@@ -133,6 +133,24 @@ def test_tightkv_client_both_modes(server, client):
         assert out.stdout == want + "\n"
 
 
+def test_tightkv_client_samples_like_run_by_default(server, client):
+    """No sampling flags: greedy, as `tightkv run` (the server's own OpenAI default is 1.0);
+    the flags `run` has reach the server, extras included."""
+    question = "What is the capital of France?"
+    greedy = ask(client, question, max_tokens=12).choices[0].message.content
+    cmd = [sys.executable, "-m", "tightkv.cli", "client", question, "--url", server.url, "-n", "12"]
+    for _ in range(2):
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and out.stdout == greedy + "\n", (out.stdout, out.stderr)
+    sampled = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=12, temperature=1.5, seed=7,
+        extra_body={"top_k": 50, "repeat_penalty": 1.3}).choices[0].message.content
+    flags = ["--temperature", "1.5", "--seed", "7", "--top-k", "50", "--repeat-penalty", "1.3"]
+    out = subprocess.run(cmd + flags, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout == sampled + "\n", (out.stdout, out.stderr)
+    assert sampled != greedy  # the flags changed the answer, so they were sent
+
+
 def test_full_queue_answers_503_with_retry_after(server):
     """2 decoding + 2 waiting fill this server; more are refused at once."""
     wait_idle(server)

@@ -9,6 +9,7 @@ import sys
 from urllib.parse import urlsplit
 
 from ..errors import TightKVError
+from .common import SAMPLING_DEFAULTS, add_sampling_flags
 
 NAME = "client"
 HELP = "send a chat message to a running server and print the answer"
@@ -22,9 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-stream", dest="stream", action="store_false", help="wait for the whole answer")
     p.add_argument("--model", default=None, help="model id (default: the server's)")
     p.add_argument("--system", default=None, help="a system message first")
-    p.add_argument("-n", "--max-tokens", type=int, default=None)
-    p.add_argument("--temperature", "--temp", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
+    add_sampling_flags(p)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the server")
 
 
@@ -46,6 +45,20 @@ def _error_message(raw: bytes) -> str:
         return raw.decode("utf-8", "replace").strip()[:300]
 
 
+def request_sampling(ns: argparse.Namespace) -> dict:
+    """The request's sampling fields: `tightkv run`'s defaults (greedy), sent
+    explicitly since an OpenAI server's own default is temperature 1.0; the
+    extras (top_k, min_p, repeat_penalty) only when set, for servers without them."""
+    fields = {"temperature": ns.temperature}
+    for name in ("model", "max_tokens", "seed", "top_p", "top_k", "min_p", "repeat_penalty"):
+        value = getattr(ns, name)
+        if value is not None and value != SAMPLING_DEFAULTS.get(name):
+            fields[name] = value
+    if ns.stop:
+        fields["stop"] = list(ns.stop)
+    return fields
+
+
 def run(ns: argparse.Namespace) -> int:
     import urllib.error
     import urllib.request
@@ -58,10 +71,7 @@ def run(ns: argparse.Namespace) -> int:
     url = _endpoint(ns.url or os.environ.get("TIGHTKV_URL") or DEFAULT_URL)
     key = ns.api_key or os.environ.get("TIGHTKV_API_KEY")
     messages = ([{"role": "system", "content": ns.system}] if ns.system else []) + [{"role": "user", "content": message}]
-    body = {"messages": messages, "stream": ns.stream}
-    for name in ("model", "max_tokens", "temperature", "seed"):
-        if getattr(ns, name) is not None:
-            body[name] = getattr(ns, name)
+    body = {"messages": messages, "stream": ns.stream, **request_sampling(ns)}
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"

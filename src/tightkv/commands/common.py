@@ -23,14 +23,24 @@ def add_model_flags(p: argparse.ArgumentParser, kv_default: str = "progressive, 
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: physical cores)")
 
 
+# `tightkv run`'s sampling: greedy, nothing truncated or penalised (`client` sends the same).
+SAMPLING_DEFAULTS = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0}
+
+
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
+    """-n, --temperature, --top-k, --top-p, --min-p, --repeat-penalty, --seed, --stop (greedy by default)."""
+    d = SAMPLING_DEFAULTS
     p.add_argument("-n", "--max-tokens", type=int, default=None, help="tokens to generate (default: until the end)")
-    p.add_argument("--temperature", "--temp", type=float, default=0.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--temperature", "--temp", type=float, default=d["temperature"],
+                   help="sampling temperature; 0 (the default) always picks the likeliest token")
+    p.add_argument("--top-k", type=int, default=d["top_k"], help="sample from the K likeliest tokens (default 0: all)")
+    p.add_argument("--top-p", type=float, default=d["top_p"],
+                   help="sample from the likeliest tokens that make up P of the probability (default 1: all)")
+    p.add_argument("--min-p", type=float, default=d["min_p"],
+                   help="drop tokens below P x the likeliest one's probability (default 0: none)")
+    p.add_argument("--repeat-penalty", type=float, default=d["repeat_penalty"],
+                   help="penalise tokens of the last 64 (default 1: no penalty)")
+    p.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: a new one each run)")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
 
 
