@@ -44,6 +44,18 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
 
 
+def model_label(name: str | None) -> str:
+    """The model as a user names it: the registry name (the embedded one by
+    default), or a .gguf path's file name."""
+    from pathlib import Path
+
+    from ..registry import DEFAULT_MODEL, looks_like_path, lookup
+
+    if name and looks_like_path(name):
+        return Path(name).name
+    return lookup(name or DEFAULT_MODEL).name
+
+
 def kv_spec(ns: argparse.Namespace, env: bool = True) -> str | None:
     """The KV spec from --kv or --cache-type-k/-v (else $TIGHTKV_KV_CACHE_TYPE when env), validated."""
     from ..kv.spec import parse_kv

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from ..errors import TightKVError
-from .common import add_model_flags, int_list, kv_types
+from .common import add_model_flags, int_list, kv_types, model_label
 
 NAME = "niah"
 HELP = "needle-in-a-haystack over lengths x depths, with a PNG heatmap"
@@ -72,7 +72,7 @@ def run(ns: argparse.Namespace) -> int:
     results = run_grid(model, haystack, lengths, depths, kinds, needles)
     print(format_grid(results, lengths, depths))
     if ns.png:
-        heatmap(results, lengths, depths, ns.png)
+        heatmap(results, lengths, depths, ns.png, model=model_label(ns.model), needles=needles)
         print(f"heatmap: {ns.png}")
     if ns.json:
         doc = {"model": str(model.path), "lengths": lengths, "depths": depths,

@@ -126,32 +126,79 @@ def format_grid(results: dict[str, dict], lengths: list[int], depths: list[float
     return "\n".join(lines)
 
 
-def heatmap(results: dict[str, dict], lengths: list[int], depths: list[float], path: str) -> None:
-    """A length-by-depth pass-rate heatmap, one panel per KV type."""
+def _pass_grid(cells: list[dict], lengths: list[int], depths: list[float]):
+    """(rates, labels): the pass rate of each length x depth cell, and its text
+    ("100%" for one needle, "2/3" for several; "-" where nothing ran)."""
+    import numpy as np
+
+    rates, labels = np.full((len(lengths), len(depths)), np.nan), []
+    for i, L in enumerate(lengths):
+        row = []
+        for j, d in enumerate(depths):
+            cs = [c["passed"] for c in cells if c["length"] == L and c["depth"] == d]
+            if cs:
+                rates[i, j] = sum(cs) / len(cs)
+            row.append("-" if not cs else f"{rates[i, j]:.0%}" if len(cs) == 1 else f"{sum(cs)}/{len(cs)}")
+        labels.append(row)
+    return rates, labels
+
+
+def figure_title(model: str | None, needles: list[Needle] | None) -> str:
+    """'Needle in a haystack: MODEL' over a line that quotes the needle (or counts them)."""
+    head = "Needle in a haystack" + (f": {model}" if model else "")
+    if not needles:
+        return head
+    text = needles[0].text.strip()
+    text = text if len(text) <= 70 else text[:67] + "..."
+    which = "needle" if len(needles) == 1 else f"{len(needles)} needles, the first"
+    return f"{head}\n{which}: \u201c{text}\u201d"
+
+
+def heatmap(results: dict[str, dict], lengths: list[int], depths: list[float], path: str,
+            model: str | None = None, needles: list[Needle] | None = None) -> None:
+    """Write a PNG: one length-by-depth pass-rate panel per KV type, a shared
+    colour bar, and the model and needle in the title; sized for the grid."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     kinds = list(results)
-    fig, axes = plt.subplots(1, len(kinds), figsize=(1.2 + 1.0 * len(depths) * len(kinds), 1.2 + 0.6 * len(lengths)),
-                             squeeze=False)
-    for ax, kv in zip(axes[0], kinds):
-        grid = np.zeros((len(lengths), len(depths)))
-        for i, L in enumerate(lengths):
-            for j, d in enumerate(depths):
-                cs = [c["passed"] for c in results[kv]["cells"] if c["length"] == L and c["depth"] == d]
-                grid[i, j] = np.mean(cs) if cs else np.nan
-        ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
-        ax.set_xticks(range(len(depths)), [f"{d:g}%" for d in depths])
-        ax.set_yticks(range(len(lengths)), [str(L) for L in lengths])
-        ax.set_xlabel("needle depth")
+    rows = -(-len(kinds) // 4)
+    cols = -(-len(kinds) // rows)
+    cell_w, cell_h = 0.62, 0.42
+    panel_w, panel_h = max(1.6, cell_w * len(depths)), max(0.9, cell_h * len(lengths))
+    fig, axes = plt.subplots(rows, cols, squeeze=False, sharey=True, layout="constrained",
+                             figsize=(1.6 + 0.9 + cols * (panel_w + 0.25), 1.2 + rows * (panel_h + 0.75)))
+    cmap = plt.get_cmap("RdYlGn").with_extremes(bad="0.85")
+    for ax, kv in zip(axes.flat, kinds):
+        image = _panel(ax, kv, *_pass_grid(results[kv]["cells"], lengths, depths), lengths, depths, cmap)
+    for ax in list(axes.flat)[len(kinds):]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
         ax.set_ylabel("context length (tokens)")
-        ax.set_title(f"kv {kv}")
-        for i in range(len(lengths)):
-            for j in range(len(depths)):
-                ax.text(j, i, f"{grid[i, j]:.0%}", ha="center", va="center", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    for k in range(len(kinds) - cols, len(kinds)):  # the lowest panel of each column
+        axes.flat[k].set_xlabel("needle depth")
+    bar = fig.colorbar(image, ax=axes, shrink=min(1.0, 2.2 / (rows * panel_h)) if rows * panel_h > 2.2 else 1.0,
+                       format=matplotlib.ticker.PercentFormatter(1.0), aspect=15)
+    bar.set_label("needle found")
+    fig.suptitle(figure_title(model, needles), fontsize=10)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _panel(ax, kv: str, rates, labels: list[list[str]], lengths: list[int], depths: list[float], cmap):
+    """One KV type's heatmap on `ax`, each cell labelled; returns the image (for the colour bar)."""
+    image = ax.imshow(rates, cmap=cmap, vmin=0, vmax=1, aspect="auto")
+    ax.set_xticks(range(len(depths)), [f"{d:g}%" for d in depths])
+    ax.set_yticks(range(len(lengths)), [f"{L:,}" for L in lengths])
+    ax.set_xticks([j - 0.5 for j in range(1, len(depths))], minor=True)
+    ax.set_yticks([i - 0.5 for i in range(1, len(lengths))], minor=True)
+    ax.grid(which="minor", color="white", linewidth=1.5)
+    ax.tick_params(which="both", length=0)
+    ax.set_title(f"kv {kv}", fontsize=9)
+    for i, row in enumerate(labels):
+        for j, text in enumerate(row):
+            dark = rates[i, j] == rates[i, j] and (rates[i, j] > 0.85 or rates[i, j] < 0.15)
+            ax.text(j, i, text, ha="center", va="center", fontsize=9, color="white" if dark else "black")
+    return image
