@@ -13,7 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-ESSAYS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "essays.txt"
+from tightkv.eval.corpus import essays
+
 
 
 def measure(model, text: str, kv: str, chunks: int, step: int) -> dict:
@@ -27,7 +28,7 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=3)
     ap.add_argument("--kv", default="progressive")
     ap.add_argument("--step", type=int, default=16, help="tokens per forward call")
-    ap.add_argument("--file", default=str(ESSAYS))
+    ap.add_argument("--file", default=None, help="text file (default: the essays corpus)")
     ap.add_argument("--json", default=None)
     ns = ap.parse_args()
 
@@ -35,7 +36,7 @@ def main() -> None:
     from tightkv.kernels import attention
 
     model = Model()
-    text = Path(ns.file).read_text()
+    text = Path(ns.file).read_text() if ns.file else essays()
     rows = []
     for mode in ("int8", "float"):
         if not attention.set_int8(mode == "int8", mode == "int8") and mode == "int8":

@@ -9,7 +9,7 @@ page is assembled from whatever JSON is there. Sections:
     ppl-kernel  the same for the types the fused attention kernel serves only, merged into ppl.json
     niah-kernel the same for niah (niah.json, niah.png)
     ppl-texts the ppl protocol on texts the defaults were not chosen on: the essays from
-              character 300,000 on, and ../shared/docs/*.md (technical Markdown)
+              character 300,000 on, and the brief's docs/*.md (--brief DIR; technical Markdown)
     kv-policy tightkv ppl (ctx 2048, 2 chunks) over exact sink and window sizes: the
               measurement behind each compressed type's defaults
     niah      tightkv niah on the essays (1K-8K x 5 depths) across KV types
@@ -35,9 +35,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tightkv.eval.corpus import essays_path
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "bench"
-ESSAYS = ROOT.parent / "shared" / "data" / "essays.txt"
 PPL_BASE = ["q8_0", "q4_0", "tq4", "tq3", "kvarn4", "kivi4", "progressive", "k8v4", "aggressive"]
 OFF = ",sink=0,window=0"  # the same type with its exact sink and recent window turned off
 PPL_TYPES = ",".join(["f16", *PPL_BASE, *(t + OFF for t in PPL_BASE if t != "progressive")])
@@ -55,6 +56,7 @@ POLICY_CHUNKS = 2
 TEXTS_TYPES = "f16,q8_0,q4_0,tq4,tq3,kvarn4,aggressive,k8v4"
 LATE_ESSAYS = 300_000  # first character of the later essays
 DOC_FILES = ["PRODUCT", "REFERENCES", "KV_ALGORITHMS", "CONVENTIONS", "STYLE", "ARCHITECTURE", "MODELS"]
+BRIEF = None  # --brief DIR: the project brief's docs folder, the `shared-docs` text of ppl-texts
 NIAH_TYPES = "f16,q8_0,progressive,aggressive"
 NIAH_KERNEL_TYPES = "f16,q8_0,progressive"
 USER_NEEDLES = [("The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.",
@@ -126,7 +128,7 @@ def run_section(name: str) -> None:
         flags = [x for n, q, a in USER_NEEDLES for x in ("--needle", n, "--question", q, "--answer", a)]
         _niah(USER_NEEDLE_TYPES, OUT / "niah_needles.json", ROOT / "docs" / "niah_needles.png", *flags)
     elif name == "docqa":
-        tightkv("docqa", "--compare", DOCQA_TYPES, *DOCQA_ARGS, "--threads", "2", "--essays", str(ESSAYS),
+        tightkv("docqa", "--compare", DOCQA_TYPES, *DOCQA_ARGS, "--threads", "2", "--essays", str(essays_path()),
                 "--json", str(OUT / "docqa.json"))
     elif name == "synthetic":
         subprocess.run([sys.executable, str(ROOT / "bench" / "synthetic_llama.py"), "--depth", "16384", "--n-gen", "32",
@@ -151,15 +153,19 @@ def speed_path(name: str) -> Path:
 
 def held_out_texts() -> dict[str, str]:
     """Name -> text of the texts for `ppl-texts`."""
-    docs = ESSAYS.parents[1] / "docs"
-    return {"essays-late": ESSAYS.read_text(encoding="utf-8")[LATE_ESSAYS:],
-            "shared-docs": "".join((docs / f"{n}.md").read_text(encoding="utf-8") for n in DOC_FILES)}
+    texts = {"essays-late": essays_path().read_text(encoding="utf-8")[LATE_ESSAYS:]}
+    if BRIEF:
+        texts["shared-docs"] = "".join((BRIEF / f"{n}.md").read_text(encoding="utf-8") for n in DOC_FILES)
+    else:
+        print("ppl-texts: no --brief DIR, so the shared-docs rows are kept as committed", file=sys.stderr)
+    return texts
 
 
 def run_texts() -> None:
     import tempfile
 
-    out = {}
+    old = OUT / "ppl_texts.json"
+    out = json.loads(old.read_text())["texts"] if old.exists() else {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, text in held_out_texts().items():
             path, part = Path(tmp) / f"{name}.txt", Path(tmp) / f"{name}.json"
@@ -178,8 +184,8 @@ def render_texts(d: dict | None) -> list[str]:
              f"`python bench/make_benchmarks.py --only ppl-texts`: the same protocol (ctx {d['ctx']}, "
              f"{d['chunks']} chunks, `--compare {TEXTS_TYPES}`) on texts the default sinks and windows were "
              f"not chosen on: `essays-late`, the essays from character {LATE_ESSAYS:,} on (prose), and "
-             "`shared-docs`, this project's brief (`../shared/docs/*.md`: technical Markdown with tables and "
-             "code). Cells are ΔPPL vs f16 / mean KLD.", "",
+             "`shared-docs`, this project's brief (its `docs/*.md`, given with `--brief DIR`: technical Markdown "
+             "with tables and code). Cells are ΔPPL vs f16 / mean KLD.", "",
              "| kv | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for kv in d["texts"][names[0]]:
         cells = []
@@ -233,13 +239,13 @@ def render_policy(d: dict | None) -> list[str]:
     return lines + [""]
 
 
-def _ppl(types: str, out: Path, text: Path = ESSAYS, chunks: int = 6) -> None:
-    tightkv("ppl", "--file", str(text), "--ctx", "2048", "--chunks", str(chunks), "--compare", types,
+def _ppl(types: str, out: Path, text: Path | None = None, chunks: int = 6) -> None:
+    tightkv("ppl", "--file", str(text or essays_path()), "--ctx", "2048", "--chunks", str(chunks), "--compare", types,
             "--threads", "2", "--json", str(out))
 
 
 def _niah(types: str, out: Path, png: Path, *flags: str) -> None:
-    tightkv("niah", "--lengths", "1024,4096,8192", "--depths", "0,25,50,75,100", "--haystack", str(ESSAYS),
+    tightkv("niah", "--lengths", "1024,4096,8192", "--depths", "0,25,50,75,100", "--haystack", str(essays_path()),
             "--compare", types, "--threads", "2", "--png", str(png), "--json", str(out), *flags)
 
 
@@ -529,7 +535,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=None, help="comma-separated sections to run")
     ap.add_argument("--render", action="store_true", help="only rebuild the page from existing JSON")
+    ap.add_argument("--brief", default=None, help="the project brief's docs folder (the shared-docs text of ppl-texts)")
     ns = ap.parse_args()
+    global BRIEF
+    BRIEF = Path(ns.brief) if ns.brief else None
     if not ns.render:
         for name in (ns.only.split(",") if ns.only else SECTIONS):
             run_section(name.strip())

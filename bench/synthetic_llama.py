@@ -170,8 +170,8 @@ def main() -> None:
             if ns.json:  # after every row: a long run that is stopped keeps what it measured
                 write_json(ns, rows)
     base = next((r["tg_tok_s"] for r in rows if r["engine"] == "llama.cpp" and r["kv"] == "f16"), None)
-    print(f"| engine    | kv          | depth | tg t/s | vs llama.cpp f16 | pp t/s | KV MiB | peak RSS MiB |")
-    print(f"|-----------|-------------|------:|-------:|-----------------:|-------:|-------:|-------------:|")
+    print("| engine    | kv          | depth | tg t/s | vs llama.cpp f16 | pp t/s | KV MiB | peak RSS MiB |")
+    print("|-----------|-------------|------:|-------:|-----------------:|-------:|-------:|-------------:|")
     for r in rows:
         ratio = f"{r['tg_tok_s'] / base:.2f}x" if base else ""
         kv_mib = f"{r['kv_bytes'] / 2**20:.0f}" if r["kv_bytes"] else ""

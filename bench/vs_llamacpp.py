@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 
-ESSAYS = Path(__file__).resolve().parents[2] / "shared" / "data" / "essays.txt"
 NEAR_TIE = 0.5
 PROMPTS = ["The largest planet in our solar system is", "In 1492, Columbus", "import numpy as np\n",
            "The chemical symbol for gold is", "My favorite food is", "The capital of France is",
@@ -46,7 +45,9 @@ EDGE_CASES = ["", " ", "  ", "\n", "\n\n\n", "\t\tx", "Hello  world  ", "naïve 
 def strings(seed: int) -> list[str]:
     """Edge cases, essay slices and random mixes, all valid UTF-8."""
     rng = random.Random(seed)
-    essays = ESSAYS.read_text(encoding="utf-8")
+    from tightkv.eval.corpus import essays
+
+    essays = essays()
     out = list(EDGE_CASES)
     for _ in range(400):
         i = rng.randrange(len(essays) - 400)

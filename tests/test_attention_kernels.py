@@ -6,7 +6,6 @@ import torch
 
 from tightkv.kernels import attention as attn
 from tightkv.kernels import library
-from tightkv.kernels import qmatmul as qm
 from tightkv.kv.cache import DenseCache
 from tightkv.kv.compressed import CompressedCache
 from tightkv.kv.spec import parse_kv

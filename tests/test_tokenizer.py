@@ -1,7 +1,6 @@
 """Tokenizer tests: llama.cpp's ids for Gemma 3 270M, round trips, special tokens, speed."""
 import json
 import time
-from pathlib import Path
 
 import pytest
 
@@ -10,9 +9,9 @@ from tightkv.gguf.tokenizer import (
     TYPE_BYTE, TYPE_CONTROL, TYPE_NORMAL, TYPE_USER_DEFINED, SPMTokenizer, Tokenizer, load_tokenizer,
 )
 
-SHARED = Path("/work/shared")
-REF = json.loads((SHARED / "reference/gemma3-270m-llamacpp.json").read_text())
-ESSAYS = SHARED / "data/essays.txt"
+from conftest import REFERENCE
+
+REF = json.loads(REFERENCE.read_text())
 
 CHAT = "<start_of_turn>user\nHi<end_of_turn>"
 
@@ -130,8 +129,8 @@ def test_byte_fallback_and_token_bytes(tok):
         tok.token_bytes(tok.vocab_size)
 
 
-def test_essays_speed_and_reference(gemma_meta):
-    text = ESSAYS.read_text()
+def test_essays_speed_and_reference(gemma_meta, essays_file):
+    text = essays_file.read_text()
     fresh = load_tokenizer(gemma_meta)  # cold piece cache
     start = time.perf_counter()
     ids = fresh.encode(text)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gguf import quants as gq
 
 # tokenizer.ggml.token_type values

