@@ -10,6 +10,7 @@ import os
 import sys
 
 from .commands import VERBS
+from .commands.common import cli_wording
 from .errors import TightKVError
 
 
@@ -20,7 +21,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     modules = {}
     for verb in VERBS:
         module = importlib.import_module(f"tightkv.commands.{verb}")
-        module.add_arguments(sub.add_parser(module.NAME, help=module.HELP, aliases=getattr(module, "ALIASES", [])))
+        verb_parser = sub.add_parser(module.NAME, help=module.HELP, aliases=getattr(module, "ALIASES", []))
+        module.add_arguments(verb_parser)
+        # after the verb too (`tightkv run --debug ...`); SUPPRESS keeps a --debug given before it
+        verb_parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
         modules[module.NAME] = module
         for alias in getattr(module, "ALIASES", []):
             modules[alias] = module
@@ -38,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     except TightKVError as err:
         if ns.debug:
             raise
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {cli_wording(str(err), ns)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(file=sys.stderr)

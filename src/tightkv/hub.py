@@ -315,6 +315,14 @@ def human_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+def human_binary_bytes(n: float) -> str:
+    """Binary units, as `plan` prints them: '241.0 MiB', '1.71 GiB', '12 B'."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}" if unit in ("TiB", "GiB") else f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
 def human_duration(seconds: float) -> str:
     """Go's Duration rounded to seconds: '3m56s', '1h2m3s', '45s'."""
     s = int(round(max(0.0, seconds)))

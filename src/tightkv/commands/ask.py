@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ..errors import TightKVError
-from .common import add_kv_flags, kv_spec
+from .common import CTX_HELP, add_kv_flags, kv_spec
 
 NAME = "ask"
 HELP = "answer questions about documents (whole document in the KV cache, RAG or RLV)"
@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="full: whole document in context; rag: top-k BM25 chunks; rlv: read-locate-verify; "
                         "auto: full if the document fits the model's working memory, else rlv (default)")
     add_kv_flags(p)
-    p.add_argument("-c", "--ctx", type=int, default=None, help="context length in tokens")
+    p.add_argument("-c", "--ctx", type=int, default=None, help=CTX_HELP)
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: physical cores)")
     p.add_argument("-n", "--max-tokens", type=int, default=32, help="answer tokens at most (default 32)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the on-disk document cache")
@@ -82,7 +82,7 @@ def run(ns: argparse.Namespace) -> int:
     kv = kv_spec(ns)
     doc = read_documents([Path(d) for d in ns.doc])  # file errors before the model loads
     log = _eprint if ns.verbose else None
-    model = Model(ns.model, threads=ns.threads, context_length=ns.ctx)
+    model = Model(ns.model, threads=ns.threads, context_length=ns.ctx or None)
     t_model = time.perf_counter() - t_start
     if log:
         log(f"model: {model.path.name} loaded in {t_model:.2f}s")

@@ -34,7 +34,7 @@ def run(ns: argparse.Namespace) -> int:
     depths = int_list(ns.depths, "--depths")
     threads = ns.threads or default_threads()
     kinds = kv_types(ns)
-    model = Model(ns.model, threads=threads, context_length=ns.ctx)
+    model = Model(ns.model, threads=threads, context_length=ns.ctx or None)
     if max(depths) + ns.n_gen + 1 > model.context_length:
         raise TightKVError(f"depth {max(depths)} + {ns.n_gen} tokens exceeds the context of {model.context_length}")
     for kind in kinds:

@@ -7,20 +7,46 @@ import os
 from ..errors import TightKVError
 
 
+class _RememberFlag(argparse.Action):
+    """Store the value and the flag as typed (``-ctk`` or ``--cache-type-k``), for error messages."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        flags = dict(getattr(namespace, "typed_flags", None) or {})
+        flags[self.dest] = option_string
+        namespace.typed_flags = flags
+
+
 def add_kv_flags(p: argparse.ArgumentParser, default: str = "progressive, or $TIGHTKV_KV_CACHE_TYPE") -> None:
     """--kv (a type, preset or K:V pair) and llama.cpp's -ctk/-ctv."""
-    p.add_argument("--kv", "--cache-type", dest="kv", default=None,
+    p.add_argument("--kv", "--cache-type", dest="kv", default=None, action=_RememberFlag,
                    help=f"KV cache type or preset for keys and values, or a K:V pair (default {default})")
-    p.add_argument("-ctk", "--cache-type-k", default=None, metavar="TYPE",
+    p.add_argument("-ctk", "--cache-type-k", default=None, metavar="TYPE", action=_RememberFlag,
                    help="KV cache type for keys (llama.cpp's flag; f16 when only -ctv is given)")
-    p.add_argument("-ctv", "--cache-type-v", default=None, metavar="TYPE",
+    p.add_argument("-ctv", "--cache-type-v", default=None, metavar="TYPE", action=_RememberFlag,
                    help="KV cache type for values (f16 when only -ctk is given)")
 
 
-def add_model_flags(p: argparse.ArgumentParser, kv_default: str = "progressive, or $TIGHTKV_KV_CACHE_TYPE") -> None:
+CTX_HELP = "context length in tokens (default, or 0: the model's trained context)"
+
+
+def add_model_flags(p: argparse.ArgumentParser, kv_default: str = "progressive, or $TIGHTKV_KV_CACHE_TYPE",
+                    ctx_help: str = CTX_HELP) -> None:
+    """The KV flags, -c/--ctx and --threads."""
     add_kv_flags(p, kv_default)
-    p.add_argument("-c", "--ctx", type=int, default=None, help="context length in tokens")
+    p.add_argument("-c", "--ctx", type=int, default=None, help=ctx_help)
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: physical cores)")
+
+
+def cli_wording(message: str, ns: argparse.Namespace) -> str:
+    """An error of the Python API in the CLI's words: its flags, not Model's keywords."""
+    import re
+
+    message = re.sub(r"^context_length\b", "-c/--ctx", message)
+    if hasattr(ns, "rope_scale"):
+        return re.sub(r"pass rope_scaling=(\S+)", r"pass --rope-scale \1", message)
+    return re.sub(r"pass rope_scaling=(\S+) to stretch it", rf"`tightkv run` can stretch it with --rope-scale \1",
+                  message)
 
 
 # `tightkv run`'s sampling: greedy, nothing truncated or penalised (`client` sends the same).
@@ -64,18 +90,31 @@ def kv_spec(ns: argparse.Namespace, env: bool = True) -> str | None:
     if k or v:
         if ns.kv:
             raise TightKVError("use either --kv or --cache-type-k/--cache-type-v, not both")
+        flag_k, flag_v = _typed(ns, "cache_type_k", "-ctk"), _typed(ns, "cache_type_v", "-ctv")
         k, v = (k or "f16").strip().lower(), (v or "f16").strip().lower()
-        spec = k if k == v else f"{k}:{v}"
-    else:
-        spec = ns.kv
-    source = "--kv" if spec else "TIGHTKV_KV_CACHE_TYPE"
-    if env:
-        spec = spec or os.environ.get("TIGHTKV_KV_CACHE_TYPE") or None
-    if spec:
-        try:
-            parse_kv(spec)
-        except TightKVError as err:
-            raise TightKVError(f"{source}: {err}") from None
+        if k == v:
+            return _check_kv(k, flag_k)
+        _check_kv(f"{k}:f16", flag_k)
+        _check_kv(f"f16:{v}", flag_v)
+        return f"{k}:{v}"
+    if ns.kv:
+        return _check_kv(ns.kv, _typed(ns, "kv", "--kv"))
+    spec = os.environ.get("TIGHTKV_KV_CACHE_TYPE") or None if env else None
+    return _check_kv(spec, "TIGHTKV_KV_CACHE_TYPE") if spec else None
+
+
+def _typed(ns: argparse.Namespace, dest: str, fallback: str) -> str:
+    return (getattr(ns, "typed_flags", None) or {}).get(dest) or fallback
+
+
+def _check_kv(spec: str, source: str) -> str:
+    """`spec`, parsed to check it; an error names `source`, the flag or variable it came from."""
+    from ..kv.spec import parse_kv
+
+    try:
+        parse_kv(spec)
+    except TightKVError as err:
+        raise TightKVError(f"{source}: {err}") from None
     return spec
 
 

@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the key fact the answer must contain (ignoring case), one per needle")
     p.add_argument("--compare", default=None, help="comma-separated KV types run on the same grid")
     p.add_argument("--png", default=None, help="write the heatmap here")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the grid and every answer to this JSON file")
     add_model_flags(p, kv_default="f16")
 
 
@@ -64,7 +64,7 @@ def run(ns: argparse.Namespace) -> int:
         haystack = path.read_text(encoding="utf-8", errors="replace")
     else:
         haystack = generated_haystack()
-    model = Model(ns.model, threads=ns.threads, context_length=ns.ctx)
+    model = Model(ns.model, threads=ns.threads, context_length=ns.ctx or None)
     if max(lengths) + 16 > model.context_length:
         raise TightKVError(f"length {max(lengths)} does not fit the context of {model.context_length}")
     for kind in kinds:

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from ..errors import TightKVError
+from .common import CTX_HELP, model_label
 
 NAME = "plan"
 HELP = "memory plan: weights, KV per cache type, what fits (reads only the GGUF header)"
@@ -14,10 +15,10 @@ HELP = "memory plan: weights, KV per cache type, what fits (reads only the GGUF 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None, help="registry name or .gguf path (default: embedded)")
-    p.add_argument("-c", "--ctx", type=int, default=None, help="context length (default: the model's)")
+    p.add_argument("-c", "--ctx", type=int, default=None, help=CTX_HELP)
     p.add_argument("--mem", default=None, help="memory budget, e.g. 16GB or 8GiB (default: this machine's RAM)")
     p.add_argument("--compare", default=None, help="comma-separated KV types (default: a standard set)")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the plan to this JSON file")
 
 
 def parse_size(text: str) -> int:
@@ -36,15 +37,15 @@ def run(ns: argparse.Namespace) -> int:
     from ..registry import resolve
 
     memory = parse_size(ns.mem) if ns.mem else psutil.virtual_memory().total
-    if ns.ctx is not None and ns.ctx < 1:
-        raise TightKVError(f"--ctx must be positive, got {ns.ctx}")
+    if ns.ctx is not None and ns.ctx < 0:
+        raise TightKVError(f"-c/--ctx must be positive (or 0 for the model's context), got {ns.ctx}")
     kv_types = [k.strip() for k in ns.compare.split(",")] if ns.compare else PLAN_TYPES
     for k in kv_types:
         parse_kv(k)
-    plan = make_plan(resolve(ns.model), ns.ctx, memory, kv_types)
+    plan = make_plan(resolve(ns.model), ns.ctx or None, memory, kv_types, name=model_label(ns.model))
     print(format_plan(plan))
     if ns.json:
-        doc = {"model": plan.model, "context": plan.context, "memory": plan.memory, "weights": plan.weights,
+        doc = {"model": plan.model, "file": plan.file, "context": plan.context, "memory": plan.memory, "weights": plan.weights,
                "working": plan.working, "lever": lever(plan), "rows": plan.rows}
         Path(ns.json).write_text(json.dumps(doc, indent=1))
     return 0

@@ -17,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunks", type=int, default=None, help="number of chunks (default: all)")
     p.add_argument("--compare", default=None, help="comma-separated KV types or presets, e.g. f16,q8_0,tq4")
     p.add_argument("--json", default=None, help="write the results as JSON")
-    add_model_flags(p, kv_default="f16")
+    add_model_flags(p, kv_default="f16", ctx_help="tokens per scored chunk (default 2048)")
     p.set_defaults(ctx=2048)
 
 

@@ -24,27 +24,57 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue", type=int, default=32,
                    help="requests that may wait for a slot; more are answered 503 (default 32)")
     p.add_argument("--alias", default=None, help="the model id clients see (default: the model's name)")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    add_model_flags(p)
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="the HTTP server's log detail (default info: one line per request)")
+    add_model_flags(p, ctx_help="context length in tokens (default: the trained context, at most 4096; "
+                                "0: the model's trained context)")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """One clear error when `host:port` cannot be bound (in use, or not this machine's address)."""
+    import errno
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        raise TightKVError(f"--host {host}: {err.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind(address)
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise TightKVError(f"port {port} on {host} is already in use (another `tightkv serve`?); "
+                                   "stop it or pick another with --port") from None
+            raise TightKVError(f"cannot listen on {host}:{port}: {err.strerror}") from None
+
+
+def _checked_flags(ns: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(api key, KV spec) once every flag is valid and the port is free: errors come
+    before the model loads, not from the loader thread."""
+    if not 0 <= ns.port <= 65535:
+        raise TightKVError(f"--port must be in 0..65535, got {ns.port}")
+    if ns.parallel < 1 or ns.max_queue < 0:
+        raise TightKVError("--parallel must be at least 1 and --max-queue at least 0")
+    if ns.ctx is not None and ns.ctx < 0:
+        raise TightKVError(f"-c/--ctx must be positive (or 0 for the model's context), got {ns.ctx}")
+    if ns.threads is not None and ns.threads < 1:
+        raise TightKVError(f"--threads must be positive, got {ns.threads}")
+    kv = kv_spec(ns)
+    check_port_free(ns.host, ns.port)
+    return ns.api_key or os.environ.get("TIGHTKV_API_KEY") or None, kv
 
 
 def run(ns: argparse.Namespace) -> int:
+    api_key, kv = _checked_flags(ns)
     import logging
 
     import uvicorn
 
     from ..server.app import ServerConfig, create_app
 
-    if not 0 <= ns.port <= 65535:
-        raise TightKVError(f"--port must be in 0..65535, got {ns.port}")
-    if ns.parallel < 1 or ns.max_queue < 0:
-        raise TightKVError("--parallel must be at least 1 and --max-queue at least 0")
-    if ns.ctx is not None and ns.ctx < 1:
-        raise TightKVError(f"--ctx must be positive, got {ns.ctx}")
-    if ns.threads is not None and ns.threads < 1:
-        raise TightKVError(f"--threads must be positive, got {ns.threads}")
-    api_key = ns.api_key or os.environ.get("TIGHTKV_API_KEY") or None
-    kv = kv_spec(ns)  # a bad KV type fails now, not in the loader thread
     config = ServerConfig(model=ns.model, kv=kv, ctx=ns.ctx, threads=ns.threads, api_key=api_key,
                           parallel=ns.parallel, max_queue=ns.max_queue, alias=ns.alias)
     logging.basicConfig(level=ns.log_level.upper(), format="tightkv: %(message)s", stream=sys.stderr)
@@ -66,7 +96,10 @@ def run(ns: argparse.Namespace) -> int:
         print(f"tightkv: warning: listening on {ns.host} without --api-key", file=sys.stderr)
     server = uvicorn.Server(uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level,
                                            timeout_graceful_shutdown=3, limit_concurrency=512))
-    server.run()
+    try:
+        server.run()
+    except SystemExit:  # uvicorn's exit when it cannot bind: the port was taken since check_port_free
+        raise TightKVError(f"cannot listen on {ns.host}:{ns.port} (see the message above)") from None
     if failures:
         err = failures[0]
         raise err if isinstance(err, TightKVError) else TightKVError(f"the model failed to load: {err}")

@@ -15,10 +15,12 @@ KV_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "tq4", "tq3", "tq2", "kvarn4",
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from .run import one_line_errors
 
-    p.add_argument("model", help="a registry name (pulled) or a .gguf path")
+    p.add_argument("model", nargs="?", default=None,
+                   help="a registry name (pulled) or a .gguf path (default: the embedded model)")
     p.add_argument("--template", action="store_true", help="print only the chat template")
     p.add_argument("--metadata", action="store_true", help="also print every GGUF metadata key")
-    p.add_argument("-c", "--ctx", type=int, default=None, help="context for the KV table (default: the model's)")
+    p.add_argument("-c", "--ctx", type=int, default=None,
+                   help="context for the KV table (default, or 0: the model's trained context)")
     one_line_errors(p)
 
 
@@ -119,8 +121,9 @@ def kv_table(g, context: int) -> list[tuple[str, float, int, float]]:
 def run(ns: argparse.Namespace) -> int:
     from ..errors import TightKVError
     from ..gguf.reader import read_gguf
-    from ..hub import human_bytes
-    from ..registry import looks_like_path, lookup, resolve
+    from ..hub import human_binary_bytes as human_bytes
+    from ..registry import looks_like_path, resolve
+    from .common import model_label
 
     path = resolve(ns.model, pull=False)
     g = read_gguf(path)
@@ -128,10 +131,10 @@ def run(ns: argparse.Namespace) -> int:
     if ns.template:
         print(template or "(no chat template: the model runs as plain text completion)")
         return 0
-    name = ns.model if looks_like_path(ns.model) else lookup(ns.model).name
+    name = ns.model if ns.model and looks_like_path(ns.model) else model_label(ns.model)
+    if ns.ctx is not None and ns.ctx < 0:
+        raise TightKVError(f"-c/--ctx must be positive (or 0 for the model's context), got {ns.ctx}")
     context = ns.ctx or int(g.metadata.get(f"{g.architecture}.context_length", 0) or 4096)
-    if context < 1:
-        raise TightKVError(f"-c/--ctx must be positive, got {context}")
     print("  Model")
     print(format_pairs([("name", name), *describe(g), ("file", path), ("size", human_bytes(path.stat().st_size))]))
     print()

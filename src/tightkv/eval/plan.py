@@ -18,6 +18,7 @@ class Plan:
     weights: int
     working: int
     rows: list[dict]
+    file: str = ""
 
     @property
     def weights_fit(self) -> bool:
@@ -49,7 +50,9 @@ def largest_context(spec: str, layout, budget: int, limit: int) -> int:
     return lo
 
 
-def make_plan(path, context: int | None, memory: int, kv_types: list[str]) -> Plan:
+def make_plan(path, context: int | None, memory: int, kv_types: list[str], name: str | None = None) -> Plan:
+    """The memory plan of the GGUF at `path` (shown as `name`) at `context` tokens
+    (default: its trained context) within `memory` bytes, for each KV type."""
     from ..gguf.reader import read_gguf
     from ..kv.spec import kv_bytes_per_token
     from ..models.base import header_layout
@@ -66,7 +69,7 @@ def make_plan(path, context: int | None, memory: int, kv_types: list[str]) -> Pl
         rows.append({"kv": spec, "kv_bytes": info["total_bytes"], "bytes_per_token": info["bytes_per_token"],
                      "ratio_vs_f16": info["ratio_vs_f16"], "fits": info["total_bytes"] <= budget,
                      "max_context": largest_context(spec, layout, budget, max(ctx, args.context_length))})
-    return Plan(str(g.path), ctx, args.context_length, memory, weights, working, rows)
+    return Plan(name or str(g.path), ctx, args.context_length, memory, weights, working, rows, str(g.path))
 
 
 def lever(plan: Plan) -> str:
@@ -84,6 +87,8 @@ def lever(plan: Plan) -> str:
 
 
 def format_plan(plan: Plan) -> str:
+    """The plan as `tightkv plan` prints it: the sizes, one row per KV type, the lever,
+    and a warning when the context exceeds the trained one."""
     gib = 2**30
     lines = [f"model     {plan.model}",
              f"context   {plan.context} tokens (trained {plan.trained_context})",
@@ -91,9 +96,13 @@ def format_plan(plan: Plan) -> str:
              f"weights   {plan.weights / gib:.3f} GiB (stay quantized)",
              f"working   {plan.working / gib:.3f} GiB (runtime, one prefill chunk, logits)",
              "",
-             f"{'kv':<14} {'KV total':>11} {'per token':>11} {'vs f16':>7} {'fits':>5} {'max context':>12}"]
+             f"{'kv':<14} {'KV total':>13} {'per token':>11} {'vs f16':>7} {'fits':>5} {'max context':>12}"]
     for r in plan.rows:
         lines.append(f"{r['kv']:<14} {r['kv_bytes'] / 2**20:9.1f} MiB {r['bytes_per_token'] / 1024:7.2f} KiB "
                      f"{r['ratio_vs_f16']:6.2f}x {'yes' if r['fits'] else 'no':>5} {r['max_context']:>12}")
     lines += ["", lever(plan)]
+    if plan.context > plan.trained_context:
+        factor = -(-plan.context // plan.trained_context)
+        lines.append(f"warning: {plan.context} tokens exceed the model's trained context of {plan.trained_context}; "
+                     f"running it needs --rope-scale {factor} (linear RoPE scaling, at some loss of quality)")
     return "\n".join(lines)
