@@ -49,12 +49,14 @@ def test_greedy_is_deterministic(embedded):
 
 
 def test_streaming_ends_with_stats(embedded):
-    pieces = list(embedded.generate("Once upon a time", max_tokens=10, stream=True))
-    *texts, stats = pieces
-    assert all(isinstance(t, str) for t in texts)
+    steps = list(embedded.generate("Once upon a time", max_tokens=10, stream=True))
+    *tokens, last = steps
+    assert all(s.stats is None and s.token is not None for s in tokens) and last.token is None
+    stats = last.stats
     assert stats.generated_tokens == 10 and stats.prompt_tokens == len(embedded.tokenize("Once upon a time"))
-    assert stats.prompt_tps > 0 and stats.generation_tps > 0
-    assert "".join(texts) == embedded.generate("Once upon a time", max_tokens=10).text
+    assert last.finish_reason == "length" and stats.prompt_tps > 0 and stats.generation_tps > 0
+    result = embedded.generate("Once upon a time", max_tokens=10)
+    assert "".join(s.text for s in steps) == result.text and [s.token for s in tokens] == result.ids
 
 
 def test_stop_string_cuts_text(embedded):

@@ -41,8 +41,8 @@ class Model:
     Example::
 
         with Model("model.gguf", kv="progressive", context_length=131072, rope_scaling=4) as m:
-            for piece in m.generate("Once upon a time", stream=True):
-                ...
+            for step in m.generate("Once upon a time", stream=True):
+                print(step.text, end="", flush=True)
     """
 
     def __init__(self, path_or_name: str | os.PathLike | None = None, *, kv: str | None = None,
@@ -165,7 +165,8 @@ class Model:
         """Generate a continuation of a prompt (text or token ids).
 
         Returns a `GenerationResult` (.text, .ids, .stats); with stream=True, an
-        iterator of text pieces that ends with a `GenerationStats` record.
+        iterator of `GenerationStep` records (.text, .token), one per token; the
+        last one has .stats (with .finish_reason) and the text still held back.
         """
         from .engine.generate import check_context, stream as stream_pieces
         from .engine.sampling import SamplingParams
@@ -296,9 +297,8 @@ def _collect(pieces):
     from .engine.generate import GenerationResult
 
     text = []
-    for piece in pieces:
-        if isinstance(piece, str):
-            text.append(piece)
-        else:
-            return GenerationResult("".join(text), piece.ids, piece)
+    for step in pieces:
+        text.append(step.text)
+        if step.stats:
+            return GenerationResult("".join(text), step.stats.ids, step.stats)
     raise RuntimeError("generation ended without a stats record")

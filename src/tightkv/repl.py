@@ -116,14 +116,12 @@ class ChatSession:
         out: list[str] = []
         stats = None
         try:
-            for piece in pieces:
-                if isinstance(piece, str):
-                    out.append(piece)
-                    write(piece)
-                    if stop_requested():
-                        raise Interrupted
-                else:
-                    stats = piece
+            for step in pieces:
+                out.append(step.text)
+                write(step.text)
+                stats = step.stats
+                if stats is None and stop_requested():
+                    raise Interrupted
         except Interrupted:
             pieces.close()
             self.held = ids  # the cache holds a prefix of these (plus some reply tokens)

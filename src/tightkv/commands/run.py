@@ -103,12 +103,10 @@ def run(ns: argparse.Namespace) -> int:
         ids = prompt  # a base model: plain text completion
     pieces = model.generate(ids, stream=True, **options)
     stats = None
-    for piece in pieces:
-        if isinstance(piece, str):
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-        else:
-            stats = piece
+    for step in pieces:
+        sys.stdout.write(step.text)
+        sys.stdout.flush()
+        stats = step.stats
     sys.stdout.write("\n")
     sys.stdout.flush()
     if ns.verbose and stats:

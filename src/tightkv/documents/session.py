@@ -273,13 +273,12 @@ def answer_line(model, ids: list[int], max_tokens: int, cache: list) -> Reply:
     stats: list = []
 
     def texts():
-        for piece in pieces:
-            if not isinstance(piece, str):  # the final stats record
-                stats.append(piece)
-                return
-            if not first:
+        for step in pieces:
+            if step.stats:
+                stats.append(step.stats)
+            if step.text and not first:
                 first.append(time.perf_counter() - t0)
-            yield piece
+            yield step.text
 
     try:
         text, _ = answer_text(texts())

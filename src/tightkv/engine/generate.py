@@ -1,8 +1,8 @@
 """The generation loop: chunked prefill, incremental decode, stops, streaming.
 
 Layers, from the bottom: `prefill` runs a prompt into a cache; `generate_tokens`
-yields token ids; `stream` turns them into UTF-8-safe text pieces and ends
-with a `GenerationStats` record.
+yields token ids; `stream` turns them into one `GenerationStep` per token (its
+UTF-8-safe text and id) and ends with a step that carries the `GenerationStats`.
 """
 from __future__ import annotations
 
@@ -48,6 +48,24 @@ class GenerationStats:
             "prompt_seconds": round(self.prompt_seconds, 4), "generation_seconds": round(self.generation_seconds, 4),
             "finish_reason": self.finish_reason, "kv_bytes": self.kv_bytes, "cached_tokens": self.cached_tokens,
         }
+
+
+@dataclass
+class GenerationStep:
+    """One record of a stream: the text this step adds and the token it sampled.
+
+    `text` may be empty (a partial UTF-8 character, or text held back because it
+    may begin a stop string). The last record has `token` None, the text still
+    held back, and `stats`, whose `finish_reason` says why generation ended.
+    """
+
+    text: str
+    token: int | None = None
+    stats: GenerationStats | None = None
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.stats.finish_reason if self.stats else None
 
 
 @dataclass
@@ -169,8 +187,8 @@ def _overlap(text: str, stop: str) -> int:
 
 def stream(model, tokenizer, prompt: list[int], cache: list, params: SamplingParams,
            max_tokens: int, stop: list[str] | None = None, progress=None,
-           sampler: Callable[[torch.Tensor, list[int]], int] | None = None) -> Iterator[str | GenerationStats]:
-    """Yield text pieces, then one `GenerationStats` carrying the generated ids.
+           sampler: Callable[[torch.Tensor, list[int]], int] | None = None) -> Iterator[GenerationStep]:
+    """Yield one `GenerationStep` per token, then a last one carrying the stats and the generated ids.
     `sampler` (logits, history) -> token replaces the one `params` describe."""
     sampler = sampler or Sampler(params)
     matcher = StopMatcher(stop or [])
@@ -182,18 +200,14 @@ def stream(model, tokenizer, prompt: list[int], cache: list, params: SamplingPar
     for token in tokens:
         ids.append(token)
         text, stopped = matcher.feed(decoder.decode(tokenizer.token_bytes(token)))
-        if text:
-            yield text
+        yield GenerationStep(text, token)
         if stopped:
             tokens.close()
             timing["finish_reason"] = "stop"
             break
-    if not stopped:
-        tail = matcher.feed(decoder.decode(b"", final=True))[0] + matcher.flush()
-        if tail:
-            yield tail
-    yield GenerationStats(
+    tail = "" if stopped else matcher.feed(decoder.decode(b"", final=True))[0] + matcher.flush()
+    yield GenerationStep(tail, None, GenerationStats(
         prompt_tokens=len(prompt), generated_tokens=len(ids),
         prompt_seconds=timing.get("prompt_seconds", 0.0), generation_seconds=timing.get("generation_seconds", 0.0),
         finish_reason=timing.get("finish_reason", "length"), kv_bytes=sum(c.nbytes for c in cache),
-        cached_tokens=timing.get("cached_tokens", 0), ids=ids)
+        cached_tokens=timing.get("cached_tokens", 0), ids=ids))

@@ -263,13 +263,13 @@ class Scheduler:
                     job.post(ERROR, err)
                     finished = True
                 else:
-                    if isinstance(item, str):
-                        job.post(PIECE, item)
-                    else:
-                        job.post(DONE, item)
+                    if item.text:
+                        job.post(PIECE, item.text)
+                    if item.stats:
+                        job.post(DONE, item.stats)
                         finished = True
                         self.served += 1
-                        self.tokens += item.generated_tokens
+                        self.tokens += item.stats.generated_tokens
                         seconds = time.perf_counter() - job.started
                         self._job_seconds = 0.8 * self._job_seconds + 0.2 * seconds
             if finished:
