@@ -6,6 +6,7 @@ import torch
 
 from tightkv.kernels import attention as attn
 from tightkv.kernels import library
+from tightkv.kv import fused
 from tightkv.kv.cache import DenseCache
 from tightkv.kv.compressed import CompressedCache
 from tightkv.kv.spec import parse_kv
@@ -98,7 +99,7 @@ def test_compressed_fast_equals_reference(spec, hkv, H, d, window, T, int8):
     g = torch.Generator().manual_seed(1)
     cache = parse_kv(spec).make_cache(0, 1, hkv, d, d, window)
     assert isinstance(cache, CompressedCache)
-    assert attn.compressed_supported(cache)
+    assert cache.fused
     shift = torch.randn(hkv, 1, d, generator=g) * 2
     # a prefill chunk from empty, decode steps, then a prefill chunk over the history
     steps = list(_steps(g, hkv, H, d, 700, 12, T, shift))
@@ -139,7 +140,7 @@ def test_int8_path_error_is_small_next_to_the_codecs(hkv, H, d):
 
 def test_unsupported_formats_take_the_reference_path():
     cache = parse_kv("kivi4").make_cache(0, 1, 1, 64, 64, None)
-    assert not attn.compressed_supported(cache)
+    assert not cache.fused
     g = torch.Generator().manual_seed(2)
     for q, k, v in _steps(g, 1, 2, 64, 300, 2):
         out = cache.attend(q, k, v, 0.1)
@@ -172,12 +173,12 @@ def test_tq4_encoder_matches_the_codec(name, d):
     g = torch.Generator().manual_seed(4)
     c = make_codec(name, d)
     x = torch.randn(2, 500, d, generator=g) * (torch.rand(1, 1, d, generator=g) * 3)
-    ref, fast = c.encode(x), attn.encode(c, x)
+    ref, fast = c.encode(x), fused.encode(c, x)
     assert fast["idx"].shape == ref["idx"].shape and fast["norm"].dtype == torch.float16
     assert (fast["idx"] != ref["idx"]).float().mean() < 1e-4
     assert ((fast["norm"].float() - ref["norm"].float()).abs() / ref["norm"].float().abs()).max() < 2e-3
     # per vector: encoding one token alone gives the same codes as in a batch
-    one = attn.encode(c, x[:, 7:8].contiguous())
+    one = fused.encode(c, x[:, 7:8].contiguous())
     assert torch.equal(one["idx"][:, 0], fast["idx"][:, 7]) and torch.equal(one["norm"][:, 0], fast["norm"][:, 7])
 
 
@@ -195,6 +196,6 @@ def test_portable_builds_agree(target, monkeypatch):
     assert _rel(out, ref) < 1e-4
     dense = DenseCache("bf16", 2, 64, 64, None)
     dense._append(k, v)
-    a = attn.dense_decode(dense, q, 0.1)
+    a = fused.dense_attend(dense, q, 0.1)
     monkeypatch.undo()
-    assert _rel(a, attn.dense_decode(dense, q, 0.1)) < 1e-4
+    assert _rel(a, fused.dense_attend(dense, q, 0.1)) < 1e-4

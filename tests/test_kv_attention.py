@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tightkv.errors import TightKVError
-from tightkv.kv.cache import DenseCache, dense_attention, make_layer_cache
+from tightkv.kv.cache import DenseCache, dense_attention
 from tightkv.kv.compressed import CompressedCache, boundary, layer_bytes
 from tightkv.kv.spec import kv_bytes_per_token, parse_kv
 
@@ -99,7 +99,12 @@ def test_prefill_attends_to_compressed_keys():
 
 
 def test_no_full_precision_history():
-    """Attention decodes the body a bounded block at a time, never all of it."""
+    """The reference attention decodes the body a bounded block at a time, never all of it
+    (the fused kernel decodes one vector at a time)."""
+    from tightkv.kernels import attention
+
+    before = attention.get_backend()
+    attention.set_backend("reference")
     cache = parse_kv("tq4").make_cache(0, 1, 1, 256, 256, None)
     cache.block_elems = 256 * 256  # 256 tokens per block
     seen = []
@@ -112,8 +117,11 @@ def test_no_full_precision_history():
 
     cache.kc.decode = spy
     g = torch.Generator().manual_seed(3)
-    for T in (1500, 1, 1):
-        cache.attend(*random_step(T, 4, 1, 256, 256, g, 0.0)[:3], 0.06)
+    try:
+        for T in (1500, 1, 1):
+            cache.attend(*random_step(T, 4, 1, 256, 256, g, 0.0)[:3], 0.06)
+    finally:
+        attention.set_backend(before)
     assert max(seen) <= 256 and sum(seen) > 3 * 1000
 
 
@@ -231,7 +239,7 @@ def test_make_caches_per_layer():
     assert isinstance(parse_kv("f16").make_caches(GEMMA3_270M)[0], DenseCache)
     # an exact window that covers a sliding window leaves nothing to compress
     assert isinstance(parse_kv("tq4,window=512").make_caches(GEMMA3_270M)[0], DenseCache)
-    assert isinstance(make_layer_cache("q8_0:tq4", 1, 64), CompressedCache)
+    assert isinstance(parse_kv("q8_0:tq4").make_cache(0, 1, 1, 64, 64, None), CompressedCache)
 
 
 def test_aggressive_is_at_least_6_4x_smaller_than_fp32_at_32k():
@@ -259,14 +267,14 @@ def test_body_store_is_reserved_once_and_bounded_in_sliding_layers():
     g = torch.Generator().manual_seed(10)
     cache = parse_kv("tq4").make_cache(0, 1, 1, 64, 64, None, max_tokens=4096)
     cache.attend(*random_step(200, 2, 1, 64, 64, g, 0.0)[:3], 0.1)
-    store = cache.kf["idx"]
+    store = cache.body_k["idx"]
     for T in (500, 1, 1000, 1):
         cache.attend(*random_step(T, 2, 1, 64, 64, g, 0.0)[:3], 0.1)
-    assert cache.kf["idx"] is store  # never copied to grow
+    assert cache.body_k["idx"] is store  # never copied to grow
     sliding = parse_kv("tq4").make_cache(0, 1, 1, 64, 64, 300)
     for _ in range(12):
         sliding.attend(*random_step(256, 2, 1, 64, 64, g, 0.0)[:3], 0.1)
-    assert sliding.kf["idx"].shape[1] <= 1024 and sliding.ek.shape[1] <= 1024
+    assert sliding.body_k["idx"].shape[1] <= 1024 and sliding.exact_k.shape[1] <= 1024
     assert sliding.nbytes == layer_bytes(sliding.kc, sliding.vc, 1, 300, sliding.sink, sliding.recent, 12 * 256)
 
 

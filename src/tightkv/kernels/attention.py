@@ -28,6 +28,9 @@ by log-sum-exp. The torch code in kv/cache.py and kv/compressed.py stays the
 reference. The compressed cache takes this path for decode and prefill alike;
 the dense cache for up to `MAX_T` query positions (its prefill goes to torch's
 fused SDPA). ``set_backend("reference")`` turns it off.
+
+This module knows buffers, shapes and the library's ABI only; what a cache
+hands over (segments, ranges, tables) is worked out in `kv/fused.py`.
 """
 from __future__ import annotations
 
@@ -42,7 +45,8 @@ MAX_T = 16  # query positions per call the kernel takes for a dense cache (decod
 CHUNK_TOKENS = 256  # tokens per chunk a thread claims
 
 F32, F16, BF16, Q8_0, TQ4, Q4_0 = range(6)  # the kernel's storage kinds
-_DENSE_KIND = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}
+KINDS = {"f32": F32, "f16": F16, "bf16": BF16, "q8_0": Q8_0, "tq4": TQ4, "q4_0": Q4_0}  # by codec kernel_kind
+DENSE_KINDS = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}
 _BACKEND = "fast"
 
 
@@ -118,148 +122,17 @@ def run(lib_, q: torch.Tensor, hkv: int, dv: int, scale: float, segs: list[list[
     return out
 
 
-# --- dense cache ------------------------------------------------------------------
-def dense_decode(cache, q: torch.Tensor, scale: float) -> torch.Tensor | None:
-    """DenseCache attention for the last T positions, or None where the kernel does not apply."""
-    H, T, D = q.shape
-    if T > MAX_T or not dims_ok(D, cache.values.shape[2]):
-        return None
-    lib_ = lib()
-    if lib_ is None:
-        return None
-    kind = _DENSE_KIND[cache.dtype]
-    keys, values = cache.keys, cache.values
-    seg = segment(kind, kind, False, keys, None, values, None)
-    ranges = []
-    start, win = cache.start, cache.window
-    for t in range(T):
-        p = cache.offset - T + t
-        lo = max(start, p - win + 1) if win is not None else start
-        ranges += [lo - start, min(p + 1, start + cache.length) - start]
-    return run(lib_, q, keys.shape[0], values.shape[2], scale, [seg], ranges)
-
-
-# --- compressed cache -------------------------------------------------------------
-KINDS = {"f32": F32, "f16": F16, "bf16": BF16, "q8_0": Q8_0, "tq4": TQ4, "q4_0": Q4_0}
-
-
-def codec_kind(codec) -> int | None:
-    """The kernel's storage kind for a codec, from what the codec declares."""
-    return KINDS.get(codec.kernel_kind)
-
-
-def _fields(codec, fields: dict) -> tuple:
-    codes, scales = codec.kernel_fields
-    return fields[codes], (fields[scales] if scales else None)
-
-
-def _codebook(codec) -> torch.Tensor | None:
-    cb = getattr(codec, "_fast_cb", None)
-    if cb is None and hasattr(codec, "values"):
-        cb = codec._fast_cb = torch.tensor(codec.values, dtype=torch.float32)
-    return cb
-
-
-def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.float().contiguous()
-
-
-def compressed_supported(cache) -> bool:
-    ok = getattr(cache, "_fast_ok", None)
-    if ok is None:
-        ok = (cache.tile == 1 and codec_kind(cache.kc) is not None and codec_kind(cache.vc) is not None
-              and dims_ok(cache.dk, cache.dv))
-        cache._fast_ok = ok
-    # an instrumented codec (a test spying on decode) takes the reference path
-    return ok and "decode" not in vars(cache.kc) and "decode" not in vars(cache.vc)
-
-
-def _extras(cache) -> tuple:
-    """Float32 rotation / centre / scale tensors, cached while the fp16 ones stay the same."""
-    key = (id(cache.kscale), id(cache.kcenter), id(cache.vscale), id(cache.vcenter))
-    ex = getattr(cache, "_fast_extras", None)
-    if ex is None or ex[0] != key:
-        kc, vc = cache.kc, cache.vc
-        rkT = kc.rotation.mT.contiguous() if kc.rotation is not None else None
-        rv = vc.rotation.contiguous() if vc.rotation is not None else None
-        ex = (key, (rkT, _f32(cache.kscale), _f32(cache.kcenter), rv, _f32(cache.vscale), _f32(cache.vcenter),
-                    cache.kscale, cache.kcenter, cache.vscale, cache.vcenter))
-        cache._fast_extras = ex
-    return ex[1]
-
-
-def compressed_attend(cache, q: torch.Tensor, q_pos0: int, b: torch.Tensor, scale: float) -> torch.Tensor | None:
-    """CompressedCache attention for T positions q_pos0.. whose bodies end at b (T,):
-    decode steps and prefill chunks alike (no limit on T)."""
-    H, T, D = q.shape
-    if not compressed_supported(cache):
-        return None
-    lib_ = lib()
-    if lib_ is None:
-        return None
-    kk, vk = codec_kind(cache.kc), codec_kind(cache.vc)
-    win = cache.window
-    n_ex_end = cache.nsink + max(0, cache.offset - cache.pool0)
-    ek, ev = cache.ek, cache.ev
-    segs = [segment(F16, F16, False, ek, None, ev, None), segment(F16, F16, False, ek, None, ev, None)]
-    n_units = cache.cend - cache.cstart
-    body = n_units > 0 and cache.kf
-    if T <= MAX_T:  # decode: plain ints
-        b = b.tolist()
-        ranges_sink, ranges_pool, ranges_body = [], [], []
-        for t in range(T):
-            p = q_pos0 + t
-            wlo = p - win + 1 if win is not None else 0
-            ranges_sink += [max(0, wlo), min(cache.nsink, p + 1)]
-            lo = max(cache.pool0, b[t], wlo)
-            ranges_pool += [cache.nsink + lo - cache.pool0, min(n_ex_end, cache.nsink + p + 1 - cache.pool0)]
-            ranges_body += [max(0, wlo - cache.cstart), min(n_units, b[t] - cache.cstart, p + 1 - cache.cstart)]
-        ranges = ranges_sink + ranges_pool + (ranges_body if body else [])
-    else:  # prefill: the same bounds as tensors
-        p = q_pos0 + torch.arange(T)
-        wlo = p - win + 1 if win is not None else torch.zeros_like(p)
-        lo = torch.maximum(b.clamp_min(cache.pool0), wlo)
-        parts = [wlo.clamp_min(0), (p + 1).clamp_max(cache.nsink),
-                 cache.nsink + lo - cache.pool0, (cache.nsink + p + 1 - cache.pool0).clamp_max(n_ex_end)]
-        if body:
-            parts += [(wlo - cache.cstart).clamp_min(0),
-                      torch.minimum(b - cache.cstart, p + 1 - cache.cstart).clamp_max(n_units)]
-        ranges = torch.stack(parts, 1).view(T, -1, 2).transpose(0, 1).contiguous()  # (segments, T, 2)
-    extras = (None,) * 6
-    if body:
-        k0, k1 = _fields(cache.kc, cache.kf)
-        v0, v1 = _fields(cache.vc, cache.vf)
-        segs.append(segment(kk, vk, True, k0, k1, v0, v1))
-        extras = _extras(cache)[:6]
-    rkT, ks, kcn, rv, vs, vcn = extras
-    return run(lib_, q, cache.hkv, cache.dv, scale, segs, ranges, rkT=rkT, kscale=ks, kcenter=kcn,
-               rv=rv, vscale=vs, vcenter=vcn, kcb=_codebook(cache.kc) if kk == TQ4 else None,
-               vcb=_codebook(cache.vc) if vk == TQ4 else None)
-
-
-# --- tq4 encode -------------------------------------------------------------------
-def encode(codec, x: torch.Tensor) -> dict | None:
-    """TurboQuant 4-bit fields of x (Hkv, n, D) float32 by the C++ kernel (the same
-    steps as `codecs.TurboQuant.encode`, per vector, rotation in float64), or None
-    where it does not apply."""
-    from ..kv.rotation import rotation_block, rotation_signs
-
-    if codec.kernel_kind != "tq4" or "encode" in vars(codec):
-        return None
-    lib_ = lib()
-    if lib_ is None:
-        return None
+def tq4_encode(lib_, x: torch.Tensor, rotation_t: torch.Tensor, signs: torch.Tensor, block: int,
+               thresholds: torch.Tensor, codebook: torch.Tensor, paper: bool) -> dict | None:
+    """TurboQuant 4-bit fields {"idx", "norm"} of x (Hkv, n, D) by the C++ encoder: x @ rotation_t
+    (D, D; the rotation is H diag(signs) per `block` channels, done in float64), bucketed by
+    `thresholds` against `codebook`. None where the kernel declines the shape."""
     h, n, d = x.shape
     xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
-    c = getattr(codec, "_fast_enc", None)
-    if c is None:
-        signs = rotation_signs(codec.dim, codec.seed)  # the rotation is H diag(signs) per block
-        c = codec._fast_enc = (codec.rotation.float().mT.contiguous(), signs, rotation_block(codec.dim),
-                               codec.thresholds.float().contiguous(), codec.codebook.float().contiguous())
     idx = torch.empty(h, n, d // 2, dtype=torch.uint8)
     norm = torch.empty(h, n, dtype=torch.float16)
-    threads = library.threads()
-    if lib_.tk_tq4_encode(xf.data_ptr(), h * n, d, c[0].data_ptr(), c[1].data_ptr(), c[2], c[3].data_ptr(),
-                          c[4].data_ptr(), int(codec.paper), idx.data_ptr(), norm.data_ptr(), threads):
+    if lib_.tk_tq4_encode(xf.data_ptr(), h * n, d, rotation_t.data_ptr(), signs.data_ptr(), block,
+                          thresholds.data_ptr(), codebook.data_ptr(), int(paper), idx.data_ptr(), norm.data_ptr(),
+                          library.threads()):
         return None
     return {"idx": idx, "norm": norm}

@@ -16,7 +16,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from ..kernels import attention as _attn
+from . import fused
 
 DENSE_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -94,8 +94,8 @@ class DenseCache:
     def attend(self, q, k, v, scale):
         self._append(k, v)
         T = q.shape[1]
-        if T <= _attn.MAX_T:  # decode: the fused kernel, straight from storage
-            out = _attn.dense_decode(self, q, scale)
+        if T <= fused.MAX_T:  # decode: the fused kernel, straight from storage
+            out = fused.dense_attend(self, q, scale)
             if out is not None:
                 self._drop_outside_window()
                 return out if out.dtype == q.dtype else out.to(q.dtype)
@@ -158,12 +158,3 @@ def _grow(t: torch.Tensor, capacity: int) -> torch.Tensor:
     new[:, : t.shape[1]] = t
     return new
 
-
-def make_layer_cache(kind: str, num_kv_heads: int, head_dim: int, value_dim: int | None = None,
-                     window: int | None = None) -> LayerCache:
-    """A per-layer cache of the named KV type or spec (see spec.py), e.g. "f16", "tq4", "q8_0:tq4"."""
-    if kind in DENSE_DTYPES:
-        return DenseCache(kind, num_kv_heads, head_dim, value_dim, window)
-    from .spec import parse_kv
-
-    return parse_kv(kind).make_cache(0, 1, num_kv_heads, head_dim, value_dim, window)

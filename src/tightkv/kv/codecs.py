@@ -35,13 +35,14 @@ lower error); ``kiviB`` flushes keys every 32 tokens instead of every 128.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from ..errors import TightKVError
 from .bits import identity_values, lut_decode, pack, packed_size
-from .rotation import DEFAULT_SEED, gaussian_matrix, rotation_matrix
+from .rotation import DEFAULT_SEED, gaussian_matrix, rotation_block, rotation_matrix, rotation_signs
 
 # Lloyd-Max centroids for N(0, 1), positive half (KV_ALGORITHMS.md section 1.1,
 # recomputed with lloyd.py), and the resulting MSE per coordinate.
@@ -87,7 +88,7 @@ class Codec:
     sink: int = 0  # default exact first tokens
     default_sink: int = SINK  # ... of our variant (the papers keep none)
     recent: int = 0  # default exact last tokens
-    # What the fused attention kernel takes from this codec (kernels/attention.py):
+    # What the fused attention kernel takes from this codec (kv/fused.py):
     # its storage kind, or None for the torch reference path, and the names of the
     # field with the codes and of the one with per-block or per-vector scales.
     kernel_kind: str | None = None
@@ -264,9 +265,18 @@ class TurboQuant(Codec):
         self.codebook = cb  # (2**bits,) centroids for a unit vector's coordinates
         self.thresholds = (cb[1:] + cb[:-1]) / 2
         self.values = tuple(cb.tolist())
-        self.kernel_kind = "tq4" if bits == 4 and type(self) is TurboQuant else None
+        if bits != 4:
+            self.kernel_kind = None  # the fused kernel takes 4-bit codes only
 
+    kernel_kind = "tq4"
     kernel_fields = ("idx", "norm")
+
+    @functools.cached_property
+    def encoder_tables(self) -> tuple:
+        """What the C++ encoder takes: R.T (dim, dim) float32, the rotation's signs (dim,)
+        and Hadamard block size (R = H diag(signs) per block), thresholds, codebook."""
+        return (self.rotation.float().mT.contiguous(), rotation_signs(self.dim, self.seed),
+                rotation_block(self.dim), self.thresholds.float().contiguous(), self.codebook.float().contiguous())
 
     def unit_bytes(self):
         return packed_size(self.dim, self.code_bits) + 2
@@ -298,6 +308,8 @@ class TurboQuantProd(TurboQuant):
     decode = |x| (c + |r| sqrt(pi/2) / dim * S.T sign(S r)), S a seeded Gaussian
     (dim, dim). Research parity only: the sketch's variance hurts attention.
     """
+
+    kernel_kind = None  # the sketch is not in the fused kernel
 
     def __init__(self, dim, role="k", seed=DEFAULT_SEED, paper=False, bits=4):
         super().__init__(dim, role, seed, paper, bits=bits - 1)

@@ -3,8 +3,8 @@
 Layout of one layer's history (positions are absolute token indices):
 
     [0, S)           sink: exact (fp16), the first S tokens
-    [S, cend)        body: compressed by the K and V codecs, in units of `tile` tokens
-    [cend, offset)   recent pool: exact (fp16); holds at least the last R tokens
+    [S, body_end)    body: compressed by the K and V codecs, in units of `tile` tokens
+    [body_end, offset) recent pool: exact (fp16); holds at least the last R tokens
 
 A query at position p sees the key/value j as it is stored *for it*: exact when
 j < S or j >= b(p), compressed otherwise, where
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels import attention as _attn
+from . import fused
 from .codecs import Codec
 
 _NEG_INF = float("-inf")
@@ -82,16 +82,16 @@ class CompressedCache:
         self.window, self.sink, self.recent = window, sink, recent
         self.max_tokens = max_tokens
         self.offset = 0
-        # exact store: [sink entries for positions 0..nsink-1][pool entries for positions pool0..offset-1]
-        self.ek = torch.empty(self.hkv, 0, self.dk, dtype=torch.float16)  # (Hkv, capacity, D)
-        self.ev = torch.empty(self.hkv, 0, self.dv, dtype=torch.float16)  # (Hkv, capacity, Dv)
+        # exact store: [sink entries for positions 0..nsink-1][pool entries for positions pool_start..offset-1]
+        self.exact_k = torch.empty(self.hkv, 0, self.dk, dtype=torch.float16)  # (Hkv, capacity, D)
+        self.exact_v = torch.empty(self.hkv, 0, self.dv, dtype=torch.float16)  # (Hkv, capacity, Dv)
         self.nsink = 0  # sink entries at the front of the exact store
-        self.pool0 = sink  # position of the first pool entry
-        # body store: fields (Hkv, capacity units, ...); unit u holds positions cstart + u*tile ..
-        self.kf: dict[str, torch.Tensor] = {}
-        self.vf: dict[str, torch.Tensor] = {}
-        self.cstart = self.cend = sink
-        self.kr, self.vr = self.tile // kcodec.tile, self.tile // vcodec.tile  # codec units per unit
+        self.pool_start = sink  # position of the first pool entry
+        # body store: fields (Hkv, capacity units, ...); unit u holds positions body_start + u*tile ..
+        self.body_k: dict[str, torch.Tensor] = {}
+        self.body_v: dict[str, torch.Tensor] = {}
+        self.body_start = self.body_end = sink
+        self.k_units, self.v_units = self.tile // kcodec.tile, self.tile // vcodec.tile  # codec units per unit
         self.flush = flush_tokens(self.tile, recent)
         # fixed per-channel vectors set at the first compression: x = centre + scale * code
         self.kcenter: torch.Tensor | None = None  # (Hkv, D) fp16
@@ -100,6 +100,8 @@ class CompressedCache:
         self.vscale: torch.Tensor | None = None  # (Hkv, Dv) fp16
         self._qsq = torch.zeros(self.hkv, self.dk, dtype=torch.float64)  # query sum of squares, first block
         self._qn = 0
+        self.fused = fused.takes(kcodec, vcodec, self.tile)  # attention may take the fused kernel
+        self._tables: tuple = ((), ())
 
     # --- protocol -------------------------------------------------------------
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -113,7 +115,7 @@ class CompressedCache:
         Returns b (T,): for each new position, where the body it sees ends. The queries
         q (H, T, D), if given, inform the key channel scales."""
         start, end = self.offset, self.offset + k.shape[1]
-        body_before = self.cend
+        body_before = self.body_end
         if q is not None and self.kc.balance and self.kscale is None:
             lo, hi = max(start, self.sink), min(end, self.sink + self.recent + self.flush)
             if hi > lo:
@@ -121,7 +123,7 @@ class CompressedCache:
                 self._qsq += (qs * qs).sum(1)
                 self._qn += qs.shape[1]
         self._append_exact(k, v)
-        self._compress(max(self.cend, boundary(end - 1, self.sink, self.recent, self.flush)))
+        self._compress(max(self.body_end, boundary(end - 1, self.sink, self.recent, self.flush)))
         if end - start == 1:  # decode: plain ints, no tensor ops
             return torch.tensor([max(boundary(start, self.sink, self.recent, self.flush), body_before)])
         return boundary(torch.arange(start, end), self.sink, self.recent, self.flush).clamp_min(body_before)
@@ -129,10 +131,20 @@ class CompressedCache:
     def attend_stored(self, q: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
         """Attend q (H, T, D), the last T positions, over the stored history -> (H, T, Dv)."""
         T = q.shape[1]
-        out = _attn.compressed_attend(self, q, self.offset - T, b, scale)  # the fused kernel
+        out = fused.compressed_attend(self, q, self.offset - T, b, scale)
         if out is None:  # formats or shapes it does not take: the torch reference
             out = self._attention(q, torch.arange(self.offset - T, self.offset), b, scale)
         return out.to(q.dtype)
+
+    def kernel_tables(self) -> tuple:
+        """For the fused kernel, float32: R.T of the key codec, key scale and centre, R of the
+        value codec, value scale and centre (None where absent); kept while the fp16 ones stay."""
+        key = (self.kscale, self.kcenter, self.vscale, self.vcenter)
+        if any(a is not b for a, b in zip(key, self._tables[0])) or not self._tables[1]:
+            rk, rv = self.kc.rotation, self.vc.rotation
+            self._tables = (key, (None if rk is None else rk.mT.contiguous(), _f32(self.kscale), _f32(self.kcenter),
+                                  None if rv is None else rv.contiguous(), _f32(self.vscale), _f32(self.vcenter)))
+        return self._tables[1]
 
     def trim(self, n: int) -> None:
         if n <= 0:
@@ -145,24 +157,24 @@ class CompressedCache:
         # the body end for the new offset, as far as exact copies of its tokens remain
         top = max(self.sink, new)
         target = boundary(new - 1, self.sink, self.recent, self.flush) if new > self.sink else self.sink
-        lower = max(target, min(self.pool0, top))
-        g = self.cstart + -(-max(0, lower - self.cstart) // self.tile) * self.tile
-        if g < self.cend and g <= top:
-            self.cend = g
-        elif self.cend > top:
+        lower = max(target, min(self.pool_start, top))
+        g = self.body_start + -(-max(0, lower - self.body_start) // self.tile) * self.tile
+        if g < self.body_end and g <= top:
+            self.body_end = g
+        elif self.body_end > top:
             raise ValueError(f"cannot trim into a compressed tile of {self.tile} tokens")
         if new < self.sink:
             self.nsink = min(self.nsink, new)
-        self.pool0 = min(self.pool0, top)
+        self.pool_start = min(self.pool_start, top)
         self.offset = new
-        if self.cend == self.cstart == self.sink:  # nothing compressed: centre afresh, as a new cache would
+        if self.body_end == self.body_start == self.sink:  # nothing compressed: centre afresh, as a new cache would
             self.kcenter = self.vcenter = self.kscale = self.vscale = None
 
     @property
     def nbytes(self) -> int:
         """Bytes held: body codes and scales, exact sink and pool, centring vectors."""
         u0, u1 = self._live_units()
-        total = sum(t[:, u0:u1].numel() * t.element_size() for f in (self.kf, self.vf) for t in f.values())
+        total = sum(t[:, u0:u1].numel() * t.element_size() for f in (self.body_k, self.body_v) for t in f.values())
         ns, p0, p1 = self._live_exact()
         total += (ns + p1 - p0) * self.hkv * (self.dk + self.dv) * 2
         for c in (self.kcenter, self.vcenter, self.kscale, self.vscale):
@@ -173,14 +185,14 @@ class CompressedCache:
     def state(self) -> dict[str, torch.Tensor]:
         u0, u1 = self._live_units()
         p0, p1 = self._live_exact()[1:]
-        out = {f"k.{n}": t[:, u0:u1].clone() for n, t in self.kf.items()}
-        out.update({f"v.{n}": t[:, u0:u1].clone() for n, t in self.vf.items()})
+        out = {f"k.{n}": t[:, u0:u1].clone() for n, t in self.body_k.items()}
+        out.update({f"v.{n}": t[:, u0:u1].clone() for n, t in self.body_v.items()})
         idx = torch.cat([torch.arange(self.nsink), self._pool_index(p0) + torch.arange(p1 - p0)])
-        out["ek"], out["ev"] = self.ek[:, idx].clone(), self.ev[:, idx].clone()
+        out["ek"], out["ev"] = self.exact_k[:, idx].clone(), self.exact_v[:, idx].clone()
         for name in ("kcenter", "vcenter", "kscale", "vscale"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name).clone()
-        out["meta"] = torch.tensor([self.offset, self.cstart + u0 * self.tile, self.cend, self.nsink, p0,
+        out["meta"] = torch.tensor([self.offset, self.body_start + u0 * self.tile, self.body_end, self.nsink, p0,
                                     self.sink, self.recent, self.tile], dtype=torch.int64)
         return out
 
@@ -188,42 +200,42 @@ class CompressedCache:
         offset, cstart, cend, nsink, p0, sink, recent, tile = (int(x) for x in state["meta"])
         if (sink, recent, tile) != (self.sink, self.recent, self.tile):
             raise ValueError("state was saved by a cache with another sink, recent window or tile")
-        self.offset, self.cstart, self.cend, self.nsink, self.pool0 = offset, cstart, cend, nsink, p0
-        self.kf = {n[2:]: t.clone() for n, t in state.items() if n.startswith("k.")}
-        self.vf = {n[2:]: t.clone() for n, t in state.items() if n.startswith("v.")}
+        self.offset, self.body_start, self.body_end, self.nsink, self.pool_start = offset, cstart, cend, nsink, p0
+        self.body_k = {n[2:]: t.clone() for n, t in state.items() if n.startswith("k.")}
+        self.body_v = {n[2:]: t.clone() for n, t in state.items() if n.startswith("v.")}
         self.kcenter, self.vcenter = state.get("kcenter"), state.get("vcenter")
         self.kscale, self.vscale = state.get("kscale"), state.get("vscale")
-        self.ek, self.ev = state["ek"].to(torch.float16).clone(), state["ev"].to(torch.float16).clone()
+        self.exact_k, self.exact_v = state["ek"].to(torch.float16).clone(), state["ev"].to(torch.float16).clone()
 
     # --- storage ----------------------------------------------------------------
     def _pool_index(self, pos: int) -> int:
-        return self.nsink + (pos - self.pool0)
+        return self.nsink + (pos - self.pool_start)
 
     def _append_exact(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write the new tokens after the held ones: sink entries first, then the pool."""
         T = k.shape[1]
         start, end = self.offset, self.offset + T
         i0 = start if start < self.sink else self._pool_index(start)  # below the sink the pool is empty
-        if i0 + T > self.ek.shape[1]:
+        if i0 + T > self.exact_k.shape[1]:
             cap = (i0 + T + self.step - 1) // self.step * self.step
-            self.ek, self.ev = _grow(self.ek, cap, 1), _grow(self.ev, cap, 1)
-        self.ek[:, i0 : i0 + T] = k
-        self.ev[:, i0 : i0 + T] = v
+            self.exact_k, self.exact_v = _grow(self.exact_k, cap, 1), _grow(self.exact_v, cap, 1)
+        self.exact_k[:, i0 : i0 + T] = k
+        self.exact_v[:, i0 : i0 + T] = v
         if start < self.sink:
             self.nsink = min(self.sink, end)
         self.offset = end
 
     def _compress(self, new_end: int) -> None:
-        """Encode positions [cend, new_end) from their exact copies into the body."""
-        if new_end <= self.cend:
+        """Encode positions [body_end, new_end) from their exact copies into the body."""
+        if new_end <= self.body_end:
             return
-        i0 = self._pool_index(self.cend)
-        k = self.ek[:, i0 : i0 + new_end - self.cend].float()
-        v = self.ev[:, i0 : i0 + new_end - self.cend].float()
+        i0 = self._pool_index(self.body_end)
+        k = self.exact_k[:, i0 : i0 + new_end - self.body_end].float()
+        v = self.exact_v[:, i0 : i0 + new_end - self.body_end].float()
         if self.kcenter is None and self.kscale is None and (self.kc.center or self.kc.balance):
-            self.kcenter, self.kscale = self._fit_channels(self.ek, self.kc, self._query_rms())
+            self.kcenter, self.kscale = self._fit_channels(self.exact_k, self.kc, self._query_rms())
         if self.vcenter is None and self.vscale is None and (self.vc.center or self.vc.balance):
-            self.vcenter, self.vscale = self._fit_channels(self.ev, self.vc, None)
+            self.vcenter, self.vscale = self._fit_channels(self.exact_v, self.vc, None)
         if self.kcenter is not None:
             k = k - self.kcenter.float()[:, None]
         if self.kscale is not None:
@@ -232,11 +244,11 @@ class CompressedCache:
             v = v - self.vcenter.float()[:, None]
         if self.vscale is not None:
             v = v / self.vscale.float()[:, None]
-        kf = _attn.encode(self.kc, k) or self.kc.encode(k)  # tq4: the C++ encoder where available
-        vf = _attn.encode(self.vc, v) or self.vc.encode(v)
-        units = (new_end - self.cend) // self.tile
-        have = (self.cend - self.cstart) // self.tile
-        for store, new in ((self.kf, kf), (self.vf, vf)):
+        kf = fused.encode(self.kc, k) or self.kc.encode(k)  # tq4: the C++ encoder where available
+        vf = fused.encode(self.vc, v) or self.vc.encode(v)
+        units = (new_end - self.body_end) // self.tile
+        have = (self.body_end - self.body_start) // self.tile
+        for store, new in ((self.body_k, kf), (self.body_v, vf)):
             for name, t in new.items():
                 if t.shape[1] != units:  # several codec units per cache unit
                     t = t.reshape(t.shape[0], units, t.shape[1] // units, *t.shape[2:])
@@ -245,7 +257,7 @@ class CompressedCache:
                     old = _grow(old if old is not None else t[:, :0], self._body_capacity(have + units), 1)
                     store[name] = old
                 old[:, have : have + units] = t
-        self.cend = new_end
+        self.body_end = new_end
 
     def _body_capacity(self, need: int) -> int:
         """Units to allocate for the body when `need` do not fit."""
@@ -258,7 +270,7 @@ class CompressedCache:
 
     def _decode(self, which: str, u0: int, u1: int) -> torch.Tensor:
         """Body units [u0, u1) of keys or values, decoded to the codec's domain (Hkv, n, dim)."""
-        codec, fields, r = (self.kc, self.kf, self.kr) if which == "k" else (self.vc, self.vf, self.vr)
+        codec, fields, r = (self.kc, self.body_k, self.k_units) if which == "k" else (self.vc, self.body_v, self.v_units)
         if r == 1:
             return codec.decode({n: t[:, u0:u1] for n, t in fields.items()})
         return codec.decode({n: t[:, u0:u1].flatten(1, 2) for n, t in fields.items()})
@@ -266,7 +278,7 @@ class CompressedCache:
     def _first_block(self, store: torch.Tensor) -> torch.Tensor:
         """The first recent + flush pool tokens (Hkv, n, dim): those held when decode first
         compresses, so what is fitted on them does not depend on the prompt's chunking."""
-        first = max(self.cend, self.pool0)
+        first = max(self.body_end, self.pool_start)
         i0 = self._pool_index(first)
         i1 = self._pool_index(min(self.offset, first + self.recent + self.flush))
         return store[:, i0:i1].float()
@@ -297,8 +309,8 @@ class CompressedCache:
         return 0 if self.window is None else max(0, self.offset - self.window + 1)
 
     def _live_units(self) -> tuple[int, int]:
-        n = (self.cend - self.cstart) // self.tile
-        dead = max(0, self._horizon() - self.cstart) // self.tile
+        n = (self.body_end - self.body_start) // self.tile
+        dead = max(0, self._horizon() - self.body_start) // self.tile
         return min(dead, n), n
 
     def _live_exact(self) -> tuple[int, int, int]:
@@ -306,31 +318,31 @@ class CompressedCache:
         pool positions [p0, offset)."""
         h = self._horizon()
         ns = self.nsink if self.nsink > h else 0
-        return ns, min(self.offset, max(self.cend, h, self.pool0)), self.offset
+        return ns, min(self.offset, max(self.body_end, h, self.pool_start)), self.offset
 
     def _holds_from(self, pos: int) -> bool:
         """Whether every position in [pos, offset) is still stored (exact or compressed)."""
         if pos < self.sink and self.nsink < min(self.sink, self.offset):
             return False
         p = max(pos, self.sink)
-        return self.cstart <= p if self.cend > self.cstart else self.pool0 <= p
+        return self.body_start <= p if self.body_end > self.body_start else self.pool_start <= p
 
     def _forget(self) -> None:
         """Compact the stores once enough of them is dead (compressed, or out of the window)."""
         u0, n = self._live_units()
         if u0 and (u0 >= 64 or 2 * u0 >= n):
-            for store in (self.kf, self.vf):
+            for store in (self.body_k, self.body_v):
                 for t in store.values():  # move the live units to the front, in place
                     t[:, : n - u0] = t[:, u0:n].clone()
-            self.cstart += u0 * self.tile
+            self.body_start += u0 * self.tile
         ns, p0, p1 = self._live_exact()
-        p0 = max(self.cend, self.pool0)  # dead tokens not yet compressed stay until they are
-        dead = (self.nsink - ns) + (p0 - self.pool0)
-        if dead >= 64 or (dead and 2 * dead >= self.ek.shape[1]):
+        p0 = max(self.body_end, self.pool_start)  # dead tokens not yet compressed stay until they are
+        dead = (self.nsink - ns) + (p0 - self.pool_start)
+        if dead >= 64 or (dead and 2 * dead >= self.exact_k.shape[1]):
             idx = torch.cat([torch.arange(ns), self._pool_index(p0) + torch.arange(p1 - p0)])
             cap = max(self.step, (idx.numel() + self.step - 1) // self.step * self.step)
-            self.ek, self.ev = _take(self.ek, idx, cap), _take(self.ev, idx, cap)
-            self.nsink, self.pool0 = ns, p0
+            self.exact_k, self.exact_v = _take(self.exact_k, idx, cap), _take(self.exact_v, idx, cap)
+            self.nsink, self.pool_start = ns, p0
 
     # --- attention ----------------------------------------------------------------
     def _attention(self, q: torch.Tensor, q_pos: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
@@ -340,26 +352,26 @@ class CompressedCache:
         qf = q.float().reshape(self.hkv, g * T, D)
         win = self.window
         # exact part: sink and pool, masked per query
-        pos = torch.cat([torch.arange(self.nsink), torch.arange(self.pool0, max(self.pool0, self.offset))])
+        pos = torch.cat([torch.arange(self.nsink), torch.arange(self.pool_start, max(self.pool_start, self.offset))])
         n_ex = pos.numel()
         diff = q_pos[:, None] - pos[None, :]
         mask = (diff >= 0) & ((pos[None, :] < self.sink) | (pos[None, :] >= b[:, None]))
         if win is not None:
             mask &= diff < win
-        s = (qf @ self.ek[:, :n_ex].float().transpose(1, 2)).view(self.hkv, g, T, n_ex) * scale
+        s = (qf @ self.exact_k[:, :n_ex].float().transpose(1, 2)).view(self.hkv, g, T, n_ex) * scale
         s = s.masked_fill(~mask, _NEG_INF)
         m = s.amax(-1)
         m_safe = torch.where(m == _NEG_INF, 0.0, m)
         p = torch.exp(s - m_safe[..., None])
         l = p.sum(-1)
-        acc = p.view(self.hkv, g * T, n_ex) @ self.ev[:, :n_ex].float()  # (Hkv, gT, Dv)
+        acc = p.view(self.hkv, g * T, n_ex) @ self.exact_v[:, :n_ex].float()  # (Hkv, gT, Dv)
         # compressed body, block by block
-        n_units = (self.cend - self.cstart) // self.tile
+        n_units = (self.body_end - self.body_start) // self.tile
         u0 = 0
         lo = int(q_pos[0]) - win + 1 if win is not None else 0
         hi = int(b.max())
-        u_lo = max(u0, (lo - self.cstart) // self.tile) if lo > self.cstart else u0
-        u_hi = min(n_units, max(0, -(-(hi - self.cstart) // self.tile)))
+        u_lo = max(u0, (lo - self.body_start) // self.tile) if lo > self.body_start else u0
+        u_hi = min(n_units, max(0, -(-(hi - self.body_start) // self.tile)))
         if u_hi > u_lo:
             qk = self.kc.to_code(qf if self.kscale is None else qf * self.kscale.float()[:, None, :])
             qc = (qf @ self.kcenter.float()[:, :, None]).view(self.hkv, g, T, 1) if self.kcenter is not None else None
@@ -370,7 +382,7 @@ class CompressedCache:
                 ue = min(u + step, u_hi)
                 kb = self._decode("k", u, ue)  # (Hkv, n, D) code domain
                 n = kb.shape[1]
-                kpos = self.cstart + u * self.tile + torch.arange(n)
+                kpos = self.body_start + u * self.tile + torch.arange(n)
                 diff = q_pos[:, None] - kpos[None, :]
                 mask = (kpos[None, :] < b[:, None]) & (diff >= 0)
                 if win is not None:
@@ -403,9 +415,9 @@ class CompressedCache:
         """The held history decoded to float32 in the original domain: keys (Hkv, N, D),
         values (Hkv, N, Dv), positions (N,), exact flags (N,). Test helper: builds the
         full-precision copy that `attend` never does."""
-        u0, n = 0, (self.cend - self.cstart) // self.tile
-        ks = [self.ek[:, : self.nsink].float()]
-        vs = [self.ev[:, : self.nsink].float()]
+        u0, n = 0, (self.body_end - self.body_start) // self.tile
+        ks = [self.exact_k[:, : self.nsink].float()]
+        vs = [self.exact_v[:, : self.nsink].float()]
         pos = [torch.arange(self.nsink)]
         exact = [torch.ones(self.nsink, dtype=torch.bool)]
         if n > u0:
@@ -421,15 +433,19 @@ class CompressedCache:
                 v = v + self.vcenter.float()[:, None]
             ks.append(k)
             vs.append(v)
-            pos.append(self.cstart + u0 * self.tile + torch.arange(k.shape[1]))
+            pos.append(self.body_start + u0 * self.tile + torch.arange(k.shape[1]))
             exact.append(torch.zeros(k.shape[1], dtype=torch.bool))
-        i0 = self._pool_index(self.pool0)
-        top = max(self.pool0, self.offset)
-        ks.append(self.ek[:, i0 : self._pool_index(top)].float())
-        vs.append(self.ev[:, i0 : self._pool_index(top)].float())
-        pos.append(torch.arange(self.pool0, top))
-        exact.append(torch.ones(top - self.pool0, dtype=torch.bool))
+        i0 = self._pool_index(self.pool_start)
+        top = max(self.pool_start, self.offset)
+        ks.append(self.exact_k[:, i0 : self._pool_index(top)].float())
+        vs.append(self.exact_v[:, i0 : self._pool_index(top)].float())
+        pos.append(torch.arange(self.pool_start, top))
+        exact.append(torch.ones(top - self.pool_start, dtype=torch.bool))
         return torch.cat(ks, 1), torch.cat(vs, 1), torch.cat(pos), torch.cat(exact)
+
+
+def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.float().contiguous()
 
 
 def _grow(t: torch.Tensor, capacity: int, dim: int) -> torch.Tensor:

@@ -1,0 +1,113 @@
+"""What the caches hand to the fused attention kernel (`kernels/attention.py`).
+
+The kernel knows buffers and shapes only. Here a cache's stores become its
+segments (exact sink, exact pool, compressed body), each query position's
+visible range in each, and the codec tables (rotation, channel centre and
+scale, codebook); a codec says what it hands over through `kernel_kind` and
+`kernel_fields`. Every function returns None where the kernel does not apply
+(the reference backend, no compiler, a format or shape it does not take): the
+caller then takes the torch reference path.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..kernels import attention as kernel
+from ..kernels.attention import F16, KINDS, MAX_T, TQ4
+
+
+def takes(kcodec, vcodec, tile: int) -> bool:
+    """Whether the kernel can attend over a compressed cache with these codecs."""
+    return (tile == 1 and kcodec.kernel_kind in KINDS and vcodec.kernel_kind in KINDS
+            and kernel.dims_ok(kcodec.dim, vcodec.dim))
+
+
+# --- dense cache ------------------------------------------------------------------
+def dense_attend(cache, q: torch.Tensor, scale: float) -> torch.Tensor | None:
+    """DenseCache attention for its last T positions (T <= MAX_T) -> (H, T, Dv) float32."""
+    H, T, D = q.shape
+    if T > MAX_T or not kernel.dims_ok(D, cache.values.shape[2]):
+        return None
+    lib = kernel.lib()
+    if lib is None:
+        return None
+    kind = kernel.DENSE_KINDS[cache.dtype]
+    keys, values = cache.keys, cache.values
+    seg = kernel.segment(kind, kind, False, keys, None, values, None)
+    ranges = []
+    start, win = cache.start, cache.window
+    for t in range(T):
+        p = cache.offset - T + t
+        lo = max(start, p - win + 1) if win is not None else start
+        ranges += [lo - start, min(p + 1, start + cache.length) - start]
+    return kernel.run(lib, q, keys.shape[0], values.shape[2], scale, [seg], ranges)
+
+
+# --- compressed cache -------------------------------------------------------------
+def compressed_attend(cache, q: torch.Tensor, q_pos0: int, b: torch.Tensor, scale: float) -> torch.Tensor | None:
+    """CompressedCache attention for T positions q_pos0.. whose bodies end at b (T,):
+    decode steps and prefill chunks alike (no limit on T) -> (H, T, Dv) float32."""
+    if not cache.fused:
+        return None
+    lib = kernel.lib()
+    if lib is None:
+        return None
+    ek, ev = cache.exact_k, cache.exact_v
+    segs = [kernel.segment(F16, F16, False, ek, None, ev, None)] * 2  # sink, pool
+    body = cache.body_end > cache.body_start and bool(cache.body_k)
+    ranges = (_decode_ranges if q.shape[1] <= MAX_T else _prefill_ranges)(cache, q.shape[1], q_pos0, b, body)
+    if not body:
+        return kernel.run(lib, q, cache.hkv, cache.dv, scale, segs, ranges)
+    kc, vc = cache.kc, cache.vc
+    kk, vk = KINDS[kc.kernel_kind], KINDS[vc.kernel_kind]
+    segs.append(kernel.segment(kk, vk, True, *_fields(kc, cache.body_k), *_fields(vc, cache.body_v)))
+    rkT, ks, kcn, rv, vs, vcn = cache.kernel_tables()
+    return kernel.run(lib, q, cache.hkv, cache.dv, scale, segs, ranges, rkT=rkT, kscale=ks, kcenter=kcn,
+                      rv=rv, vscale=vs, vcenter=vcn, kcb=kc.codebook if kk == TQ4 else None,
+                      vcb=vc.codebook if vk == TQ4 else None)
+
+
+def _fields(codec, fields: dict) -> tuple:
+    codes, scales = codec.kernel_fields
+    return fields[codes], (fields[scales] if scales else None)
+
+
+def _decode_ranges(cache, T: int, q_pos0: int, b: torch.Tensor, body: bool) -> list[int]:
+    """Per segment and query position: lo, hi (plain ints, for a few positions)."""
+    win, nsink, pool0, c0 = cache.window, cache.nsink, cache.pool_start, cache.body_start
+    n_ex_end = nsink + max(0, cache.offset - pool0)
+    n_units = cache.body_end - c0
+    sink, pool, comp = [], [], []
+    for t, bt in enumerate(b.tolist()):
+        p = q_pos0 + t
+        wlo = p - win + 1 if win is not None else 0
+        sink += [max(0, wlo), min(nsink, p + 1)]
+        pool += [nsink + max(pool0, bt, wlo) - pool0, min(n_ex_end, nsink + p + 1 - pool0)]
+        comp += [max(0, wlo - c0), min(n_units, bt - c0, p + 1 - c0)]
+    return sink + pool + (comp if body else [])
+
+
+def _prefill_ranges(cache, T: int, q_pos0: int, b: torch.Tensor, body: bool) -> torch.Tensor:
+    """The same bounds as `_decode_ranges`, as an int64 tensor (segments, T, 2)."""
+    win, nsink, pool0, c0 = cache.window, cache.nsink, cache.pool_start, cache.body_start
+    n_ex_end = nsink + max(0, cache.offset - pool0)
+    p = q_pos0 + torch.arange(T)
+    wlo = p - win + 1 if win is not None else torch.zeros_like(p)
+    lo = torch.maximum(b.clamp_min(pool0), wlo)
+    parts = [wlo.clamp_min(0), (p + 1).clamp_max(nsink),
+             nsink + lo - pool0, (nsink + p + 1 - pool0).clamp_max(n_ex_end)]
+    if body:
+        parts += [(wlo - c0).clamp_min(0), torch.minimum(b - c0, p + 1 - c0).clamp_max(cache.body_end - c0)]
+    return torch.stack(parts, 1).view(T, -1, 2).transpose(0, 1).contiguous()
+
+
+# --- tq4 encode -------------------------------------------------------------------
+def encode(codec, x: torch.Tensor) -> dict | None:
+    """TurboQuant 4-bit fields of x (Hkv, n, D) float32 by the C++ encoder (the same steps
+    as `codecs.TurboQuant.encode`, per vector, rotation in float64), or None."""
+    if codec.kernel_kind != "tq4":
+        return None
+    lib = kernel.lib()
+    if lib is None:
+        return None
+    return kernel.tq4_encode(lib, x, *codec.encoder_tables, codec.paper)
