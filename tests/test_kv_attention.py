@@ -136,6 +136,7 @@ def test_nbytes_is_the_formula(spec, window):
         cache.attend(*random_step(T, 4, 2, 64, 64, g, 0.0)[:3], 0.1)
         n += T
         assert cache.nbytes == layer_bytes(cache.kc, cache.vc, 2, window, cache.sink, cache.recent, n)
+        assert cache.nbytes == parse_kv(spec).make_cache(0, 1, 2, 64, 64, window).bytes_at(n)
 
 
 def test_nbytes_by_hand():
@@ -172,9 +173,29 @@ def test_trim_into_a_compressed_tile_raises():
     g = torch.Generator().manual_seed(7)
     cache = parse_kv("kvarn4").make_cache(0, 1, 1, 64, 64, None)
     cache.attend(*random_step(400, 2, 1, 64, 64, g, 0.0)[:3], 0.1)
+    assert cache.can_trim(100) and not cache.can_trim(200) and not cache.can_trim(401)
     cache.trim(100)  # within the exact pool
+    assert not cache.can_trim(100)
     with pytest.raises(ValueError):
         cache.trim(100)  # into a 128-token tile
+    assert cache.offset == 300 and cache.can_trim(0)
+
+
+def test_dense_protocol():
+    """A global dense layer trims exactly; a sliding one only within what it still holds,
+    and its state holds just its window."""
+    g = torch.Generator().manual_seed(9)
+    full, sliding = DenseCache("f16", 2, 64, 64, None), DenseCache("f16", 2, 64, 64, 100)
+    assert full.exact_trim and not sliding.exact_trim and full.sink == full.recent == 0
+    for c in (full, sliding):
+        c.attend(*random_step(700, 4, 2, 64, 64, g, 0.0)[:3], 0.1)
+    assert full.can_trim(700) and not full.can_trim(701)
+    assert sliding.can_trim(0) and not sliding.can_trim(650)
+    assert sliding.state()["keys"].shape[1] == 100 and sliding.nbytes == sliding.bytes_at(700)
+    copy = DenseCache("f16", 2, 64, 64, 100)
+    copy.load_state(sliding.state())
+    step = random_step(1, 4, 2, 64, 64, g, 0.0)
+    assert torch.equal(copy.attend(*step[:3], 0.1), sliding.attend(*step[:3], 0.1))
 
 
 def test_state_round_trip():
@@ -186,6 +207,8 @@ def test_state_round_trip():
         b = parse_kv(spec).make_cache(0, 1, 2, 64, 64, window)
         b.load_state(a.state())
         assert b.offset == a.offset and b.nbytes == a.nbytes
+        if isinstance(a, CompressedCache):  # the query statistics travel too
+            assert torch.equal(b._qsq, a._qsq) and b._qn == a._qn
         step = random_step(3, 4, 2, 64, 64, g, 0.5)
         assert (a.attend(*step[:3], 0.1) - b.attend(*step[:3], 0.1)).abs().max() < 1e-6
 

@@ -192,10 +192,19 @@ class Model:
         conversation extends the previous one, so a turn prefills only new tokens."""
         ids = self.chat_ids(messages)
         cache = self._reuse_chat_cache(ids, reset)
+        kwargs["stop"] = self.chat_stops(kwargs.get("stop"))
         result = self.generate(ids, cache=cache, **kwargs)
         self._chat_ids = ids + result.ids
         self.last_stats = result.stats
         return result.text
+
+    def chat_stops(self, stop: list[str] | str | None = None) -> list[str]:
+        """The stop strings of a chat turn: the caller's, plus the next "User:" turn of a
+        model without a chat template (which sees the conversation as plain text)."""
+        from .engine.chat import PLAIN_CHAT_STOPS
+
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        return stops if self.chat_template else stops + PLAIN_CHAT_STOPS
 
     def chat_ids(self, messages: list[dict]) -> list[int]:
         """Prompt token ids for a conversation."""
@@ -217,13 +226,9 @@ class Model:
         if reset or cache is None:
             self._chat_cache, self._chat_ids = self.new_cache(), []
             return self._chat_cache
-        common = _common_prefix(old, ids)
-        held = cache[0].offset
-        keep = min(common, held, len(ids) - 1)
-        try:
-            for c in cache:
-                c.trim(held - keep)
-        except ValueError:
+        from .engine.generate import reuse_prefix
+
+        if not reuse_prefix(cache, old, ids):
             self._chat_cache = cache = self.new_cache()
         return cache
 
@@ -282,15 +287,6 @@ def _apply_rope_scaling(gguf, rope_scaling: float | dict | None) -> float | None
     m[f"{arch}.rope.scaling.type"] = "linear"
     m[f"{arch}.rope.scaling.factor"] = existing * factor
     return factor
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _collect(pieces):

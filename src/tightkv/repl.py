@@ -43,15 +43,6 @@ class Interrupted(Exception):
     """Ctrl-C during a reply."""
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 class ChatSession:
     """A conversation with a model whose KV cache is kept between turns.
 
@@ -82,11 +73,9 @@ class ChatSession:
         if self.cache is None:
             self.cache, self.held = self.model.new_cache(), []
             return self.cache
-        keep = min(_common_prefix(self.held, ids), self.cache[0].offset, len(ids) - 1)
-        try:
-            for c in self.cache:
-                c.trim(c.offset - keep)
-        except ValueError:  # a compressed or sliding cache that cannot go back that far
+        from .engine.generate import reuse_prefix
+
+        if not reuse_prefix(self.cache, self.held, ids):  # a compressed or sliding cache that cannot go back
             self.cache, self.held = self.model.new_cache(), []
         return self.cache
 
@@ -104,9 +93,7 @@ class ChatSession:
         turn is then dropped from the conversation)."""
         model = self.model
         ids = model.chat_ids(self.conversation(text))
-        options = dict(self.options)
-        if not model.chat_template:  # a base model: stop where it would write the next user turn
-            options["stop"] = options["stop"] + ["\nUser:"]
+        options = dict(self.options, stop=model.chat_stops(self.options["stop"]))
 
         def progress(done: int, total: int) -> None:
             if stop_requested():

@@ -30,7 +30,6 @@ from .text import DocumentText, Section, first_sentence, read_documents, split_s
 
 MODES = ("full", "rag", "rlv", "auto")
 DOC_KV_DEFAULT = "progressive"  # whole documents go into the compressed cache by default
-_EXTRA = ("_qsq", "_qn")  # CompressedCache fields outside state(): per-layer query statistics
 
 
 @dataclass
@@ -108,19 +107,9 @@ class PrefixCache:
 
     def snapshot(self) -> None:
         """Remember the prefix state of every layer that cannot simply be trimmed back."""
-        from ..kv.cache import DenseCache
-
-        snap, nbytes = [], 0
-        for c in self.cache:
-            if isinstance(c, DenseCache) and c.window is None:
-                snap.append(None)  # trim is exact for a global dense layer
-                continue
-            state = c.state()
-            extra = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k in _EXTRA
-                     if (v := getattr(c, k, None)) is not None}
-            nbytes += sum(t.numel() * t.element_size() for t in state.values())
-            snap.append((state, extra))
-        self._snap, self.snapshot_bytes = snap, nbytes
+        snap = [None if c.exact_trim else c.state() for c in self.cache]
+        self._snap = snap
+        self.snapshot_bytes = sum(t.numel() * t.element_size() for s in snap if s for t in s.values())
 
     def restore(self) -> None:
         """Back to exactly the prefix, whatever was appended since."""
@@ -130,12 +119,9 @@ class PrefixCache:
         n = len(self.prefix)
         for c, s in zip(self.cache, self._snap):
             if s is None:
-                if c.offset > n:
-                    c.trim(c.offset - n)
+                c.trim(max(0, c.offset - n))
             elif c.offset != n:
-                c.load_state(s[0])
-                for k, v in s[1].items():
-                    setattr(c, k, v.clone() if isinstance(v, torch.Tensor) else v)
+                c.load_state(s)
         self.restore_seconds = time.perf_counter() - t
 
     def generate(self, suffix: list[int], max_tokens: int = prompts.ANSWER_TOKENS) -> "Reply":

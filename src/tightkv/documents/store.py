@@ -12,13 +12,13 @@ The key is a sha256 over everything that decides the cache's contents:
 - the prompt's token ids (so the document's text, the tokenizer and the prompt
   template all count);
 - the KV spec, as parsed;
-- a fingerprint of the code that writes K/V (``tightkv/kv/*.py`` and
-  ``tightkv/models/*.py``), so a cache written by another version of the
-  codecs or of a model is never read back as if it were ours.
+- a fingerprint of the code that writes K/V (``tightkv/kv/*.py``,
+  ``tightkv/models/*.py`` and the kernel sources, whose tq4 encoder writes the
+  stored codes), so a cache written by another version of the codecs, of a
+  model or of the kernels is never read back as if it were ours.
 
-Tensors are each layer's ``state()`` (named ``<layer>.<field>``), with dense
-sliding-window layers cut to the window they keep, so the file holds what the
-cache holds (``nbytes``) plus per-layer counters and a JSON header. The header
+Tensors are each layer's ``state()`` (named ``<layer>.<field>``), which holds
+what the cache holds (``nbytes``) plus per-layer counters; and a JSON header. The header
 repeats the key's parts and carries a sha256 of every tensor's bytes: a file
 that is truncated, altered, renamed or written for another model, document or
 spec is detected, reported in one line, deleted and rebuilt. It is never trusted.
@@ -36,7 +36,7 @@ from typing import Callable
 
 import torch
 
-FORMAT = "tightkv-document-cache/1"
+FORMAT = "tightkv-document-cache/2"  # 2: query statistics in compressed layers' state
 
 
 def documents_dir() -> Path:
@@ -49,7 +49,9 @@ def documents_dir() -> Path:
 def code_fingerprint() -> str:
     """sha256 over the source of the modules that produce and store K/V."""
     root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
+    from ..kernels.library import source_digest
+
+    h = hashlib.sha256(source_digest().encode())
     for sub in ("kv", "models"):
         for p in sorted((root / sub).glob("*.py")):
             h.update(p.name.encode())
@@ -100,21 +102,6 @@ def _key_hash(fields: dict) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def compact_state(cache, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A dense sliding-window layer's state cut to the `window` tokens it keeps
-    (state() also returns the few it has not shifted out yet)."""
-    from ..kv.cache import DenseCache
-
-    if not isinstance(cache, DenseCache) or cache.window is None:
-        return state
-    offset, start, length = (int(x) for x in state["meta"])
-    drop = max(0, length - cache.window)
-    if not drop:
-        return state
-    return {"keys": state["keys"][:, drop:].clone(), "values": state["values"][:, drop:].clone(),
-            "meta": torch.tensor([offset, start + drop, length - drop], dtype=torch.int64)}
-
-
 class CacheRejected(Exception):
     """A file that must not be used, with the reason."""
 
@@ -138,7 +125,7 @@ class DocumentStore:
         tensors: dict[str, torch.Tensor] = {}
         classes = []
         for i, c in enumerate(cache):
-            for name, t in compact_state(c, c.state()).items():
+            for name, t in c.state().items():
                 tensors[f"{i}.{name}"] = t.contiguous()
             classes.append(type(c).__name__)
         meta = dict(cache_key(model, kv, ids))

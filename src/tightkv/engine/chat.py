@@ -68,6 +68,9 @@ def render_chat(template: str, messages: list[dict], bos_token: str = "", eos_to
         raise TightKVError(f"chat template failed: {err}") from None
 
 
+PLAIN_CHAT_STOPS = ["\nUser:"]  # where a model without a template would write the next user turn
+
+
 def plain_prompt(messages: list[dict]) -> str:
     """A model without a template (a base model) sees the conversation as plain text."""
     lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]

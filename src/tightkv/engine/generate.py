@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 import torch
 
 from ..errors import ContextOverflowError
+from ..kv.cache import trim_to
 from .sampling import Sampler, SamplingParams
 
 PREFILL_CHUNK = 512
@@ -92,6 +93,18 @@ def prefill(model, ids: list[int], cache: list, chunk: int = PREFILL_CHUNK,
         if progress:
             progress(min(s + chunk, len(ids)), len(ids))
     return logits
+
+
+def reuse_prefix(cache: list, held: list[int], ids: list[int]) -> bool:
+    """Trim a cache filled from `held` back to the prefix it shares with `ids` (leaving at
+    least one token of `ids` to run, for its logits). False, with the cache unchanged, when
+    some layer cannot go back that far: the caller starts a fresh cache."""
+    common = 0
+    for a, b in zip(held, ids):
+        if a != b:
+            break
+        common += 1
+    return trim_to(cache, min(common, cache[0].offset, len(ids) - 1))
 
 
 @torch.inference_mode()

@@ -26,13 +26,21 @@ class LayerCache(Protocol):
 
     offset: int  # absolute position of the next token
     window: int | None  # sliding window in tokens, None for global attention
+    sink: int  # exact first tokens kept beside a compressed body (0 for a dense cache)
+    recent: int  # exact last tokens kept beside a compressed body (0 for a dense cache)
+    exact_trim: bool  # trim(n) gives back exactly the state of n tokens ago
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """Append k, v for the new positions, then attend q over the stored history."""
         ...
 
+    def can_trim(self, n: int) -> bool:
+        """Whether `trim(n)` is possible (a sliding window or a compressed tile may have
+        dropped what going back needs)."""
+        ...
+
     def trim(self, n: int) -> None:
-        """Forget the last n tokens."""
+        """Forget the last n tokens; ValueError where `can_trim(n)` is False."""
         ...
 
     @property
@@ -40,12 +48,25 @@ class LayerCache(Protocol):
         """Bytes held for the stored history, metadata included."""
         ...
 
+    def bytes_at(self, tokens: int) -> int:
+        """What `nbytes` is once this (empty) layout holds `tokens` tokens."""
+        ...
+
     def state(self) -> dict[str, torch.Tensor]:
-        """Tensors that reproduce this cache with `load_state`."""
+        """Tensors (copies) that reproduce this cache with `load_state`: what it holds, no more."""
         ...
 
     def load_state(self, state: dict[str, torch.Tensor]) -> None:
         ...
+
+
+def trim_to(cache: list, keep: int) -> bool:
+    """Trim every layer back to `keep` tokens if every layer can; False (nothing changed) otherwise."""
+    if not all(c.can_trim(c.offset - keep) for c in cache):
+        return False
+    for c in cache:
+        c.trim(c.offset - keep)
+    return True
 
 
 def causal_window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
@@ -79,6 +100,7 @@ class DenseCache:
     """
 
     step = 256
+    sink = recent = 0
 
     def __init__(self, kind: str, num_kv_heads: int, head_dim: int, value_dim: int | None = None,
                  window: int | None = None):
@@ -130,22 +152,33 @@ class DenseCache:
         self.start += drop
         self.length = keep
 
-    def trim(self, n):
+    @property
+    def exact_trim(self) -> bool:
+        return self.window is None
+
+    def can_trim(self, n):
         needed_from = max(0, self.offset - n - self.window + 1) if self.window else 0
-        if n > self.length or self.start > needed_from:
+        return 0 <= n <= self.length and self.start <= needed_from
+
+    def trim(self, n):
+        if not self.can_trim(n):
             raise ValueError("cannot trim: this sliding-window cache no longer holds the tokens it would need")
         self.offset -= n
         self.length -= n
 
     @property
     def nbytes(self):
-        kept = min(self.length, self.window) if self.window else self.length
+        return self.bytes_at(self.length)
+
+    def bytes_at(self, tokens):
         per_token = (self.keys.shape[0] * (self.keys.shape[2] + self.values.shape[2])) * self.keys.element_size()
-        return kept * per_token
+        return (min(tokens, self.window) if self.window else tokens) * per_token
 
     def state(self):
-        meta = torch.tensor([self.offset, self.start, self.length], dtype=torch.int64)
-        return {"keys": self.keys[:, : self.length].clone(), "values": self.values[:, : self.length].clone(), "meta": meta}
+        drop = max(0, self.length - self.window) if self.window else 0  # tokens not shifted out yet
+        meta = torch.tensor([self.offset, self.start + drop, self.length - drop], dtype=torch.int64)
+        return {"keys": self.keys[:, drop : self.length].clone(), "values": self.values[:, drop : self.length].clone(),
+                "meta": meta}
 
     def load_state(self, state):
         self.offset, self.start, self.length = (int(x) for x in state["meta"])

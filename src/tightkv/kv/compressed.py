@@ -146,29 +146,41 @@ class CompressedCache:
                                   None if rv is None else rv.contiguous(), _f32(self.vscale), _f32(self.vcenter)))
         return self._tables[1]
 
+    exact_trim = False  # trimming keeps codes and centring fitted on the later tokens
+
+    def can_trim(self, n: int) -> bool:
+        return isinstance(self._trim_plan(n), tuple)
+
     def trim(self, n: int) -> None:
-        if n <= 0:
-            return
+        plan = self._trim_plan(n)
+        if isinstance(plan, str):
+            raise ValueError(plan)
+        new, body_end, nsink, pool_start = plan
+        self.body_end, self.nsink, self.pool_start, self.offset = body_end, nsink, pool_start, new
+        if self.body_end == self.body_start == self.sink:  # nothing compressed: centre afresh, as a new cache would
+            self.kcenter = self.vcenter = self.kscale = self.vscale = None
+
+    def _trim_plan(self, n: int) -> tuple[int, int, int, int] | str:
+        """(offset, body_end, nsink, pool_start) after trimming n tokens, or why it cannot be done."""
         new = self.offset - n
-        if new < 0:
-            raise ValueError(f"cannot trim {n} tokens from a cache holding {self.offset}")
+        if n == 0:
+            return new, self.body_end, self.nsink, self.pool_start
+        if n < 0 or new < 0:
+            return f"cannot trim {n} tokens from a cache holding {self.offset}"
         if self.window is not None and not self._holds_from(max(0, new - self.window + 1)):
-            raise ValueError("cannot trim: this sliding-window cache no longer holds the tokens it would need")
+            return "cannot trim: this sliding-window cache no longer holds the tokens it would need"
         # the body end for the new offset, as far as exact copies of its tokens remain
         top = max(self.sink, new)
         target = boundary(new - 1, self.sink, self.recent, self.flush) if new > self.sink else self.sink
         lower = max(target, min(self.pool_start, top))
         g = self.body_start + -(-max(0, lower - self.body_start) // self.tile) * self.tile
+        body_end = self.body_end
         if g < self.body_end and g <= top:
-            self.body_end = g
+            body_end = g
         elif self.body_end > top:
-            raise ValueError(f"cannot trim into a compressed tile of {self.tile} tokens")
-        if new < self.sink:
-            self.nsink = min(self.nsink, new)
-        self.pool_start = min(self.pool_start, top)
-        self.offset = new
-        if self.body_end == self.body_start == self.sink:  # nothing compressed: centre afresh, as a new cache would
-            self.kcenter = self.vcenter = self.kscale = self.vscale = None
+            return f"cannot trim into a compressed tile of {self.tile} tokens"
+        nsink = min(self.nsink, new) if new < self.sink else self.nsink
+        return new, body_end, nsink, min(self.pool_start, top)
 
     @property
     def nbytes(self) -> int:
@@ -182,6 +194,9 @@ class CompressedCache:
                 total += c.numel() * c.element_size()
         return total
 
+    def bytes_at(self, tokens: int) -> int:
+        return layer_bytes(self.kc, self.vc, self.hkv, self.window, self.sink, self.recent, tokens)
+
     def state(self) -> dict[str, torch.Tensor]:
         u0, u1 = self._live_units()
         p0, p1 = self._live_exact()[1:]
@@ -193,14 +208,16 @@ class CompressedCache:
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name).clone()
         out["meta"] = torch.tensor([self.offset, self.body_start + u0 * self.tile, self.body_end, self.nsink, p0,
-                                    self.sink, self.recent, self.tile], dtype=torch.int64)
+                                    self.sink, self.recent, self.tile, self._qn], dtype=torch.int64)
+        out["query_sq"] = self._qsq.clone()  # what the key scales are fitted from, until they are
         return out
 
     def load_state(self, state: dict[str, torch.Tensor]) -> None:
-        offset, cstart, cend, nsink, p0, sink, recent, tile = (int(x) for x in state["meta"])
+        offset, body_start, body_end, nsink, p0, sink, recent, tile, qn = (int(x) for x in state["meta"])
         if (sink, recent, tile) != (self.sink, self.recent, self.tile):
             raise ValueError("state was saved by a cache with another sink, recent window or tile")
-        self.offset, self.body_start, self.body_end, self.nsink, self.pool_start = offset, cstart, cend, nsink, p0
+        self.offset, self.body_start, self.body_end, self.nsink, self.pool_start = offset, body_start, body_end, nsink, p0
+        self._qsq, self._qn = state["query_sq"].to(torch.float64).clone(), qn
         self.body_k = {n[2:]: t.clone() for n, t in state.items() if n.startswith("k.")}
         self.body_v = {n[2:]: t.clone() for n, t in state.items() if n.startswith("v.")}
         self.kcenter, self.vcenter = state.get("kcenter"), state.get("vcenter")

@@ -74,7 +74,9 @@ class KVSpec:
 
     def policy(self, k: str, v: str, head_dim: int = 128, value_dim: int = 128) -> tuple[int, int]:
         """(sink, recent) for a layer of these types."""
-        kc, vc = make_codec(k, head_dim, "k", self.seed), make_codec(v, value_dim, "v", self.seed)
+        return self._policy(make_codec(k, head_dim, "k", self.seed), make_codec(v, value_dim, "v", self.seed))
+
+    def _policy(self, kc, vc) -> tuple[int, int]:
         sink = max(kc.sink, vc.sink) if self.sink is None else self.sink
         recent = max(kc.recent, vc.recent) if self.recent is None else self.recent
         return sink, recent
@@ -90,7 +92,7 @@ class KVSpec:
         if k == v and k in DENSE:
             return DenseCache(k, num_kv_heads, head_dim, value_dim, window)
         kc, vc = make_codec(k, head_dim, "k", self.seed), make_codec(v, value_dim, "v", self.seed)
-        sink, recent = self.policy(k, v, head_dim, value_dim)
+        sink, recent = self._policy(kc, vc)
         if window is not None and recent >= window:  # the exact window covers all the layer sees
             return DenseCache("f16", num_kv_heads, head_dim, value_dim, window)
         return CompressedCache(kc, vc, num_kv_heads, window, sink, recent, max_tokens)
@@ -183,21 +185,14 @@ def kv_bytes_per_token(spec: "str | KVSpec", cache_layout: list[tuple[int, int, 
     f32_bytes, ratio_vs_f16, ratio_vs_f32, layers (per layer: k, v, sink, recent,
     window, bytes).
     """
-    from .compressed import layer_bytes
-
     spec = parse_kv(spec)
     n = len(cache_layout)
     layers = []
     for i, (h, d, dv, w) in enumerate(cache_layout):
         k, v = spec.types(i, n)
         cache = spec.make_cache(i, n, h, d, dv, w)
-        if hasattr(cache, "kc"):
-            sink, recent = cache.sink, cache.recent
-            nbytes = layer_bytes(cache.kc, cache.vc, h, w, sink, recent, context)
-        else:
-            sink = recent = 0
-            nbytes = (min(context, w) if w else context) * h * (d + dv) * cache.keys.element_size()
-        layers.append({"k": k, "v": v, "sink": sink, "recent": recent, "window": w, "bytes": nbytes})
+        layers.append({"k": k, "v": v, "sink": cache.sink, "recent": cache.recent, "window": w,
+                       "bytes": cache.bytes_at(context)})
     total = sum(x["bytes"] for x in layers)
     f16, f32 = _dense_bytes(2, cache_layout, context), _dense_bytes(4, cache_layout, context)
     return {"spec": str(spec), "context": context, "total_bytes": total,

@@ -117,11 +117,7 @@ async def chat(request: Request):
     messages = [{"role": m.role, "content": m.content} for m in req.messages]
 
     def prepare(model) -> Prepared:
-        opts = dict(options)
-        if not model.chat_template:
-            from .openai import PLAIN_CHAT_STOPS
-
-            opts["stop"] = opts.get("stop", []) + PLAIN_CHAT_STOPS
+        opts = dict(options, stop=model.chat_stops(options.get("stop")))
         return Prepared(model.chat_ids(messages), max_tokens, opts)
 
     job = await start_job(request, prepare)

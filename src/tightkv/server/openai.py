@@ -15,7 +15,6 @@ from .schemas import ChatCompletionRequest, CompletionRequest
 
 router = APIRouter(prefix="/v1", tags=["OpenAI"])
 
-PLAIN_CHAT_STOPS = ["\nUser:"]  # a model without a chat template sees "User: ...\nAssistant:" turns
 
 
 def _options(req) -> tuple[int | None, dict]:
@@ -78,9 +77,7 @@ async def chat_completions(request: Request):
                 for m in req.messages]
 
     def prepare(model) -> Prepared:
-        opts = dict(options)
-        if not model.chat_template:
-            opts["stop"] = opts["stop"] + PLAIN_CHAT_STOPS
+        opts = dict(options, stop=model.chat_stops(options["stop"]))
         return Prepared(model.chat_ids(messages), max_tokens, opts)
 
     job = await start_job(request, prepare)
