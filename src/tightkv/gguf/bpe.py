@@ -44,9 +44,9 @@ from typing import Any
 import regex
 
 from ..errors import GGUFError
-from .tokenizer import (
+from .vocab import (
     ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, ATTR_UNDEFINED, ATTR_UNKNOWN, ATTR_USER_DEFINED,
-    TOKENIZER_CLASSES, TYPE_NORMAL, Tokenizer, _meta_id, _TYPE_TO_ATTR, eot_ids_from_metadata,
+    TYPE_NORMAL, Tokenizer, _meta_id, _TYPE_TO_ATTR, eot_ids_from_metadata,
 )
 
 
@@ -409,6 +409,3 @@ class BPETokenizer(Tokenizer):
                 piece = b""
             self._pieces[id] = piece
         return piece
-
-
-TOKENIZER_CLASSES["gpt2"] = BPETokenizer

@@ -1,0 +1,144 @@
+"""The tokenizer base shared by the vocab types: GGUF token types and llama.cpp's
+attributes, the end-of-generation ids, and the special-token partition
+(`tokenizer_st_partition`): control, unknown and user-defined tokens are cut out
+of the raw text, longest text first. User-defined tokens are always cut out;
+control and unknown ones only with ``special=True``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+# GGUF token types (tokenizer.ggml.token_type)
+TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED, TYPE_BYTE = 1, 2, 3, 4, 5, 6
+
+# llama.cpp token attributes (bit flags), as the loader derives them from the types
+ATTR_UNDEFINED = 0
+ATTR_UNKNOWN = 1 << 0
+ATTR_UNUSED = 1 << 1
+ATTR_NORMAL = 1 << 2
+ATTR_CONTROL = 1 << 3
+ATTR_USER_DEFINED = 1 << 4
+ATTR_BYTE = 1 << 5
+
+_TYPE_TO_ATTR = {
+    TYPE_NORMAL: ATTR_NORMAL,
+    TYPE_UNKNOWN: ATTR_UNKNOWN,
+    TYPE_CONTROL: ATTR_CONTROL,
+    TYPE_USER_DEFINED: ATTR_USER_DEFINED,
+    TYPE_UNUSED: ATTR_UNUSED,
+    TYPE_BYTE: ATTR_BYTE,
+}
+
+# Token texts that end generation (llama.cpp's special_eog_ids list, minus "</s>",
+# which llama.cpp only lists for one OCR model and which Gemma uses as an HTML tag).
+EOG_TEXTS = (
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
+    "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
+    "<end_of_utterance>", "<｜end▁of▁sentence｜>",
+)
+
+
+class Tokenizer:
+    """What the rest of tightkv needs from a tokenizer."""
+
+    vocab_size: int
+    bos_id: int | None
+    eos_id: int | None
+    eot_ids: set[int]
+    add_bos: bool
+
+    def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids of `text`; BOS first when `add_bos` and the vocab asks for it."""
+        raise NotImplementedError
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of `ids` (control tokens render as nothing); bad UTF-8 becomes U+FFFD."""
+        return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
+
+    def token_bytes(self, id: int) -> bytes:
+        """The bytes token `id` adds to the output (may be part of a UTF-8 character)."""
+        raise NotImplementedError
+
+    # -- shared by the vocab types (needs self.texts, self.attrs, self.ids) ----
+
+    def _setup_specials(self, eos_id: int | None, eot_ids: set[int] | None) -> None:
+        """End-of-generation ids and the special-token partition tables."""
+        # end-of-generation tokens; llama.cpp also treats them as control tokens
+        eog = set(eot_ids or ())
+        for text in EOG_TEXTS:
+            i = self.ids.get(text)
+            if i is not None:
+                eog.add(i)
+                self.attrs[i] |= ATTR_CONTROL
+        if eos_id is not None:
+            eog.add(eos_id)
+        self.eot_ids = eog
+
+        # special-token partition order: longest text first (llama.cpp's std::sort leaves ties
+        # unordered; that matters only if equal-length specials can overlap, none do in Gemma)
+        specials = [i for i, a in enumerate(self.attrs) if a & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)]
+        specials.sort(key=lambda i: -len(self.texts[i]))
+        self._specials_all: dict[str, list[tuple[int, str, int]]] = {}  # first two chars -> (order, text, id)
+        self._specials_user: dict[str, list[tuple[int, str, int]]] = {}
+        for order, i in enumerate(specials):
+            entry = (order, self.texts[i], i)
+            self._specials_all.setdefault(self.texts[i][:2], []).append(entry)
+            if not self.attrs[i] & (ATTR_CONTROL | ATTR_UNKNOWN):
+                self._specials_user.setdefault(self.texts[i][:2], []).append(entry)
+
+    def _partition(self, text: str, special: bool) -> list[str | int]:
+        """Cut special tokens out of `text`: a list of text fragments and token ids."""
+        # only tokens whose first two characters occur in the text, in partition order
+        found = []
+        for head, group in (self._specials_all if special else self._specials_user).items():
+            if head in text:
+                found.extend(group)
+        found.sort()
+        frags: list[tuple[int, int] | int] = [(0, len(text))]
+        for _, s, tid in found:
+            if s not in text:
+                continue
+            size = len(s)
+            out: list[tuple[int, int] | int] = []
+            for f in frags:
+                if isinstance(f, int):
+                    out.append(f)
+                    continue
+                start, end = f
+                pos = text.find(s, start, end)
+                if pos < 0:
+                    out.append(f)
+                    continue
+                while pos >= 0:
+                    if pos > start:
+                        out.append((start, pos))
+                    out.append(tid)
+                    start = pos + size
+                    pos = text.find(s, start, end)
+                if start < end:
+                    out.append((start, end))
+            frags = out
+        return [f if isinstance(f, int) else text[f[0]:f[1]] for f in frags]
+
+
+def eot_ids_from_metadata(meta: dict[str, Any], n_tokens: int) -> set[int]:
+    """The end-of-turn / end-of-message ids the metadata names."""
+    eot = set()
+    for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        i = _meta_id(meta, key, None, n_tokens)
+        if i is not None:
+            eot.add(i)
+    return eot
+
+
+def _meta_id(meta: dict[str, Any], key: str, default: int | None, n_tokens: int) -> int | None:
+    """A special-token id from metadata, llama.cpp style: bad ids keep the default."""
+    if default is not None and default >= n_tokens:
+        default = None
+    value = meta.get(key)
+    if value is None:
+        return default
+    value = int(value)
+    if 0 <= value < n_tokens:
+        return value
+    return default
