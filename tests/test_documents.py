@@ -87,7 +87,7 @@ def test_answer_matching_keywords_and_checks():
 
 
 def test_answer_text_skips_blank_lines_and_completes_a_broken_line():
-    from tightkv.documents.session import answer_text
+    from tightkv.documents.reading import answer_text
 
     def line(*pieces):
         return answer_text(iter(pieces))[0]
@@ -104,7 +104,7 @@ def test_answer_text_skips_blank_lines_and_completes_a_broken_line():
 def test_answer_start_keeps_the_answer_on_the_answer_line():
     """Before the answer has text, a line break or end of text is passed over for the
     next best token (the model looping on "\\nAnswer:" after a whole document)."""
-    from tightkv.documents.session import AnswerStart
+    from tightkv.documents.reading import AnswerStart
 
     class Tok:
         eot_ids = {0}

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO
 
 from .errors import TightKVError
-from .registry import Entry, Installed, blob_path, blobs_dir, file_lock, installed, write_manifest
+from .store import Entry, Installed, blob_path, blobs_dir, file_lock, installed, write_manifest
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 CHUNK = 1 << 18  # read the HTTP body in 256 KiB pieces, so progress moves smoothly

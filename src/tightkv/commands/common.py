@@ -17,6 +17,14 @@ class _RememberFlag(argparse.Action):
         namespace.typed_flags = flags
 
 
+def one_line_errors(p: argparse.ArgumentParser) -> None:
+    """Make a bad flag value a one-line message (no usage block), exit status 2."""
+    def error(message: str) -> None:
+        p.exit(2, f"error: {message} (see: {p.prog} --help)\n")
+
+    p.error = error  # type: ignore[method-assign]
+
+
 def add_kv_flags(p: argparse.ArgumentParser, default: str = "progressive, or $TIGHTKV_KV_CACHE_TYPE") -> None:
     """--kv (a type, preset or K:V pair) and llama.cpp's -ctk/-ctv."""
     p.add_argument("--kv", "--cache-type", dest="kv", default=None, action=_RememberFlag,
@@ -45,7 +53,7 @@ def cli_wording(message: str, ns: argparse.Namespace) -> str:
     message = re.sub(r"^context_length\b", "-c/--ctx", message)
     if hasattr(ns, "rope_scale"):
         return re.sub(r"pass rope_scaling=(\S+)", r"pass --rope-scale \1", message)
-    return re.sub(r"pass rope_scaling=(\S+) to stretch it", rf"`tightkv run` can stretch it with --rope-scale \1",
+    return re.sub(r"pass rope_scaling=(\S+) to stretch it", r"`tightkv run` can stretch it with --rope-scale \1",
                   message)
 
 
@@ -84,7 +92,6 @@ def model_label(name: str | None) -> str:
 
 def kv_spec(ns: argparse.Namespace, env: bool = True) -> str | None:
     """The KV spec from --kv or --cache-type-k/-v (else $TIGHTKV_KV_CACHE_TYPE when env), validated."""
-    from ..kv.spec import parse_kv
 
     k, v = getattr(ns, "cache_type_k", None), getattr(ns, "cache_type_v", None)
     if k or v:

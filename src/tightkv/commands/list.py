@@ -10,7 +10,7 @@ HELP = "list pulled models"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .run import one_line_errors
+    from .common import one_line_errors
 
     one_line_errors(p)
 

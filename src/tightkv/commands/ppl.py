@@ -17,6 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunks", type=int, default=None, help="number of chunks (default: all)")
     p.add_argument("--compare", default=None, help="comma-separated KV types or presets, e.g. f16,q8_0,tq4")
     p.add_argument("--json", default=None, help="write the results as JSON")
+    p.add_argument("-b", "--batch", type=int, default=512, help="tokens per forward call within a chunk (default 512)")
     add_model_flags(p, kv_default="f16", ctx_help="tokens per scored chunk (default 2048)")
     p.set_defaults(ctx=2048)
 
@@ -33,11 +34,14 @@ def run(ns: argparse.Namespace) -> int:
         raise TightKVError(f"{path}: no such text file")
     if ns.ctx < 16:
         raise TightKVError(f"--ctx must be at least 16, got {ns.ctx}")
+    if ns.batch < 1:
+        raise TightKVError(f"--batch must be at least 1, got {ns.batch}")
     kinds = kv_types(ns)
     model = Model(ns.model, threads=ns.threads)
     for kind in kinds:
         model.new_cache(kind)  # a bad type name fails here, before any work
-    results = perplexity(model, path.read_text(encoding="utf-8", errors="replace"), ns.ctx, ns.chunks, kinds)
+    results = perplexity(model, path.read_text(encoding="utf-8", errors="replace"), ns.ctx, ns.chunks, kinds,
+                         batch=ns.batch)
     print(format_table(results))
     base = results["f16"]
     print(f"Final estimate: PPL = {base['ppl']:.4f} +/- {base['ppl_stderr']:.5f}")

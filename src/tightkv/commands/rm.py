@@ -8,7 +8,7 @@ HELP = "remove pulled models"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .run import one_line_errors
+    from .common import one_line_errors
 
     p.add_argument("models", nargs="+", metavar="NAME", help="a pulled model (as `tightkv list` names it); several may follow")
     one_line_errors(p)

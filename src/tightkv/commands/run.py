@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..errors import TightKVError
 
-from .common import add_model_flags, add_sampling_flags, kv_spec
+from .common import add_model_flags, add_sampling_flags, kv_spec, one_line_errors
 
 NAME = "run"
 HELP = "chat with a model, or answer one prompt (the embedded model by default)"
@@ -30,14 +30,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", default=None, help="system message (chat models)")
     add_sampling_flags(p)
     one_line_errors(p)
-
-
-def one_line_errors(p: argparse.ArgumentParser) -> None:
-    """Make a bad flag value a one-line message (no usage block), exit status 2."""
-    def error(message: str) -> None:
-        p.exit(2, f"error: {message} (see: {p.prog} --help)\n")
-
-    p.error = error  # type: ignore[method-assign]
 
 
 def split_model_and_prompt(args: list[str]) -> tuple[str | None, str | None]:

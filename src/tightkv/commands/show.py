@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-from math import prod
 
 NAME = "show"
 HELP = "show a model's architecture, size, context, template and KV bytes per token"
@@ -13,7 +12,7 @@ KV_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "tq4", "tq3", "tq2", "kvarn4",
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .run import one_line_errors
+    from .common import one_line_errors
 
     p.add_argument("model", nargs="?", default=None,
                    help="a registry name (pulled) or a .gguf path (default: the embedded model)")
@@ -24,69 +23,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     one_line_errors(p)
 
 
-def human_number(n: int) -> str:
-    """Ollama's HumanNumber: 268.10M, 1.2B, 3B."""
-    for unit, size, digits in (("B", 1e9, 1), ("M", 1e6, 2), ("K", 1e3, 1)):
-        if n >= size:
-            v = n / size
-            return f"{v:.0f}{unit}" if v == int(v) else f"{v:.{digits}f}{unit}"
-    return str(n)
-
-
-def quantization(g) -> str:
-    """The file type as llama.cpp names it (Q4_K_M, Q8_0, F16 ...)."""
-    ft = g.metadata.get("general.file_type")
-    if ft is not None:
-        try:
-            import gguf
-
-            return gguf.LlamaFileType(int(ft)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
-        except (ValueError, ImportError):
-            pass
-    sizes: dict[str, int] = {}
-    for t in g.tensors.values():
-        sizes[t.qtype] = sizes.get(t.qtype, 0) + int(t.data.nbytes)
-    return max(sizes, key=sizes.get) if sizes else "?"
-
-
-def describe(g) -> list[tuple[str, object]]:
-    """(label, value) pairs for a parsed GGUF, as Ollama's `show` lists them."""
-    m, arch = g.metadata, g.architecture
-    params = sum(prod(t.shape) for t in g.tensors.values())
-    pairs: list[tuple[str, object]] = [("architecture", arch), ("parameters", human_number(params))]
-    for label, key in (("context length", "context_length"), ("embedding length", "embedding_length"),
-                       ("layers", "block_count"), ("attention heads", "attention.head_count"),
-                       ("kv heads", "attention.head_count_kv"), ("sliding window", "attention.sliding_window")):
-        if f"{arch}.{key}" in m:
-            pairs.append((label, m[f"{arch}.{key}"]))
-    if m.get(f"{arch}.rope.scaling.type"):
-        pairs.append(("rope scaling", f"{m[f'{arch}.rope.scaling.type']} x{m.get(f'{arch}.rope.scaling.factor', 1):g}"))
-    pairs.append(("quantization", quantization(g)))
-    return pairs
-
-
-def format_pairs(pairs: list[tuple[str, object]], indent: int = 4) -> str:
-    width = max((len(k) for k, _ in pairs), default=0) + 4
-    return "\n".join(f"{' ' * indent}{k:<{width}}{v}" for k, v in pairs)
-
-
 def cache_layout(g) -> list[tuple[int, int, int, int | None]]:
     """Per-layer (kv heads, key dim, value dim, sliding window) from the model family,
     or from the generic metadata when tightkv does not run this architecture yet."""
+    from ..errors import GGUFError
+    from ..models.base import header_layout
+
     try:
-        from ..models.base import load_family
-
-        family = load_family(g)
-        args = family.ModelArgs.from_gguf(g)
-        try:
-            from types import SimpleNamespace
-
-            return family.Model.cache_layout(SimpleNamespace(args=args))
-        except Exception:
-            from ..models.base import build_model
-
-            return build_model(g).cache_layout()
-    except Exception:
+        return header_layout(g)[1]
+    except GGUFError:
         m, arch = g.metadata, g.architecture
         heads = int(m.get(f"{arch}.attention.head_count", 1))
         kv_heads = int(m.get(f"{arch}.attention.head_count_kv", heads))
@@ -98,16 +43,9 @@ def cache_layout(g) -> list[tuple[int, int, int, int | None]]:
 
 def kv_table(g, context: int) -> list[tuple[str, float, int, float]]:
     """(type, bytes per token, total bytes, x smaller than f16) at `context` tokens."""
+    from ..kv.spec import kv_bytes_per_token
+
     layout = cache_layout(g)
-    try:
-        from ..kv.spec import kv_bytes_per_token
-    except ImportError:  # dense types only
-        rows = []
-        for name, size in (("f32", 4), ("f16", 2), ("bf16", 2)):
-            total = sum((min(context, w) if w else context) * h * (d + dv) * size for h, d, dv, w in layout)
-            rows.append((name, total / context, total, 0.0))
-        f16 = rows[1][2]
-        return [(n, b, t, f16 / t) for n, b, t, _ in rows]
     rows = []
     for name in KV_TYPES:
         try:
@@ -119,6 +57,7 @@ def kv_table(g, context: int) -> list[tuple[str, float, int, float]]:
 
 
 def run(ns: argparse.Namespace) -> int:
+    from ..gguf.describe import describe, format_pairs
     from ..errors import TightKVError
     from ..gguf.reader import read_gguf
     from ..hub import human_binary_bytes as human_bytes

@@ -7,6 +7,7 @@ past the model's working memory (`rlv`, `memory`).
     doc = Model().load_document("report.md")
     print(doc.ask("Who leads the Lumen division?"))
 """
-from .session import DOC_KV_DEFAULT, MODES, Answer, DocumentSession, PrefixCache
+from .reading import Answer, PrefixCache
+from .session import DOC_KV_DEFAULT, MODES, DocumentSession
 
 __all__ = ["Answer", "DocumentSession", "PrefixCache", "MODES", "DOC_KV_DEFAULT"]

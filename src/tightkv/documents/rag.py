@@ -11,7 +11,7 @@ import time
 from typing import Callable
 
 from . import prompts
-from .session import Answer, answer_line
+from .reading import Answer, answer_line
 from .search import BM25Index
 from .text import DocumentText, Section, first_sentence, fixed_chunks
 

@@ -40,7 +40,7 @@ FORMAT = "tightkv-document-cache/2"  # 2: query statistics in compressed layers'
 
 
 def documents_dir() -> Path:
-    from ..registry import home
+    from ..store import home
 
     return home() / "documents"
 

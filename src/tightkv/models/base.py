@@ -46,6 +46,11 @@ class BaseModelArgs:
     rms_norm_eps: float
     rope_theta: float
 
+    def cache_layout(self) -> list[tuple[int, int, int, int | None]]:
+        """Per layer: (kv heads, key dim, value dim, sliding window or None); every layer
+        global unless the family says otherwise."""
+        return [(self.num_kv_heads, self.head_dim, self.head_dim, None)] * self.num_layers
+
     @classmethod
     def from_gguf(cls, g: GGUFFile, **extra: Any) -> "BaseModelArgs":
         """Build the config from metadata; keys a family does not know are ignored."""
@@ -213,16 +218,10 @@ def load_family(g: GGUFFile):
 
 
 def header_layout(g: GGUFFile) -> tuple[BaseModelArgs, list[tuple[int, int, int, int | None]]]:
-    """Config and per-layer cache layout from the header alone (no weights touched).
-
-    A family module may define `cache_layout(args)`; otherwise every layer is global
-    with `num_kv_heads` heads of `head_dim`.
-    """
-    family = load_family(g)
-    args = family.ModelArgs.from_gguf(g)
-    if hasattr(family, "cache_layout"):
-        return args, family.cache_layout(args)
-    return args, [(args.num_kv_heads, args.head_dim, args.head_dim, None)] * args.num_layers
+    """Config and per-layer cache layout (`ModelArgs.cache_layout`) from the header alone
+    (no weights touched)."""
+    args = load_family(g).ModelArgs.from_gguf(g)
+    return args, args.cache_layout()
 
 
 def build_model(g: GGUFFile):

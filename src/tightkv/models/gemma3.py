@@ -33,6 +33,10 @@ class ModelArgs(BaseModelArgs):
             extra.setdefault("rope_scale", 1.0 / float(factor))
         return super().from_gguf(g, **extra)
 
+    def cache_layout(self) -> list[tuple[int, int, int, int | None]]:
+        return [(self.num_kv_heads, self.head_dim, self.head_dim, self.sliding_window if self.is_sliding(i) else None)
+                for i in range(self.num_layers)]
+
     def is_sliding(self, layer: int) -> bool:
         return layer % self.sliding_window_pattern < self.sliding_window_pattern - 1
 
@@ -41,12 +45,6 @@ class ModelArgs(BaseModelArgs):
         if self.num_layers == 62:  # Gemma 3 27B scales by hidden / heads, as llama.cpp does
             return 1.0 / math.sqrt(self.hidden_size / self.num_heads)
         return 1.0 / math.sqrt(self.head_dim)
-
-
-def cache_layout(a: ModelArgs) -> list[tuple[int, int, int, int | None]]:
-    """Per layer: (kv heads, key dim, value dim, sliding window or None)."""
-    return [(a.num_kv_heads, a.head_dim, a.head_dim, a.sliding_window if a.is_sliding(i) else None)
-            for i in range(a.num_layers)]
 
 
 class Attention(torch.nn.Module):
@@ -116,7 +114,7 @@ class Model(torch.nn.Module):
         self.norm = w.vector("output_norm.weight")
 
     def cache_layout(self) -> list[tuple[int, int, int, int | None]]:
-        return cache_layout(self.args)
+        return self.args.cache_layout()
 
     def forward(self, ids: torch.Tensor, cache: list, logits_at: torch.Tensor | None = None,
                 hidden: bool = False) -> torch.Tensor | None:

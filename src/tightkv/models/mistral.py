@@ -21,14 +21,9 @@ class ModelArgs(llama.ModelArgs):
         extra.setdefault("sliding_window", window or None)
         return super().from_gguf(g, **extra)
 
-
-def cache_layout(a: ModelArgs) -> list[tuple[int, int, int, int | None]]:
-    """Per layer: (kv heads, key dim, value dim, sliding window or None)."""
-    return [(a.num_kv_heads, a.head_dim, a.head_dim, a.sliding_window)] * a.num_layers
+    def cache_layout(self) -> list[tuple[int, int, int, int | None]]:
+        return [(self.num_kv_heads, self.head_dim, self.head_dim, self.sliding_window)] * self.num_layers
 
 
 class Model(llama.Model):
-    """Mistral text model over quantized GGUF weights."""
-
-    def cache_layout(self) -> list[tuple[int, int, int, int | None]]:
-        return cache_layout(self.args)
+    """Mistral text model over quantized GGUF weights (its sliding window is in ModelArgs)."""

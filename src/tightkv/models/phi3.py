@@ -117,9 +117,7 @@ class Model(torch.nn.Module):
         self.rope_factors = self.factors.get("long" if long else "short")
 
     def cache_layout(self) -> list[tuple[int, int, int, int | None]]:
-        """Per layer: (kv heads, key dim, value dim, sliding window or None)."""
-        a = self.args
-        return [(a.num_kv_heads, a.head_dim, a.head_dim, None)] * a.num_layers
+        return self.args.cache_layout()
 
     def forward(self, ids: torch.Tensor, cache: list, logits_at: torch.Tensor | None = None,
                 hidden: bool = False) -> torch.Tensor | None:
