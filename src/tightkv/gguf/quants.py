@@ -226,7 +226,7 @@ class Q6_K(Codec, qtype="Q6_K", block_size=QK_K, type_size=210):
         return (d * q).reshape(n, QK_K)
 
 
-_TYPED = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}  # the float GGML types
 
 
 def check_supported(qtype: str, name: str) -> None:
@@ -252,8 +252,8 @@ def dequantize(raw: torch.Tensor, qtype: str, shape: tuple[int, ...]) -> torch.T
     """
     check_supported(qtype, "<dequantize>")
     if raw.dtype != torch.uint8:
-        if qtype in _TYPED and raw.dtype in (torch.float32, torch.float16, torch.bfloat16):
-            if raw.dtype != _TYPED[qtype]:
+        if qtype in FLOAT_TYPES and raw.dtype in (torch.float32, torch.float16, torch.bfloat16):
+            if raw.dtype != FLOAT_TYPES[qtype]:
                 raise ValueError(f"{qtype} data given as {raw.dtype}")
             return raw.float().reshape(shape)
         if qtype == "BF16" and raw.dtype in (torch.int16, torch.uint16):

@@ -44,12 +44,12 @@ import torch
 import torch.nn.functional as F
 
 from ..gguf import quants
+from ..gguf.quants import FLOAT_TYPES
 from . import library
 from .library import set_threads  # noqa: F401  (the engine sets kernel threads here)
 
 BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 TYPE_IDS = {name: i for i, name in enumerate(BLOCK_TYPES)}  # the kernel's type numbers
-FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 GEMV_MAX_ROWS = 24  # above this many input rows: dequantized tiles + float32 matmul (measured crossover)
 TILE_ELEMS = 1 << 22  # weight elements per dequantized tile (16 MB of float32)
 PARALLEL_MIN_BYTES = 1 << 16  # smaller weights run the block-dot kernel on one thread

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from . import fused
+from .codecs import DENSE_DTYPES
 
-DENSE_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
 class LayerCache(Protocol):

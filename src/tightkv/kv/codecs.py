@@ -41,6 +41,7 @@ import math
 import torch
 
 from ..errors import TightKVError
+from ..gguf.quants import FLOAT_TYPES
 from .bits import identity_values, lut_decode, pack, packed_size
 from .rotation import DEFAULT_SEED, gaussian_matrix, rotation_block, rotation_matrix, rotation_signs
 
@@ -77,9 +78,18 @@ def _f16(x: torch.Tensor) -> torch.Tensor:
     return x.clamp(-F16_MAX, F16_MAX).half()
 
 
-class Codec:
-    """One KV codec for vectors of ``dim`` channels, for keys (role "k") or values ("v")."""
+FAMILIES: dict[str, tuple[type, dict]] = {}  # name -> (class, keyword arguments), filled as classes register
+DENSE_DTYPES = {name.lower(): dtype for name, dtype in FLOAT_TYPES.items()}  # f32, f16, bf16
 
+
+class Codec:
+    """One KV codec for vectors of ``dim`` channels, for keys (role "k") or values ("v").
+
+    A subclass registers the names it answers to in its own ``names`` (name -> keyword
+    arguments); each compressed name also exists with "-paper" (the published variant).
+    """
+
+    names: dict[str, dict] = {}
     name: str = ""
     tile: int = 1  # tokens per encoded unit
     rotation: torch.Tensor | None = None  # (dim, dim) orthogonal; codes live in x @ R.T
@@ -93,6 +103,11 @@ class Codec:
     # field with the codes and of the one with per-block or per-vector scales.
     kernel_kind: str | None = None
     kernel_fields: tuple[str, str | None] = ("", None)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name, kw in cls.__dict__.get("names", {}).items():
+            FAMILIES[name] = (cls, kw)
 
     def __init__(self, dim: int, role: str = "k", seed: int = DEFAULT_SEED, paper: bool = False):
         self.dim, self.role, self.seed, self.paper = dim, role, seed, paper
@@ -140,12 +155,11 @@ class Codec:
 class Dense(Codec):
     """Plain float storage; lets a K:V pair mix exact and compressed halves."""
 
-    DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
     kernel_fields = ("x", None)
 
-    def __init__(self, dim, role="k", seed=DEFAULT_SEED, paper=False, kind="f16"):
+    def __init__(self, dim, role="k", seed=DEFAULT_SEED, kind="f16"):
         super().__init__(dim, role, seed, paper=True)
-        self.dtype = self.DTYPES[kind]
+        self.dtype = DENSE_DTYPES[kind]
         self.kernel_kind = kind
 
     def unit_bytes(self):
@@ -173,6 +187,7 @@ class Q8_0(Codec):
     """
 
     block = 32
+    names = {"q8_0": {}}
     kernel_kind = "q8_0"
     kernel_fields = ("qs", "d")
 
@@ -216,6 +231,7 @@ class Q4_0(Q8_0):
     0-15, high nibbles = 16-31).
     """
 
+    names = {"q4_0": {}}
     kernel_kind = "q4_0"
 
     def unit_bytes(self):
@@ -268,6 +284,7 @@ class TurboQuant(Codec):
         if bits != 4:
             self.kernel_kind = None  # the fused kernel takes 4-bit codes only
 
+    names = {f"tq{b}": {"bits": b} for b in (4, 3, 2)}
     kernel_kind = "tq4"
     kernel_fields = ("idx", "norm")
 
@@ -309,6 +326,7 @@ class TurboQuantProd(TurboQuant):
     (dim, dim). Research parity only: the sketch's variance hurts attention.
     """
 
+    names = {"tqp": {"bits": 4}, "tqp3": {"bits": 3}}
     kernel_kind = None  # the sketch is not in the fused kernel
 
     def __init__(self, dim, role="k", seed=DEFAULT_SEED, paper=False, bits=4):
@@ -355,6 +373,7 @@ class KVarN(Codec):
     tile = 128
     iters = 16
 
+    names = {f"kvarn{b}": {"bits": b} for b in (4, 3, 2)}
     default_sink = TQ_SINK
 
     def __init__(self, dim, role="k", seed=DEFAULT_SEED, paper=False, bits=4):
@@ -423,6 +442,7 @@ class KIVI(Codec):
 
     group = 32
 
+    names = {f"kivi{b}": {"bits": b} for b in (4, 3, 2)}
     default_sink = TQ_SINK
 
     def __init__(self, dim, role="k", seed=DEFAULT_SEED, paper=False, bits=4):
@@ -471,17 +491,7 @@ class KIVI(Codec):
         return x.reshape(h, nt * tile, d)
 
 
-# name -> (class, keyword arguments); each compressed name also exists with "-paper"
-FAMILIES: dict[str, tuple[type[Codec], dict]] = {
-    "q8_0": (Q8_0, {}),
-    "q4_0": (Q4_0, {}),
-    **{f"tq{b}": (TurboQuant, {"bits": b}) for b in (4, 3, 2)},
-    "tqp": (TurboQuantProd, {"bits": 4}),
-    "tqp3": (TurboQuantProd, {"bits": 3}),
-    **{f"kvarn{b}": (KVarN, {"bits": b}) for b in (4, 3, 2)},
-    **{f"kivi{b}": (KIVI, {"bits": b}) for b in (4, 3, 2)},
-}
-DENSE = tuple(Dense.DTYPES)
+DENSE = tuple(DENSE_DTYPES)
 
 
 def codec_names() -> list[str]:
@@ -491,7 +501,7 @@ def codec_names() -> list[str]:
 
 def make_codec(name: str, dim: int, role: str = "k", seed: int = DEFAULT_SEED) -> Codec:
     """A codec by name for vectors of `dim` channels; role "k" or "v"."""
-    if name in Dense.DTYPES:
+    if name in DENSE_DTYPES:
         c = Dense(dim, role, seed, kind=name)
     else:
         base, paper = (name[: -len("-paper")], True) if name.endswith("-paper") else (name, False)

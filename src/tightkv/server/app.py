@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 
 from .. import __version__
 from ..errors import TightKVError
+from ..gguf.describe import file_type, human_number, parameters
 from .common import ApiError, error_response
 from .scheduler import Scheduler
 
@@ -84,7 +85,7 @@ class ServedModel:
         self.metadata = dict(model.gguf.metadata)
         self.context_length = model.context_length
         self.chat_template = model.chat_template
-        self.n_params = sum(_prod(t.shape) for t in model.gguf.tensors.values())
+        self.n_params = parameters(model.gguf)
 
     def digest(self) -> str:
         """sha256 of the GGUF file (computed once, on first use)."""
@@ -100,16 +101,8 @@ class ServedModel:
     def details(self) -> dict:
         arch = str(self.metadata.get("general.architecture", ""))
         return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch] if arch else None,
-                "parameter_size": _human_params(self.n_params), "quantization_level": self.quantization()}
-
-    def quantization(self) -> str:
-        import gguf
-
-        ft = self.metadata.get("general.file_type")
-        try:
-            return gguf.LlamaFileType(int(ft)).name.removeprefix("MOSTLY_").replace("ALL_", "")
-        except (TypeError, ValueError):
-            return "unknown"
+                "parameter_size": human_number(self.n_params),
+                "quantization_level": file_type(self.metadata) or "unknown"}
 
     def modified_at(self) -> str:
         return datetime.fromtimestamp(self.mtime).astimezone().isoformat()
@@ -117,30 +110,12 @@ class ServedModel:
 
 def _canonical(name: str) -> str | None:
     """The registry's canonical name ('gemma3' -> 'gemma3:270m'), if it knows one."""
-    from .. import registry
+    from ..registry import lookup
 
-    lookup = getattr(registry, "lookup", None)
-    if lookup is None:
-        return None
     try:
         return lookup(name).name
     except Exception:  # noqa: BLE001 - an unknown name is just not ours
         return None
-
-
-def _prod(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
-
-
-def _human_params(n: int) -> str:
-    if n >= 1e9:
-        return f"{n / 1e9:.1f}B"
-    if n >= 1e6:
-        return f"{n / 1e6:.2f}M"
-    return f"{n / 1e3:.2f}K"
 
 
 class ServerState:

@@ -164,7 +164,6 @@ async def start_job(request: Request, prepare: Callable[[Any], Prepared]) -> Job
     if kind == ERROR:
         raise as_api_error(value)
     assert kind == ACCEPTED
-    job.prompt_tokens = value
     return job
 
 
