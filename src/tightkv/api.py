@@ -13,8 +13,6 @@ import numpy as np
 from .errors import ContextOverflowError, TightKVError
 from .registry import resolve
 
-DEFAULT_KV = "progressive"  # chosen by measurement: README, "KV cache"
-
 
 def default_threads() -> int:
     """Physical cores, as llama.cpp defaults to."""
@@ -54,7 +52,9 @@ class Model:
         from .models.base import ARCHITECTURES, build_model, load_family
 
         from .kernels import qmatmul
+        from .kv.spec import resolve_kv
 
+        self.kv = resolve_kv(kv)  # parsed once (a bad spec fails before the weights load)
         self.threads = threads or default_threads()
         torch.set_num_threads(self.threads)
         qmatmul.set_threads(self.threads)
@@ -68,7 +68,6 @@ class Model:
         self.args = self.net.args
         if self.rope_factor is not None and not hasattr(self.args, "rope_scale"):
             raise TightKVError(f"RoPE scaling is not supported for {self.args.architecture} models")
-        self.kv = kv or os.environ.get("TIGHTKV_KV_CACHE_TYPE") or DEFAULT_KV
         self.context_length = self._check_context_length(context_length)
         if hasattr(self.net, "set_context_length"):  # e.g. Phi-3 LongRoPE picks its factors by context
             self.net.set_context_length(self.context_length)
@@ -78,7 +77,7 @@ class Model:
         self.last_stats = None  # GenerationStats of the last chat turn
 
     def __repr__(self) -> str:
-        return f"Model({str(self.path)!r}, kv={self.kv!r}, context_length={self.context_length})"
+        return f"Model({str(self.path)!r}, kv={str(self.kv)!r}, context_length={self.context_length})"
 
     def _load_tokenizer(self):
         from .errors import GGUFError
@@ -129,8 +128,8 @@ class Model:
         """Text for token ids."""
         return self.tokenizer.decode(list(ids))
 
-    def new_cache(self, kv: str | None = None) -> list:
-        """A fresh per-layer KV cache."""
+    def new_cache(self, kv=None) -> list:
+        """A fresh per-layer KV cache: of this model's spec, or of `kv` (a spec or its text)."""
         from .kv.spec import parse_kv
 
         return parse_kv(kv or self.kv).make_caches(self.net.cache_layout(), self.context_length)

@@ -113,7 +113,7 @@ def run(ns: argparse.Namespace) -> int:
         if log:
             log(f"time: first token {rec['ttft_s']:.2f}s, answer {answer.seconds:.2f}s ({answer.mode})")
     if ns.json:
-        doc_info = {"mode": session.mode, "kv": session.kv, "doc_tokens": session.doc_tokens,
+        doc_info = {"mode": session.mode, "kv": str(session.kv), "doc_tokens": session.doc_tokens,
                     "working_memory": session.wm, "cache_source": session.cache_source, "kv_bytes": session.kv_bytes,
                     "model_load_s": round(t_model, 4), "ready_s": round(t_ready, 4),
                     **{k: round(v, 4) for k, v in session.timings.items()}}

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 from ..errors import TightKVError
 
@@ -90,8 +89,9 @@ def model_label(name: str | None) -> str:
     return lookup(name or DEFAULT_MODEL).name
 
 
-def kv_spec(ns: argparse.Namespace, env: bool = True) -> str | None:
-    """The KV spec from --kv or --cache-type-k/-v (else $TIGHTKV_KV_CACHE_TYPE when env), validated."""
+def kv_spec(ns: argparse.Namespace) -> str | None:
+    """The KV spec from --kv or --cache-type-k/-v, validated; None leaves the choice to
+    `kv.spec.resolve_kv` ($TIGHTKV_KV_CACHE_TYPE, else the default)."""
 
     k, v = getattr(ns, "cache_type_k", None), getattr(ns, "cache_type_v", None)
     if k or v:
@@ -104,10 +104,7 @@ def kv_spec(ns: argparse.Namespace, env: bool = True) -> str | None:
         _check_kv(f"{k}:f16", flag_k)
         _check_kv(f"f16:{v}", flag_v)
         return f"{k}:{v}"
-    if ns.kv:
-        return _check_kv(ns.kv, _typed(ns, "kv", "--kv"))
-    spec = os.environ.get("TIGHTKV_KV_CACHE_TYPE") or None if env else None
-    return _check_kv(spec, "TIGHTKV_KV_CACHE_TYPE") if spec else None
+    return _check_kv(ns.kv, _typed(ns, "kv", "--kv")) if ns.kv else None
 
 
 def _typed(ns: argparse.Namespace, dest: str, fallback: str) -> str:
@@ -127,7 +124,7 @@ def _check_kv(spec: str, source: str) -> str:
 
 def kv_types(ns: argparse.Namespace) -> list[str]:
     """The KV types a measuring verb runs: --compare, else --kv / -ctk/-ctv, else f16."""
-    one = kv_spec(ns, env=False)
+    one = kv_spec(ns)
     if ns.compare and one:
         raise TightKVError("use either --compare or --kv/--cache-type-k/--cache-type-v, not both")
     return kv_list(ns.compare or one)

@@ -8,6 +8,6 @@ past the model's working memory (`rlv`, `memory`).
     print(doc.ask("Who leads the Lumen division?"))
 """
 from .reading import Answer, PrefixCache
-from .session import DOC_KV_DEFAULT, MODES, DocumentSession
+from .session import MODES, DocumentSession
 
-__all__ = ["Answer", "DocumentSession", "PrefixCache", "MODES", "DOC_KV_DEFAULT"]
+__all__ = ["Answer", "DocumentSession", "PrefixCache", "MODES"]

@@ -9,13 +9,13 @@ import time
 from typing import Callable
 
 from ..errors import TightKVError
+from ..kv.spec import resolve_kv
 from . import prompts
 from .evidence import QUOTES, SentenceIndex, quotes_block
 from .reading import Answer, PrefixCache, progress_bar
 from .text import DocumentText, Section, first_sentence, read_documents, split_sections, support
 
 MODES = ("full", "rag", "rlv", "auto")
-DOC_KV_DEFAULT = "progressive"  # whole documents go into the compressed cache by default
 
 
 class DocumentSession:
@@ -42,10 +42,7 @@ class DocumentSession:
         else:
             self.doc = read_documents([sources] if isinstance(sources, str) or not hasattr(sources, "__iter__")
                                       else list(sources))
-        self.kv = kv or DOC_KV_DEFAULT
-        from ..kv.spec import parse_kv
-
-        parse_kv(self.kv)
+        self.kv = resolve_kv(kv)  # the default (or $TIGHTKV_KV_CACHE_TYPE), whatever the model's cache
         self.progress = progress
         self.log = log or (lambda s: None)
         self.notice = notice or (lambda s: print(s, file=sys.stderr))

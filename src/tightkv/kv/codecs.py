@@ -499,17 +499,33 @@ def codec_names() -> list[str]:
     return [*DENSE, *FAMILIES, *(f"{n}-paper" for n in FAMILIES)]
 
 
+def _family(name: str) -> tuple[type[Codec], dict, bool]:
+    """(class, keyword arguments, paper) of a compressed type's name."""
+    base, paper = (name[: -len("-paper")], True) if name.endswith("-paper") else (name, False)
+    if base not in FAMILIES:
+        raise TightKVError(f"unknown KV cache type '{name}' (valid: {', '.join(codec_names())})")
+    cls, kw = FAMILIES[base]
+    return cls, kw, paper
+
+
+def codec_defaults(name: str) -> tuple[int, int]:
+    """(exact sink, exact recent window) a type keeps by default, from class data alone:
+    none for dense and ``-paper`` types; a wider window for types of 3 bits and less."""
+    if name in DENSE_DTYPES:
+        return 0, 0
+    cls, kw, paper = _family(name)
+    if paper:
+        return 0, 0
+    return cls.default_sink, LOW_BIT_RECENT if kw.get("bits", 8) <= 3 else RECENT
+
+
 def make_codec(name: str, dim: int, role: str = "k", seed: int = DEFAULT_SEED) -> Codec:
     """A codec by name for vectors of `dim` channels; role "k" or "v"."""
     if name in DENSE_DTYPES:
         c = Dense(dim, role, seed, kind=name)
     else:
-        base, paper = (name[: -len("-paper")], True) if name.endswith("-paper") else (name, False)
-        if base not in FAMILIES:
-            raise TightKVError(f"unknown KV cache type '{name}' (valid: {', '.join(codec_names())})")
-        cls, kw = FAMILIES[base]
+        cls, kw, paper = _family(name)
         c = cls(dim, role, seed, paper, **kw)
-        if not paper and kw.get("bits", 8) <= 3:
-            c.recent = LOW_BIT_RECENT
+        c.sink, c.recent = codec_defaults(name)
     c.name = name
     return c

@@ -24,11 +24,12 @@ of the two. Presets:
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, replace
 
 from ..errors import TightKVError
-from .codecs import DENSE, codec_names, make_codec
+from .codecs import DENSE, codec_defaults, codec_names, make_codec
 from .rotation import DEFAULT_SEED
 
 PRESETS: dict[str, dict] = {
@@ -72,14 +73,11 @@ class KVSpec:
                 k, v = ok, ov
         return k, v
 
-    def policy(self, k: str, v: str, head_dim: int = 128, value_dim: int = 128) -> tuple[int, int]:
-        """(sink, recent) for a layer of these types."""
-        return self._policy(make_codec(k, head_dim, "k", self.seed), make_codec(v, value_dim, "v", self.seed))
-
-    def _policy(self, kc, vc) -> tuple[int, int]:
-        sink = max(kc.sink, vc.sink) if self.sink is None else self.sink
-        recent = max(kc.recent, vc.recent) if self.recent is None else self.recent
-        return sink, recent
+    def policy(self, k: str, v: str) -> tuple[int, int]:
+        """(sink, recent) for a layer of these types: the spec's, else the larger default."""
+        (ks, kr), (vs, vr) = codec_defaults(k), codec_defaults(v)
+        return (max(ks, vs) if self.sink is None else self.sink,
+                max(kr, vr) if self.recent is None else self.recent)
 
     def make_cache(self, layer: int, num_layers: int, num_kv_heads: int, head_dim: int,
                    value_dim: int | None = None, window: int | None = None, max_tokens: int | None = None):
@@ -92,7 +90,7 @@ class KVSpec:
         if k == v and k in DENSE:
             return DenseCache(k, num_kv_heads, head_dim, value_dim, window)
         kc, vc = make_codec(k, head_dim, "k", self.seed), make_codec(v, value_dim, "v", self.seed)
-        sink, recent = self._policy(kc, vc)
+        sink, recent = self.policy(k, v)
         if window is not None and recent >= window:  # the exact window covers all the layer sees
             return DenseCache("f16", num_kv_heads, head_dim, value_dim, window)
         return CompressedCache(kc, vc, num_kv_heads, window, sink, recent, max_tokens)
@@ -130,6 +128,23 @@ def _count(key: str, value: str) -> int:
 
 
 _LAYERS = re.compile(r"^l(-?\d+)(?:\.\.(-?\d+))?$")
+
+
+DEFAULT = "progressive"  # the default cache type, chosen by measurement (README, "KV cache")
+ENV = "TIGHTKV_KV_CACHE_TYPE"  # the environment variable that replaces it
+
+
+def resolve_kv(kv: "str | KVSpec | None" = None) -> KVSpec:
+    """The spec to use: `kv` if given, else $TIGHTKV_KV_CACHE_TYPE, else the default."""
+    if kv:
+        return parse_kv(kv)
+    env = os.environ.get(ENV)
+    if not env:
+        return parse_kv(DEFAULT)
+    try:
+        return parse_kv(env)
+    except TightKVError as err:
+        raise TightKVError(f"{ENV}: {err}") from None
 
 
 def parse_kv(text: "str | KVSpec | None") -> KVSpec:
