@@ -173,15 +173,20 @@ def test_rope_variant_is_visible(gguf_dir, case):
 
 def test_phi3_short_factors(gguf_dir):
     """Within the original context LongRoPE uses the short factors (transformers:
-    sequence <= original length; ours: a context <= the original one)."""
+    sequence <= original length; ours and llama.cpp's: a context <= the original one),
+    whichever way the context is set: at load, or later through Model.set_context_length
+    (as the server's default context and the REPL's num_ctx do)."""
     ids = random_ids(16)
     ref = hf_logits(gguf_dir, "phi3-longrope", "F32", ids)
-    m = Model(str(gguf_dir / "phi3-longrope-F32.gguf"), kv="f32", threads=1)
+    path = str(gguf_dir / "phi3-longrope-F32.gguf")
+    m = Model(path, kv="f32", threads=1)
     assert m.args.original_context_length == 16 and m.net.rope_factors is m.net.factors["long"]
-    m.net.set_context_length(16)
+    m.set_context_length(16)
+    assert m.context_length == 16 and m.net.rope_factors is m.net.factors["short"]
     assert_close(step_logits(m, ids), ref)
-    m.net.set_context_length(64)
-    assert np.abs(m.logits(ids) - ref).max() > 100 * ATOL
+    m.set_context_length(None)  # back to the trained 64: long factors, and other logits
+    assert m.context_length == 64 and np.abs(m.logits(ids) - ref).max() > 100 * ATOL
+    assert_close(step_logits(Model(path, kv="f32", threads=1, context_length=16), ids), ref)
 
 
 def test_mistral_sliding_window_is_visible(gguf_dir):

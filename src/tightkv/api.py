@@ -68,12 +68,8 @@ class Model:
         self.args = self.net.args
         if self.rope_factor is not None and not hasattr(self.args, "rope_scale"):
             raise TightKVError(f"RoPE scaling is not supported for {self.args.architecture} models")
-        self.context_length = self._check_context_length(context_length)
-        if hasattr(self.net, "set_context_length"):  # e.g. Phi-3 LongRoPE picks its factors by context
-            self.net.set_context_length(self.context_length)
         self.chat_template: str | None = self.gguf.metadata.get("tokenizer.chat_template")
-        self._chat_cache: list | None = None
-        self._chat_ids: list[int] = []
+        self.set_context_length(context_length)
         self.last_stats = None  # GenerationStats of the last chat turn
 
     def __repr__(self) -> str:
@@ -104,6 +100,16 @@ class Model:
         factor when one was given."""
         trained = self.args.context_length
         return int(trained * self.rope_factor) if self.rope_factor else trained
+
+    def set_context_length(self, n: int | None) -> None:
+        """Change the context (None: the trained one); the one way to do it. A model whose
+        RoPE depends on the context (Phi-3's LongRoPE factors, as llama.cpp picks them from
+        its -c) follows it; the chat cache is dropped. Caches made before are stale."""
+        self.context_length = self._check_context_length(n)
+        if hasattr(self.net, "set_context_length"):
+            self.net.set_context_length(self.context_length)
+        self._chat_cache: list | None = None
+        self._chat_ids: list[int] = []
 
     def _check_context_length(self, n: int | None) -> int:
         trained = self.args.context_length

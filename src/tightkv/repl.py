@@ -129,7 +129,8 @@ class ChatSession:
         except ValueError:
             raise TightKVError(f"parameter {name} takes {kind.__name__} values, got '{value}'") from None
         if key == "num_ctx":
-            self.model.context_length = self.model._check_context_length(parsed)
+            self.model.set_context_length(parsed)
+            self.cache, self.held = None, []  # a new context (and maybe new RoPE factors): prefill afresh
             return f"Set parameter 'num_ctx' to '{parsed}'"
         if key == "stop":
             self.options["stop"].append(parsed)

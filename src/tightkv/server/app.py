@@ -144,7 +144,7 @@ class ServerState:
         c = self.config
         model = Model(self.served.path, kv=c.kv, context_length=c.ctx or None, threads=c.threads)  # 0: trained
         if c.ctx is None:
-            model.context_length = min(model.context_length, DEFAULT_CTX)
+            model.set_context_length(min(model.context_length, DEFAULT_CTX))
         model.generate([model.tokenizer.bos_id or 0], max_tokens=1)  # warm up the kernels
         return model
 
