@@ -137,6 +137,7 @@ def test_one_shot_streams_and_pipes(chat_model, home):
     assert r.returncode == 0, r.stderr
     assert re.search(r"prompt eval count: +\d+ token\(s\) \(0 cached\)", r.stderr)
     assert "eval count:           3 token(s)" in r.stderr and "Traceback" not in r.stderr
+    assert re.search(r"^cpu kernels: +(avx512\S*|avx2|portable), \d+ threads$", r.stderr, re.M), r.stderr
     r = cli("run", str(chat_model), "-n", "2", "--threads", "1", env=env, input="hello from stdin\n")  # piped prompt
     assert r.returncode == 0, r.stderr
     r = cli("run", str(chat_model), "--threads", "1", env=env, input="")

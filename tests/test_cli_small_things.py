@@ -39,6 +39,14 @@ def test_show_defaults_to_the_embedded_model_in_binary_units(env):
     assert f16, r.stdout
     assert not re.search(r"\d (KB|MB|GB)\b", r.stdout), r.stdout  # not Ollama's decimal units here
     assert "KV cache at 32768 tokens" in r.stdout and "KV cache at 32768 tokens" in cli("show", "-c", "0", env=env).stdout
+    assert re.search(r"^    cpu kernels +(avx512\S*|avx2|portable), \d+ threads$", r.stdout, re.M), r.stdout
+
+
+def test_show_says_when_the_kernels_are_off(env):
+    r = cli("show", env={**env, "TIGHTKV_NO_COMPILE": "1"})
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^    cpu kernels +unavailable \(.*TIGHTKV_NO_COMPILE.*\): the slow torch reference path runs$",
+                     r.stdout, re.M), r.stdout
 
 
 def test_plan_names_the_model_and_warns_past_the_trained_context(env):

@@ -67,7 +67,8 @@ def test_models_and_ollama_listing(server):
     assert "<start_of_turn>" in show["template"] and show["model_info"]["tokenizer.ggml.tokens"] is None
     status, _, raw = request(server, "GET", "/api/version")
     assert status == 200 and "version" in json.loads(raw)
-    assert json.loads(request(server, "GET", "/api/ps")[2])["models"][0]["name"] == "tiny-chat"
+    ps = json.loads(request(server, "GET", "/api/ps")[2])["models"][0]
+    assert ps["name"] == "tiny-chat" and ps["kv_cache_type"] and ps["cpu_kernels"]
 
 
 # --- OpenAI framing ----------------------------------------------------------------------

@@ -61,6 +61,7 @@ def run(ns: argparse.Namespace) -> int:
     from ..errors import TightKVError
     from ..gguf.reader import read_gguf
     from ..hub import human_binary_bytes as human_bytes
+    from ..kernels import library
     from ..registry import looks_like_path, resolve
     from .common import model_label
 
@@ -75,7 +76,8 @@ def run(ns: argparse.Namespace) -> int:
         raise TightKVError(f"-c/--ctx must be positive (or 0 for the model's context), got {ns.ctx}")
     context = ns.ctx or int(g.metadata.get(f"{g.architecture}.context_length", 0) or 4096)
     print("  Model")
-    print(format_pairs([("name", name), *describe(g), ("file", path), ("size", human_bytes(path.stat().st_size))]))
+    print(format_pairs([("name", name), *describe(g), ("file", path), ("size", human_bytes(path.stat().st_size)),
+                        ("cpu kernels", library.summary())]))
     print()
     print("  Chat template")
     if template:

@@ -78,6 +78,15 @@ def status() -> str:
     return _state + (f": {_error}" if _error else "")
 
 
+def summary() -> str:
+    """One line for people (`show`, `--verbose`, `/api/ps`): the instruction path and
+    threads, or why the kernels are off. Loads the library (compiling it the first time)."""
+    lib = library()
+    if lib is None:
+        return f"unavailable ({_error or 'not loaded'}): the slow torch reference path runs"
+    return f"{simd_name(lib)}, {threads()} threads"
+
+
 def simd_name(lib: ctypes.CDLL) -> str:
     """The instruction path a loaded library was built for: avx512[+vnni], avx2 or portable."""
     width = lib.tk_simd()

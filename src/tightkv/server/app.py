@@ -71,6 +71,7 @@ class ServedModel:
         self.created = int(stat.st_mtime)
         self.metadata: dict[str, Any] = {}
         self.context_length = 0
+        self.kv = ""
         self.chat_template: str | None = None
         self.n_params = 0
         self._digest: str | None = None
@@ -84,6 +85,7 @@ class ServedModel:
     def loaded(self, model) -> None:
         self.metadata = dict(model.gguf.metadata)
         self.context_length = model.context_length
+        self.kv = str(model.kv)
         self.chat_template = model.chat_template
         self.n_params = parameters(model.gguf)
 

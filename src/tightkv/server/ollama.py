@@ -11,6 +11,7 @@ import anyio
 from fastapi import APIRouter, Request
 
 from .. import __version__
+from ..kernels import library
 from .common import (ApiError, JobStream, OllamaJSON, as_api_error, collect, events, finite, go_dumps, parse_body,
                      request_body, start_job, stop_list)
 from .scheduler import DONE, ERROR, PIECE, Prepared
@@ -200,7 +201,8 @@ async def ps(request: Request):
     entry = _listing(served, digest)
     del entry["modified_at"]
     forever = datetime.now(timezone.utc).astimezone() + timedelta(days=365 * 100)
-    entry.update(expires_at=forever.isoformat(), size_vram=0, context_length=served.context_length)
+    entry.update(expires_at=forever.isoformat(), size_vram=0, context_length=served.context_length,
+                 kv_cache_type=served.kv, cpu_kernels=library.summary())  # our two fields beside Ollama's
     return OllamaJSON({"models": [entry]})
 
 
