@@ -1,0 +1,100 @@
+"""The layering of docs/ARCHITECTURE.md, checked on the source: no module imports one that
+imports it back (directly or through others), and no module imports from a layer above its
+own. Imports inside functions count: a lazy import is still a dependency."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "tightkv"
+
+# bottom up; a module may import from its own layer and the ones below
+LAYERS = [
+    ["errors", "store"],
+    ["gguf"],
+    ["kernels"],
+    ["kv"],
+    ["models"],
+    ["engine"],
+    ["registry", "hub"],
+    ["documents"],
+    ["api", "repl"],
+    ["eval"],
+    ["server"],
+    ["commands"],
+    ["cli", "__init__"],
+]
+RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in SRC.rglob("*.py"):
+        parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+        if parts[-1] == "__init__" and len(parts) > 2:
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    package = name.split(".") if path.name == "__init__.py" and name.count(".") else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else [])) if node.level else (node.module or "")
+            # `from pkg import sub` depends on pkg.sub; `from pkg import name` on pkg itself
+            candidates = [f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target for a in node.names]
+        elif isinstance(node, ast.Import):
+            candidates = [a.name for a in node.names]
+        else:
+            continue
+        for c in candidates:
+            while c and c not in modules:
+                c = c.rpartition(".")[0]
+            if c and c != name and c.startswith("tightkv"):
+                found.add(c)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _layer(module: str) -> str:
+    return module.split(".")[1] if "." in module else "__init__"
+
+
+def test_every_module_has_a_layer():
+    assert {_layer(m) for m in _graph()} <= set(RANK)
+
+
+def test_no_import_goes_up_the_layers():
+    up = [f"{m} -> {d}" for m, deps in _graph().items() for d in deps
+          if _layer(m) != "__init__" and RANK[_layer(d)] > RANK[_layer(m)]]
+    assert not up, up
+
+
+def test_no_import_circles():
+    graph = _graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+    circles = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        path.append(m)
+        for d in sorted(graph[m]):
+            if state.get(d) == 1:
+                circles.append(path[path.index(d):] + [d])
+            elif d not in state:
+                visit(d)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    assert not circles, circles
