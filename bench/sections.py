@@ -1,0 +1,49 @@
+"""What the benchmark page measures: the KV types, grids and texts of each section,
+shared by `make_benchmarks.py` (which runs them) and `render_benchmarks.py` (which
+writes docs/benchmarks.md from their JSON)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "docs" / "bench"
+PPL_BASE = ["q8_0", "q4_0", "tq4", "tq3", "kvarn4", "kivi4", "progressive", "k8v4", "aggressive"]
+OFF = ",sink=0,window=0"  # the same type with its exact sink and recent window turned off
+PPL_TYPES = ",".join(["f16", *PPL_BASE, *(t + OFF for t in PPL_BASE if t != "progressive")])
+PPL_KERNEL = ["q8_0", "tq4", "progressive", "k8v4"]
+PPL_KERNEL_TYPES = ",".join(["f16", *PPL_KERNEL, *(t + OFF for t in PPL_KERNEL if t != "progressive")])
+POLICY_GRID = [("tq4", 16, 128, [0, 4, 16, 64], [0, 32, 64, 128, 256]),
+               ("tq3", 16, 256, [16], [0, 64, 128, 256, 512]),
+               ("kvarn4", 16, 128, [0, 4, 16], [0, 64, 128, 256]),
+               ("q4_0", 4, 128, [0, 4], [0, 128]),
+               ("aggressive", 4, 256, [4], [128, 256, 512])]
+POLICY_CHUNKS = 2
+TEXTS_TYPES = "f16,q8_0,q4_0,tq4,tq3,kvarn4,aggressive,k8v4"
+LATE_ESSAYS = 300_000  # first character of the later essays
+DOC_FILES = ["PRODUCT", "REFERENCES", "KV_ALGORITHMS", "CONVENTIONS", "STYLE", "ARCHITECTURE", "MODELS"]
+NIAH_TYPES = "f16,q8_0,progressive,aggressive"
+NIAH_KERNEL_TYPES = "f16,q8_0,progressive"
+USER_NEEDLES = [("The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.",
+                 "What is the best thing to do in San Francisco?", "Dolores Park"),
+                ("The special magic number mentioned in the report is 91736.",
+                 "What is the special magic number mentioned in the report?", "91736")]
+USER_NEEDLE_TYPES = "f16,progressive"
+SPEED_TYPES = "f16,progressive"
+DOCQA_TYPES = "f16,progressive"
+DOCQA_ARGS = ["--modes", "full,full-plain,rag,rlv,rlv-plain", "--measure-wm", "--wm-lengths", "1024,2048,4096,8192,16384"]  # add "--quick" for an 8K full prefix
+SECTIONS = ["machine", "memory", "ppl", "ppl-texts", "kv-policy", "niah", "niah-needles", "speed", "speed-qwen",
+            "synthetic", "docqa"]
+
+
+def policy_specs() -> list[tuple[str, int, int, str]]:
+    """(type, sink, window, spec) for every point of POLICY_GRID, defaults included once."""
+    points = []
+    for kind, sink, window, sinks, windows in POLICY_GRID:
+        pairs = [(s, window) for s in sinks] + [(sink, w) for w in windows]
+        for s, w in dict.fromkeys(pairs):
+            points.append((kind, s, w, f"{kind},sink={s},window={w}"))
+    return points
+
+
+def policy_types() -> str:
+    return ",".join(["f16"] + [spec for *_, spec in policy_specs()])
