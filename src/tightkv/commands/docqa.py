@@ -38,12 +38,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-tokens", type=int, default=None,
                    help="full mode on the long document reads its first N tokens (default: what fits the context)")
     p.add_argument("--quick", action="store_true", help="full mode reads only the first 8K tokens of the long document")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated report set and of the planted facts")
     p.add_argument("--measure-wm", action="store_true", help="measure the working memory first (and record it)")
     p.add_argument("--wm-lengths", default="1024,2048,4096,8192", help="lengths probed by --measure-wm")
     p.add_argument("--json", default=None, help="results file (resumed if it exists)")
     p.add_argument("--fresh", action="store_true", help="ignore results already in --json")
-    p.add_argument("--threads", "-t", type=int, default=None)
+    p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: the physical cores)")
 
 
 def _essays(ns) -> str:
