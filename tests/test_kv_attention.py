@@ -247,6 +247,11 @@ def test_bad_specs_are_one_line_errors(bad):
     assert "\n" not in str(e.value)
 
 
+def test_a_preset_on_one_side_says_what_it_is():
+    with pytest.raises(TightKVError, match=r"'progressive' is a preset for keys and values together \(tq4:tq4\)"):
+        parse_kv("q8_0:progressive")
+
+
 def test_unknown_type_lists_valid_names():
     with pytest.raises(TightKVError) as e:
         parse_kv("turbo4")

@@ -107,6 +107,10 @@ def valid_names() -> list[str]:
 
 
 def _type(name: str) -> str:
+    if name in PRESETS:  # a preset names both halves: it cannot be one side of a pair
+        p = PRESETS[name]
+        raise TightKVError(f"'{name}' is a preset for keys and values together ({p['k']}:{p['v']}), not one side's "
+                           f"type; use it whole (--kv {name}) or name each side's type (e.g. {p['k']})")
     if name not in codec_names():
         raise TightKVError(f"unknown KV cache type '{name}' (valid: {', '.join(valid_names())})")
     return name
