@@ -23,11 +23,24 @@ def python_blocks(text: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", text, re.S)
 
 
+CPU_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"  # PyTorch's CPU index
+TEST_COMMAND = f"pip install -e '.[test]' {CPU_INDEX} && python3 -m pytest -q"
+
+
 def test_first_screen_commands_are_unchanged():
+    """Exactly two commands: the main job and the tests, both installing torch's
+    CPU build; the first screen says to make a venv first."""
     text = README.read_text()
     first = text[: text.index("## ")]
-    assert f"pip install -e . && {MAIN_JOB}" in first
-    assert "pip install -e '.[test]' && python3 -m pytest -q" in first
+    (block,) = re.findall(r"```bash\n(.*?)```", first, re.S)
+    commands = [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
+    assert commands == [f"pip install -e . {CPU_INDEX} && {MAIN_JOB}", TEST_COMMAND]
+    assert "python3 -m venv .venv && . .venv/bin/activate" in first
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert ci.strip().splitlines()[-1] == TEST_COMMAND
 
 
 @pytest.mark.slow
