@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 
 
 def _cli(*args, timeout=600):
@@ -31,6 +32,8 @@ def test_ppl_cli_writes_json(tmp_path, essays_file):
              "--json", str(out))
     assert r.returncode == 0, r.stderr
     assert "Final estimate: PPL = " in r.stdout
+    # piped, the progress is plain lines and ends on its summary (tests/test_cli_progress.py has the rest)
+    assert "\r" not in r.stderr and r.stderr.splitlines()[-1].startswith("perplexity: 1 chunk x 2 KV types, "), r.stderr
     doc = json.loads(out.read_text())
     for kind in ("f16", "bf16"):
         assert set(doc["results"][kind]) >= {"ppl", "ppl_stderr", "kld_mean", "kld_p99", "kld_p999", "same_top1"}
@@ -56,6 +59,7 @@ def test_bench_cli_table(tmp_path):
     assert "kernels " in r.stdout  # the instruction path is named beside the figures
     for test in ("pp32", "tg4 @ d16", "tg4 @ d64"):  # a line per row as it finishes, as llama-bench
         assert f"tightkv f16 {test}: " in r.stderr
+    assert "\r" not in r.stderr and "tightkv f16 filling d64: 64 tok in " in r.stderr  # piped: plain lines
     doc = json.loads(out.read_text())
     assert doc["machine"]["cpu"] and doc["llama_settings"] == {"flash_attn": True, "swa_full": False}
     rows = doc["rows"]
@@ -70,6 +74,7 @@ def test_niah_cli_grid_json_and_png(tmp_path, essays_file):
              "--json", str(out))
     assert r.returncode == 0, r.stderr
     assert "kv f16:" in r.stdout and png.stat().st_size > 1000
+    assert "\r" not in r.stderr and r.stderr.splitlines()[-1].startswith("niah: 2 cells, "), r.stderr
     cells = json.loads(out.read_text())["results"]["f16"]["cells"]
     assert [(c["length"], c["depth"]) for c in cells] == [(192, 0), (192, 50)]
     assert all(c["passed"] and "4827" in c["answer"] for c in cells)
@@ -117,6 +122,7 @@ KV_BARS = {"q8_0": (0.001, 0.001), "progressive": (0.008, 0.01), "tq4": (0.008, 
            "tq3": (0.013, 0.02), "aggressive": (0.013, 0.02), "q4_0": (0.092, 0.01)}
 
 
+@pytest.mark.slow  # nine cache types through 2,048 tokens and their full-vocab scores: minutes on 2 cores
 def test_kv_quality_smoke_one_chunk(embedded, essays_file):
     from tightkv.eval.ppl import perplexity
 

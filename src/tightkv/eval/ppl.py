@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 BASELINE = "f16"
-ROW_SLICE = 64  # scored rows turned into logits at once (64 x vocab floats per type)
+OUTPUT_ROWS = 256  # scored rows turned into logits per output-layer call (256 x vocab floats)
+ROW_SLICE = 64  # rows taken to float64 log-probabilities at once
 
 
 @dataclass
@@ -69,30 +70,57 @@ def _scored_hidden(net, ids: list[int], cache: list, first: int, sub: int, on_pi
 
 
 @torch.inference_mode()
+def _log_softmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """float64 log-probabilities of float32 logits, ROW_SLICE rows at a time."""
+    out = torch.empty(logits.shape, dtype=torch.float64)
+    for a in range(0, logits.shape[0], ROW_SLICE):
+        out[a : a + ROW_SLICE] = torch.log_softmax(logits[a : a + ROW_SLICE].double(), dim=-1)
+    return out
+
+
+@torch.inference_mode()
 def score_chunk(net, ids: list[int], caches: dict[str, list], results: dict[str, PplResult],
                 sub: int = 512, on_piece=None) -> None:
     """Run one chunk through every cache type and add its scores; `on_piece(n)`
-    is told after each forward call of n tokens."""
+    is told after each forward call of n tokens and after n rows are scored
+    for one type.
+
+    The output layer runs OUTPUT_ROWS rows per call (it dequantizes its weight
+    once per call, so 64-row calls cost twice as much per row); the float64
+    log-probabilities are taken ROW_SLICE rows at a time."""
     first = len(ids) // 2
     hidden = {name: _scored_hidden(net, ids, cache, first, sub, on_piece) for name, cache in caches.items()}
     targets = torch.tensor(ids[first + 1 :])
-    for s in range(0, targets.numel(), ROW_SLICE):
-        tgt = targets[s : s + ROW_SLICE]
-        base = torch.log_softmax(net.output(hidden[BASELINE][s : s + ROW_SLICE]).double(), dim=-1)
-        base_top = base.argmax(-1)
+    for s in range(0, targets.numel(), OUTPUT_ROWS):
+        tgt = targets[s : s + OUTPUT_ROWS]
+        n = tgt.numel()
+        base = _log_softmax_rows(net.output(hidden[BASELINE][s : s + n]))
+        base_p, base_top = base.exp(), base.argmax(-1)
         for name, h in hidden.items():
-            logp = base if name == BASELINE else torch.log_softmax(net.output(h[s : s + ROW_SLICE]).double(), -1)
             r = results[name]
-            r.nll += (-logp.gather(1, tgt[:, None])[:, 0]).tolist()
-            r.kld += (base.exp() * (base - logp)).sum(-1).clamp_min(0).tolist()
-            r.same_top1 += (logp.argmax(-1) == base_top).tolist()
+            if name == BASELINE:  # against itself: KLD 0, the same top token
+                r.nll += (-base.gather(1, tgt[:, None])[:, 0]).tolist()
+                r.kld += [0.0] * n
+                r.same_top1 += [True] * n
+            else:
+                logits = net.output(h[s : s + n])
+                for a in range(0, n, ROW_SLICE):
+                    b = min(n, a + ROW_SLICE)
+                    logp = torch.log_softmax(logits[a:b].double(), dim=-1)
+                    r.nll += (-logp.gather(1, tgt[a:b, None])[:, 0]).tolist()
+                    r.kld += (base_p[a:b] * (base[a:b] - logp)).sum(-1).clamp_min(0).tolist()
+                    r.same_top1 += (logp.argmax(-1) == base_top[a:b]).tolist()
+                del logits
+            if on_piece:
+                on_piece(n)
 
 
 def perplexity(model, text: str, ctx: int, n_chunks: int | None, kv_types: list[str],
                progress: bool = True, batch: int = 512) -> dict[str, dict]:
     """PPL, its standard error, and KLD against f16 for each KV type on text, feeding
     each chunk `batch` tokens per forward call. Progress (stderr) counts the
-    tokens run, so it moves with every forward call, not only per chunk."""
+    tokens run and the rows scored, for every type, so it moves with every
+    forward call, not only per chunk."""
     from .progress import Progress
 
     names = [BASELINE] + [k for k in kv_types if k != BASELINE]
@@ -103,7 +131,8 @@ def perplexity(model, text: str, ctx: int, n_chunks: int | None, kv_types: list[
 
         raise TightKVError(f"text has {len(tokens)} tokens: too short for one chunk of {ctx}")
     results = {name: PplResult() for name in names}
-    with Progress("perplexity", sum(len(ids) for ids in todo) * len(names), enabled=progress) as bar:
+    work = sum(len(ids) + len(ids) - 1 - len(ids) // 2 for ids in todo) * len(names)  # tokens run, rows scored
+    with Progress("perplexity", work, enabled=progress) as bar:
         for i, ids in enumerate(todo):
             bar.describe(f"perplexity chunk {i + 1}/{len(todo)}")
             caches = {name: model.new_cache(name) for name in names}

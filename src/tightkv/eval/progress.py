@@ -5,8 +5,8 @@ file) it writes plain lines, never a carriage return: one when another tenth of
 the work is done or `TIGHTKV_PROGRESS_SECONDS` (default 10) seconds have
 passed since the last one, and a summary line at the end:
 
-    perplexity chunk 1/3:  25% 1536/6144 tok  410 tok/s  11s left  f16 14.26
-    perplexity: 6144 tok in 15s (408 tok/s)
+    perplexity chunk 2/3:  41% 1918/4605 tok  410 tok/s  6.6s left  f16 14.262
+    perplexity: 3 chunks x 1 KV type, 4605 tok in 11s (408 tok/s)  f16 14.108
 """
 from __future__ import annotations
 
