@@ -99,10 +99,12 @@ def _ours_pp(model, kv: str, ids: list[int]) -> float:
 
 def _fill_bar(what: str, total: int):
     """A progress callback for filling a depth: a bar on stderr (tqdm on a
-    terminal, plain lines elsewhere), closed with a summary line at the end."""
+    terminal, plain lines elsewhere), closed with a summary line at the end
+    unless the fill is one prefill piece (its row follows at once)."""
+    from ..engine.generate import PREFILL_CHUNK
     from .progress import Progress
 
-    bar = Progress(what, total, unit="tok", stream=sys.stderr)
+    bar = Progress(what, total, unit="tok", stream=sys.stderr, summary=total > PREFILL_CHUNK)
 
     def update(done: int, _total: int) -> None:
         bar.advance_to(done)
