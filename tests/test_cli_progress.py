@@ -96,3 +96,19 @@ def test_ppl_on_a_terminal_is_a_bar_redrawn_in_place(tiny, tmp_path):
     assert re.search(r"\rperplexity[^\r\n]*: +\d+%\|", raw), raw  # tqdm's bar, redrawn with \r
     summary = raw[raw.index("perplexity: 2 chunks"):].split("\r\n")[0]  # the pty writes \n as \r\n
     assert "\r" not in summary and "%|" not in summary  # the bar is gone; the summary is a line of its own
+
+
+def test_bench_fill_on_a_terminal_is_a_bar_then_its_summary(tiny):
+    model, _ = tiny
+    t = Terminal([sys.executable, "-m", "tightkv.cli", "bench", str(model), "--depths", "1500", "-p", "16",
+                  "--n-gen", "2", "-r", "1", "--threads", "1"])
+    try:
+        t.expect(r"tightkv f16 filling d1500: 1500 tok in [\d.]+s", timeout=120)
+        t.expect(r"tightkv f16 tg2 @ d1500: ")
+        assert t.wait() == 0
+    finally:
+        t.kill()
+    raw = t.raw.decode("utf-8", "replace")
+    assert re.search(r"\rtightkv f16 filling d1500: +\d+%\|", raw), raw  # tqdm's bar while it fills
+    summary = raw[raw.index("tightkv f16 filling d1500: 1500 tok"):].split("\r\n")[0]
+    assert "\r" not in summary and "%|" not in summary
