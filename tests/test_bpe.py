@@ -1,9 +1,8 @@
 """Byte-level BPE tests: tiktoken's ids on the real GPT-2 ranks, pre-tokenizers, special tokens.
 
-The GPT-2 ranks come from `whisper/assets/gpt2.tiktoken` in the PyPI source
-package `openai-whisper` (MIT licensed). It is fetched once with
-`pip download` (as the essays are) and kept in pytest's cache directory; without
-the package index the tests that need it fail, saying why. The ranks are
+The GPT-2 ranks are `whisper/assets/gpt2.tiktoken` from the PyPI source package
+`openai-whisper` 20250625 (MIT licensed), committed as tests/reference/gpt2.tiktoken
+(sha256 checked), so these tests need no network. The ranks are
 written into a vocab-only GGUF (`tokenizer.ggml.model` = 'gpt2') and read back
 through tightkv's reader.
 """
@@ -11,8 +10,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 
@@ -20,13 +17,10 @@ import pytest
 from gguf import GGUFWriter
 
 from tightkv.errors import GGUFError
-from tightkv.eval.corpus import pip_download
 from tightkv.gguf.bpe import BYTE_TO_CHAR, GPT2, PRE_TOKENIZERS, BPETokenizer, PreTokenizer, byte_encode
 from tightkv.gguf.reader import read_gguf
 from tightkv.gguf.tokenizer import TYPE_CONTROL, TYPE_NORMAL, TYPE_USER_DEFINED, Tokenizer, load_tokenizer
 
-WHISPER = "openai-whisper==20250625"
-RANKS_MEMBER = "openai_whisper-20250625/whisper/assets/gpt2.tiktoken"
 RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 EOT = 50256
 
@@ -64,23 +58,10 @@ SAMPLES = {
 
 # -- the GPT-2 ranks and their GGUF --------------------------------------------
 
-def _download_ranks(dest: Path) -> None:
-    """Fetch the openai-whisper sdist with pip and copy its gpt2.tiktoken to `dest`."""
-    with tempfile.TemporaryDirectory() as tmp:
-        sdist = pip_download(WHISPER, Path(tmp), source=True)
-        with tarfile.open(sdist) as tar:
-            data = tar.extractfile(RANKS_MEMBER).read()
-    assert hashlib.sha256(data).hexdigest() == RANKS_SHA256, "unexpected gpt2.tiktoken contents"
-    dest.write_bytes(data)
-
-
 @pytest.fixture(scope="session")
-def ranks_file(request, tmp_path_factory) -> Path:
-    cache = getattr(request.config, "cache", None)
-    folder = cache.mkdir("tightkv-gpt2-ranks") if cache is not None else tmp_path_factory.mktemp("gpt2-ranks")
-    path = Path(folder) / "gpt2.tiktoken"
-    if not (path.exists() and hashlib.sha256(path.read_bytes()).hexdigest() == RANKS_SHA256):
-        _download_ranks(path)
+def ranks_file() -> Path:
+    path = Path(__file__).resolve().parent / "reference" / "gpt2.tiktoken"
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == RANKS_SHA256, "unexpected gpt2.tiktoken contents"
     return path
 
 
