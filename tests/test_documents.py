@@ -336,6 +336,8 @@ def test_auto_mode_uses_the_working_memory(tiny):
     assert small.mode == "full"  # 1024 tokens (unmeasured default) hold it
     big = tiny.load_document(DOC * 6, mode="auto", cache=False, progress=False)
     assert big.mode == "rlv" and big.pc is None  # nothing prefilled for rlv
+    assert small.mode_line("auto").startswith("mode: full (auto: the document is")
+    assert "past the model's working memory of" in big.mode_line("auto") and "--mode full" in big.mode_line("auto")
 
 
 # --- the CLI --------------------------------------------------------------------------
@@ -348,6 +350,8 @@ def test_cli_ask_json_cache_info_and_corrupt_notice(tiny_path, tmp_path):
     args = ["ask", "-m", str(tiny_path), "--doc", str(doc), "--mode", "full", "-n", "4", "--json"]
     r = cli(*args, "Who leads Lumen?", "Who runs the plant?", env=env)
     assert r.returncode == 0, r.stderr
+    assert [line for line in r.stderr.splitlines() if line.startswith("mode:")] == \
+        [f"mode: full (the document is {json.loads(r.stdout)['document']['doc_tokens']:,} tokens)"], r.stderr
     out = json.loads(r.stdout)
     assert out["document"]["cache_source"] == "prefill" and len(out["answers"]) == 2
     path = Path(out["document"]["cache_file"])

@@ -91,6 +91,8 @@ def run(ns: argparse.Namespace) -> int:
                               rag_chunk_tokens=ns.chunk_tokens, quotes=QUOTES if ns.quotes is None else ns.quotes,
                               rlv_options={"reads": ns.reads, "reformulate": ns.reformulate})
     t_ready = time.perf_counter() - t_start
+    if ns.questions:
+        _eprint(session.mode_line(ns.mode))
     if ns.cache_info:
         path = store.path_for(model, doc, session.kv, session.prefix)
         rows = [r for r in store.entries() if r["path"] == str(path)]

@@ -78,6 +78,16 @@ class DocumentSession:
         fits = self.doc_tokens + prompts.ANSWER_TOKENS + 64 <= min(self.wm, self.model.context_length)
         return "full" if fits else "rlv"
 
+    def mode_line(self, asked: str) -> str:
+        """One line for stderr: the mode that answers, and why when `auto` chose it."""
+        size = f"the document is {self.doc_tokens:,} tokens"
+        if asked != "auto":
+            return f"mode: {self.mode} ({size})"
+        if self.mode == "full":
+            return f"mode: full (auto: {size}, within the model's working memory of {self.wm:,})"
+        return (f"mode: rlv (auto: {size}, past the model's working memory of {self.wm:,}; "
+                f"--mode full reads it whole)")
+
     @property
     def sections(self) -> list[Section]:
         """The gist index (RLV's sections; also used to cite full-mode answers)."""
