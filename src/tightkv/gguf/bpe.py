@@ -45,8 +45,7 @@ import regex
 
 from ..errors import GGUFError
 from .vocab import (
-    ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, ATTR_UNDEFINED, ATTR_UNKNOWN, ATTR_USER_DEFINED,
-    TYPE_NORMAL, Tokenizer, _meta_id, _TYPE_TO_ATTR, eot_ids_from_metadata,
+    ATTR_UNDEFINED, TYPE_NORMAL, Tokenizer, _meta_id, _TYPE_TO_ATTR, eot_ids_from_metadata,
 )
 
 
@@ -381,31 +380,14 @@ class BPETokenizer(Tokenizer):
 
     # -- decoding -----------------------------------------------------------
 
-    def token_bytes(self, id: int) -> bytes:
-        """The bytes of token `id` as llama.cpp's `token_to_piece(special=False)` gives them."""
-        piece = self._pieces.get(id)
-        if piece is None:
-            if not 0 <= id < self.vocab_size:
-                raise ValueError(f"token id {id} is outside the vocabulary (size {self.vocab_size})")
-            attr = self.attrs[id]
-            text = self.texts[id]
-            if attr & (ATTR_CONTROL | ATTR_UNKNOWN):
-                piece = b""
-            elif attr & ATTR_USER_DEFINED:
-                piece = text.encode("utf-8")
-            elif attr & ATTR_NORMAL:
-                get = CHAR_TO_BYTE.get
-                data = bytearray()
-                for c in text:
-                    b = get(c)
-                    if b is None:  # not a GPT-2 byte character: keep it as text
-                        data += c.encode("utf-8")
-                    else:
-                        data.append(b)
-                piece = bytes(data)
-            elif attr & ATTR_BYTE:
-                piece = bytes([int(text[3:5], 16)])
-            else:  # unused or undefined types render as nothing
-                piece = b""
-            self._pieces[id] = piece
-        return piece
+    def normal_bytes(self, text: str) -> bytes:
+        """GPT-2's byte characters back to bytes; other characters stay as their UTF-8."""
+        get = CHAR_TO_BYTE.get
+        data = bytearray()
+        for c in text:
+            byte = get(c)
+            if byte is None:  # not a GPT-2 byte character: keep it as text
+                data += c.encode("utf-8")
+            else:
+                data.append(byte)
+        return bytes(data)

@@ -56,7 +56,28 @@ class Tokenizer:
         return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
 
     def token_bytes(self, id: int) -> bytes:
-        """The bytes token `id` adds to the output (may be part of a UTF-8 character)."""
+        """The bytes token `id` adds to the output (may be part of a UTF-8 character), as
+        llama.cpp's `token_to_piece(special=False)` gives them; memoized per id."""
+        piece = self._pieces.get(id)
+        if piece is None:
+            if not 0 <= id < self.vocab_size:
+                raise ValueError(f"token id {id} is outside the vocabulary (size {self.vocab_size})")
+            attr, text = self.attrs[id], self.texts[id]
+            if attr & (ATTR_CONTROL | ATTR_UNKNOWN):
+                piece = b""
+            elif attr & ATTR_USER_DEFINED:
+                piece = text.encode("utf-8")
+            elif attr & ATTR_NORMAL:
+                piece = self.normal_bytes(text)
+            elif attr & ATTR_BYTE:
+                piece = bytes([int(text[3:5], 16)])
+            else:  # unused or undefined types render as nothing
+                piece = b""
+            self._pieces[id] = piece
+        return piece
+
+    def normal_bytes(self, text: str) -> bytes:
+        """The bytes of a normal token's text (each vocab type escapes them its own way)."""
         raise NotImplementedError
 
     # -- shared by the vocab types (needs self.texts, self.attrs, self.ids) ----
