@@ -121,10 +121,14 @@ class DenseCache:
             if out is not None:
                 self._drop_outside_window()
                 return out if out.dtype == q.dtype else out.to(q.dtype)
+        # only the keys some query of the chunk can see: what else is held (tokens not yet
+        # shifted out of the window) must not change the sums, so a restored cache attends alike
+        lo = self.start if self.window is None else max(self.start, self.offset - T - self.window + 1)
         q_pos = torch.arange(self.offset - T, self.offset)
-        k_pos = torch.arange(self.start, self.start + self.length)
+        k_pos = torch.arange(lo, self.start + self.length)
         mask = causal_window_mask(q_pos, k_pos, self.window)
-        out = dense_attention(q, self.keys[:, : self.length], self.values[:, : self.length], mask, scale)
+        i0 = lo - self.start
+        out = dense_attention(q, self.keys[:, i0 : self.length], self.values[:, i0 : self.length], mask, scale)
         self._drop_outside_window()
         return out
 

@@ -200,9 +200,10 @@ class CompressedCache:
     def state(self) -> dict[str, torch.Tensor]:
         u0, u1 = self._live_units()
         p0, p1 = self._live_exact()[1:]
+        p0 = max(p0, self.sink)  # below the sink (offset < sink) the pool is empty and starts at the sink
         out = {f"k.{n}": t[:, u0:u1].clone() for n, t in self.body_k.items()}
         out.update({f"v.{n}": t[:, u0:u1].clone() for n, t in self.body_v.items()})
-        idx = torch.cat([torch.arange(self.nsink), self._pool_index(p0) + torch.arange(p1 - p0)])
+        idx = torch.cat([torch.arange(self.nsink), self._pool_index(p0) + torch.arange(max(0, p1 - p0))])
         out["ek"], out["ev"] = self.exact_k[:, idx].clone(), self.exact_v[:, idx].clone()
         for name in ("kcenter", "vcenter", "kscale", "vscale"):
             if getattr(self, name) is not None:
