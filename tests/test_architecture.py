@@ -10,7 +10,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "tightkv"
 
 # bottom up; a module may import from its own layer and the ones below
 LAYERS = [
-    ["errors", "store"],
+    ["errors", "store", "progress"],
     ["gguf"],
     ["kernels"],
     ["kv"],

@@ -85,6 +85,13 @@ def test_every_flag_has_help():
     assert not _flags_without_help()
 
 
+def test_ask_cap_is_the_library_default():
+    from tightkv.commands.ask import ANSWER_TOKENS
+    from tightkv.documents.prompts import ANSWER_TOKENS as LIBRARY
+
+    assert ANSWER_TOKENS == LIBRARY
+
+
 @pytest.mark.parametrize("verb,needles", [
     ("rm", ["NAME", "a pulled model"]),
     ("bench", ["--n-prompt", "prompt tokens", "--n-gen", "decode steps", "--json", "JSON file"]),
@@ -92,6 +99,7 @@ def test_every_flag_has_help():
              "--repeat-penalty", "--seed", "-c CTX, --ctx CTX context length in tokens (default, or 0: the model's "
              "trained context)", "--debug show tracebacks"]),
     ("client", ["--temperature", "0 (the default)", "--top-k"]),
+    ("ask", ["answer tokens at most (default 96); the answer ends at the end of its first sentence or line"]),
 ])
 def test_help_as_the_user_reads_it(verb, needles):
     r = cli(verb, "--help")

@@ -99,6 +99,9 @@ def test_answer_text_skips_blank_lines_and_completes_a_broken_line():
     pieces = iter(["Porto", "\n", "never read"])
     answer_text(pieces)
     assert next(pieces) == "never read"  # stops reading once the line is complete
+    pieces = iter(["Dr", ". Sato", " led it", ".", " Then", " never read"])
+    assert answer_text(pieces)[0] == "Dr. Sato led it."  # ends at its first sentence, not at "Dr."
+    assert next(pieces) == " never read"
 
 
 def test_answer_start_keeps_the_answer_on_the_answer_line():
@@ -329,6 +332,70 @@ def test_rlv_reads_quote_the_whole_document_within_the_working_memory(tiny):
     a = rlv.ask(next(q for q in REPORT.questions if q.id == "r5").question, max_tokens=6)
     reads = [st for st in a.stages if st["stage"] in ("lookup", "research")]
     assert reads and all(st["quotes"] for st in reads) and all(st["call_tokens"] <= 400 for st in reads)
+
+
+@pytest.mark.parametrize("kv", ["f16", "progressive"])
+def test_rlv_reads_are_stored_and_reused_in_the_session_and_the_next(tiny, store, kv):
+    """Each read's sections are the cached prefix: the same question again, in this
+    session (RAM) or a new one (the disk store), prefills no section and answers alike."""
+    q = next(q for q in REPORT.questions if q.id == "r6").question
+    opts = dict(kv=kv, mode="rlv", progress=False, section_tokens=64)
+
+    def reads(answer):
+        return [st for st in answer.stages if st["stage"] in ("lookup", "research")]
+
+    first = tiny.load_document(REPORT.text, cache=store, **opts)
+    a = first.ask(q, max_tokens=6)
+    assert reads(a) and first.prefixes.misses >= 1
+    again = first.ask(q, max_tokens=6)
+    assert all(r["reused_tokens"] == r["tokens"] for r in reads(again)) and again.text == a.text
+    assert any(e["kind"] == "rlv read" for e in store.entries())
+    second = tiny.load_document(REPORT.text, cache=store, **opts)
+    b = second.ask(q, max_tokens=6)
+    assert all(r["reused_tokens"] == r["tokens"] for r in reads(b)), reads(b)
+    assert [r["answer"] for r in reads(b)] == [r["answer"] for r in reads(a)] and b.text == a.text
+    cold = tiny.load_document(REPORT.text, cache=False, **opts).ask(q, max_tokens=6)
+    assert cold.text == a.text  # the store changes what is prefilled, not what is answered
+
+
+@pytest.mark.parametrize("kv", ["f16", "q8_0", "progressive", "k8v4"])
+def test_a_cache_restored_from_its_state_continues_bit_for_bit(tiny, kv):
+    """Whatever the prefix length (inside the sink, across the sliding window, past the
+    exact window), a cache loaded from `state()` gives the same logits as the cache it
+    was taken from: the prefix store's reuse is exact."""
+    from tightkv.engine.generate import prefill
+
+    ids = tiny.tokenize(DOC * 3, add_bos=True)
+    for n in (1, 5, 17, 40, 300):
+        kept = tiny.new_cache(kv)
+        prefill(tiny.net, ids[:n], kept)
+        restored = tiny.new_cache(kv)
+        for c, k in zip(restored, kept):
+            c.load_state(k.state())
+        for a, b in ((n, n + 200), (n + 200, n + 201)):  # a prefill chunk, then a decode step
+            assert torch.equal(prefill(tiny.net, ids[a:b], restored), prefill(tiny.net, ids[a:b], kept)), (kv, n)
+
+
+def test_prefix_store_takes_the_longest_stored_mark_and_keeps_its_budget(tiny):
+    from tightkv.documents.prefixes import PrefixStore
+    from tightkv.engine.generate import prefill
+
+    ids = tiny.tokenize(DOC, add_bos=True)[:300]
+    ps = PrefixStore(tiny, "progressive", ram_bytes=10 << 20)
+    assert ps.longest(ids, [100, 200]) == (0, None)
+    reused, cache = ps.fill(ids, [100, 200])
+    assert reused == 0 and cache[0].offset == 300 and len(ps) == 3
+    reused, restored = ps.fill(ids[:250], [100, 200])  # takes the 200-token prefix, prefills 50
+    assert reused == 200 and restored[0].offset == 250
+    whole = tiny.new_cache("progressive")  # the same chunks in one cache
+    for a, b in ((0, 100), (100, 200), (200, 250)):
+        prefill(tiny.net, ids[a:b], whole)
+    assert all(torch.equal(x, y) for a, b in zip(whole, restored) for x, y in zip(a.state().values(),
+                                                                                   b.state().values()))
+    assert ps.stats()["hits"] == 1 and ps.stats()["reused_tokens"] == 200
+    small = PrefixStore(tiny, "progressive", ram_bytes=ps.bytes // 3)
+    small.fill(ids, [100, 200])
+    assert small.bytes <= small.ram_bytes and 0 < len(small) < 3  # the least recently used went first
 
 
 def test_auto_mode_uses_the_working_memory(tiny):

@@ -20,6 +20,7 @@ from .common import CTX_HELP, add_kv_flags, kv_spec
 
 NAME = "ask"
 HELP = "answer questions about documents (whole document in the KV cache, RAG or RLV)"
+ANSWER_TOKENS = 96  # documents.prompts.ANSWER_TOKENS, not imported here: the CLI starts without torch
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,7 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_kv_flags(p)
     p.add_argument("-c", "--ctx", type=int, default=None, help=CTX_HELP)
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: physical cores)")
-    p.add_argument("-n", "--max-tokens", type=int, default=32, help="answer tokens at most (default 32)")
+    p.add_argument("-n", "--max-tokens", type=int, default=ANSWER_TOKENS,
+                   help=f"answer tokens at most (default {ANSWER_TOKENS}); the answer ends at the end of its "
+                        "first sentence or line")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the on-disk document cache")
     p.add_argument("--cache-info", action="store_true",
                    help="list the cached documents (file size, KV bytes) and exit; with --doc, only its file")

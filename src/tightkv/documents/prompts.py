@@ -10,7 +10,7 @@ under "Document:" differs (the whole document, retrieved chunks, read sections).
 from __future__ import annotations
 
 ANSWER_STOP = ["\n"]
-ANSWER_TOKENS = 32
+ANSWER_TOKENS = 96  # a cap: the answer ends at its first sentence or line (reading.answer_text)
 
 
 def document_prefix(text: str) -> str:
@@ -22,10 +22,14 @@ def question_suffix(question: str) -> str:
     return f"Question: {question.strip()}\nAnswer:"
 
 
-def sections_context(sections) -> str:
-    """Several sections in document order, as they are written (headings included)."""
-    parts = [s.text.strip() for s in sorted(sections, key=lambda s: s.start)]
-    return "Document:\n" + "\n\n".join(parts) + "\n\n"
+DOCUMENT_HEAD = "Document:\n"
+
+
+def section_part(section) -> str:
+    """One section as it stands in a read, in document order after `DOCUMENT_HEAD`:
+    a read is the head, then its sections' parts (each tokenized on its own, so a
+    read that starts with the same sections starts with the same tokens)."""
+    return section.text.strip() + "\n\n"
 
 
 def chunks_context(chunks) -> str:

@@ -22,6 +22,7 @@ import torch
 
 from ..errors import ContextOverflowError
 from . import prompts
+from .text import sentence_end
 
 
 @dataclass
@@ -216,9 +217,10 @@ class AnswerStart:
 
 def answer_text(pieces) -> tuple[str, int]:
     """One answer line from text pieces: (text, lines used). Blank lines are skipped;
-    the first line break after text ends the answer, unless the line stops
-    mid-sentence ("The captain was" / "Alma Petrakis."), when the next line
-    completes it. Stops reading `pieces` as soon as the answer is complete."""
+    the answer ends at the end of its first sentence, or at the first line break
+    after text, unless the line stops mid-sentence ("The captain was" / "Alma
+    Petrakis."), when the next line completes it. Stops reading `pieces` as soon as
+    the answer is complete."""
     lines: list[str] = []
     buf, finished = "", False
     for piece in pieces:
@@ -228,6 +230,11 @@ def answer_text(pieces) -> tuple[str, int]:
             if line.strip():
                 lines.append(line.strip())
                 finished = not _dangling(line) or len(lines) >= 2
+        if not finished and "\n" not in buf:
+            so_far = " ".join([*lines, buf.lstrip()])
+            end = sentence_end(so_far, final=False)
+            if end is not None:
+                return so_far[:end].strip(), len(lines) + 1
         if finished:
             break
     if not finished and buf.strip():
@@ -281,15 +288,9 @@ def yes_score(model, pc: PrefixCache, suffix: list[int]) -> float:
 
 
 def progress_bar(total: int, desc: str, enabled: bool = True):
-    """A tqdm bar on stderr in tokens and a callback (done, total) for prefill."""
-    if not enabled:
-        return None, (lambda: None)
-    from tqdm import tqdm
+    """Progress on stderr in tokens (`tightkv.progress`: a bar on a terminal, plain lines
+    in a pipe, a summary line at the end), as a callback (done, total) and a close."""
+    from ..progress import Progress
 
-    bar = tqdm(total=total, desc=desc, unit="tok", unit_scale=True, file=sys.stderr, leave=False,
-               dynamic_ncols=True)
-
-    def update(done: int, _total: int) -> None:
-        bar.update(done - bar.n)
-
-    return update, bar.close
+    bar = Progress(desc, total, enabled=enabled)
+    return (lambda done, _total: bar.advance_to(done)), bar.close

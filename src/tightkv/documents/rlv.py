@@ -13,6 +13,11 @@ the model only reads a few sections, answers, and judges its own answer:
 3. **lookup**: the top candidates are read in full, in document order (as many
    as fit the read budget, at most `group` of them), followed by the question's
    best-matching sentences from the whole document (`evidence`), and the model answers.
+   The sections are the read's cached prefix: each section is tokenized on its
+   own, and the prefix store (`prefixes.PrefixStore`, RAM over the disk store)
+   keeps the cache at the end of each section, so a read that starts with
+   sections read before (by this question, another, or another process)
+   prefills only the rest. The quotes and the question follow the prefix.
 4. **verify**: with the same sections still in the KV cache, the model judges
    whether they state the proposed answer: a constrained yes/no, the logit of
    " Yes" against " No" (a completion, so it works on a base model). An answer
@@ -47,6 +52,7 @@ from typing import Callable
 from . import prompts
 from .evidence import QUOTES, SentenceIndex, quotes_block
 from .search import BM25Index, rrf
+from .prefixes import PrefixStore
 from .reading import Answer, PrefixCache, yes_score
 from .text import Section, adds_information, answer_type_ok, first_sentence, follow_up, keywords, support
 from .text import grounded as is_grounded
@@ -58,9 +64,13 @@ QUOTE_ROOM = 256  # tokens kept for the quoted sentences of a read
 class RLV:
     def __init__(self, model, sections: list[Section], *, kv: str | None = None, working_memory: int = 2048,
                  reads: int = 3, group: int = 2, reformulate: bool = False, threshold: float | None = None,
-                 evidence: SentenceIndex | None = None, quotes: int = QUOTES,
-                 log: Callable[[str], None] | None = None):
+                 evidence: SentenceIndex | None = None, quotes: int = QUOTES, prefixes: PrefixStore | None = None,
+                 progress: bool = False, log: Callable[[str], None] | None = None):
         self.model, self.sections, self.kv = model, sections, kv
+        # reads made before (in this process, or on disk) are not prefilled again
+        self.prefixes = prefixes if prefixes is not None else PrefixStore(model, kv)
+        self._part_ids: dict[int, list[int]] = {}
+        self.progress = progress
         self.wm = working_memory
         self.reads, self.group, self.reformulate, self.threshold = reads, group, reformulate, threshold
         self.evidence, self.quotes = evidence, quotes if evidence is not None else 0
@@ -114,24 +124,44 @@ class RLV:
             total += t
         return out
 
-    def read(self, question: str, group: list[int]) -> dict:
-        """Lookup and verify one group of sections: the answer and its checks."""
+    def read_ids(self, secs: list[Section]) -> tuple[list[int], list[int]]:
+        """A read's context as token ids (the head, then each section's part in document
+        order) and where each section ends: the lengths the prefix store keeps it under."""
+        if not secs:
+            return self.model.tokenize("", add_bos=True), []
+        ids, marks = self.model.tokenize(prompts.DOCUMENT_HEAD, add_bos=True), []
+        for s in sorted(secs, key=lambda s: s.start):
+            if s.index not in self._part_ids:
+                self._part_ids[s.index] = self.model.tokenize(prompts.section_part(s), add_bos=False)
+            ids = ids + self._part_ids[s.index]
+            marks.append(len(ids))
+        return ids, marks
+
+    def read(self, question: str, group: list[int], max_tokens: int = prompts.ANSWER_TOKENS,
+             label: str = "rlv read") -> dict:
+        """Lookup and verify one group of sections: the answer and its checks. The
+        sections are the cached prefix; the quotes and the question follow them."""
         secs = [self.sections[i] for i in group]
         quotes = self.quotes_for(question)
-        context = (prompts.sections_context(secs) if secs else "") + quotes_block(quotes)
-        prefix = self.model.tokenize(context, add_bos=True)
-        pc = PrefixCache(self.model, prefix, self.kv)
+        prefix, marks = self.read_ids(secs)
         t = time.perf_counter()
-        pc.fill()
-        q = self.model.tokenize(prompts.question_suffix(question), add_bos=False)
-        r = pc.generate(q)
+        bar = _LazyProgress(label, self.progress)
+        try:
+            reused, cache = self.prefixes.fill(prefix, marks, bar.update)
+        finally:
+            bar.close()
+        pc = PrefixCache(self.model, prefix, self.kv, cache)
+        quoted = quotes_block(quotes)
+        q = self.model.tokenize(quoted + prompts.question_suffix(question), add_bos=False)
+        r = pc.generate(q, max_tokens=max(1, min(max_tokens, self.wm - len(prefix) - len(q))))
         answer = first_sentence(r.text)
         ttft = time.perf_counter() - t - r.seconds + r.ttft
         margin, vlen = float("-inf"), 0
         if answer:
-            v = self.model.tokenize(prompts.verify_suffix(question, answer), add_bos=False)
-            vlen = len(v)
-            margin = yes_score(self.model, pc, v)
+            v = self.model.tokenize(quoted + prompts.verify_suffix(question, answer), add_bos=False)
+            if len(prefix) + len(v) <= self.wm:  # else the answer is not judged (margin -inf)
+                vlen = len(v)
+                margin = yes_score(self.model, pc, v)
         calls = max(len(prefix) + len(q) + r.tokens, len(prefix) + vlen)
         if calls > self.wm:
             raise AssertionError(f"an RLV call of {calls} tokens exceeds the working memory of {self.wm}")
@@ -141,7 +171,7 @@ class RLV:
         cited = secs + self._holding(quotes)
         cite = max(cited, key=lambda s: (support(answer, s.text), s.index in group)) if answer else cited[0]
         return {"sections": group, "quotes": [[q.start, q.end] for q in quotes], "tokens": len(prefix),
-                "answer": answer, "margin": margin, "grounded": grounded,
+                "reused_tokens": reused, "answer": answer, "margin": margin, "grounded": grounded,
                 "typed": typed, "verified": bool(answer) and grounded and typed and judged, "cite": cite.index,
                 "ttft": ttft, "seconds": time.perf_counter() - t, "call_tokens": calls, "min_margin": r.min_margin}
 
@@ -201,13 +231,14 @@ class RLV:
         step: tuple[str, list[int], str] | None = ("lookup", self._fit(ranked), question)
         while step is not None and len(done) < self.reads:
             kind, group, asked = step
-            rec = self.read(asked, group)
+            labels = "+".join(self.sections[i].label for i in group) or "nothing else"
+            rec = self.read(asked, group, max_tokens, label=f"rlv read {len(done) + 1} ({labels})")
             rec["kind"], rec["asked"] = kind, asked
             done.append(rec)
             seen.update(group)
-            labels = "+".join(self.sections[i].label for i in group) or "nothing else"
             self.log(f"{'lookup' if kind == 'lookup' else 'research (' + kind + ')'} {len(done)}: read {labels} "
-                     f"and {len(rec['quotes'])} quoted sentences ({rec['tokens']} tokens) -> {rec['answer']!r}")
+                     f"and {len(rec['quotes'])} quoted sentences ({rec['tokens']} tokens, {rec['reused_tokens']} of them "
+                     f"stored) -> {rec['answer']!r}")
             self.log(f"verify {len(done)}: grounded {rec['grounded']}, type {'ok' if rec['typed'] else 'wrong'}, "
                      f"yes-no margin {rec['margin']:+.2f} -> {'verified' if rec['verified'] else 'not verified'}")
             stages.append({"stage": "lookup" if kind == "lookup" else "research",
@@ -223,6 +254,24 @@ class RLV:
                       ttft=done[0]["ttft"] if done else 0.0, seconds=time.perf_counter() - t0,
                       prompt_tokens=max((r["call_tokens"] for r in done), default=0),
                       min_margin=best["min_margin"] if best else None, stages=stages)
+
+
+class _LazyProgress:
+    """A progress bar made at its first update (a read taken whole from the store shows none)."""
+
+    def __init__(self, label: str, enabled: bool):
+        self.label, self.enabled, self.bar = label, enabled, None
+
+    def update(self, done: int, total: int) -> None:
+        if self.bar is None:
+            from ..progress import Progress
+
+            self.bar = Progress(self.label, total, enabled=self.enabled)
+        self.bar.advance_to(done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _num(v):

@@ -61,6 +61,7 @@ class DocumentSession:
         self._sections: list[Section] | None = None
         self._rag = None
         self._rlv = None
+        self._prefixes = None
         self.pc: PrefixCache | None = None
         self.cache_source = ""  # "disk", "prefill" or ""
         self.mode = self.resolve_mode(mode)
@@ -211,9 +212,19 @@ class DocumentSession:
 
                 self._rlv = RLV(self.model, self.sections, kv=self.kv, working_memory=self.wm, log=self.log,
                                 evidence=self.evidence if self.quotes > 0 else None, quotes=self.quotes,
-                                **self.rlv_options)
+                                prefixes=self.prefixes, progress=self.progress, **self.rlv_options)
             return self._rlv.ask(question, **kwargs)
         raise TightKVError(f"unknown mode '{mode}'")
+
+    @property
+    def prefixes(self):
+        """The store of RLV reads already prefilled: RAM, over the disk store."""
+        if self._prefixes is None:
+            from .prefixes import PrefixStore
+
+            self._prefixes = PrefixStore(self.model, self.kv, disk=self.store, doc=self.doc, kind="rlv read",
+                                         notice=self.notice)
+        return self._prefixes
 
     @property
     def kv_bytes(self) -> int:

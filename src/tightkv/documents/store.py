@@ -116,8 +116,9 @@ class DocumentStore:
         return self.root / f"{_key_hash(cache_key(model, kv, ids))}.safetensors"
 
     # --- save -------------------------------------------------------------------------
-    def save(self, model, doc, kv, ids: list[int], cache: list) -> Path:
-        """Write the cache's per-layer states (atomically: a temp file, then rename)."""
+    def save(self, model, doc, kv, ids: list[int], cache: list, kind: str = "document") -> Path:
+        """Write the cache's per-layer states (atomically: a temp file, then rename).
+        `kind` says what the prefix is (a whole document, an RLV read), for listings."""
         from safetensors.torch import save_file
 
         from ..kv.spec import parse_kv
@@ -133,7 +134,7 @@ class DocumentStore:
             "checksum": tensors_digest(tensors), "layers": str(len(cache)), "classes": json.dumps(classes),
             "kv_bytes": str(sum(c.nbytes for c in cache)), "kv_spec": str(parse_kv(kv)),
             "model_path": str(model.path), "documents": json.dumps(list(getattr(doc, "names", []))),
-            "doc_sha256": getattr(doc, "sha256", ""), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "doc_sha256": getattr(doc, "sha256", ""), "kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         })
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.path_for(model, doc, kv, ids)
@@ -212,7 +213,7 @@ class DocumentStore:
                         for d in shape:
                             n *= d
                         tensor_bytes += n * _DTYPE_BYTES.get(dtype, 0)
-                row.update({"kv": meta.get("kv_spec"), "tokens": int(meta.get("tokens", 0)),
+                row.update({"kind": meta.get("kind", "document"), "kv": meta.get("kv_spec"), "tokens": int(meta.get("tokens", 0)),
                             "kv_bytes": int(meta.get("kv_bytes", 0)), "tensor_bytes": tensor_bytes,
                             "documents": json.loads(meta.get("documents", "[]")), "model": meta.get("model_path"),
                             "created": meta.get("created")})
@@ -237,12 +238,12 @@ _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I1
 def format_entries(rows: list[dict]) -> str:
     if not rows:
         return f"no cached documents in {documents_dir()}"
-    lines = [f"{'file':<44} {'kv':<14} {'tokens':>7} {'KV bytes':>12} {'file bytes':>12} {'overhead':>9}  documents"]
+    lines = [f"{'file':<44} {'kind':<9} {'kv':<14} {'tokens':>7} {'KV bytes':>12} {'file bytes':>12} {'overhead':>9}  documents"]
     for r in rows:
         name = Path(r["path"]).name
         if "error" in r:
             lines.append(f"{name:<44} {r['error']}")
             continue
-        lines.append(f"{name:<44} {str(r['kv']):<14} {r['tokens']:>7} {r['kv_bytes']:>12,} {r['file_bytes']:>12,} "
+        lines.append(f"{name:<44} {r['kind']:<9} {str(r['kv']):<14} {r['tokens']:>7} {r['kv_bytes']:>12,} {r['file_bytes']:>12,} "
                      f"{r['overhead_bytes']:>9,}  {', '.join(r['documents'])}")
     return "\n".join(lines)

@@ -290,13 +290,27 @@ _WORDS_Q = re.compile(r"^(what colou?r|where\b|((in|on|at|from) )?(what|which) (
 _PERSON_Q = re.compile(r"^(who|whom)\b|\b(by|to|with|after|for) whom\b|^after which (astronomer|person|scientist)\b")
 
 
-def first_sentence(answer: str, max_chars: int = 160) -> str:
+_STOP = re.compile(r"[.!?][\"')\]]*(?=\s|$)")
+_ABBREVIATION = re.compile(r"(\b(Mr|Mrs|Ms|Dr|Prof|St|Jr|Sr|Inc|Ltd|Co|vs|etc|e\.g|i\.e)|\b[A-Z]|\b[A-Z]\.[A-Z])$")
+
+
+def sentence_end(text: str, final: bool = True) -> int | None:
+    """Where the first sentence of `text` ends (the index after its stop), or None.
+    A stop ends a sentence when whitespace follows (or the text ends, if `final`),
+    and it does not close an abbreviation ("Dr.", "J.", "U.S.")."""
+    for m in _STOP.finditer(text):
+        if m.group()[0] == "." and _ABBREVIATION.search(text[: m.start()]):
+            continue
+        if m.end() < len(text) or final:
+            return m.end()
+    return None
+
+
+def first_sentence(answer: str) -> str:
     """An answer cut to its first sentence (a base model often runs on)."""
     a = answer.strip()
-    m = re.search(r"[.!?](\s|$)", a)
-    if m and m.end() < len(a):
-        a = a[: m.start() + 1]
-    return a[:max_chars].strip()
+    end = sentence_end(a)
+    return a[:end].strip() if end else a
 
 
 def answer_type_ok(question: str, answer: str) -> bool:

@@ -102,7 +102,7 @@ def _fill_bar(what: str, total: int):
     terminal, plain lines elsewhere), closed with a summary line at the end
     unless the fill is one prefill piece (its row follows at once)."""
     from ..engine.generate import PREFILL_CHUNK
-    from .progress import Progress
+    from ..progress import Progress
 
     bar = Progress(what, total, unit="tok", stream=sys.stderr, summary=total > PREFILL_CHUNK)
 

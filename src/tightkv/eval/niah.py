@@ -93,7 +93,7 @@ def run_grid(model, haystack: str, lengths: list[int], depths: list[float], kv_t
              needles: list[Needle] | None = None, progress: bool = True) -> dict[str, dict]:
     """{kv: {"cells": [{length, depth, needle, passed, answer}]}} over the grid.
     Progress (stderr) counts prompt tokens, so it moves within each cell's prefill."""
-    from .progress import Progress
+    from ..progress import Progress
 
     needles = needles or DEFAULT_NEEDLES
     hay_tokens = model.tokenize(haystack, add_bos=False)

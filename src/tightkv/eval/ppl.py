@@ -124,7 +124,7 @@ def perplexity(model, text: str, ctx: int, n_chunks: int | None, kv_types: list[
     each chunk `batch` tokens per forward call. Progress (stderr) counts the
     tokens run and the rows scored, for every type, so it moves with every
     forward call, not only per chunk."""
-    from .progress import Progress
+    from ..progress import Progress
 
     names = [BASELINE] + [k for k in kv_types if k != BASELINE]
     tokens = model.tokenize(text, add_bos=False)

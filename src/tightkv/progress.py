@@ -1,4 +1,4 @@
-"""Progress on stderr for the long verbs (ppl, bench, niah).
+"""Progress on stderr for the long work: prefill of a document, RLV reads, ppl, bench, niah.
 
 On a terminal it is a tqdm bar, redrawn in place. Anywhere else (a pipe, a log
 file) it writes plain lines, never a carriage return: one when another tenth of
