@@ -118,7 +118,10 @@ def test_completions_stream_and_json(server):
     status, headers, raw = request(server, "POST", "/v1/completions",
                                    {**body, "stream": True, "stream_options": {"include_usage": True}})
     events = sse_events(raw)
-    assert events[-1]["choices"] == [] and events[-1]["usage"] == doc["usage"]
+    usage = events[-1]["usage"]
+    assert events[-1]["choices"] == [] and usage["total_tokens"] == doc["usage"]["total_tokens"]
+    # the same prompt again: all of it comes from the prefix store, with its logits
+    assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"]
     assert "".join(e["choices"][0]["text"] for e in events[:-1]) == doc["choices"][0]["text"]
     assert events[-2]["choices"][0]["finish_reason"] == doc["choices"][0]["finish_reason"]
     # token ids as the prompt
@@ -156,17 +159,18 @@ def test_ndjson_chat_framing(server):
 
 
 def test_ndjson_generate_and_context(server):
-    body = {"model": "tiny-chat", "prompt": "hello", "options": {"num_predict": 5, "temperature": 0}}
+    body = {"model": "tiny-chat", "prompt": "hello ndjson", "options": {"num_predict": 5, "temperature": 0}}
     status, headers, raw = request(server, "POST", "/api/generate", body)
     records = ndjson_records(raw)
     last = records[-1]
     assert status == 200 and list(last) == ["model", "created_at", "response", "done", "done_reason", "context"] \
         + FINAL_FIELDS[1:]
     assert all(list(r) == ["model", "created_at", "response", "done"] for r in records[:-1])
-    assert len(last["context"]) == last["prompt_eval_count"] + last["eval_count"]
-    # the context continues a conversation
+    assert len(last["context"]) == last["prompt_eval_count"] + last["eval_count"]  # a prompt not seen before
+    # the context continues a conversation, whose first turn is a stored prefix: fewer tokens evaluated
     status, doc = post(server, "/api/generate", {**body, "stream": False, "context": last["context"]})
-    assert status == 200 and doc["prompt_eval_count"] > len(last["context"])
+    prompt_tokens = len(doc["context"]) - doc["eval_count"]
+    assert status == 200 and prompt_tokens > len(last["context"]) and doc["prompt_eval_count"] < prompt_tokens
     # raw mode skips the template; an empty prompt just loads the model
     status, doc = post(server, "/api/generate", {**body, "stream": False, "raw": True})
     assert status == 200 and doc["prompt_eval_count"] < last["prompt_eval_count"]

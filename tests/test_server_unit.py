@@ -83,6 +83,7 @@ def test_openapi_documents_request_bodies(gguf):
 
 class _FakeModel:
     context_length = 100
+    kv = "f16"
 
     def new_cache(self):
         return []

@@ -166,12 +166,14 @@ class Model:
     def generate(self, prompt: str | list[int], max_tokens: int | None = 256, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
                  seed: int | None = None, stop: list[str] | str | None = None, stream: bool = False,
-                 cache: list | None = None, progress=None):
+                 cache: list | None = None, progress=None, prompt_cache=None):
         """Generate a continuation of a prompt (text or token ids).
 
         Returns a `GenerationResult` (.text, .ids, .stats); with stream=True, an
         iterator of `GenerationStep` records (.text, .token), one per token; the
         last one has .stats (with .finish_reason) and the text still held back.
+        `cache` may already hold a prefix of the prompt; `prompt_cache`
+        (`engine.generate.PromptCache`) is how a prefix store meets the prompt.
         """
         from .engine.generate import check_context, stream as stream_pieces
         from .engine.sampling import SamplingParams
@@ -183,7 +185,12 @@ class Model:
         params.validate()
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         cache = cache if cache is not None else self.new_cache()
-        pieces = stream_pieces(self.net, self.tokenizer, ids, cache, params, limit, stops, progress)
+        if prompt_cache is None:
+            from .engine.generate import PromptCache
+
+            prompt_cache = PromptCache(cuts=tuple(self.turn_cuts(ids)))  # chunks end where chat turns begin
+        pieces = stream_pieces(self.net, self.tokenizer, ids, cache, params, limit, stops, progress,
+                               prompt_cache=prompt_cache)
         return pieces if stream else _collect(pieces)
 
     def ask(self, prompt: str, **kwargs) -> str:
@@ -220,6 +227,36 @@ class Model:
             text = render_chat(self.chat_template, messages, bos_token=bos, eos_token=eos)
             return self.tokenize(text, add_bos=not (bos and text.startswith(bos)), special=True)
         return self.tokenize(plain_prompt(messages))
+
+    def turn_cuts(self, ids: list[int]) -> list[int]:
+        """Where the chat turns of a prompt begin (the positions of the token that opens
+        each turn), for the server's prefill chunks: a conversation's earlier turns then
+        end on a chunk, and are a stored prefix of its next request. [] without a chat
+        template, or when its turns open with no special token."""
+        if not hasattr(self, "_turn_token"):
+            self._turn_token = self._find_turn_token()
+        t = self._turn_token
+        return [] if t is None else [i for i, x in enumerate(ids) if x == t and i > 0]
+
+    def _find_turn_token(self) -> int | None:
+        from .engine.chat import render_chat
+        from .gguf.vocab import ATTR_CONTROL, ATTR_USER_DEFINED
+
+        if not self.chat_template:
+            return None
+        msgs = [{"role": "user", "content": "x"}]
+        try:
+            head = render_chat(self.chat_template, msgs, add_generation_prompt=False)
+            full = render_chat(self.chat_template, msgs, add_generation_prompt=True)
+        except TightKVError:
+            return None
+        if not full.startswith(head) or len(full) == len(head):
+            return None
+        ids = self.tokenize(full[len(head):], add_bos=False, special=True)
+        attrs = getattr(self.tokenizer, "attrs", None)
+        if ids and attrs is not None and attrs[ids[0]] & (ATTR_CONTROL | ATTR_USER_DEFINED):
+            return ids[0]
+        return None
 
     def _token_text(self, token_id: int | None) -> str:
         tokens = self.gguf.metadata.get("tokenizer.ggml.tokens", [])

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from ..errors import TightKVError
-from .common import CTX_HELP, model_label
+from .common import CTX_HELP, model_label, parse_size
 
 NAME = "plan"
 HELP = "memory plan: weights, KV per cache type, what fits (reads only the GGUF header)"
@@ -21,14 +21,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, metavar="FILE", help="also write the plan to this JSON file")
 
 
-def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*([\d.]+)\s*([kmgt]?)(i?)b?\s*", text.lower())
-    if not m:
-        raise TightKVError(f"--mem takes a size like 16GB or 8GiB, got '{text}'")
-    base = 1024 if m.group(3) else 1000
-    return int(float(m.group(1)) * base ** " kmgt".index(m.group(2) or " "))
-
-
 def run(ns: argparse.Namespace) -> int:
     import psutil
 
@@ -36,7 +28,7 @@ def run(ns: argparse.Namespace) -> int:
     from ..kv.spec import parse_kv
     from ..registry import resolve
 
-    memory = parse_size(ns.mem) if ns.mem else psutil.virtual_memory().total
+    memory = parse_size(ns.mem, "--mem") if ns.mem else psutil.virtual_memory().total
     if ns.ctx is not None and ns.ctx < 0:
         raise TightKVError(f"-c/--ctx must be positive (or 0 for the model's context), got {ns.ctx}")
     kv_types = [k.strip() for k in ns.compare.split(",")] if ns.compare else PLAN_TYPES

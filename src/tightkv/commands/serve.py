@@ -7,7 +7,7 @@ import sys
 
 from ..errors import TightKVError
 
-from .common import add_model_flags, kv_spec
+from .common import add_model_flags, kv_spec, parse_size
 
 NAME = "serve"
 HELP = "serve a model over HTTP: OpenAI /v1/* and Ollama /api/* routes"
@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue", type=int, default=32,
                    help="requests that may wait for a slot; more are answered 503 (default 32)")
     p.add_argument("--alias", default=None, help="the model id clients see (default: the model's name)")
+    p.add_argument("--cache-ram", default=None, metavar="SIZE",
+                   help="RAM for reusable prompt prefixes (compressed KV caches, least recently used out), "
+                        "e.g. 2GB; 0 turns prefix reuse off (default: a quarter of the RAM available at start)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="the HTTP server's log detail (default info: one line per request)")
     add_model_flags(p, ctx_help="context length in tokens (default: the trained context, at most 4096; "
@@ -63,6 +66,8 @@ def _checked_flags(ns: argparse.Namespace) -> tuple[str | None, str | None]:
     if ns.threads is not None and ns.threads < 1:
         raise TightKVError(f"--threads must be positive, got {ns.threads}")
     kv = kv_spec(ns)
+    if ns.cache_ram is not None:
+        parse_size(ns.cache_ram, "--cache-ram")
     check_port_free(ns.host, ns.port)
     return ns.api_key or os.environ.get("TIGHTKV_API_KEY") or None, kv
 
@@ -76,7 +81,8 @@ def run(ns: argparse.Namespace) -> int:
     from ..server.app import ServerConfig, create_app
 
     config = ServerConfig(model=ns.model, kv=kv, ctx=ns.ctx, threads=ns.threads, api_key=api_key,
-                          parallel=ns.parallel, max_queue=ns.max_queue, alias=ns.alias)
+                          parallel=ns.parallel, max_queue=ns.max_queue, alias=ns.alias,
+                          cache_ram=None if ns.cache_ram is None else parse_size(ns.cache_ram, "--cache-ram"))
     logging.basicConfig(level=ns.log_level.upper(), format="tightkv: %(message)s", stream=sys.stderr)
     failures: list[BaseException] = []
     server: uvicorn.Server | None = None

@@ -4,33 +4,36 @@ bytes) over the on-disk store.
 Whatever prompt starts with tokens already prefilled (an RLV read of a section
 read before, a question about a document read by another process) takes the
 longest stored prefix and prefills only the rest. An entry is each layer's
-`state()` (a copy: what the cache holds, compressed as it is held), so a cache
-restored from it and extended gives the same K/V as one prefill of the whole:
-the caches see the same data whatever the chunking.
+`state()` (a copy: what the cache holds, compressed as it is held); a cache
+restored from it continues bit for bit like the cache it was taken from. What a
+prompt row computes still depends on the prefill chunk it falls in (the weight
+kernels' path for a few rows or many, the attention sums), which is why entries
+are taken and used only at chunk ends.
 
-Entries are found by exact token ids at the lengths a caller marks (an RLV read
-marks where each section ends), so a lookup costs a few hashes, not a scan of
-every stored prompt. A store belongs to one model and one KV spec; the disk
-files carry the same checks as the document cache (`store.cache_key`).
+Two ways in. RLV reads (`fill`, `longest`) look entries up by exact token ids
+at the lengths they mark (where each section ends), in RAM and then on disk.
+The server (`lookup`) takes the longest prefix in RAM whose length the caller
+allows: one where a cold prefill of the new prompt also ends a chunk
+(`engine.generate.chunk_ends`), so the rest is computed exactly as it would be
+without the store; an entry as long as the prompt brings the logits after it,
+and nothing is prefilled. A store belongs to one model and one KV spec; the
+disk files carry the same checks as the document cache (`store.cache_key`).
 """
 from __future__ import annotations
 
 import collections
 from typing import Callable
 
+import torch
+
 from .store import DocumentStore
 
 
 def available_ram() -> int:
-    """Bytes of RAM available now (MemAvailable), or 4 GiB when it cannot be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 4 << 30
+    """Bytes of RAM available now."""
+    import psutil
+
+    return psutil.virtual_memory().available
 
 
 def default_ram_budget() -> int:
@@ -59,7 +62,9 @@ class PrefixStore:
         self.disk, self.disk_tokens = disk, disk_tokens
         self.doc, self.kind = doc, kind  # named in the disk files' headers
         self.notice = notice
-        self._ram: collections.OrderedDict[tuple[int, ...], tuple[list[dict], int]] = collections.OrderedDict()
+        # ids -> (each layer's state, bytes, the logits after the last token or None)
+        self._ram: collections.OrderedDict[tuple[int, ...], tuple[list[dict], int, torch.Tensor | None]] = \
+            collections.OrderedDict()
         self.bytes = 0
         self.hits = self.misses = self.reused_tokens = 0
 
@@ -77,7 +82,7 @@ class PrefixStore:
             return None
         cache = self.disk.load(self.model, self.doc, self.kv, list(ids), notice=self.notice)
         if cache is not None:
-            self._remember(key, [c.state() for c in cache])
+            self._remember(key, [c.state() for c in cache], None)
         return cache
 
     def longest(self, ids: list[int], marks: list[int]) -> tuple[int, list | None]:
@@ -86,53 +91,78 @@ class PrefixStore:
         for n in sorted({m for m in marks if 0 < m <= len(ids)}, reverse=True):
             cache = self.get(ids[:n])
             if cache is not None:
-                self.hits += 1
-                self.reused_tokens += n
-                return n, cache
+                return self._hit(n), cache
         self.misses += 1
         return 0, None
+
+    def lookup(self, ids: list[int], usable: Callable[[int], bool] = lambda n: True
+               ) -> tuple[int, list | None, torch.Tensor | None]:
+        """The longest prefix of `ids` held in RAM whose length is `usable`: (its length, a
+        fresh cache holding it, the logits after it when it is all of `ids`), or (0, None,
+        None). An entry as long as `ids` counts only with its logits (something must
+        predict), and then whatever its length."""
+        key, best = tuple(ids), None
+        for k, (_, _, logits) in self._ram.items():
+            n = len(k)
+            fits = (n < len(key) and usable(n)) or (n == len(key) and logits is not None)
+            if fits and key[:n] == k:
+                if best is None or n > len(best):
+                    best = k
+        if best is None:
+            self.misses += 1
+            return 0, None, None
+        self._ram.move_to_end(best)
+        states, _, logits = self._ram[best]
+        return self._hit(len(best)), self._restore(states), logits if len(best) == len(key) else None
+
+    def _hit(self, n: int) -> int:
+        self.hits += 1
+        self.reused_tokens += n
+        return n
 
     # --- fill and store -------------------------------------------------------------------
     def fill(self, ids: list[int], marks: list[int],
              progress: Callable[[int, int], None] | None = None) -> tuple[int, list]:
         """A cache holding `ids`: the longest stored prefix at a mark, then prefilled
-        from mark to mark (`len(ids)` is always one), each new mark stored. Returns
-        (tokens taken from the store, the cache). `progress(done, total)` counts the
-        tokens prefilled here, of those not taken from the store."""
+        with chunks ending at each mark (`len(ids)` is always one), each new mark stored.
+        Returns (tokens taken from the store, the cache). `progress(done, total)` counts
+        the tokens prefilled here, of those not taken from the store."""
         from ..engine.generate import prefill
 
         ends = sorted({m for m in [*marks, len(ids)] if 0 < m <= len(ids)})
         reused, cache = self.longest(ids, ends)
         cache = cache if cache is not None else self.model.new_cache(self.kv)
-        held = reused
-        if progress and held < len(ids):
-            progress(0, len(ids) - reused)
-        for end in (e for e in ends if e > held):
-            prefill(self.model.net, ids[held:end], cache,
-                    progress=(lambda d, n, h=held: progress(h - reused + d, len(ids) - reused)) if progress else None)
-            held = end
-            self.put(ids[:end], cache)
+        if reused < len(ids):
+            if progress:
+                progress(0, len(ids) - reused)
+            keep = set(ends)
+            prefill(self.model.net, ids[reused:], cache, progress=progress, cuts=ends,
+                    after=lambda e: self.put(ids[:e], cache) if e in keep else None)
         return reused, cache
 
-    def put(self, ids: list[int], cache: list) -> None:
-        """Store a copy of `cache` (which holds exactly `ids`) in RAM, and on disk when
-        long enough; the cache itself stays the caller's."""
+    def put(self, ids: list[int], cache: list, logits: torch.Tensor | None = None) -> None:
+        """Store a copy of `cache` (which holds exactly `ids`; `logits`, if given, are those
+        after its last token) in RAM, and on disk when long enough. The cache stays the
+        caller's."""
         key = tuple(ids)
         if key in self._ram:
             self._ram.move_to_end(key)
+            states, size, held = self._ram[key]
+            if held is None and logits is not None:
+                self._ram[key] = (states, size, logits.clone())
             return
-        self._remember(key, [c.state() for c in cache])
+        self._remember(key, [c.state() for c in cache], None if logits is None else logits.clone())
         if self.disk is not None and len(ids) >= self.disk_tokens:
             self.disk.save(self.model, self.doc, self.kv, list(ids), cache, kind=self.kind)
 
-    def _remember(self, key: tuple[int, ...], states: list[dict]) -> None:
-        size = _state_bytes(states)
+    def _remember(self, key: tuple[int, ...], states: list[dict], logits: torch.Tensor | None) -> None:
+        size = _state_bytes(states) + (logits.numel() * logits.element_size() if logits is not None else 0)
         if size > self.ram_bytes:
             return
-        self._ram[key] = (states, size)
+        self._ram[key] = (states, size, logits)
         self.bytes += size
         while self.bytes > self.ram_bytes:
-            _, (_, dropped) = self._ram.popitem(last=False)
+            _, (_, dropped, _) = self._ram.popitem(last=False)
             self.bytes -= dropped
 
     def _restore(self, states: list[dict]) -> list:

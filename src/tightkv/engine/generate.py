@@ -79,19 +79,40 @@ class GenerationResult:
 
 
 @torch.inference_mode()
+def chunk_ends(start: int, end: int, chunk: int = PREFILL_CHUNK, cuts=()) -> list[int]:
+    """Where the prefill chunks of positions [start, end) end: at the multiples of `chunk`
+    (absolute positions), at `cuts`, and at `end`.
+
+    The chunks are a function of the positions alone, so a cache restored at one of
+    these points and prefilled on gives bit for bit what one prefill from 0 gives
+    (what a row computes depends on the chunk it is in: its weight path and its
+    attention sums); the server's prefix store keeps caches only at such points."""
+    ends = {p for p in cuts if start < p < end}
+    ends.update(range((start // chunk + 1) * chunk, end, chunk))
+    ends.add(end)
+    return sorted(ends)
+
+
 def prefill(model, ids: list[int], cache: list, chunk: int = PREFILL_CHUNK,
-            progress: Callable[[int, int], None] | None = None) -> torch.Tensor | None:
-    """Run ids into the cache in chunks; return the logits (vocab,) after the last one."""
+            progress: Callable[[int, int], None] | None = None, cuts=(),
+            after: Callable[[int], None] | None = None) -> torch.Tensor | None:
+    """Run ids into the cache in chunks (`chunk_ends`: on the absolute grid, and at `cuts`);
+    return the logits (vocab,) after the last one. `after(position)` runs after each chunk."""
     logits = None
-    for s in range(0, len(ids), chunk):
-        part = torch.tensor(ids[s : s + chunk], dtype=torch.long)
-        last = s + chunk >= len(ids)
+    start = cache[0].offset
+    s = start
+    for e in chunk_ends(start, start + len(ids), chunk, cuts):
+        part = torch.tensor(ids[s - start : e - start], dtype=torch.long)
+        last = e == start + len(ids)
         at = torch.tensor([part.numel() - 1]) if last else torch.tensor([], dtype=torch.long)
         out = model(part, cache, logits_at=at)
         if last:
             logits = out[0]
         if progress:
-            progress(min(s + chunk, len(ids)), len(ids))
+            progress(e - start, len(ids))
+        if after:
+            after(e)
+        s = e
     return logits
 
 
@@ -137,18 +158,48 @@ def check_context(prompt_len: int, max_tokens: int | None, context_length: int) 
     return max_tokens
 
 
+@dataclass
+class PromptCache:
+    """How a prompt meets a prefix store: `logits` after the whole prompt when the cache
+    given already holds all of it; `cuts`, extra prefill chunk ends (`chunk_ends`); and
+    `keep(position, cache, logits)`, called at the last chunk end before the prompt's end
+    (logits None) and at its end, to store the cache there."""
+
+    logits: torch.Tensor | None = None
+    cuts: tuple = ()
+    keep: Callable[[int, list, torch.Tensor | None], None] | None = None
+
+
+def _prefill_prompt(model, prompt: list[int], cache: list, progress, pc: PromptCache | None) -> torch.Tensor:
+    cached = cache[0].offset
+    if pc is None:
+        logits = prefill(model, prompt[cached:], cache, progress=progress)
+    elif pc.logits is not None and cached == len(prompt):
+        logits = pc.logits
+    else:
+        ends = chunk_ends(cached, len(prompt), cuts=pc.cuts)
+        mark = ends[-2] if len(ends) > 1 else None
+        after = (lambda e: pc.keep(e, cache, None) if e == mark else None) if pc.keep else None
+        logits = prefill(model, prompt[cached:], cache, progress=progress, cuts=pc.cuts, after=after)
+        if pc.keep and logits is not None:
+            pc.keep(len(prompt), cache, logits)
+    if logits is None:
+        raise ValueError("the cache already holds the whole prompt; nothing to predict from")
+    return logits
+
+
 @torch.inference_mode()
 def generate_tokens(model, prompt: list[int], cache: list, sampler: Sampler, max_tokens: int,
-                    stop_ids: set[int], timing: dict, progress=None) -> Iterator[int]:
-    """Yield sampled token ids. Prefill covers the prompt past what the cache already holds.
+                    stop_ids: set[int], timing: dict, progress=None,
+                    prompt_cache: PromptCache | None = None) -> Iterator[int]:
+    """Yield sampled token ids. Prefill covers the prompt past what the cache already holds
+    (`prompt_cache`: see `PromptCache`).
 
     `timing` receives prompt_seconds, generation_seconds, finish_reason, cached_tokens.
     """
     t0 = time.perf_counter()
     cached = cache[0].offset
-    logits = prefill(model, prompt[cached:], cache, progress=progress)
-    if logits is None:
-        raise ValueError("the cache already holds the whole prompt; nothing to predict from")
+    logits = _prefill_prompt(model, prompt, cache, progress, prompt_cache)
     timing.update(prompt_seconds=time.perf_counter() - t0, cached_tokens=cached, finish_reason="length")
     t1 = time.perf_counter()
     history = list(prompt)
@@ -200,7 +251,8 @@ def _overlap(text: str, stop: str) -> int:
 
 def stream(model, tokenizer, prompt: list[int], cache: list, params: SamplingParams,
            max_tokens: int, stop: list[str] | None = None, progress=None,
-           sampler: Callable[[torch.Tensor, list[int]], int] | None = None) -> Iterator[GenerationStep]:
+           sampler: Callable[[torch.Tensor, list[int]], int] | None = None,
+           prompt_cache: PromptCache | None = None) -> Iterator[GenerationStep]:
     """Yield one `GenerationStep` per token, then a last one carrying the stats and the generated ids.
     `sampler` (logits, history) -> token replaces the one `params` describe."""
     sampler = sampler or Sampler(params)
@@ -208,7 +260,8 @@ def stream(model, tokenizer, prompt: list[int], cache: list, params: SamplingPar
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     timing: dict = {}
     ids: list[int] = []
-    tokens = generate_tokens(model, prompt, cache, sampler, max_tokens, tokenizer.eot_ids, timing, progress)
+    tokens = generate_tokens(model, prompt, cache, sampler, max_tokens, tokenizer.eot_ids, timing, progress,
+                             prompt_cache)
     stopped = False
     for token in tokens:
         ids.append(token)

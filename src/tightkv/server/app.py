@@ -45,6 +45,7 @@ class ServerConfig:
     parallel: int = 4  # requests decoded at once (round-robin)
     max_queue: int = 32  # requests waiting beyond those
     alias: str | None = None  # the model id clients see
+    cache_ram: int | None = None  # bytes for the prefix store (None: a quarter of the RAM available; 0: off)
 
 
 class ServedModel:
@@ -138,7 +139,7 @@ class ServerState:
                 on_ready(model)
 
         self.scheduler = Scheduler(load or self._load, config.parallel, config.max_queue,
-                                   on_ready=ready, on_failure=on_failure)
+                                   on_ready=ready, on_failure=on_failure, cache_ram=config.cache_ram)
 
     def _load(self):
         from ..api import Model
@@ -244,7 +245,7 @@ def create_app(config: ServerConfig, load: Callable[[], Any] | None = None,
 
     app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
 
-    @app.get("/metrics", summary="Prometheus text: requests processing and deferred, tokens, KV bytes")
+    @app.get("/metrics", summary="Prometheus text: requests processing and deferred, tokens, KV bytes, prefix store")
     async def metrics():
         sch = state.scheduler
         rows = [
@@ -254,6 +255,17 @@ def create_app(config: ServerConfig, load: Callable[[], Any] | None = None,
             ("requests_cancelled_total", "counter", "requests stopped because the client went away", sch.cancelled),
             ("tokens_predicted_total", "counter", "tokens generated", sch.tokens),
             ("kv_cache_bytes", "gauge", "bytes held by active KV caches", sch.kv_bytes()),
+        ]
+        store = sch.prefix_stats()
+        rows += [
+            ("prefix_cache_entries", "gauge", "prompt prefixes stored for reuse", store["entries"]),
+            ("prefix_cache_bytes", "gauge", "bytes held by stored prompt prefixes", store["bytes"]),
+            ("prefix_cache_budget_bytes", "gauge", "the prefix store's RAM budget", store["budget_bytes"]),
+            ("prefix_cache_hits_total", "counter", "requests that reused a stored prefix", store["hits"]),
+            ("prefix_cache_misses_total", "counter", "requests that found no stored prefix", store["misses"]),
+            ("prefix_cache_hit_rate", "gauge", "hits / (hits + misses)", store["hit_rate"]),
+            ("prompt_tokens_cached_total", "counter", "prompt tokens taken from stored prefixes",
+             store["reused_tokens"]),
         ]
         text = "".join(f"# HELP tightkv:{n} {h}\n# TYPE tightkv:{n} {t}\ntightkv:{n} {v}\n" for n, t, h, v in rows)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")

@@ -71,7 +71,7 @@ def _final(job, stats) -> dict:
         "done_reason": stats.finish_reason,
         "total_duration": int(total * 1e9),
         "load_duration": 0,
-        "prompt_eval_count": stats.prompt_tokens,
+        "prompt_eval_count": stats.prompt_tokens - stats.cached_tokens,  # evaluated: the stored prefix is not
         "prompt_eval_duration": int(stats.prompt_seconds * 1e9),
         "eval_count": stats.generated_tokens,
         "eval_duration": int(stats.generation_seconds * 1e9),
@@ -202,7 +202,8 @@ async def ps(request: Request):
     del entry["modified_at"]
     forever = datetime.now(timezone.utc).astimezone() + timedelta(days=365 * 100)
     entry.update(expires_at=forever.isoformat(), size_vram=0, context_length=served.context_length,
-                 kv_cache_type=served.kv, cpu_kernels=library.summary())  # our two fields beside Ollama's
+                 kv_cache_type=served.kv, cpu_kernels=library.summary(),  # our fields beside Ollama's
+                 prefix_cache=state.scheduler.prefix_stats())
     return OllamaJSON({"models": [entry]})
 
 

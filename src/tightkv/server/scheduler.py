@@ -88,10 +88,13 @@ class Scheduler:
 
     def __init__(self, load: Callable[[], Any], parallel: int = 4, max_queue: int = 32,
                  on_ready: Callable[[Any], None] | None = None,
-                 on_failure: Callable[[BaseException], None] | None = None):
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 cache_ram: int | None = None):
         if parallel < 1 or max_queue < 0:
             raise ValueError("parallel must be >= 1 and max_queue >= 0")
         self._load = load
+        self.cache_ram = cache_ram  # the prefix store's RAM budget in bytes (None: the default, 0: off)
+        self.prefixes = None  # documents.prefixes.PrefixStore, made once the model is loaded
         self.parallel = parallel
         self.max_queue = max_queue
         self._on_ready = on_ready
@@ -157,6 +160,10 @@ class Scheduler:
     def _run(self) -> None:
         try:
             self.model = self._load()
+            if self.cache_ram != 0:
+                from ..documents.prefixes import PrefixStore
+
+                self.prefixes = PrefixStore(self.model, self.model.kv, ram_bytes=self.cache_ram)
             if self._on_ready:
                 self._on_ready(self.model)
         except Exception as err:  # noqa: BLE001 - reported, then the server stops
@@ -237,15 +244,37 @@ class Scheduler:
                 job = self._waiting.popleft()
                 prep = job.prepared
                 try:
-                    job.cache = self.model.new_cache()
+                    job.cache, prompt_cache = self._cache_for(prep.ids)
                     job.pieces = self.model.generate(prep.ids, max_tokens=prep.max_tokens, stream=True,
-                                                     cache=job.cache, **prep.options)
+                                                     cache=job.cache, prompt_cache=prompt_cache, **prep.options)
                 except Exception as err:  # noqa: BLE001
                     job.post(ERROR, err)
                     _close(job)
                     continue
                 job.started = time.perf_counter()
                 self._active.append(job)
+
+    def _cache_for(self, ids: list[int]):
+        """A job's cache and how its prompt meets the prefix store: the longest stored
+        prefix that ends on one of the prompt's chunk ends (the prefill grid, the chat
+        turns' starts: so the rest is computed exactly as a cold prefill computes it), or
+        the whole prompt with its logits; the prompt's last chunk end and its end are stored."""
+        from ..engine.generate import PREFILL_CHUNK, PromptCache
+
+        cuts = tuple(self.model.turn_cuts(ids))
+        if self.prefixes is None:
+            return self.model.new_cache(), PromptCache(cuts=cuts)
+        ends = set(cuts)
+        n, cache, logits = self.prefixes.lookup(ids, lambda n: n % PREFILL_CHUNK == 0 or n in ends)
+        keep = lambda end, c, lg: self.prefixes.put(ids[:end], c, lg)  # noqa: E731
+        return (cache if cache is not None else self.model.new_cache()), PromptCache(logits, cuts, keep)
+
+    def prefix_stats(self) -> dict:
+        """The prefix store's entries, bytes, budget and hits (zeros when it is off)."""
+        if self.prefixes is None:
+            return {"entries": 0, "bytes": 0, "budget_bytes": 0, "hits": 0, "misses": 0, "hit_rate": 0.0,
+                    "reused_tokens": 0}
+        return self.prefixes.stats()
 
     def _step(self) -> None:
         """One token for each active job, in turn."""

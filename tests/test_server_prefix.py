@@ -1,0 +1,115 @@
+"""Prefix reuse in `tightkv serve`, through the official `openai` client and Ollama's
+API on loopback: a request reuses the longest stored prefix of its prompt that ends
+where a cold prefill ends a chunk (the 512-token grid, the start of a chat turn), or
+the whole prompt with its logits. Reuse is exact: greedy output equals a server that
+stores nothing (`--cache-ram 0`), and usage says what was reused."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_server_helpers import LiveServer, post, request
+from tiny_gguf import write_qwen
+
+openai = pytest.importorskip("openai")
+
+MODEL = "gemma3:270m"
+
+
+def _pair(*args: str):
+    warm = LiveServer(*args, "--parallel", "1")
+    cold = LiveServer(*args, "--parallel", "1", "--cache-ram", "0")
+    try:
+        yield warm.wait_ready(), cold.wait_ready()
+    finally:
+        warm.stop()
+        cold.stop()
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    yield from _pair("--ctx", "2048")
+
+
+def _client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def document(essays_file):
+    return essays_file.read_text(encoding="utf-8")[:5200]  # about 1,200 tokens: past the first 1,024-token chunks
+
+
+def _chat(server, content, model=MODEL, max_tokens=12):
+    r = _client(server).chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
+                                                temperature=0, max_tokens=max_tokens)
+    return r.choices[0].message.content, r.usage
+
+
+def test_repeat_and_new_question_reuse_the_document_exactly(gemma, document):
+    warm, cold = gemma
+    q1 = document + "\n\nQuestion: What is the first essay about?\nAnswer:"
+    q2 = document + "\n\nQuestion: Who wrote these essays?\nAnswer:"
+    text1, u1 = _chat(warm, q1)
+    assert u1.prompt_tokens > 1100 and u1.prompt_tokens_details.cached_tokens == 0
+    again, u = _chat(warm, q1)  # the whole prompt, and its logits, come from the store
+    assert again == text1 and u.prompt_tokens_details.cached_tokens == u.prompt_tokens
+    text2, u2 = _chat(warm, q2)  # the document's first 1,024 tokens (the prefill grid) are reused
+    assert u2.prompt_tokens_details.cached_tokens == 1024
+    assert (text1, text2) == (_chat(cold, q1)[0], _chat(cold, q2)[0])  # what a server storing nothing says
+    # Ollama counts the evaluated tokens only
+    status, doc = post(warm, "/api/chat", {"model": MODEL, "messages": [{"role": "user", "content": q2}],
+                                           "stream": False, "options": {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 12}})
+    assert status == 200 and doc["prompt_eval_count"] == 0 and doc["message"]["content"] == text2
+    status, doc = post(cold, "/api/chat", {"model": MODEL, "messages": [{"role": "user", "content": q2}],
+                                           "stream": False, "options": {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 12}})
+    assert doc["prompt_eval_count"] == u2.prompt_tokens
+
+
+def test_metrics_and_ps_show_the_store(gemma, document):
+    warm, cold = gemma
+    _chat(warm, document[:300] + "\nSummary:", max_tokens=2)
+    _, _, raw = request(warm, "GET", "/metrics")
+    rows = dict(line.split(" ", 1) for line in raw.decode().splitlines() if line.startswith("tightkv:"))
+    assert int(rows["tightkv:prefix_cache_entries"]) >= 2 and int(rows["tightkv:prefix_cache_bytes"]) > 0
+    assert int(rows["tightkv:prefix_cache_budget_bytes"]) > int(rows["tightkv:prefix_cache_bytes"])
+    status, _, body = request(warm, "GET", "/api/ps")
+    store = json.loads(body)["models"][0]["prefix_cache"]
+    assert status == 200 and store["entries"] >= 2 and 0 < store["hit_rate"] <= 1
+    _, _, raw = request(cold, "GET", "/metrics")
+    assert "tightkv:prefix_cache_budget_bytes 0" in raw.decode()
+
+
+@pytest.fixture(scope="module")
+def chatml_path(tmp_path_factory):
+    return write_qwen(tmp_path_factory.mktemp("prefix") / "tiny-chatml.gguf", context=1024)
+
+
+@pytest.fixture(scope="module")
+def chatml(chatml_path):
+    yield from _pair(str(chatml_path))
+
+
+def test_a_conversation_prefills_only_its_new_turn(chatml, chatml_path):
+    """Turn 2 reuses turn 1 up to the start of the assistant's turn (a chunk end of both
+    prompts), and answers as a server that stores nothing does."""
+    warm, cold = chatml
+    history = [{"role": "system", "content": "You answer in one word."},
+               {"role": "user", "content": "Name a colour of the sea, please, in a single word."}]
+
+    def turn(server, messages):
+        r = _client(server).chat.completions.create(model="tiny-chatml", messages=messages, temperature=0,
+                                                    max_tokens=6)
+        return r.choices[0].message.content, r.usage
+
+    first, u1 = turn(warm, history)
+    assert first == turn(cold, history)[0] and u1.prompt_tokens_details.cached_tokens == 0
+    history += [{"role": "assistant", "content": first}, {"role": "user", "content": "And of the sky?"}]
+    second, u2 = turn(warm, history)
+    from tightkv import Model
+
+    model = Model(chatml_path)
+    turn_starts = model.turn_cuts(model.chat_ids(history[:2]))
+    assert u2.prompt_tokens_details.cached_tokens == turn_starts[-1]  # all of turn 1 but its assistant header
+    assert second == turn(cold, history)[0]
