@@ -382,7 +382,7 @@ def test_prefix_store_takes_the_longest_stored_mark_and_keeps_its_budget(tiny):
 
     ids = tiny.tokenize(DOC, add_bos=True)[:300]
     ps = PrefixStore(tiny, "progressive", ram_bytes=10 << 20)
-    assert ps.longest(ids, [100, 200]) == (0, None)
+    assert ps.best(ids, [100, 200]) == (0, None, None)
     reused, cache = ps.fill(ids, [100, 200])
     assert reused == 0 and cache[0].offset == 300 and len(ps) == 3
     reused, restored = ps.fill(ids[:250], [100, 200])  # takes the 200-token prefix, prefills 50
@@ -396,6 +396,41 @@ def test_prefix_store_takes_the_longest_stored_mark_and_keeps_its_budget(tiny):
     small = PrefixStore(tiny, "progressive", ram_bytes=ps.bytes // 3)
     small.fill(ids, [100, 200])
     assert small.bytes <= small.ram_bytes and 0 < len(small) < 3  # the least recently used went first
+
+
+def test_prefix_store_on_disk_keeps_logits_checks_files_and_prunes(tiny, store):
+    """A second store over the same directory (a restarted server) finds the prefix
+    and its logits; a whole prompt counts only with its logits; a corrupt file is
+    dropped, never served; the disk budget drops the least recently used files."""
+    from tightkv.documents.prefixes import PrefixStore
+    from tightkv.engine.generate import prefill
+
+    ids = tiny.tokenize(DOC, add_bos=True)[:300]
+    cache = tiny.new_cache("f16")
+    logits = prefill(tiny.net, ids, cache)
+    first = PrefixStore(tiny, "f16", disk=store, disk_tokens=100, kind="prompt")
+    first.put(ids, cache, logits)
+    short = tiny.new_cache("f16")
+    prefill(tiny.net, ids[:50], short)
+    first.put(ids[:50], short)  # too short for the disk
+    assert [r["tokens"] for r in store.entries()] == [300]
+    again = PrefixStore(tiny, "f16", disk=store, disk_tokens=100, kind="prompt")
+    n, restored, got = again.best(ids, [256, 300], complete=True)
+    assert n == 300 and torch.equal(got, logits) and restored[0].offset == 300
+    assert again.best(ids[:256] + [5], [256, 257], complete=True)[0] == 0  # nothing stored at 256
+    other = tiny.new_cache("f16")
+    prefill(tiny.net, ids[:200], other)
+    again.put(ids[:200], other)  # no logits: a prompt of exactly these tokens cannot use it
+    fresh = PrefixStore(tiny, "f16", disk=store, disk_tokens=100, kind="prompt")
+    assert fresh.best(ids[:200], [200], complete=True)[0] == 0
+    assert fresh.best(ids[:200], [200])[0] == 200
+    path = Path(next(r["path"] for r in store.entries() if r["tokens"] == 300))
+    path.write_bytes(path.read_bytes()[:-100])
+    notices = []
+    broken = PrefixStore(tiny, "f16", disk=store, disk_tokens=100, kind="prompt", notice=notices.append)
+    assert broken.best(ids, [300], complete=True)[0] == 0 and notices and not path.exists()
+    size = sum(r["file_bytes"] for r in store.entries())
+    assert store.prune(size - 1, "document") == 0 and store.prune(size - 1, "prompt") == 1 and not store.entries()
 
 
 def test_auto_mode_uses_the_working_memory(tiny):

@@ -37,6 +37,8 @@ class LiveServer:
                "--log-level", "warning"]
         if "--threads" not in args:
             cmd += ["--threads", "1"]
+        if "--cache-disk" not in args:
+            cmd += ["--cache-disk", "0"]  # no prompt files in the shared home unless a test asks
         if api_key:
             cmd += ["--api-key", api_key]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -2,13 +2,15 @@
 API on loopback: a request reuses the longest stored prefix of its prompt that ends
 where a cold prefill ends a chunk (the 512-token grid, the start of a chat turn), or
 the whole prompt with its logits. Reuse is exact: greedy output equals a server that
-stores nothing (`--cache-ram 0`), and usage says what was reused."""
+stores nothing (`--cache-ram 0`), and usage says what was reused. Prefixes of 1,024
+tokens or more are also kept on disk, so a restarted server starts warm."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
+from cli_helpers import cli, private_home, seed_embedded
 from test_server_helpers import LiveServer, post, request
 from tiny_gguf import write_qwen
 
@@ -113,3 +115,43 @@ def test_a_conversation_prefills_only_its_new_turn(chatml, chatml_path):
     turn_starts = model.turn_cuts(model.chat_ids(history[:2]))
     assert u2.prompt_tokens_details.cached_tokens == turn_starts[-1]  # all of turn 1 but its assistant header
     assert second == turn(cold, history)[0]
+
+
+def test_a_restarted_server_starts_warm_from_disk(tmp_path, document):
+    """The prompt files outlive the server; `tightkv cache` lists and removes them; a
+    damaged file is dropped and rebuilt, never served."""
+    home = private_home(tmp_path)
+    seed_embedded(home)
+    env = {"TIGHTKV_HOME": str(home)}
+    args = ("--ctx", "2048", "--parallel", "1", "--cache-disk", "1GB")
+    q1 = document + "\n\nQuestion: What is the first essay about?\nAnswer:"
+    q2 = document + "\n\nQuestion: Who wrote these essays?\nAnswer:"
+
+    def served(check):
+        srv = LiveServer(*args, env=env).wait_ready()
+        try:
+            return check(srv)
+        finally:
+            srv.stop()
+
+    text1, u1 = served(lambda srv: _chat(srv, q1))
+    listed = cli("cache", "--json", env=env)
+    rows = [r for r in json.loads(listed.stdout) if r["kind"] == "prompt"]
+    assert sorted(r["tokens"] for r in rows) == [1024, u1.prompt_tokens], rows
+    (again, u), (text2, u2) = served(lambda srv: (_chat(srv, q1), _chat(srv, q2)))
+    assert again == text1 and u.prompt_tokens_details.cached_tokens == u.prompt_tokens
+    assert u2.prompt_tokens_details.cached_tokens == 1024
+    whole = next(r["path"] for r in rows if r["tokens"] == u1.prompt_tokens)
+    with open(whole, "r+b") as f:  # damage the stored tensors
+        f.seek(-64, 2)
+        f.write(b"\0" * 64)
+    srv = LiveServer(*args, env=env).wait_ready()
+    try:
+        damaged, u3 = _chat(srv, q1)
+        log = srv.output()
+    finally:
+        srv.stop()
+    assert damaged == text1 and u3.prompt_tokens_details.cached_tokens == 1024  # rebuilt from the 1,024 prefix
+    assert "checksum mismatch" in log and "rebuilding" in log
+    gone = cli("cache", "rm", "--all", env=env)
+    assert gone.returncode == 0 and "deleted" in gone.stdout and "no cached" in cli("cache", env=env).stdout

@@ -27,6 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-ram", default=None, metavar="SIZE",
                    help="RAM for reusable prompt prefixes (compressed KV caches, least recently used out), "
                         "e.g. 2GB; 0 turns prefix reuse off (default: a quarter of the RAM available at start)")
+    p.add_argument("--cache-disk", default="4GB", metavar="SIZE",
+                   help="disk for prompt prefixes of at least --cache-disk-tokens tokens, kept in the document "
+                        "store ($TIGHTKV_HOME/documents) so a restarted server starts warm; least recently "
+                        "used out; 0 keeps them in RAM only (default 4GB)")
+    p.add_argument("--cache-disk-tokens", type=int, default=1024, metavar="N",
+                   help="the shortest prefix written to disk, in tokens (default 1024)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="the HTTP server's log detail (default info: one line per request)")
     add_model_flags(p, ctx_help="context length in tokens (default: the trained context, at most 4096; "
@@ -68,6 +74,9 @@ def _checked_flags(ns: argparse.Namespace) -> tuple[str | None, str | None]:
     kv = kv_spec(ns)
     if ns.cache_ram is not None:
         parse_size(ns.cache_ram, "--cache-ram")
+    parse_size(ns.cache_disk, "--cache-disk")
+    if ns.cache_disk_tokens < 1:
+        raise TightKVError(f"--cache-disk-tokens must be positive, got {ns.cache_disk_tokens}")
     check_port_free(ns.host, ns.port)
     return ns.api_key or os.environ.get("TIGHTKV_API_KEY") or None, kv
 
@@ -82,7 +91,8 @@ def run(ns: argparse.Namespace) -> int:
 
     config = ServerConfig(model=ns.model, kv=kv, ctx=ns.ctx, threads=ns.threads, api_key=api_key,
                           parallel=ns.parallel, max_queue=ns.max_queue, alias=ns.alias,
-                          cache_ram=None if ns.cache_ram is None else parse_size(ns.cache_ram, "--cache-ram"))
+                          cache_ram=None if ns.cache_ram is None else parse_size(ns.cache_ram, "--cache-ram"),
+                          cache_disk=parse_size(ns.cache_disk, "--cache-disk"), cache_disk_tokens=ns.cache_disk_tokens)
     logging.basicConfig(level=ns.log_level.upper(), format="tightkv: %(message)s", stream=sys.stderr)
     failures: list[BaseException] = []
     server: uvicorn.Server | None = None

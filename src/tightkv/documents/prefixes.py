@@ -10,13 +10,11 @@ prompt row computes still depends on the prefill chunk it falls in (the weight
 kernels' path for a few rows or many, the attention sums), which is why entries
 are taken and used only at chunk ends.
 
-Two ways in. RLV reads (`fill`, `longest`) look entries up by exact token ids
-at the lengths they mark (where each section ends), in RAM and then on disk.
-The server (`lookup`) takes the longest prefix in RAM whose length the caller
-allows: one where a cold prefill of the new prompt also ends a chunk
-(`engine.generate.chunk_ends`), so the rest is computed exactly as it would be
-without the store; an entry as long as the prompt brings the logits after it,
-and nothing is prefilled. A store belongs to one model and one KV spec; the
+Entries are found by exact token ids at the lengths a caller names (`best`), in
+RAM and then on disk: an RLV read names where each of its sections ends; the
+server names the new prompt's chunk ends (`engine.generate.chunk_ends`), so the
+rest is computed exactly as a cold prefill computes it, and the prompt's own
+length, whose entry brings the logits after it (nothing is prefilled then). A store belongs to one model and one KV spec; the
 disk files carry the same checks as the document cache (`store.cache_key`).
 """
 from __future__ import annotations
@@ -49,17 +47,19 @@ class PrefixStore:
     """Caches by token prefix for one model and KV spec: RAM under `ram_bytes`, then
     the `disk` store (for prefixes of at least `disk_tokens` tokens).
 
+    `disk_bytes` bounds the disk files of this store's `kind` (None: no bound).
+
     Attributes:
         hits, misses: lookups that found a prefix, and that found none.
         reused_tokens: tokens taken from the store instead of prefilled.
     """
 
     def __init__(self, model, kv, *, ram_bytes: int | None = None, disk: DocumentStore | None = None,
-                 disk_tokens: int = 0, doc=None, kind: str = "prefix",
+                 disk_tokens: int = 0, disk_bytes: int | None = None, doc=None, kind: str = "prefix",
                  notice: Callable[[str], None] | None = None):
         self.model, self.kv = model, kv
         self.ram_bytes = default_ram_budget() if ram_bytes is None else ram_bytes
-        self.disk, self.disk_tokens = disk, disk_tokens
+        self.disk, self.disk_tokens, self.disk_bytes = disk, disk_tokens, disk_bytes
         self.doc, self.kind = doc, kind  # named in the disk files' headers
         self.notice = notice
         # ids -> (each layer's state, bytes, the logits after the last token or None)
@@ -74,46 +74,38 @@ class PrefixStore:
     # --- lookup ---------------------------------------------------------------------
     def get(self, ids: list[int]) -> list | None:
         """A fresh cache holding exactly `ids`, from RAM or disk, or None."""
+        found = self._entry(ids)
+        return found[0] if found else None
+
+    def _entry(self, ids: list[int]) -> tuple[list, torch.Tensor | None] | None:
+        """(a fresh cache holding exactly `ids`, the logits after them or None), from RAM,
+        else from disk (then remembered in RAM), or None."""
         key = tuple(ids)
         if key in self._ram:
             self._ram.move_to_end(key)
-            return self._restore(self._ram[key][0])
+            states, _, logits = self._ram[key]
+            return self._restore(states), logits
         if self.disk is None or len(ids) < self.disk_tokens:
             return None
-        cache = self.disk.load(self.model, self.doc, self.kv, list(ids), notice=self.notice)
-        if cache is not None:
-            self._remember(key, [c.state() for c in cache], None)
-        return cache
+        cache, extras = self.disk.load_entry(self.model, self.kv, list(ids), notice=self.notice)
+        if cache is None:
+            return None
+        logits = extras.get("logits")
+        self._remember(key, [c.state() for c in cache], logits)
+        return cache, logits
 
-    def longest(self, ids: list[int], marks: list[int]) -> tuple[int, list | None]:
-        """The longest stored prefix of `ids` among the lengths `marks`: (its length, a
-        fresh cache holding it), or (0, None)."""
-        for n in sorted({m for m in marks if 0 < m <= len(ids)}, reverse=True):
-            cache = self.get(ids[:n])
-            if cache is not None:
-                return self._hit(n), cache
+    def best(self, ids: list[int], ends: list[int], complete: bool = False
+             ) -> tuple[int, list | None, torch.Tensor | None]:
+        """The longest stored prefix of `ids` among the lengths `ends`: (its length, a fresh
+        cache holding it, the logits after it or None), or (0, None, None). With
+        `complete` (ids is a whole prompt, and something must predict its next token) an
+        entry of all of `ids` counts only with its logits."""
+        for n in sorted({e for e in ends if 0 < e <= len(ids)}, reverse=True):
+            found = self._entry(ids[:n])
+            if found is not None and not (complete and n == len(ids) and found[1] is None):
+                return self._hit(n), found[0], found[1]
         self.misses += 1
-        return 0, None
-
-    def lookup(self, ids: list[int], usable: Callable[[int], bool] = lambda n: True
-               ) -> tuple[int, list | None, torch.Tensor | None]:
-        """The longest prefix of `ids` held in RAM whose length is `usable`: (its length, a
-        fresh cache holding it, the logits after it when it is all of `ids`), or (0, None,
-        None). An entry as long as `ids` counts only with its logits (something must
-        predict), and then whatever its length."""
-        key, best = tuple(ids), None
-        for k, (_, _, logits) in self._ram.items():
-            n = len(k)
-            fits = (n < len(key) and usable(n)) or (n == len(key) and logits is not None)
-            if fits and key[:n] == k:
-                if best is None or n > len(best):
-                    best = k
-        if best is None:
-            self.misses += 1
-            return 0, None, None
-        self._ram.move_to_end(best)
-        states, _, logits = self._ram[best]
-        return self._hit(len(best)), self._restore(states), logits if len(best) == len(key) else None
+        return 0, None, None
 
     def _hit(self, n: int) -> int:
         self.hits += 1
@@ -130,7 +122,7 @@ class PrefixStore:
         from ..engine.generate import prefill
 
         ends = sorted({m for m in [*marks, len(ids)] if 0 < m <= len(ids)})
-        reused, cache = self.longest(ids, ends)
+        reused, cache, _ = self.best(ids, ends)
         cache = cache if cache is not None else self.model.new_cache(self.kv)
         if reused < len(ids):
             if progress:
@@ -142,8 +134,8 @@ class PrefixStore:
 
     def put(self, ids: list[int], cache: list, logits: torch.Tensor | None = None) -> None:
         """Store a copy of `cache` (which holds exactly `ids`; `logits`, if given, are those
-        after its last token) in RAM, and on disk when long enough. The cache stays the
-        caller's."""
+        after its last token) in RAM, and on disk when long enough (then the disk's
+        files of this kind are pruned to `disk_bytes`). The cache stays the caller's."""
         key = tuple(ids)
         if key in self._ram:
             self._ram.move_to_end(key)
@@ -153,7 +145,10 @@ class PrefixStore:
             return
         self._remember(key, [c.state() for c in cache], None if logits is None else logits.clone())
         if self.disk is not None and len(ids) >= self.disk_tokens:
-            self.disk.save(self.model, self.doc, self.kv, list(ids), cache, kind=self.kind)
+            extras = {"logits": logits} if logits is not None else None
+            path = self.disk.save(self.model, self.doc, self.kv, list(ids), cache, kind=self.kind, extras=extras)
+            if self.disk_bytes is not None:
+                self.disk.prune(self.disk_bytes, self.kind, keep=path)
 
     def _remember(self, key: tuple[int, ...], states: list[dict], logits: torch.Tensor | None) -> None:
         size = _state_bytes(states) + (logits.numel() * logits.element_size() if logits is not None else 0)

@@ -116,14 +116,17 @@ class DocumentStore:
         return self.root / f"{_key_hash(cache_key(model, kv, ids))}.safetensors"
 
     # --- save -------------------------------------------------------------------------
-    def save(self, model, doc, kv, ids: list[int], cache: list, kind: str = "document") -> Path:
+    def save(self, model, doc, kv, ids: list[int], cache: list, kind: str = "document",
+             extras: dict[str, torch.Tensor] | None = None) -> Path:
         """Write the cache's per-layer states (atomically: a temp file, then rename).
-        `kind` says what the prefix is (a whole document, an RLV read), for listings."""
+        `kind` says what the prefix is (a whole document, an RLV read, a server prompt),
+        for listings and pruning; `extras` are more tensors kept beside it (the logits
+        after a server prompt), under checksum like the rest."""
         from safetensors.torch import save_file
 
         from ..kv.spec import parse_kv
 
-        tensors: dict[str, torch.Tensor] = {}
+        tensors: dict[str, torch.Tensor] = {f"x.{k}": v.contiguous() for k, v in (extras or {}).items()}
         classes = []
         for i, c in enumerate(cache):
             for name, t in c.state().items():
@@ -151,11 +154,17 @@ class DocumentStore:
     def load(self, model, doc, kv, ids: list[int], notice: Callable[[str], None] | None = None) -> list | None:
         """A filled cache from disk, or None (absent, or rejected: then reported in one
         line through `notice` and deleted, so the caller prefills and saves afresh)."""
-        path = self.path_for(model, doc, kv, ids)
+        return self.load_entry(model, kv, ids, notice)[0]
+
+    def load_entry(self, model, kv, ids: list[int], notice: Callable[[str], None] | None = None
+                   ) -> tuple[list | None, dict[str, torch.Tensor]]:
+        """(the cache, its extras) from disk, or (None, {}) as `load` says. A file read is
+        touched, so pruning takes the least recently used first."""
+        path = self.path_for(model, None, kv, ids)
         if not path.exists():
-            return None
+            return None, {}
         try:
-            return self._read(path, model, kv, ids)
+            out = self._read(path, model, kv, ids)
         except CacheRejected as err:
             if notice:
                 notice(f"document cache {path.name}: {err}; rebuilding it")
@@ -163,9 +172,14 @@ class DocumentStore:
                 path.unlink()
             except OSError:
                 pass
-            return None
+            return None, {}
+        try:
+            os.utime(path)
+        except OSError:
+            pass
+        return out
 
-    def _read(self, path: Path, model, kv, ids: list[int]) -> list:
+    def _read(self, path: Path, model, kv, ids: list[int]) -> tuple[list, dict[str, torch.Tensor]]:
         from safetensors import safe_open
 
         try:
@@ -192,7 +206,7 @@ class DocumentStore:
             raise CacheRejected(f"layer state does not load ({err})") from None
         if any(c.offset != len(ids) for c in cache):
             raise CacheRejected("token count differs")
-        return cache
+        return cache, {k[2:]: t for k, t in tensors.items() if k.startswith("x.")}
 
     # --- info -------------------------------------------------------------------------
     def entries(self) -> list[dict]:
@@ -222,6 +236,37 @@ class DocumentStore:
                 row["error"] = f"unreadable ({type(err).__name__})"
             out.append(row)
         return out
+
+    def prune(self, max_bytes: int, kind: str, keep: Path | None = None) -> int:
+        """Delete files of `kind`, least recently used first, until that kind's files take
+        at most `max_bytes` (`keep`, the file just written, goes last). Returns files deleted."""
+        rows = [r for r in self.entries() if r.get("kind") == kind]
+        total = sum(r["file_bytes"] for r in rows)
+        rows.sort(key=lambda r: (r["path"] == str(keep), Path(r["path"]).stat().st_mtime))
+        deleted = 0
+        for r in rows:
+            if total <= max_bytes:
+                break
+            try:
+                Path(r["path"]).unlink()
+            except OSError:
+                continue
+            total -= r["file_bytes"]
+            deleted += 1
+        return deleted
+
+    def remove(self, names: list[str]) -> list[str]:
+        """Delete the named files (a file name, or its key without the suffix)."""
+        gone = []
+        for name in names:
+            path = self.root / (name if name.endswith(".safetensors") else f"{name}.safetensors")
+            if path.parent != self.root or not path.exists():
+                from ..errors import TightKVError
+
+                raise TightKVError(f"no cached prefix '{name}' in {self.root} (see: tightkv cache)")
+            path.unlink()
+            gone.append(path.name)
+        return gone
 
     def clear(self) -> int:
         n = 0

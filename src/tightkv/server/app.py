@@ -46,6 +46,8 @@ class ServerConfig:
     max_queue: int = 32  # requests waiting beyond those
     alias: str | None = None  # the model id clients see
     cache_ram: int | None = None  # bytes for the prefix store (None: a quarter of the RAM available; 0: off)
+    cache_disk: int = 0  # bytes of prompt prefixes kept on disk (0: RAM only)
+    cache_disk_tokens: int = 1024  # the shortest prefix written to disk
 
 
 class ServedModel:
@@ -139,7 +141,8 @@ class ServerState:
                 on_ready(model)
 
         self.scheduler = Scheduler(load or self._load, config.parallel, config.max_queue,
-                                   on_ready=ready, on_failure=on_failure, cache_ram=config.cache_ram)
+                                   on_ready=ready, on_failure=on_failure, cache_ram=config.cache_ram,
+                                   cache_disk=config.cache_disk, cache_disk_tokens=config.cache_disk_tokens)
 
     def _load(self):
         from ..api import Model

@@ -89,11 +89,12 @@ class Scheduler:
     def __init__(self, load: Callable[[], Any], parallel: int = 4, max_queue: int = 32,
                  on_ready: Callable[[Any], None] | None = None,
                  on_failure: Callable[[BaseException], None] | None = None,
-                 cache_ram: int | None = None):
+                 cache_ram: int | None = None, cache_disk: int = 0, cache_disk_tokens: int = 1024):
         if parallel < 1 or max_queue < 0:
             raise ValueError("parallel must be >= 1 and max_queue >= 0")
         self._load = load
         self.cache_ram = cache_ram  # the prefix store's RAM budget in bytes (None: the default, 0: off)
+        self.cache_disk, self.cache_disk_tokens = cache_disk, cache_disk_tokens  # its disk budget (0: off)
         self.prefixes = None  # documents.prefixes.PrefixStore, made once the model is loaded
         self.parallel = parallel
         self.max_queue = max_queue
@@ -163,7 +164,12 @@ class Scheduler:
             if self.cache_ram != 0:
                 from ..documents.prefixes import PrefixStore
 
-                self.prefixes = PrefixStore(self.model, self.model.kv, ram_bytes=self.cache_ram)
+                from ..documents.store import DocumentStore
+
+                disk = DocumentStore() if self.cache_disk else None
+                self.prefixes = PrefixStore(self.model, self.model.kv, ram_bytes=self.cache_ram, disk=disk,
+                                            disk_tokens=self.cache_disk_tokens, disk_bytes=self.cache_disk,
+                                            kind="prompt", notice=log.warning)
             if self._on_ready:
                 self._on_ready(self.model)
         except Exception as err:  # noqa: BLE001 - reported, then the server stops
@@ -259,13 +265,12 @@ class Scheduler:
         prefix that ends on one of the prompt's chunk ends (the prefill grid, the chat
         turns' starts: so the rest is computed exactly as a cold prefill computes it), or
         the whole prompt with its logits; the prompt's last chunk end and its end are stored."""
-        from ..engine.generate import PREFILL_CHUNK, PromptCache
+        from ..engine.generate import PromptCache, chunk_ends
 
         cuts = tuple(self.model.turn_cuts(ids))
         if self.prefixes is None:
             return self.model.new_cache(), PromptCache(cuts=cuts)
-        ends = set(cuts)
-        n, cache, logits = self.prefixes.lookup(ids, lambda n: n % PREFILL_CHUNK == 0 or n in ends)
+        n, cache, logits = self.prefixes.best(ids, chunk_ends(0, len(ids), cuts=cuts), complete=True)
         keep = lambda end, c, lg: self.prefixes.put(ids[:end], c, lg)  # noqa: E731
         return (cache if cache is not None else self.model.new_cache()), PromptCache(logits, cuts, keep)
 
