@@ -155,3 +155,40 @@ def test_a_restarted_server_starts_warm_from_disk(tmp_path, document):
     assert "checksum mismatch" in log and "rebuilding" in log
     gone = cli("cache", "rm", "--all", env=env)
     assert gone.returncode == 0 and "deleted" in gone.stdout and "no cached" in cli("cache", env=env).stdout
+
+
+@pytest.fixture(scope="module")
+def batching():
+    srv = LiveServer("--ctx", "2048", "--parallel", "4", "--cache-ram", "0")
+    try:
+        yield srv.wait_ready()
+    finally:
+        srv.stop()
+
+
+def test_concurrent_streams_decode_in_one_batch_and_answer_as_alone(batching):
+    """Four streams at once share each decode step (the weights read once for all of
+    them), and each answers exactly what it answers alone."""
+    import threading
+
+    prompts = ["Name three colours.", "Count from one to ten.", "Write a haiku about rain.",
+               "What is the capital of Italy?"]
+
+    def metric(name):
+        _, _, raw = request(batching, "GET", "/metrics")
+        return int(next(line.split()[1] for line in raw.decode().splitlines() if line.startswith(f"tightkv:{name} ")))
+
+    steps0, rows0 = metric("decode_steps_total"), metric("decode_rows_total")
+    together = [None] * len(prompts)
+
+    def run(i):
+        together[i] = _chat(batching, prompts[i], max_tokens=24)[0]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    steps, rows = metric("decode_steps_total") - steps0, metric("decode_rows_total") - rows0
+    assert rows / steps > 2, (steps, rows)  # most steps carried several streams
+    assert together == [_chat(batching, p, max_tokens=24)[0] for p in prompts]

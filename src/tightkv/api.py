@@ -175,8 +175,21 @@ class Model:
         `cache` may already hold a prefix of the prompt; `prompt_cache`
         (`engine.generate.PromptCache`) is how a prefix store meets the prompt.
         """
-        from .engine.generate import check_context, stream as stream_pieces
-        from .engine.sampling import SamplingParams
+        from .engine.generate import steps
+
+        seq = self.sequence(prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, seed, stop,
+                            cache, progress, prompt_cache)
+        pieces = steps(seq)
+        return pieces if stream else _collect(pieces)
+
+    def sequence(self, prompt: str | list[int], max_tokens: int | None = 256, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
+                 seed: int | None = None, stop: list[str] | str | None = None, cache: list | None = None,
+                 progress=None, prompt_cache=None):
+        """The generation `generate` runs, as an `engine.generate.Sequence` of explicit
+        steps (prefill chunks, tokens), for a scheduler that runs many at once."""
+        from .engine.generate import PromptCache, Sequence, check_context
+        from .engine.sampling import Sampler, SamplingParams
 
         ids = self._prompt_ids(prompt)
         limit = check_context(len(ids), max_tokens, self.context_length)
@@ -186,12 +199,8 @@ class Model:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         cache = cache if cache is not None else self.new_cache()
         if prompt_cache is None:
-            from .engine.generate import PromptCache
-
             prompt_cache = PromptCache(cuts=tuple(self.turn_cuts(ids)))  # chunks end where chat turns begin
-        pieces = stream_pieces(self.net, self.tokenizer, ids, cache, params, limit, stops, progress,
-                               prompt_cache=prompt_cache)
-        return pieces if stream else _collect(pieces)
+        return Sequence(self.net, self.tokenizer, ids, cache, Sampler(params), limit, stops, progress, prompt_cache)
 
     def ask(self, prompt: str, **kwargs) -> str:
         """One answer as a string: through the chat template when the model has one."""

@@ -1,8 +1,10 @@
 """The generation loop: chunked prefill, incremental decode, stops, streaming.
 
-Layers, from the bottom: `prefill` runs a prompt into a cache; `generate_tokens`
-yields token ids; `stream` turns them into one `GenerationStep` per token (its
-UTF-8-safe text and id) and ends with a step that carries the `GenerationStats`.
+Layers, from the bottom: `prefill` runs a prompt into a cache in chunks
+(`chunk_ends`); a `Sequence` is one generation as explicit steps (prefill chunks,
+then one token at a time: its UTF-8-safe text and id, and a last step that
+carries the `GenerationStats`); `decode_sequences` runs the next token of many
+sequences in one forward pass (the server's batch); `stream` runs one sequence.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Callable, Iterator
 import torch
 
 from ..errors import ContextOverflowError
-from ..kv.cache import trim_to
+from ..kv.cache import batch_layers, trim_to
 from .sampling import Sampler, SamplingParams
 
 PREFILL_CHUNK = 512
@@ -100,20 +102,21 @@ def prefill(model, ids: list[int], cache: list, chunk: int = PREFILL_CHUNK,
     return the logits (vocab,) after the last one. `after(position)` runs after each chunk."""
     logits = None
     start = cache[0].offset
-    s = start
     for e in chunk_ends(start, start + len(ids), chunk, cuts):
-        part = torch.tensor(ids[s - start : e - start], dtype=torch.long)
-        last = e == start + len(ids)
-        at = torch.tensor([part.numel() - 1]) if last else torch.tensor([], dtype=torch.long)
-        out = model(part, cache, logits_at=at)
-        if last:
-            logits = out[0]
+        logits = run_chunk(model, ids[cache[0].offset - start : e - start], cache, last=e == start + len(ids))
         if progress:
             progress(e - start, len(ids))
         if after:
             after(e)
-        s = e
     return logits
+
+
+def run_chunk(model, ids: list[int], cache: list, last: bool) -> torch.Tensor | None:
+    """One prefill chunk; the logits (vocab,) after it when it is the `last`, else None."""
+    part = torch.tensor(ids, dtype=torch.long)
+    at = torch.tensor([part.numel() - 1]) if last else torch.tensor([], dtype=torch.long)
+    out = model(part, cache, logits_at=at)
+    return out[0] if last else None
 
 
 def reuse_prefix(cache: list, held: list[int], ids: list[int]) -> bool:
@@ -144,6 +147,22 @@ def decode_step(model, token: int, cache: list) -> torch.Tensor:
         torch.set_num_threads(threads)
 
 
+@torch.inference_mode()
+def decode_batch(model, tokens: list[int], caches: list[list]) -> torch.Tensor:
+    """Logits (N, vocab) after one more token of each of N sequences, in one forward pass:
+    the weight kernels read each weight once for all N rows, attention runs per sequence
+    over its own cache (`kv.cache.batch_layers`). A row computes what it would alone
+    (the kernels' per-row sums do not depend on the other rows; tested)."""
+    if len(tokens) == 1:
+        return decode_step(model, tokens[0], caches[0])[None]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return model(torch.tensor(tokens), batch_layers(caches))
+    finally:
+        torch.set_num_threads(threads)
+
+
 def check_context(prompt_len: int, max_tokens: int | None, context_length: int) -> int:
     """The number of tokens that may be generated; a prompt that cannot fit is an error."""
     if prompt_len >= context_length:
@@ -162,58 +181,127 @@ def check_context(prompt_len: int, max_tokens: int | None, context_length: int) 
 class PromptCache:
     """How a prompt meets a prefix store: `logits` after the whole prompt when the cache
     given already holds all of it; `cuts`, extra prefill chunk ends (`chunk_ends`); and
-    `keep(position, cache, logits)`, called at the last chunk end before the prompt's end
-    (logits None) and at its end, to store the cache there."""
+    `keep(position, cache, logits)`, called at the `keep_points` (logits None) and at the
+    prompt's end, to store the cache there."""
 
     logits: torch.Tensor | None = None
     cuts: tuple = ()
     keep: Callable[[int, list, torch.Tensor | None], None] | None = None
 
 
-def _prefill_prompt(model, prompt: list[int], cache: list, progress, pc: PromptCache | None) -> torch.Tensor:
-    cached = cache[0].offset
-    if pc is None:
-        logits = prefill(model, prompt[cached:], cache, progress=progress)
-    elif pc.logits is not None and cached == len(prompt):
-        logits = pc.logits
-    else:
-        ends = chunk_ends(cached, len(prompt), cuts=pc.cuts)
-        mark = ends[-2] if len(ends) > 1 else None
-        after = (lambda e: pc.keep(e, cache, None) if e == mark else None) if pc.keep else None
-        logits = prefill(model, prompt[cached:], cache, progress=progress, cuts=pc.cuts, after=after)
-        if pc.keep and logits is not None:
-            pc.keep(len(prompt), cache, logits)
-    if logits is None:
-        raise ValueError("the cache already holds the whole prompt; nothing to predict from")
-    return logits
+def keep_points(ends: list[int], cuts=(), chunk: int = PREFILL_CHUNK) -> set[int]:
+    """Where a prompt with these chunk ends is stored besides its end: its last grid
+    point (a later prompt sharing the text so far, with another question after it) and
+    its last cut (a conversation's next turn)."""
+    inner = ends[:-1]
+    grid = [e for e in inner if e % chunk == 0]
+    cut = [e for e in inner if e in set(cuts)]
+    return {x[-1] for x in (grid, cut) if x}
 
 
-@torch.inference_mode()
-def generate_tokens(model, prompt: list[int], cache: list, sampler: Sampler, max_tokens: int,
-                    stop_ids: set[int], timing: dict, progress=None,
-                    prompt_cache: PromptCache | None = None) -> Iterator[int]:
-    """Yield sampled token ids. Prefill covers the prompt past what the cache already holds
-    (`prompt_cache`: see `PromptCache`).
+class Sequence:
+    """One generation as explicit steps, so that a scheduler can run many at once:
+    `prefill(chunks)` runs prompt chunks (all, or that many), `step()` picks the next
+    token and returns its `GenerationStep` (the last one carries the stats), and
+    `decode_batch` then feeds the `pending` tokens of any number of sequences through
+    one forward pass (`advance`). `stream` is this loop for one sequence.
 
-    `timing` receives prompt_seconds, generation_seconds, finish_reason, cached_tokens.
+    The prompt is prefilled past what `cache` already holds, in the chunks of
+    `chunk_ends` (`prompt_cache`: see `PromptCache`).
     """
-    t0 = time.perf_counter()
-    cached = cache[0].offset
-    logits = _prefill_prompt(model, prompt, cache, progress, prompt_cache)
-    timing.update(prompt_seconds=time.perf_counter() - t0, cached_tokens=cached, finish_reason="length")
-    t1 = time.perf_counter()
-    history = list(prompt)
-    try:
-        for _ in range(max_tokens):
-            token = sampler(logits, history)
-            if token in stop_ids:
-                timing["finish_reason"] = "stop"
-                return
-            history.append(token)
-            yield token
-            logits = decode_step(model, token, cache)
-    finally:
-        timing["generation_seconds"] = time.perf_counter() - t1
+
+    def __init__(self, model, tokenizer, prompt: list[int], cache: list, sampler, max_tokens: int,
+                 stop: list[str] | None = None, progress=None, prompt_cache: PromptCache | None = None):
+        self.model, self.tokenizer, self.prompt, self.cache = model, tokenizer, list(prompt), cache
+        self.sampler, self.max_tokens, self.progress = sampler, max_tokens, progress
+        self.pc = prompt_cache or PromptCache()
+        self.matcher = StopMatcher(stop or [])
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.history = list(prompt)
+        self.ids: list[int] = []  # generated
+        self.cached = cache[0].offset  # prompt tokens the cache held at the start
+        self.logits: torch.Tensor | None = None  # after the last token run, until sampled
+        self.pending: int | None = None  # sampled, waiting to be run (decode)
+        self.done = False
+        self.finish_reason = "length"
+        self._ends: list[int] | None = None
+        self._t0 = self._t1 = 0.0
+        self.prompt_seconds = 0.0
+
+    @property
+    def prefilled(self) -> bool:
+        return self._ends is not None and not self._ends
+
+    @torch.inference_mode()
+    def prefill(self, chunks: int | None = None) -> bool:
+        """Run the prompt's next `chunks` chunks (None: all); True once the prompt is in."""
+        if self._ends is None:
+            self._t0 = time.perf_counter()
+            held, n = self.cached, len(self.prompt)
+            if self.pc.logits is not None and held == n:
+                self._ends, self.logits = [], self.pc.logits
+            else:
+                self._ends = chunk_ends(held, n, cuts=self.pc.cuts)
+                self._marks = keep_points(self._ends, self.pc.cuts)
+        ran = 0
+        while self._ends and (chunks is None or ran < chunks):
+            e, start = self._ends[0], self.cache[0].offset
+            last = len(self._ends) == 1
+            self.logits = run_chunk(self.model, self.prompt[start:e], self.cache, last)
+            self._ends.pop(0)
+            ran += 1
+            if self.progress:
+                self.progress(e - self.cached, len(self.prompt) - self.cached)
+            if self.pc.keep and (e in self._marks or last):
+                self.pc.keep(e, self.cache, self.logits if last else None)
+        if self.prefilled and not self._t1:
+            if self.logits is None:
+                raise ValueError("the cache already holds the whole prompt; nothing to predict from")
+            self._t1 = time.perf_counter()
+            self.prompt_seconds = self._t1 - self._t0
+        return self.prefilled
+
+    def step(self) -> GenerationStep:
+        """The next token's step, or the last step (with the stats) once generation ends."""
+        if not self.done and len(self.ids) < self.max_tokens:
+            token = self.sampler(self.logits, self.history)
+            self.logits = None
+            if token in self.tokenizer.eot_ids:
+                self.finish_reason = "stop"
+            else:
+                self.ids.append(token)
+                self.history.append(token)
+                text, stopped = self.matcher.feed(self.decoder.decode(self.tokenizer.token_bytes(token)))
+                if stopped:
+                    self.finish_reason, self.done = "stop", True
+                    self.matcher.pending = ""
+                else:  # run even after the last one: the cache then holds the whole reply (a chat's next turn)
+                    self.pending = token
+                return GenerationStep(text, token)
+        return self._last()
+
+    def advance(self, logits: torch.Tensor) -> None:
+        """The logits after the pending token, which has now been run."""
+        self.logits, self.pending = logits, None
+
+    def _last(self) -> GenerationStep:
+        self.done = True
+        stopped = self.finish_reason == "stop"
+        tail = "" if stopped else self.matcher.feed(self.decoder.decode(b"", final=True))[0] + self.matcher.flush()
+        return GenerationStep(tail, None, GenerationStats(
+            prompt_tokens=len(self.prompt), generated_tokens=len(self.ids), prompt_seconds=self.prompt_seconds,
+            generation_seconds=time.perf_counter() - self._t1 if self._t1 else 0.0,
+            finish_reason=self.finish_reason, kv_bytes=sum(c.nbytes for c in self.cache),
+            cached_tokens=self.cached, ids=self.ids))
+
+
+def decode_sequences(model, seqs: list[Sequence]) -> None:
+    """Run the pending token of each sequence, all in one forward pass."""
+    if not seqs:
+        return
+    logits = decode_batch(model, [s.pending for s in seqs], [s.cache for s in seqs])
+    for s, row in zip(seqs, logits):
+        s.advance(row)
 
 
 class StopMatcher:
@@ -255,25 +343,17 @@ def stream(model, tokenizer, prompt: list[int], cache: list, params: SamplingPar
            prompt_cache: PromptCache | None = None) -> Iterator[GenerationStep]:
     """Yield one `GenerationStep` per token, then a last one carrying the stats and the generated ids.
     `sampler` (logits, history) -> token replaces the one `params` describe."""
-    sampler = sampler or Sampler(params)
-    matcher = StopMatcher(stop or [])
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    timing: dict = {}
-    ids: list[int] = []
-    tokens = generate_tokens(model, prompt, cache, sampler, max_tokens, tokenizer.eot_ids, timing, progress,
-                             prompt_cache)
-    stopped = False
-    for token in tokens:
-        ids.append(token)
-        text, stopped = matcher.feed(decoder.decode(tokenizer.token_bytes(token)))
-        yield GenerationStep(text, token)
-        if stopped:
-            tokens.close()
-            timing["finish_reason"] = "stop"
-            break
-    tail = "" if stopped else matcher.feed(decoder.decode(b"", final=True))[0] + matcher.flush()
-    yield GenerationStep(tail, None, GenerationStats(
-        prompt_tokens=len(prompt), generated_tokens=len(ids),
-        prompt_seconds=timing.get("prompt_seconds", 0.0), generation_seconds=timing.get("generation_seconds", 0.0),
-        finish_reason=timing.get("finish_reason", "length"), kv_bytes=sum(c.nbytes for c in cache),
-        cached_tokens=timing.get("cached_tokens", 0), ids=ids))
+    return steps(Sequence(model, tokenizer, prompt, cache, sampler or Sampler(params), max_tokens, stop, progress,
+                          prompt_cache))
+
+
+def steps(seq: Sequence) -> Iterator[GenerationStep]:
+    """Run one sequence to its end: one `GenerationStep` per token, then the last."""
+    seq.prefill()
+    while True:
+        step = seq.step()
+        yield step
+        if step.stats:
+            return
+        if seq.pending is not None:
+            seq.advance(decode_step(seq.model, seq.pending, seq.cache))

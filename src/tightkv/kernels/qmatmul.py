@@ -73,12 +73,11 @@ def get_backend() -> str:
     return _BACKEND
 
 
-SMALL_OP_ELEMS = 1 << 14  # tensors up to this size take the kernel's small ops (decode)
-
-
 def small_ops(x: torch.Tensor):
-    """The kernel library for a small float32 tensor's per-token op, or None (torch then)."""
-    if x.numel() > SMALL_OP_ELEMS or x.dtype != torch.float32 or _BACKEND != "fast":
+    """The kernel library for a float32 tensor's per-token op (RMS norm, RoPE), or None
+    (torch then). Whatever the tensor's size: a row must compute the same alone, in a
+    batch or in a prompt chunk, so the path may not depend on how many rows come along."""
+    if x.dtype != torch.float32 or _BACKEND != "fast":
         return None
     return library.library()
 

@@ -69,6 +69,39 @@ def trim_to(cache: list, keep: int) -> bool:
     return True
 
 
+def positions(cache: list, T: int) -> torch.Tensor:
+    """The positions (T,) of the rows a forward over `cache` runs: one sequence's next T
+    tokens, or the next token of each sequence of a batch (`batch_layers`)."""
+    held = getattr(cache, "positions", None)
+    return held if held is not None else torch.arange(cache[0].offset, cache[0].offset + T)
+
+
+class BatchLayer:
+    """One layer of N sequences' caches, fed one new token each (a batched decode step):
+    `attend` gives each row to its own sequence's cache."""
+
+    def __init__(self, layers: list):
+        self.layers = layers
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        """q (H, N, D), k and v (Hkv, N, D): row i is sequence i's next token -> (H, N, Dv)."""
+        return torch.cat([c.attend(q[:, i : i + 1], k[:, i : i + 1], v[:, i : i + 1], scale)
+                          for i, c in enumerate(self.layers)], dim=1)
+
+
+class Batch(list):
+    """The per-layer `BatchLayer`s of N sequences, with their rows' positions."""
+
+    positions: torch.Tensor
+
+
+def batch_layers(caches: list[list]) -> Batch:
+    """N sequences' caches as one cache list for a forward of N rows, one per sequence."""
+    batch = Batch(BatchLayer([c[i] for c in caches]) for i in range(len(caches[0])))
+    batch.positions = torch.tensor([c[0].offset for c in caches])
+    return batch
+
+
 def causal_window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
     """Boolean (T, S): query at q_pos sees key at k_pos if k <= q and q - k < window."""
     diff = q_pos[:, None] - k_pos[None, :]

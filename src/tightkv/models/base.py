@@ -126,8 +126,9 @@ def _as_torch(array: np.ndarray) -> torch.Tensor:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x (..., d) normalised by its root mean square, times weight (d)."""
     lib = qm.small_ops(x)
-    if lib is None or not x.is_contiguous() or weight.dtype != torch.float32:
+    if lib is None or weight.dtype != torch.float32:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    x = x.contiguous()  # a row's result must not depend on the layout (a batch's q is a transposed view)
     out = torch.empty_like(x)
     d = x.shape[-1]
     lib.tk_rms_norm(x.data_ptr(), weight.data_ptr(), x.numel() // d, d, eps, out.data_ptr())
@@ -170,7 +171,8 @@ def apply_rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
     first R = 2 * cos.shape[-1] dims (partial rotary); the rest pass through."""
     rot = 2 * cos.shape[-1]
     lib = qm.small_ops(x)
-    if lib is not None and x.dim() == 3 and x.is_contiguous() and cos.is_contiguous() and sin.is_contiguous():
+    if lib is not None and x.dim() == 3:
+        x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()  # the same path for any layout
         out = torch.empty_like(x)
         lib.tk_rope_neox(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), x.shape[0], x.shape[1], x.shape[2], rot,
                          out.data_ptr())

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kv.cache import positions
 from .base import BaseModelArgs, RopeTables, Weights, apply_rope_neox, gelu_tanh, rms_norm
 
 
@@ -118,12 +119,11 @@ class Model(torch.nn.Module):
 
     def forward(self, ids: torch.Tensor, cache: list, logits_at: torch.Tensor | None = None,
                 hidden: bool = False) -> torch.Tensor | None:
-        """Run ids (T,) at positions cache.offset.. ; logits (len(logits_at), vocab) for the
+        """Run ids (T,) at positions cache.offset.. (a batch: one row per sequence); logits (len(logits_at), vocab) for the
         chosen row indices (all rows if None), or None when logits_at is empty. With
         hidden=True, the final-normed hidden states (rows, hidden_size) instead:
         `self.output` turns them into logits."""
-        start = cache[0].offset
-        rope = RopeTables(torch.arange(start, start + ids.shape[0]), self.args.head_dim)
+        rope = RopeTables(positions(cache, ids.shape[0]), self.args.head_dim)
         x = self.embed.embed_rows(ids) * math.sqrt(self.args.hidden_size)  # (T, hidden)
         for layer, c in zip(self.layers, cache):
             x = layer(x, rope, c)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..kv.cache import positions
 from .base import BaseModelArgs, RopeTables, Weights, apply_rope_neox, linear_rope_scale, rms_norm
 
 
@@ -121,12 +122,11 @@ class Model(torch.nn.Module):
 
     def forward(self, ids: torch.Tensor, cache: list, logits_at: torch.Tensor | None = None,
                 hidden: bool = False) -> torch.Tensor | None:
-        """Run ids (T,) at positions cache.offset.. ; logits (len(logits_at), vocab) for the
+        """Run ids (T,) at positions cache.offset.. (a batch: one row per sequence); logits (len(logits_at), vocab) for the
         chosen row indices (all rows if None), or None when logits_at is empty. With
         hidden=True, the final-normed hidden states (rows, hidden_size) instead."""
-        start = cache[0].offset
         a = self.args
-        rope = RopeTables(torch.arange(start, start + ids.shape[0]), a.rope_dim or a.head_dim).get(
+        rope = RopeTables(positions(cache, ids.shape[0]), a.rope_dim or a.head_dim).get(
             a.rope_theta, a.rope_scale, self.rope_factors, a.rope_attn_factor)  # cos, sin (T, rope_dim/2)
         x = self.embed.embed_rows(ids)  # (T, hidden)
         for layer, c in zip(self.layers, cache):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..kv.cache import positions
 from .base import BaseModelArgs, RopeTables, Weights, apply_rope_neox, linear_rope_scale, rms_norm
 
 
@@ -90,11 +91,10 @@ class Model(torch.nn.Module):
 
     def forward(self, ids: torch.Tensor, cache: list, logits_at: torch.Tensor | None = None,
                 hidden: bool = False) -> torch.Tensor | None:
-        """Run ids (T,) at positions cache.offset.. ; logits (len(logits_at), vocab) for the
+        """Run ids (T,) at positions cache.offset.. (a batch: one row per sequence); logits (len(logits_at), vocab) for the
         chosen row indices (all rows if None), or None when logits_at is empty. With
         hidden=True, the final-normed hidden states (rows, hidden_size) instead."""
-        start = cache[0].offset
-        rope = RopeTables(torch.arange(start, start + ids.shape[0]), self.args.head_dim)
+        rope = RopeTables(positions(cache, ids.shape[0]), self.args.head_dim)
         x = self.embed.embed_rows(ids)  # (T, hidden)
         for layer, c in zip(self.layers, cache):
             x = layer(x, rope, c)

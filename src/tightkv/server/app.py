@@ -258,6 +258,10 @@ def create_app(config: ServerConfig, load: Callable[[], Any] | None = None,
             ("requests_cancelled_total", "counter", "requests stopped because the client went away", sch.cancelled),
             ("tokens_predicted_total", "counter", "tokens generated", sch.tokens),
             ("kv_cache_bytes", "gauge", "bytes held by active KV caches", sch.kv_bytes()),
+            ("batch_size", "gauge", "sequences in the last batched decode step", sch.batch_size),
+            ("decode_steps_total", "counter", "batched decode forward passes", sch.decode_steps),
+            ("decode_rows_total", "counter", "tokens those passes carried (rows / steps: the mean batch)",
+             sch.decode_rows),
         ]
         store = sch.prefix_stats()
         rows += [

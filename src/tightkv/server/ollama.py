@@ -203,7 +203,8 @@ async def ps(request: Request):
     forever = datetime.now(timezone.utc).astimezone() + timedelta(days=365 * 100)
     entry.update(expires_at=forever.isoformat(), size_vram=0, context_length=served.context_length,
                  kv_cache_type=served.kv, cpu_kernels=library.summary(),  # our fields beside Ollama's
-                 prefix_cache=state.scheduler.prefix_stats())
+                 prefix_cache=state.scheduler.prefix_stats(), batch_size=state.scheduler.batch_size,
+                 parallel=state.scheduler.parallel)
     return OllamaJSON({"models": [entry]})
 
 

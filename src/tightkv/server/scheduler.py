@@ -2,10 +2,14 @@
 
 The model is not thread-safe, so everything that touches it (loading,
 tokenizing, prefill, decode) runs on the worker thread. Up to `parallel`
-requests are active at once and the worker steps them round-robin, one token
-each, so every stream makes progress; the rest wait in arrival order. When
-`max_queue` requests are already waiting, `submit` refuses (the HTTP layer
-answers 503 with Retry-After).
+requests are active at once, batched continuously: each step of the worker
+runs one prefill chunk of the oldest request still reading its prompt, then
+one token of every other active request, all of them in one forward pass
+(`engine.generate.decode_sequences`: the weights are read once for the batch,
+attention runs per request over its own cache). A new prompt is thus read a
+chunk at a time between decode steps, and running streams keep flowing. The
+rest wait in arrival order. When `max_queue` requests are already waiting,
+`submit` refuses (the HTTP layer answers 503 with Retry-After).
 
 A request is a `Job`: the HTTP side awaits its events on an asyncio queue, the
 worker posts them with `loop.call_soon_threadsafe`. `Job.cancel()` (a client
@@ -61,7 +65,7 @@ class Job:
         self.created = time.perf_counter()
         self.prompt: list[int] = []
         self.prepared: Prepared | None = None
-        self.pieces = None  # the engine's stream, while active
+        self.seq = None  # its engine.generate.Sequence, while active
         self.cache: list | None = None  # its KV cache, while active
         self.started = 0.0
         self._cancelled = threading.Event()
@@ -113,6 +117,8 @@ class Scheduler:
         self.served = 0
         self.tokens = 0
         self.cancelled = 0
+        self.batch_size = 0  # sequences in the last decode batch
+        self.decode_steps = self.decode_rows = 0  # batched forward passes, and the tokens they carried
 
     # --- event-loop side ---------------------------------------------------
     def start(self) -> None:
@@ -251,8 +257,8 @@ class Scheduler:
                 prep = job.prepared
                 try:
                     job.cache, prompt_cache = self._cache_for(prep.ids)
-                    job.pieces = self.model.generate(prep.ids, max_tokens=prep.max_tokens, stream=True,
-                                                     cache=job.cache, prompt_cache=prompt_cache, **prep.options)
+                    job.seq = self.model.sequence(prep.ids, max_tokens=prep.max_tokens, cache=job.cache,
+                                                  prompt_cache=prompt_cache, **prep.options)
                 except Exception as err:  # noqa: BLE001
                     job.post(ERROR, err)
                     _close(job)
@@ -282,45 +288,68 @@ class Scheduler:
         return self.prefixes.stats()
 
     def _step(self) -> None:
-        """One token for each active job, in turn."""
+        """One prefill chunk of the oldest job still reading its prompt, then one token of
+        every other active job, their decodes in one batch."""
+        from ..engine.generate import decode_sequences
+
+        live = []
         for job in list(self._active):
-            finished = job.cancelled
-            if finished:
+            if job.cancelled:
                 self.cancelled += 1
                 job.post(ERROR, Cancelled("cancelled"))
+                self._finish(job)
             else:
-                try:
-                    item = next(job.pieces, None)
-                    if item is None:
-                        raise RuntimeError("the generation ended without a stats record")
-                except Exception as err:  # noqa: BLE001 - reported on the job's stream (and logged there)
-                    job.post(ERROR, err)
-                    finished = True
-                else:
-                    if item.text:
-                        job.post(PIECE, item.text)
-                    if item.stats:
-                        job.post(DONE, item.stats)
-                        finished = True
-                        self.served += 1
-                        self.tokens += item.stats.generated_tokens
-                        seconds = time.perf_counter() - job.started
-                        self._job_seconds = 0.8 * self._job_seconds + 0.2 * seconds
-            if finished:
-                _close(job)
-                with self._cv:
-                    self._active.remove(job)
+                live.append(job)
+        filling = next((j for j in live if not j.seq.prefilled), None)
+        if filling is not None:
+            try:
+                filling.seq.prefill(chunks=1)
+            except Exception as err:  # noqa: BLE001 - the request's error (logged on its stream)
+                self._fail(filling, err)
+        ready = [j for j in live if j.seq is not None and j.seq.prefilled]
+        for job in ready:
+            try:
+                self._emit(job, job.seq.step())
+            except Exception as err:  # noqa: BLE001
+                self._fail(job, err)
+        batch = [j for j in ready if j.seq is not None and j.seq.pending is not None]
+        if batch:
+            try:
+                decode_sequences(self.model.net, [j.seq for j in batch])
+            except Exception as err:  # noqa: BLE001 - a failed batch fails each of its jobs
+                for job in batch:
+                    self._fail(job, err)
+        self.batch_size = len(batch)
+        if batch:
+            self.decode_steps += 1
+            self.decode_rows += len(batch)
+
+    def _emit(self, job: Job, item) -> None:
+        if item.text:
+            job.post(PIECE, item.text)
+        if item.stats:
+            job.post(DONE, item.stats)
+            self.served += 1
+            self.tokens += item.stats.generated_tokens
+            seconds = time.perf_counter() - job.started
+            self._job_seconds = 0.8 * self._job_seconds + 0.2 * seconds
+            self._finish(job)
+
+    def _fail(self, job: Job, err: BaseException) -> None:
+        job.post(ERROR, err)
+        self._finish(job)
+
+    def _finish(self, job: Job) -> None:
+        _close(job)
+        with self._cv:
+            if job in self._active:
+                self._active.remove(job)
 
 
 def _close(job: Job) -> None:
-    """Stop a job's generator and drop its cache."""
-    pieces, job.pieces = job.pieces, None
+    """Drop a job's sequence and its cache."""
+    job.seq = None
     job.cache = None
-    if pieces is not None:
-        try:
-            pieces.close()
-        except Exception:  # noqa: BLE001
-            log.debug("closing a generation failed", exc_info=True)
 
 
 def _release_memory() -> None:

@@ -145,15 +145,16 @@ extern "C" int tk_gemv(int type, const uint8_t *w, int64_t ldw, int64_t N, int64
   DISPATCH(GEMV)
 }
 
-// Small per-token ops (decode), where torch's dispatch costs more than the math.
-// out (rows, d) = x / rms(x) * w, float32 accumulation as torch's.
+// Per-token ops, for every row count (a row computes the same alone, in a batch or in a
+// prompt chunk). out (rows, d) = x / rms(x) * w; the sum of squares in double, so that a
+// long sequential sum loses nothing against torch's blocked float one.
 extern "C" void tk_rms_norm(const float *x, const float *w, int64_t rows, int64_t d, float eps, float *out) {
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = x + r * d;
     float *o = out + r * d;
-    float ss = 0.f;
-    for (int64_t i = 0; i < d; i++) ss += xr[i] * xr[i];
-    const float inv = 1.0f / sqrtf(ss / (float)d + eps);
+    double ss = 0.0;
+    for (int64_t i = 0; i < d; i++) ss += (double)xr[i] * xr[i];
+    const float inv = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
     for (int64_t i = 0; i < d; i++) o[i] = xr[i] * inv * w[i];
   }
 }

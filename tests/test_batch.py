@@ -1,0 +1,69 @@
+"""Continuous batching in the engine: N sequences' next tokens in one forward pass
+(`decode_sequences`) give, bit for bit, the logits each sequence computes alone, for
+every cache type and with sequences that start at different times."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tightkv.engine.generate import Sequence, decode_sequences, steps
+
+PROMPTS = ["The capital of France is", "Count: 1, 2, 3,", "def fibonacci(n):\n    ",
+           "Once upon a time, in a village by the sea, there lived"]
+
+
+class Recorder:
+    """Greedy, and keeps every logits row it was given."""
+
+    def __init__(self):
+        self.rows: list[torch.Tensor] = []
+
+    def __call__(self, logits, history):
+        self.rows.append(logits.clone())
+        return int(torch.argmax(logits))
+
+
+def _sequence(model, prompt: str, kv: str, n: int) -> tuple[Sequence, Recorder]:
+    rec = Recorder()
+    ids = model.tokenize(prompt)
+    return Sequence(model.net, model.tokenizer, ids, model.new_cache(kv), rec, n), rec
+
+
+@pytest.mark.parametrize("kv", ["f16", "q8_0", "progressive", "k8v4"])
+def test_batched_rows_equal_each_sequence_alone(embedded, kv):
+    alone = []
+    for p in PROMPTS:
+        seq, rec = _sequence(embedded, p, kv, 10)
+        list(steps(seq))
+        alone.append((seq.ids, rec.rows))
+    batch = [_sequence(embedded, p, kv, 10) for p in PROMPTS]
+    for i, (seq, _) in enumerate(batch[:2]):
+        seq.prefill()
+    running = [s for s, _ in batch[:2]]
+    waiting = [s for s, _ in batch[2:]]
+    while running or waiting:
+        if waiting:  # the others join two steps later, one prompt at a time
+            if len(batch[0][0].ids) >= 2:
+                joining = waiting.pop(0)
+                joining.prefill()
+                running.append(joining)
+        for s in list(running):
+            if s.step().stats:
+                running.remove(s)
+        decode_sequences(embedded.net, [s for s in running if s.pending is not None])
+    for (seq, rec), (ids, rows) in zip(batch, alone):
+        assert seq.ids == ids
+        assert len(rec.rows) == len(rows) and all(torch.equal(a, b) for a, b in zip(rec.rows, rows))
+
+
+def test_prefill_a_chunk_at_a_time_is_the_whole_prefill(embedded):
+    text = "The lighthouse keeper counted the ships. " * 300  # several 512-token chunks
+    whole, rec_whole = _sequence(embedded, text, "progressive", 4)
+    list(steps(whole))
+    parts, rec_parts = _sequence(embedded, text, "progressive", 4)
+    chunks = 0
+    while not parts.prefill(chunks=1):
+        chunks += 1
+    assert chunks >= 2
+    list(steps(parts))
+    assert parts.ids == whole.ids and torch.equal(rec_parts.rows[0], rec_whole.rows[0])
