@@ -203,8 +203,8 @@ class Sequence:
     """One generation as explicit steps, so that a scheduler can run many at once:
     `prefill(chunks)` runs prompt chunks (all, or that many), `step()` picks the next
     token and returns its `GenerationStep` (the last one carries the stats), and
-    `decode_batch` then feeds the `pending` tokens of any number of sequences through
-    one forward pass (`advance`). `stream` is this loop for one sequence.
+    `decode_sequences` then feeds the `pending` tokens of any number of sequences
+    through one forward pass (`advance`). `steps` is this loop for one sequence.
 
     The prompt is prefilled past what `cache` already holds, in the chunks of
     `chunk_ends` (`prompt_cache`: see `PromptCache`).
@@ -224,7 +224,8 @@ class Sequence:
         self.pending: int | None = None  # sampled, waiting to be run (decode)
         self.done = False
         self.finish_reason = "length"
-        self._ends: list[int] | None = None
+        self._ends: list[int] | None = None  # chunk ends still to run
+        self._marks: set[int] = set()  # chunk ends where the prompt is kept (`keep_points`)
         self._t0 = self._t1 = 0.0
         self.prompt_seconds = 0.0
 
@@ -274,7 +275,6 @@ class Sequence:
                 text, stopped = self.matcher.feed(self.decoder.decode(self.tokenizer.token_bytes(token)))
                 if stopped:
                     self.finish_reason, self.done = "stop", True
-                    self.matcher.pending = ""
                 else:  # run even after the last one: the cache then holds the whole reply (a chat's next turn)
                     self.pending = token
                 return GenerationStep(text, token)

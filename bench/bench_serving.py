@@ -1,0 +1,238 @@
+"""Serving benchmark: prefix reuse across requests and restarts, and concurrent streams,
+against a real `tightkv serve` on loopback through the official `openai` client.
+
+    python bench/bench_serving.py                          # embedded Gemma, then Qwen if present
+    python bench/bench_serving.py --models gemma3:270m --doc-tokens 8192 --json docs/bench/serving.json
+
+prefix: a question about a document of --doc-tokens tokens (the essays), asked cold,
+then with another question in the same server, then after a restart (the prompt
+files on disk), then the first question again: time to first token of each, and
+the cached tokens the server reports.
+
+streams: N concurrent streaming chats (short prompts, --gen tokens each) at N = 1, 2,
+4, 8: aggregate decode rate, p50/p95 time to first token and inter-token latency.
+
+Each server runs under a private TIGHTKV_HOME (the real one's models and kernels
+linked in), so the disk store starts empty.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+QWEN = Path(os.environ.get("TIGHTKV_HOME") or Path.home() / ".cache" / "tightkv") / "models" / \
+    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def private_home(root: Path) -> Path:
+    """A fresh TIGHTKV_HOME sharing the real one's kernels, blobs and manifests."""
+    real = Path(os.environ.get("TIGHTKV_HOME") or Path.home() / ".cache" / "tightkv")
+    home = root / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    for sub in ("kernels", "blobs", "manifests", "models"):
+        if (real / sub).is_dir():
+            (home / sub).symlink_to(real / sub, target_is_directory=True)
+    return home
+
+
+class Server:
+    def __init__(self, model: str, home: Path, *args: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(prefix="bench-serve-", suffix=".log", delete=False)
+        cmd = [sys.executable, "-m", "tightkv.cli", "serve", model, "--port", str(self.port),
+               "--log-level", "warning", *args]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env={**os.environ, "TIGHTKV_HOME": str(home)})
+        import urllib.request
+
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(Path(self.log.name).read_text())
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.3)
+        raise RuntimeError("server did not start")
+
+    def client(self):
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=3600)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        Path(self.log.name).unlink(missing_ok=True)
+
+
+def timed_chat(client, model: str, content: str, max_tokens: int) -> dict:
+    """One streamed chat: time to first token, inter-token gaps, usage."""
+    t0 = time.perf_counter()
+    first, stamps, usage, text = None, [], None, ""
+    for chunk in client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
+                                                temperature=0, max_tokens=max_tokens, stream=True,
+                                                stream_options={"include_usage": True}):
+        if chunk.usage:
+            usage = chunk.usage
+        if chunk.choices and chunk.choices[0].delta.content:
+            now = time.perf_counter()
+            first = first or now
+            stamps.append(now)
+            text += chunk.choices[0].delta.content
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    return {"ttft_s": round((first or time.perf_counter()) - t0, 3), "gaps": gaps, "text": text,
+            "prompt_tokens": usage.prompt_tokens if usage else None,
+            "cached_tokens": usage.prompt_tokens_details.cached_tokens if usage and usage.prompt_tokens_details else 0,
+            "completion_tokens": usage.completion_tokens if usage else 0}
+
+
+def document(model_path: str, tokens: int) -> str:
+    """The essays cut to about `tokens` tokens of this model."""
+    from tightkv import Model
+    from tightkv.eval.corpus import essays
+
+    m = Model(model_path)
+    text = essays()[: tokens * 6]
+    ids = m.tokenize(text, add_bos=False)[:tokens]
+    return m.tokenizer.decode(ids)
+
+
+def prefix_section(model: str, name: str, home: Path, doc_tokens: int, ctx: int, threads: int) -> dict:
+    doc = document(model, doc_tokens)
+    asks = {"cold": "What is the first essay about?", "warm (another question)": "Who wrote these essays?",
+            "after restart (another question)": "What advice do the essays give?",
+            "after restart (the first question)": "What is the first essay about?"}
+    rows = []
+    args = ("--ctx", str(ctx), "--threads", str(threads), "--parallel", "1")
+    srv = Server(model, home, *args)
+    try:
+        for label in list(asks)[:2]:
+            r = timed_chat(srv.client(), name, f"{doc}\n\nQuestion: {asks[label]}\nAnswer:", 16)
+            rows.append({"request": label, **{k: v for k, v in r.items() if k not in ("gaps", "text")}})
+            print(f"  {label:<36} ttft {r['ttft_s']:7.2f}s  cached {r['cached_tokens']}/{r['prompt_tokens']}",
+                  flush=True)
+    finally:
+        srv.stop()
+    srv = Server(model, home, *args)
+    try:
+        for label in list(asks)[2:]:
+            r = timed_chat(srv.client(), name, f"{doc}\n\nQuestion: {asks[label]}\nAnswer:", 16)
+            rows.append({"request": label, **{k: v for k, v in r.items() if k not in ("gaps", "text")}})
+            print(f"  {label:<36} ttft {r['ttft_s']:7.2f}s  cached {r['cached_tokens']}/{r['prompt_tokens']}",
+                  flush=True)
+    finally:
+        srv.stop()
+    cold = rows[0]["ttft_s"]
+    for r in rows:
+        r["ttft_vs_cold"] = round(r["ttft_s"] / cold, 4)
+    return {"doc_tokens": doc_tokens, "ctx": ctx, "rows": rows}
+
+
+def streams_section(model: str, name: str, home: Path, counts: list[int], gen: int, threads: int) -> list[dict]:
+    out = []
+    srv = Server(model, home, "--threads", str(threads), "--parallel", str(max(counts)), "--cache-ram", "0")
+    try:
+        for n in counts:
+            results: list[dict] = [None] * n  # type: ignore[list-item]
+            prompts = [f"Write a short story about a lighthouse keeper number {i}." for i in range(n)]
+
+            def run(i: int) -> None:
+                results[i] = timed_chat(srv.client(), name, prompts[i], gen)
+
+            t0 = time.perf_counter()
+            threads_ = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+            for t in threads_:
+                t.start()
+            for t in threads_:
+                t.join()
+            wall = time.perf_counter() - t0
+            ttft = sorted(r["ttft_s"] for r in results)
+            gaps = sorted(g for r in results for g in r["gaps"])
+            tokens = sum(r["completion_tokens"] for r in results)
+            row = {"streams": n, "tokens": tokens, "wall_s": round(wall, 3),
+                   "aggregate_tok_s": round(tokens / wall, 2),
+                   "ttft_p50_s": round(_pct(ttft, 50), 3), "ttft_p95_s": round(_pct(ttft, 95), 3),
+                   "itl_p50_ms": round(1e3 * _pct(gaps, 50), 1) if gaps else None,
+                   "itl_p95_ms": round(1e3 * _pct(gaps, 95), 1) if gaps else None}
+            out.append(row)
+            print(f"  {n} streams: {row['aggregate_tok_s']:6.1f} tok/s aggregate, ttft p50 {row['ttft_p50_s']}s "
+                  f"p95 {row['ttft_p95_s']}s, itl p50 {row['itl_p50_ms']} ms p95 {row['itl_p95_ms']} ms", flush=True)
+    finally:
+        srv.stop()
+    return out
+
+
+def _pct(xs: list[float], p: float) -> float:
+    if len(xs) == 1:
+        return xs[0]
+    return statistics.quantiles(xs, n=100, method="inclusive")[int(p) - 1]
+
+
+def machine() -> dict:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((ln.split(":", 1)[1].strip() for ln in flags.splitlines() if ln.startswith("model name")), "")
+    return {"cpu": name, "cores": os.cpu_count(), "avx512": " avx512f" in flags, "avx2": " avx2" in flags,
+            "python": platform.python_version()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=None, help="comma-separated (default: gemma3:270m, and Qwen2.5-Coder-0.5B "
+                                                   "when bench/qwen_model.py has assembled it)")
+    ap.add_argument("--doc-tokens", type=int, default=8192, help="document length in tokens (default 8192)")
+    ap.add_argument("--streams", default="1,2,4,8", help="concurrent stream counts (default 1,2,4,8)")
+    ap.add_argument("--gen", type=int, default=64, help="tokens per stream (default 64)")
+    ap.add_argument("--threads", type=int, default=2, help="server threads (default 2)")
+    ap.add_argument("--sections", default="prefix,streams", help="prefix, streams or both (default)")
+    ap.add_argument("--json", default=None, metavar="FILE", help="write the results here")
+    ns = ap.parse_args()
+    models = ns.models.split(",") if ns.models else ["gemma3:270m"] + ([str(QWEN)] if QWEN.exists() else [])
+    sections = ns.sections.split(",")
+    result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"),
+              "command": "python bench/bench_serving.py " + " ".join(sys.argv[1:]), "models": {}}
+    for model in models:
+        name = Path(model).stem if model.endswith(".gguf") else model
+        print(f"{name}:", flush=True)
+        entry: dict = {}
+        with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
+            home = private_home(Path(tmp))
+            if "prefix" in sections:
+                entry["prefix"] = prefix_section(model, name, home, ns.doc_tokens, ns.doc_tokens + 512, ns.threads)
+            if "streams" in sections:
+                counts = [int(x) for x in ns.streams.split(",")]
+                entry["streams"] = streams_section(model, name, home, counts, ns.gen, ns.threads)
+            shutil.rmtree(home / "documents", ignore_errors=True)
+        result["models"][name] = entry
+    if ns.json:
+        Path(ns.json).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {ns.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
