@@ -112,3 +112,32 @@ def test_bench_fill_on_a_terminal_is_a_bar_then_its_summary(tiny):
     assert re.search(r"\rtightkv f16 filling d1500: +\d+%\|", raw), raw  # tqdm's bar while it fills
     summary = raw[raw.index("tightkv f16 filling d1500: 1500 tok"):].split("\r\n")[0]
     assert "\r" not in summary and "%|" not in summary
+
+
+def test_ask_piped_shows_the_document_prefill_and_each_rlv_read(tiny, tmp_path):
+    """`ask` in full mode: the document's prefill as plain lines that move within it, and
+    a summary line; in RLV mode, each read that prefills has its lines and summary."""
+    model, _ = tiny
+    doc = tmp_path / "doc.md"
+    doc.write_text("# Ships\n\n" + TEXT[:1200] + "\n\n# Keepers\n\n" + TEXT[:1200].replace("fox", "keeper"))
+    env = {**EVERY_UPDATE, "TIGHTKV_HOME": str(tmp_path / "home")}
+    full = cli("ask", "-m", str(model), "--doc", str(doc), "--mode", "full", "--threads", "1", "-n", "4",
+               "What jumps?", env=env)
+    assert full.returncode == 0, full.stderr
+    assert "\r" not in full.stderr and "\x1b[" not in full.stderr
+    lines = full.stderr.splitlines()
+    moving = percents(lines, "prefill document")
+    assert len(moving) >= 2 and moving == sorted(moving), lines  # lines within the prefill, not one at its end
+    assert any(re.match(r"prefill document: \d+ tok in [\d.]+s \(\d+ tok/s\)", x) for x in lines), lines
+    rlv = cli("ask", "-m", str(model), "--doc", str(doc), "--mode", "rlv", "--threads", "1", "-n", "4",
+              "What jumps?", env=env)
+    assert rlv.returncode == 0, rlv.stderr
+    lines = rlv.stderr.splitlines()
+    assert lines[0].startswith("mode: rlv") and "\r" not in rlv.stderr
+    assert any(re.match(r"rlv read 1 \(.+\): \d+ tok in [\d.]+s", x) for x in lines), lines
+
+    too_long = tmp_path / "long.md"
+    too_long.write_text(TEXT * 2)
+    failed = cli("ask", "-m", str(model), "--doc", str(too_long), "--mode", "full", "--threads", "1", "Why?", env=env)
+    assert failed.returncode == 1 and failed.stderr.splitlines()[-1].startswith("error: the document is")
+    assert "tok in" not in failed.stderr  # no summary line for a prefill that did not happen

@@ -146,10 +146,12 @@ class RLV:
         prefix, marks = self.read_ids(secs)
         t = time.perf_counter()
         bar = _LazyProgress(label, self.progress)
+        done = False
         try:
             reused, cache = self.prefixes.fill(prefix, marks, bar.update)
+            done = True
         finally:
-            bar.close()
+            bar.close(summary=done)
         pc = PrefixCache(self.model, prefix, self.kv, cache)
         quoted = quotes_block(quotes)
         q = self.model.tokenize(quoted + prompts.question_suffix(question), add_bos=False)
@@ -269,9 +271,9 @@ class _LazyProgress:
             self.bar = Progress(self.label, total, enabled=self.enabled)
         self.bar.advance_to(done)
 
-    def close(self) -> None:
+    def close(self, summary: bool = True) -> None:
         if self.bar is not None:
-            self.bar.close()
+            self.bar.close(summary=summary)
 
 
 def _num(v):

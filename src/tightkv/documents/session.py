@@ -134,10 +134,12 @@ class DocumentSession:
         else:
             self.pc = PrefixCache(self.model, self.prefix, self.kv)
             update, close = progress_bar(len(self.prefix), "prefill document", self.progress)
+            done = False
             try:
                 self.pc.fill(update)
+                done = True
             finally:
-                close()
+                close(summary=done)  # a summary line only for a prefill that ran
             self.cache_source = "prefill"
             self.timings["prefill_s"] = self.pc.prefill_seconds
             self.log(f"cache: prefilled {len(self.prefix)} tokens in {self.pc.prefill_seconds:.1f}s "
