@@ -72,11 +72,6 @@ class PrefixStore:
         return len(self._ram)
 
     # --- lookup ---------------------------------------------------------------------
-    def get(self, ids: list[int]) -> list | None:
-        """A fresh cache holding exactly `ids`, from RAM or disk, or None."""
-        found = self._entry(ids)
-        return found[0] if found else None
-
     def _entry(self, ids: list[int]) -> tuple[list, torch.Tensor | None] | None:
         """(a fresh cache holding exactly `ids`, the logits after them or None), from RAM,
         else from disk (then remembered in RAM), or None."""
