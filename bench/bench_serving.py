@@ -12,6 +12,9 @@ the cached tokens the server reports.
 streams: N concurrent streaming chats (short prompts, --gen tokens each) at N = 1, 2,
 4, 8: aggregate decode rate, p50/p95 time to first token and inter-token latency.
 
+memory: 8 concurrent conversations of 4,096 tokens: the server's peak KV bytes
+(/metrics) and peak RSS, beside the computed bytes of the same slots in f16.
+
 Each server runs under a private TIGHTKV_HOME (the real one's models and kernels
 linked in), so the disk store starts empty.
 """
@@ -187,6 +190,54 @@ def streams_section(model: str, name: str, home: Path, counts: list[int], gen: i
     return out
 
 
+def memory_section(model: str, name: str, home: Path, n: int, tokens: int, threads: int) -> dict:
+    """`n` concurrent conversations of about `tokens` tokens each: the KV bytes the server
+    holds at its peak (/metrics) and its peak RSS, beside what the same slots take in f16.
+    Each answers up to 128 tokens, so that the first still decodes when the last prompt
+    is in: all `n` caches are held at once."""
+    import psutil
+    import urllib.request
+
+    doc = document(model, tokens - 64)
+    srv = Server(model, home, "--threads", str(threads), "--parallel", str(n), "--ctx", str(tokens + 256),
+                 "--cache-ram", "0")
+    peak = {"kv": 0, "rss": 0}
+    stop = threading.Event()
+
+    def watch() -> None:
+        proc = psutil.Process(srv.proc.pid)
+        while not stop.is_set():
+            with urllib.request.urlopen(srv.url + "/metrics", timeout=10) as r:
+                for line in r.read().decode().splitlines():
+                    if line.startswith("tightkv:kv_cache_bytes "):
+                        peak["kv"] = max(peak["kv"], int(float(line.split()[1])))
+            peak["rss"] = max(peak["rss"], proc.memory_info().rss)
+            time.sleep(0.25)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    try:
+        watcher.start()
+        jobs = [threading.Thread(target=timed_chat, args=(srv.client(), name, f"{doc}\n\nConversation {i}: "
+                                                          "what is this about?", 128)) for i in range(n)]
+        for t in jobs:
+            t.start()
+        for t in jobs:
+            t.join()
+    finally:
+        stop.set()
+        watcher.join(5)
+        srv.stop()
+    from tightkv import Model
+
+    m = Model(model, context_length=tokens + 256)
+    ours = {kv: n * sum(c.bytes_at(tokens) for c in m.new_cache(kv)) for kv in ("progressive", "f16")}
+    row = {"conversations": n, "tokens_each": tokens, "peak_kv_bytes": peak["kv"], "peak_rss_bytes": peak["rss"],
+           "computed_kv_bytes": ours}
+    print(f"  {n} x {tokens} tokens: peak KV {peak['kv'] / 2**20:.1f} MiB (computed {ours['progressive'] / 2**20:.1f}; "
+          f"f16 {ours['f16'] / 2**20:.1f}), peak RSS {peak['rss'] / 2**20:.0f} MiB", flush=True)
+    return row
+
+
 def _pct(xs: list[float], p: float) -> float:
     if len(xs) == 1:
         return xs[0]
@@ -208,13 +259,17 @@ def main() -> int:
     ap.add_argument("--streams", default="1,2,4,8", help="concurrent stream counts (default 1,2,4,8)")
     ap.add_argument("--gen", type=int, default=64, help="tokens per stream (default 64)")
     ap.add_argument("--threads", type=int, default=2, help="server threads (default 2)")
-    ap.add_argument("--sections", default="prefix,streams", help="prefix, streams or both (default)")
+    ap.add_argument("--sections", default="prefix,streams,memory",
+                    help="any of prefix, streams, memory (default: all three)")
     ap.add_argument("--json", default=None, metavar="FILE", help="write the results here")
     ns = ap.parse_args()
     models = ns.models.split(",") if ns.models else ["gemma3:270m"] + ([str(QWEN)] if QWEN.exists() else [])
     sections = ns.sections.split(",")
+    old = json.loads(Path(ns.json).read_text()) if ns.json and Path(ns.json).exists() else {}
+    command = "python bench/bench_serving.py " + " ".join(sys.argv[1:])
     result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"),
-              "command": "python bench/bench_serving.py " + " ".join(sys.argv[1:]), "models": {}}
+              "commands": [c for c in old.get("commands", []) if c != command] + [command],
+              "models": dict(old.get("models", {}))}
     for model in models:
         name = Path(model).stem if model.endswith(".gguf") else model
         print(f"{name}:", flush=True)
@@ -223,11 +278,13 @@ def main() -> int:
             home = private_home(Path(tmp))
             if "prefix" in sections:
                 entry["prefix"] = prefix_section(model, name, home, ns.doc_tokens, ns.doc_tokens + 512, ns.threads)
+            if "memory" in sections:
+                entry["memory"] = memory_section(model, name, home, 8, 4096, ns.threads)
             if "streams" in sections:
                 counts = [int(x) for x in ns.streams.split(",")]
                 entry["streams"] = streams_section(model, name, home, counts, ns.gen, ns.threads)
             shutil.rmtree(home / "documents", ignore_errors=True)
-        result["models"][name] = entry
+        result["models"][name] = {**old.get("models", {}).get(name, {}), **entry}  # sections not rerun stay
     if ns.json:
         Path(ns.json).write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {ns.json}")
