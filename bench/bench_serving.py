@@ -15,6 +15,9 @@ streams: N concurrent streaming chats (short prompts, --gen tokens each) at N = 
 memory: 8 concurrent conversations of 4,096 tokens: the server's peak KV bytes
 (/metrics) and peak RSS, beside the computed bytes of the same slots in f16.
 
+llamacpp-kv: the f16 KV llama.cpp (llama-cpp-python) allocates for the same 8 slots,
+from its own log (flash attention on, swa_full off).
+
 Each server runs under a private TIGHTKV_HOME (the real one's models and kernels
 linked in), so the disk store starts empty.
 """
@@ -132,24 +135,16 @@ def prefix_section(model: str, name: str, home: Path, doc_tokens: int, ctx: int,
             "after restart (the first question)": "What is the first essay about?"}
     rows = []
     args = ("--ctx", str(ctx), "--threads", str(threads), "--parallel", "1")
-    srv = Server(model, home, *args)
-    try:
-        for label in list(asks)[:2]:
-            r = timed_chat(srv.client(), name, f"{doc}\n\nQuestion: {asks[label]}\nAnswer:", 16)
-            rows.append({"request": label, **{k: v for k, v in r.items() if k not in ("gaps", "text")}})
-            print(f"  {label:<36} ttft {r['ttft_s']:7.2f}s  cached {r['cached_tokens']}/{r['prompt_tokens']}",
-                  flush=True)
-    finally:
-        srv.stop()
-    srv = Server(model, home, *args)
-    try:
-        for label in list(asks)[2:]:
-            r = timed_chat(srv.client(), name, f"{doc}\n\nQuestion: {asks[label]}\nAnswer:", 16)
-            rows.append({"request": label, **{k: v for k, v in r.items() if k not in ("gaps", "text")}})
-            print(f"  {label:<36} ttft {r['ttft_s']:7.2f}s  cached {r['cached_tokens']}/{r['prompt_tokens']}",
-                  flush=True)
-    finally:
-        srv.stop()
+    for labels in (list(asks)[:2], list(asks)[2:]):  # one server, then a restarted one over the same store
+        srv = Server(model, home, *args)
+        try:
+            for label in labels:
+                r = timed_chat(srv.client(), name, f"{doc}\n\nQuestion: {asks[label]}\nAnswer:", 16)
+                rows.append({"request": label, **{k: v for k, v in r.items() if k not in ("gaps", "text")}})
+                print(f"  {label:<36} ttft {r['ttft_s']:7.2f}s  cached {r['cached_tokens']}/{r['prompt_tokens']}",
+                      flush=True)
+        finally:
+            srv.stop()
     cold = rows[0]["ttft_s"]
     for r in rows:
         r["ttft_vs_cold"] = round(r["ttft_s"] / cold, 4)
@@ -238,6 +233,25 @@ def memory_section(model: str, name: str, home: Path, n: int, tokens: int, threa
     return row
 
 
+def llamacpp_kv(model: str, n: int, tokens: int) -> dict:
+    """The f16 KV bytes llama.cpp (llama-cpp-python) allocates for one slot of `tokens`
+    tokens with flash attention and swa_full off, from its own log, times `n` slots
+    (llama-server -np n -c n*tokens gives each slot that many cells)."""
+    import re
+
+    from tightkv import registry
+
+    path = str(registry.resolve(model, quiet=True)) if not model.endswith(".gguf") else model
+    code = ("import sys; from llama_cpp import Llama; Llama(model_path=sys.argv[1], n_ctx=int(sys.argv[2]), "
+            "flash_attn=True, swa_full=False, verbose=True, n_threads=1)")
+    r = subprocess.run([sys.executable, "-c", code, path, str(tokens)], capture_output=True, text=True, timeout=300)
+    sizes = [float(x) for x in re.findall(r"llama_kv_cache: size = +([\d.]+) MiB", r.stderr)]
+    if r.returncode or not sizes:
+        return {"error": "llama-cpp-python did not report its KV cache"}
+    slot = sum(sizes) * 2**20
+    return {"slot_kv_bytes": int(slot), "kv_bytes": int(n * slot), "log_sizes_mib": sizes}
+
+
 def _pct(xs: list[float], p: float) -> float:
     if len(xs) == 1:
         return xs[0]
@@ -259,8 +273,8 @@ def main() -> int:
     ap.add_argument("--streams", default="1,2,4,8", help="concurrent stream counts (default 1,2,4,8)")
     ap.add_argument("--gen", type=int, default=64, help="tokens per stream (default 64)")
     ap.add_argument("--threads", type=int, default=2, help="server threads (default 2)")
-    ap.add_argument("--sections", default="prefix,streams,memory",
-                    help="any of prefix, streams, memory (default: all three)")
+    ap.add_argument("--sections", default="prefix,streams,memory,llamacpp-kv",
+                    help="any of prefix, streams, memory, llamacpp-kv (default: all)")
     ap.add_argument("--json", default=None, metavar="FILE", help="write the results here")
     ns = ap.parse_args()
     models = ns.models.split(",") if ns.models else ["gemma3:270m"] + ([str(QWEN)] if QWEN.exists() else [])
@@ -280,6 +294,9 @@ def main() -> int:
                 entry["prefix"] = prefix_section(model, name, home, ns.doc_tokens, ns.doc_tokens + 512, ns.threads)
             if "memory" in sections:
                 entry["memory"] = memory_section(model, name, home, 8, 4096, ns.threads)
+            if "llamacpp-kv" in sections:
+                entry["llamacpp_f16_kv"] = llamacpp_kv(model, 8, 4096)
+                print(f"  llama.cpp f16, 8 x 4096 tokens: {entry['llamacpp_f16_kv']}", flush=True)
             if "streams" in sections:
                 counts = [int(x) for x in ns.streams.split(",")]
                 entry["streams"] = streams_section(model, name, home, counts, ns.gen, ns.threads)

@@ -145,12 +145,7 @@ def test_a_restarted_server_starts_warm_from_disk(tmp_path, document):
     with open(whole, "r+b") as f:  # damage the stored tensors
         f.seek(-64, 2)
         f.write(b"\0" * 64)
-    srv = LiveServer(*args, env=env).wait_ready()
-    try:
-        damaged, u3 = _chat(srv, q1)
-        log = srv.output()
-    finally:
-        srv.stop()
+    damaged, u3, log = served(lambda srv: (*_chat(srv, q1), srv.output()))
     assert damaged == text1 and u3.prompt_tokens_details.cached_tokens == 1024  # rebuilt from the 1,024 prefix
     assert "checksum mismatch" in log and "rebuilding" in log
     gone = cli("cache", "rm", "--all", env=env)

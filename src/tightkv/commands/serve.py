@@ -72,9 +72,8 @@ def _checked_flags(ns: argparse.Namespace) -> tuple[str | None, str | None]:
     if ns.threads is not None and ns.threads < 1:
         raise TightKVError(f"--threads must be positive, got {ns.threads}")
     kv = kv_spec(ns)
-    if ns.cache_ram is not None:
-        parse_size(ns.cache_ram, "--cache-ram")
-    parse_size(ns.cache_disk, "--cache-disk")
+    ns.cache_ram_bytes = None if ns.cache_ram is None else parse_size(ns.cache_ram, "--cache-ram")
+    ns.cache_disk_bytes = parse_size(ns.cache_disk, "--cache-disk")
     if ns.cache_disk_tokens < 1:
         raise TightKVError(f"--cache-disk-tokens must be positive, got {ns.cache_disk_tokens}")
     check_port_free(ns.host, ns.port)
@@ -91,8 +90,8 @@ def run(ns: argparse.Namespace) -> int:
 
     config = ServerConfig(model=ns.model, kv=kv, ctx=ns.ctx, threads=ns.threads, api_key=api_key,
                           parallel=ns.parallel, max_queue=ns.max_queue, alias=ns.alias,
-                          cache_ram=None if ns.cache_ram is None else parse_size(ns.cache_ram, "--cache-ram"),
-                          cache_disk=parse_size(ns.cache_disk, "--cache-disk"), cache_disk_tokens=ns.cache_disk_tokens)
+                          cache_ram=ns.cache_ram_bytes, cache_disk=ns.cache_disk_bytes,
+                          cache_disk_tokens=ns.cache_disk_tokens)
     logging.basicConfig(level=ns.log_level.upper(), format="tightkv: %(message)s", stream=sys.stderr)
     failures: list[BaseException] = []
     server: uvicorn.Server | None = None
