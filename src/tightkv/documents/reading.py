@@ -13,7 +13,6 @@ next question costs no document prefill. Rolling back is exact:
 """
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -285,12 +284,3 @@ def yes_score(model, pc: PrefixCache, suffix: list[int]) -> float:
     y, n = yes_no_tokens(model)
     logits = pc.next_logits(suffix)
     return float(logits[y] - logits[n])
-
-
-def progress_bar(total: int, desc: str, enabled: bool = True):
-    """Progress on stderr in tokens (`tightkv.progress`: a bar on a terminal, plain lines
-    in a pipe, a summary line at the end), as a callback (done, total) and a close."""
-    from ..progress import Progress
-
-    bar = Progress(desc, total, enabled=enabled)
-    return (lambda done, _total: bar.advance_to(done)), bar.close

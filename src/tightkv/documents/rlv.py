@@ -145,13 +145,8 @@ class RLV:
         quotes = self.quotes_for(question)
         prefix, marks = self.read_ids(secs)
         t = time.perf_counter()
-        bar = _LazyProgress(label, self.progress)
-        done = False
-        try:
+        with _LazyProgress(label, self.progress) as bar:  # a summary line only for a prefill that ran
             reused, cache = self.prefixes.fill(prefix, marks, bar.update)
-            done = True
-        finally:
-            bar.close(summary=done)
         pc = PrefixCache(self.model, prefix, self.kv, cache)
         quoted = quotes_block(quotes)
         q = self.model.tokenize(quoted + prompts.question_suffix(question), add_bos=False)
@@ -271,9 +266,12 @@ class _LazyProgress:
             self.bar = Progress(self.label, total, enabled=self.enabled)
         self.bar.advance_to(done)
 
-    def close(self, summary: bool = True) -> None:
+    def __enter__(self) -> "_LazyProgress":
+        return self
+
+    def __exit__(self, kind, *exc) -> None:
         if self.bar is not None:
-            self.bar.close(summary=summary)
+            self.bar.close(summary=kind is None)
 
 
 def _num(v):

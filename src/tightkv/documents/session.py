@@ -12,7 +12,8 @@ from ..errors import TightKVError
 from ..kv.spec import resolve_kv
 from . import prompts
 from .evidence import QUOTES, SentenceIndex, quotes_block
-from .reading import Answer, PrefixCache, progress_bar
+from ..progress import Progress
+from .reading import Answer, PrefixCache
 from .text import DocumentText, Section, first_sentence, read_documents, split_sections, support
 
 MODES = ("full", "rag", "rlv", "auto")
@@ -133,13 +134,8 @@ class DocumentSession:
                      f"({self.pc.nbytes / 1e6:.1f} MB KV) in {self.timings['load_s']:.2f}s")
         else:
             self.pc = PrefixCache(self.model, self.prefix, self.kv)
-            update, close = progress_bar(len(self.prefix), "prefill document", self.progress)
-            done = False
-            try:
-                self.pc.fill(update)
-                done = True
-            finally:
-                close(summary=done)  # a summary line only for a prefill that ran
+            with Progress("prefill document", len(self.prefix), enabled=self.progress) as bar:  # summary if it ran
+                self.pc.fill(lambda done, _total: bar.advance_to(done))
             self.cache_source = "prefill"
             self.timings["prefill_s"] = self.pc.prefill_seconds
             self.log(f"cache: prefilled {len(self.prefix)} tokens in {self.pc.prefill_seconds:.1f}s "

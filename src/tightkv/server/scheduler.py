@@ -169,7 +169,6 @@ class Scheduler:
             self.model = self._load()
             if self.cache_ram != 0:
                 from ..documents.prefixes import PrefixStore
-
                 from ..documents.store import DocumentStore
 
                 disk = DocumentStore() if self.cache_disk else None
@@ -270,13 +269,13 @@ class Scheduler:
         """A job's cache and how its prompt meets the prefix store: the longest stored
         prefix that ends on one of the prompt's chunk ends (the prefill grid, the chat
         turns' starts: so the rest is computed exactly as a cold prefill computes it), or
-        the whole prompt with its logits; the prompt's last chunk end and its end are stored."""
+        the whole prompt with its logits; the prompt is stored at its `keep_points` and end."""
         from ..engine.generate import PromptCache, chunk_ends
 
         cuts = tuple(self.model.turn_cuts(ids))
         if self.prefixes is None:
             return self.model.new_cache(), PromptCache(cuts=cuts)
-        n, cache, logits = self.prefixes.best(ids, chunk_ends(0, len(ids), cuts=cuts), complete=True)
+        _, cache, logits = self.prefixes.best(ids, chunk_ends(0, len(ids), cuts=cuts), complete=True)
         keep = lambda end, c, lg: self.prefixes.put(ids[:end], c, lg)  # noqa: E731
         return (cache if cache is not None else self.model.new_cache()), PromptCache(logits, cuts, keep)
 
