@@ -1,5 +1,6 @@
 """The fused decode-attention kernel against the torch reference (within 1e-2 relative):
-dense f32/f16/bf16 caches and compressed caches (tq4, q8_0, q4_0, dense halves), GQA,
+dense f32/f16/bf16 caches and compressed caches (every type but tqp: tq4/3/2, q8_0, q4_0, KVarN, KIVI,
+dense halves; head dims 64, 96, 128, 256), GQA,
 sliding windows, sinks and recent pools, one and several query positions."""
 import pytest
 import torch
@@ -77,6 +78,21 @@ SPECS = [
     ("q4_0", 1, 4, 256, 512, 2),
     ("q8_0:q4_0", 2, 14, 96, None, 1),
     ("q4_0:tq4", 2, 14, 64, 300, 1),
+    # every other type and head dim, and mixes of tile sizes
+    ("tq3", 1, 4, 256, 512, 1),
+    ("tq2", 2, 14, 64, None, 1),
+    ("tq3-paper", 2, 6, 96, 40, 3),
+    ("kvarn4", 1, 4, 256, None, 1),
+    ("kvarn4", 2, 14, 64, 300, 1),
+    ("kvarn3", 2, 6, 96, None, 2),
+    ("kvarn2-paper", 8, 16, 128, None, 1),
+    ("aggressive", 1, 4, 256, 512, 1),
+    ("kvarn4:tq4", 2, 14, 64, None, 1),
+    ("q8_0:kvarn4", 1, 4, 128, 200, 1),
+    ("kivi4", 2, 14, 64, None, 1),
+    ("kivi3", 1, 4, 256, 300, 1),
+    ("kivi2-paper", 2, 6, 96, None, 3),
+    ("kivi4:kvarn3", 2, 4, 128, None, 1),
 ]
 
 
@@ -139,7 +155,7 @@ def test_int8_path_error_is_small_next_to_the_codecs(hkv, H, d):
 
 
 def test_unsupported_formats_take_the_reference_path():
-    cache = parse_kv("kivi4").make_cache(0, 1, 1, 64, 64, None)
+    cache = parse_kv("tqp").make_cache(0, 1, 1, 64, 64, None)
     assert not cache.fused
     g = torch.Generator().manual_seed(2)
     for q, k, v in _steps(g, 1, 2, 64, 300, 2):
@@ -184,18 +200,22 @@ def test_tq4_encoder_matches_the_codec(name, d):
 
 @pytest.mark.parametrize("target", ["avx2", "portable"])
 def test_portable_builds_agree(target, monkeypatch):
-    """The AVX2 and plain-vector builds of the kernel give the same attention."""
+    """The AVX2 and plain-vector builds of the kernel give the same attention, for every
+    kind of code (tq4, tq2 and tq3 codebooks, KVarN keys and values, KIVI keys and values)."""
     g = torch.Generator().manual_seed(5)
-    cache = parse_kv("progressive").make_cache(0, 1, 2, 64, 64, 300)
-    for q, k, v in _steps(g, 2, 4, 64, 400, 1, 1, 1.0):
-        b = cache.append(k, v, q)
-    ref = cache.attend_stored(q, b, 0.1)
     other = library.load(target)
-    monkeypatch.setattr(attn, "lib", lambda: other)
-    out = cache.attend_stored(q, b, 0.1)
-    assert _rel(out, ref) < 1e-4
+    for spec in ("progressive", "tq2", "kvarn4", "aggressive", "kivi3", "kivi2:kvarn2"):
+        cache = parse_kv(spec).make_cache(0, 1, 2, 64, 64, 300)
+        for q, k, v in _steps(g, 2, 4, 64, 400, 1, 1, 1.0):
+            b = cache.append(k, v, q)
+        ref = cache.attend_stored(q, b, 0.1)
+        monkeypatch.setattr(attn, "lib", lambda: other)
+        out = cache.attend_stored(q, b, 0.1)
+        monkeypatch.undo()
+        assert _rel(out, ref) < 1e-4, spec
     dense = DenseCache("bf16", 2, 64, 64, None)
     dense._append(k, v)
+    monkeypatch.setattr(attn, "lib", lambda: other)
     a = fused.dense_attend(dense, q, 0.1)
     monkeypatch.undo()
     assert _rel(a, fused.dense_attend(dense, q, 0.1)) < 1e-4

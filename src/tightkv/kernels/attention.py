@@ -8,8 +8,12 @@ softmax, for:
 - the dense cache (f32 / f16 / bf16): dot products straight from f16 storage,
   no float32 copy of the history;
 - the compressed cache: its exact sink and recent pool (f16) plus a body of
-  ``tq4`` codes, ``q8_0`` or ``q4_0`` blocks, or a dense half (what a codec
-  hands over is its `kernel_kind` and `kernel_fields`). tq4 is scored in the rotated
+  ``tq4``/``tq3``/``tq2`` codes, ``q8_0`` or ``q4_0`` blocks, KVarN or KIVI codes
+  (every bit width), or a dense half (what a codec hands over is its `kernel_kind`,
+  `kernel_fields` and `kernel_rows`). Affine codes are never dequantized: KVarN and
+  KIVI keys score as (q*A) . code + q.B per tile or group of tokens, times the
+  token's row scale; KVarN values sum as codes weighted by the row scales, times
+  the tile's channel scales once per block. tq4 is scored in the rotated
   domain: with AVX-512 VNNI and a head size that is a multiple of 128, the query
   is quantized to int8 (one scale per row), each key's nibbles become u8
   codebook bytes by one byte shuffle per 64 channels, and one VNNI instruction
@@ -43,9 +47,14 @@ from . import qmatmul as qm
 
 MAX_T = 16  # query positions per call the kernel takes for a dense cache (decode, speculative steps)
 CHUNK_TOKENS = 256  # tokens per chunk a thread claims
+BLOCK = 32  # tokens the kernel scores and sums at a time (aligned to each segment's start)
 
-F32, F16, BF16, Q8_0, TQ4, Q4_0 = range(6)  # the kernel's storage kinds
-KINDS = {"f32": F32, "f16": F16, "bf16": BF16, "q8_0": Q8_0, "tq4": TQ4, "q4_0": Q4_0}  # by codec kernel_kind
+F32, F16, BF16, Q8_0, TQ4, Q4_0 = range(6)  # the kernel's storage kinds (csrc/attention.cpp, enum Kind)
+# by codec kernel_kind: tq2/tq3 codebook codes; ak: affine key codes (KVarN and KIVI keys),
+# av: KVarN value codes, ab: KIVI value codes, each of 4, 3 or 2 bits
+KINDS = {"f32": F32, "f16": F16, "bf16": BF16, "q8_0": Q8_0, "tq4": TQ4, "q4_0": Q4_0, "tq3": 6, "tq2": 7,
+         **{f"{fam}{b}": 8 + 3 * i + (4 - b) for i, fam in enumerate(("ak", "av", "ab")) for b in (4, 3, 2)}}
+CODEBOOK_KINDS = ("tq4", "tq3", "tq2")
 DENSE_KINDS = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}
 _BACKEND = "fast"
 
@@ -85,13 +94,15 @@ def _strides(t: torch.Tensor | None) -> tuple[int, int, int]:
     return t.data_ptr(), t.stride(0) * es, t.stride(1) * es
 
 
-def segment(kkind: int, vkind: int, body: bool, k0, k1, v0, v1) -> list[int]:
-    """A 20-int segment descriptor: tensors (Hkv, tokens, ...) with unit inner stride."""
-    kp0, kh0, kt0 = _strides(k0)
-    kp1, kh1, kt1 = _strides(k1)
-    vp0, vh0, vt0 = _strides(v0)
-    vp1, vh1, vt1 = _strides(v1)
-    return [kkind, vkind, int(body), 0, kp0, kp1, kh0, kt0, kh1, kt1, vp0, vp1, vh0, vt0, vh1, vt1, 0, 0, 0, 0]
+def segment(kkind: int, vkind: int, body: bool, k: tuple, v: tuple, krows=(1, 1), vrows=(1, 1)) -> list[int]:
+    """A 32-int segment descriptor. k, v: up to four tensors (or None) per side, each
+    (Hkv, rows, ...) with unit inner stride: the codes and field 1 one row per token,
+    fields 2 and 3 one row per `krows` / `vrows` tokens."""
+    def side(fields, rows):
+        (p0, h0, t0), (p1, h1, t1), (p2, h2, t2), (p3, h3, t3) = (_strides(t) for t in (*fields, None, None, None)[:4])
+        return [p0, p1, h0, t0, h1, t1], [p2, p3, h2, t2, rows[0], h3, t3, rows[1]]
+    (ka, kb), (va, vb) = side(k, krows), side(v, vrows)
+    return [kkind, vkind, int(body), 0, *ka, *va, *kb, *vb]
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -118,7 +129,7 @@ def run(lib_, q: torch.Tensor, hkv: int, dv: int, scale: float, segs: list[list[
                       _ptr(rv), _ptr(vscale), _ptr(vcenter), len(segs), seg_arr, rng_arr,
                       _ptr(kcb), _ptr(vcb), CHUNK_TOKENS, out.data_ptr(), threads)
     if rc:
-        raise RuntimeError(f"tightkv attention kernel: unsupported shape D={D} Dv={dv} T={T}")
+        raise RuntimeError(f"tightkv attention kernel: unsupported shape or kind D={D} Dv={dv} T={T}")
     return out
 
 

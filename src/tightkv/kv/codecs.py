@@ -98,11 +98,13 @@ class Codec:
     sink: int = 0  # default exact first tokens
     default_sink: int = SINK  # ... of our variant (the papers keep none)
     recent: int = 0  # default exact last tokens
-    # What the fused attention kernel takes from this codec (kv/fused.py):
-    # its storage kind, or None for the torch reference path, and the names of the
-    # field with the codes and of the one with per-block or per-vector scales.
+    # What the fused attention kernel takes from this codec (kv/fused.py): its storage
+    # kind (kernels/attention.py KINDS), or None for the torch reference path; the names
+    # of up to four fields: the codes, a per-token field (scales or norms), two more
+    # with one row per `kernel_rows` tokens (1: per token; KVarN tiles, KIVI key groups).
     kernel_kind: str | None = None
-    kernel_fields: tuple[str, str | None] = ("", None)
+    kernel_fields: tuple[str | None, ...] = ("", None, None, None)
+    kernel_rows: tuple[int, int] = (1, 1)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -155,7 +157,7 @@ class Codec:
 class Dense(Codec):
     """Plain float storage; lets a K:V pair mix exact and compressed halves."""
 
-    kernel_fields = ("x", None)
+    kernel_fields = ("x", None, None, None)
 
     def __init__(self, dim, role="k", seed=DEFAULT_SEED, kind="f16"):
         super().__init__(dim, role, seed, paper=True)
@@ -189,7 +191,7 @@ class Q8_0(Codec):
     block = 32
     names = {"q8_0": {}}
     kernel_kind = "q8_0"
-    kernel_fields = ("qs", "d")
+    kernel_fields = ("qs", "d", None, None)
 
     def __init__(self, dim, role="k", seed=DEFAULT_SEED, paper=False):
         super().__init__(dim, role, seed, paper)
@@ -281,12 +283,13 @@ class TurboQuant(Codec):
         self.codebook = cb  # (2**bits,) centroids for a unit vector's coordinates
         self.thresholds = (cb[1:] + cb[:-1]) / 2
         self.values = tuple(cb.tolist())
-        if bits != 4:
-            self.kernel_kind = None  # the fused kernel takes 4-bit codes only
 
     names = {f"tq{b}": {"bits": b} for b in (4, 3, 2)}
-    kernel_kind = "tq4"
-    kernel_fields = ("idx", "norm")
+    kernel_fields = ("idx", "norm", None, None)
+
+    @property
+    def kernel_kind(self):
+        return f"tq{self.code_bits}"
 
     @functools.cached_property
     def encoder_tables(self) -> tuple:
@@ -376,6 +379,18 @@ class KVarN(Codec):
     names = {f"kvarn{b}": {"bits": b} for b in (4, 3, 2)}
     default_sink = TQ_SINK
 
+    @property
+    def kernel_kind(self):
+        return f"{'ak' if self.role == 'k' else 'av'}{self.code_bits}"
+
+    @property
+    def kernel_fields(self):  # K: codes, s_row, then per tile s_col, zp; V: codes, s_row, zp, then per tile s_col
+        return ("q", "s_row", "s_col", "zp") if self.role == "k" else ("q", "s_row", "zp", "s_col")
+
+    @property
+    def kernel_rows(self):
+        return (self.tile, self.tile) if self.role == "k" else (1, self.tile)
+
     def __init__(self, dim, role="k", seed=DEFAULT_SEED, paper=False, bits=4):
         super().__init__(dim, role, seed, paper)
         self.code_bits = bits
@@ -444,6 +459,18 @@ class KIVI(Codec):
 
     names = {f"kivi{b}": {"bits": b} for b in (4, 3, 2)}
     default_sink = TQ_SINK
+
+    @property
+    def kernel_kind(self):
+        return f"{'ak' if self.role == 'k' else 'ab'}{self.code_bits}"
+
+    @property
+    def kernel_fields(self):  # K: codes, then per group scale, zero; V: codes, per 32 channels scale and zero
+        return ("q", None, "scale", "zero") if self.role == "k" else ("q", "scale", "zero", None)
+
+    @property
+    def kernel_rows(self):
+        return (self.group, self.group) if self.role == "k" else (1, 1)
 
     def __init__(self, dim, role="k", seed=DEFAULT_SEED, paper=False, bits=4):
         super().__init__(dim, role, seed, paper)

@@ -13,13 +13,14 @@ from __future__ import annotations
 import torch
 
 from ..kernels import attention as kernel
-from ..kernels.attention import F16, KINDS, MAX_T, TQ4
+from ..kernels.attention import BLOCK, CODEBOOK_KINDS, F16, KINDS, MAX_T
 
 
 def takes(kcodec, vcodec, tile: int) -> bool:
-    """Whether the kernel can attend over a compressed cache with these codecs."""
-    return (tile == 1 and kcodec.kernel_kind in KINDS and vcodec.kernel_kind in KINDS
-            and kernel.dims_ok(kcodec.dim, vcodec.dim))
+    """Whether the kernel can attend over a compressed cache with these codecs: kinds it
+    knows, head dims it takes, and groups of tokens that its 32-token blocks never straddle."""
+    return (kcodec.kernel_kind in KINDS and vcodec.kernel_kind in KINDS and kernel.dims_ok(kcodec.dim, vcodec.dim)
+            and all(r == 1 or (r % BLOCK == 0 and tile % r == 0) for c in (kcodec, vcodec) for r in c.kernel_rows))
 
 
 # --- dense cache ------------------------------------------------------------------
@@ -33,7 +34,7 @@ def dense_attend(cache, q: torch.Tensor, scale: float) -> torch.Tensor | None:
         return None
     kind = kernel.DENSE_KINDS[cache.dtype]
     keys, values = cache.keys, cache.values
-    seg = kernel.segment(kind, kind, False, keys, None, values, None)
+    seg = kernel.segment(kind, kind, False, (keys,), (values,))
     ranges = []
     start, win = cache.start, cache.window
     for t in range(T):
@@ -53,23 +54,36 @@ def compressed_attend(cache, q: torch.Tensor, q_pos0: int, b: torch.Tensor, scal
     if lib is None:
         return None
     ek, ev = cache.exact_k, cache.exact_v
-    segs = [kernel.segment(F16, F16, False, ek, None, ev, None)] * 2  # sink, pool
+    segs = [kernel.segment(F16, F16, False, (ek,), (ev,))] * 2  # sink, pool
     body = cache.body_end > cache.body_start and bool(cache.body_k)
     ranges = (_decode_ranges if q.shape[1] <= MAX_T else _prefill_ranges)(cache, q.shape[1], q_pos0, b, body)
     if not body:
         return kernel.run(lib, q, cache.hkv, cache.dv, scale, segs, ranges)
     kc, vc = cache.kc, cache.vc
     kk, vk = KINDS[kc.kernel_kind], KINDS[vc.kernel_kind]
-    segs.append(kernel.segment(kk, vk, True, *_fields(kc, cache.body_k), *_fields(vc, cache.body_v)))
+    segs.append(kernel.segment(kk, vk, True, _fields(kc, cache.body_k, cache.tile), _fields(vc, cache.body_v, cache.tile),
+                               kc.kernel_rows, vc.kernel_rows))
     rkT, ks, kcn, rv, vs, vcn = cache.kernel_tables()
     return kernel.run(lib, q, cache.hkv, cache.dv, scale, segs, ranges, rkT=rkT, kscale=ks, kcenter=kcn,
-                      rv=rv, vscale=vs, vcenter=vcn, kcb=kc.codebook if kk == TQ4 else None,
-                      vcb=vc.codebook if vk == TQ4 else None)
+                      rv=rv, vscale=vs, vcenter=vcn, kcb=_codebook(kc), vcb=_codebook(vc))
 
 
-def _fields(codec, fields: dict) -> tuple:
-    codes, scales = codec.kernel_fields
-    return fields[codes], (fields[scales] if scales else None)
+def _fields(codec, fields: dict, tile: int) -> tuple:
+    """The codec's kernel fields as (Hkv, rows, ...) views of the body store (Hkv, units, ...):
+    fields 0 and 1 with a row per token, fields 2 and 3 a row per `kernel_rows` tokens."""
+    out = []
+    for name, rows in zip(codec.kernel_fields, (1, 1, *codec.kernel_rows)):
+        t = fields[name] if name else None
+        out.append(None if t is None else t.reshape(t.shape[0], t.shape[1] * (tile // rows), -1))
+    return tuple(out)
+
+
+def _codebook(codec) -> torch.Tensor | None:
+    """A codebook kind's centroids padded to the kernel's 16 floats."""
+    if codec.kernel_kind not in CODEBOOK_KINDS:
+        return None
+    cb = codec.codebook.float()
+    return torch.cat([cb, cb.new_zeros(16 - cb.numel())]).contiguous()
 
 
 def _decode_ranges(cache, T: int, q_pos0: int, b: torch.Tensor, body: bool) -> list[int]:

@@ -1,6 +1,7 @@
 // ---------------------------------------------------------------------------
 // Fused attention over a KV cache for a few query rows (decode), straight from
-// the stored format: dense f32/f16/bf16, q8_0 blocks or tq4 codes. Block by block
+// the stored format: dense f32/f16/bf16, q8_0/q4_0 blocks, tq4/tq3/tq2 codes, KVarN
+// and KIVI codes (enum Kind). Block by block
 // with an online softmax; nothing is materialized beyond one decoded vector.
 //
 // Queries: q (Hkv, R, D) float32 in the original domain, R = group * T rows per KV
@@ -111,7 +112,22 @@ static inline f16v vexp(f16v x) {
   return x < lo ? splat(0.0f) : r;
 }
 
-enum Kind { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 3, TQ4 = 4, Q4_0 = 5 };
+enum Kind {
+  F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 3, TQ4 = 4, Q4_0 = 5,
+  TQ3 = 6, TQ2 = 7,             // codebook codes like tq4's, in channel order
+  AK4 = 8, AK3 = 9, AK2 = 10,   // affine key codes (KVarN, KIVI): x = (code * A[g] + B[g]) * m[t]
+  AV4 = 11, AV3 = 12, AV2 = 13, // KVarN value codes: x = (code * a[t] + b[t]) * C[g]
+  AB4 = 14, AB3 = 15, AB2 = 16, // KIVI value codes: x = code * a[t, c / 32] + b[t, c / 32]
+  NKINDS = 17
+};
+// g: a group of tokens (a KVarN tile, a KIVI key group) that shares channel vectors.
+constexpr int code_bits(int k) { return k == TQ4 ? 4 : k == TQ3 ? 3 : k == TQ2 ? 2 : k >= AK4 ? 4 - (k - AK4) % 3 : 0; }
+constexpr bool is_cb(int k) { return k == TQ3 || k == TQ2; }
+constexpr bool is_ak(int k) { return k >= AK4 && k <= AK2; }
+constexpr bool is_av(int k) { return k >= AV4 && k <= AV2; }
+constexpr bool is_ab(int k) { return k >= AB4 && k <= AB2; }
+// kinds whose field 1 is a per-token multiplier of the dot product (keys) or of the weight (values)
+constexpr bool has_mult(int k) { return k == TQ4 || is_cb(k) || is_ak(k) || is_av(k); }
 
 struct Seg {
   int64_t kkind, vkind, body, unused;
@@ -119,9 +135,13 @@ struct Seg {
   int64_t kh0, kt0, kh1, kt1;
   const uint8_t *v0, *v1;
   int64_t vh0, vt0, vh1, vt1;
-  int64_t pad[4];
+  // fields 2 and 3 of each side: one row per kd2 / kd3 tokens (1: per token)
+  const uint8_t *k2, *k3;
+  int64_t kh2, kt2, kd2, kh3, kt3, kd3;
+  const uint8_t *v2, *v3;
+  int64_t vh2, vt2, vd2, vh3, vt3, vd3;
 };
-static_assert(sizeof(Seg) == 20 * 8, "segment descriptor");
+static_assert(sizeof(Seg) == 32 * 8, "segment descriptor");
 
 struct Ctx {
   int64_t Hkv, R, T, D, Dv;
@@ -155,11 +175,43 @@ static const int VROWS = TK_AVX2 ? 2 : 4;  // rows whose value sums stay in regi
 static const int CH = 6;
 static const int64_t PRE_ROWS = 8;  // rows from which the float path scores a block by one matmul
 
+// Channel i of a group of 32 codes of BITS bits at p, packed as kv/bits.py does.
+template <int BITS>
+static inline int code_at(const uint8_t *p, int i) {
+  if constexpr (BITS == 4) return (p[i / 2] >> (4 * (i % 2))) & 15;
+  if constexpr (BITS == 2) return (p[i / 4] >> (2 * (i % 4))) & 3;
+  const int g = i / 8;
+  return (int)(((uint32_t)p[3 * g] | (uint32_t)p[3 * g + 1] << 8 | (uint32_t)p[3 * g + 2] << 16) >> (3 * (i % 8))) & 7;
+}
+#if defined(__AVX2__)
+// Channels 8g .. 8g+7 of the same group as int32 lanes: the word that holds them
+// broadcast, shifted per lane, masked.
+template <int BITS>
+static inline __m256i codes8(const uint8_t *p, int g) {
+  uint32_t w;
+  __m256i sh;
+  if constexpr (BITS == 4) {
+    w = u32(p + 4 * g);
+    sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+  } else if constexpr (BITS == 2) {
+    uint16_t h; memcpy(&h, p + 2 * g, 2);
+    w = h;
+    sh = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+  } else {
+    w = g < 3 ? u32(p + 3 * g) : u32(p + 8) >> 8;  // never past the group's 12 bytes
+    sh = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
+  }
+  return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), sh), _mm256_set1_epi32((1 << BITS) - 1));
+}
+#endif
+
 // Channels 32b .. 32b+31 of a stored vector as two float32 vectors (tq4: codebook
-// values in the permuted order even|odd, the per-vector scale applied by the caller).
+// values in the permuted order even|odd, the per-vector scale applied by the caller;
+// other codes: in channel order, codebook values or the integer codes, AB dequantized
+// with its per-block scale (p1) and zero (p2)).
 template <int KIND>
-static inline __attribute__((always_inline)) void load32(const uint8_t *p0, const uint8_t *p1, int64_t b,
-                                                         const f16v &cb, f16v &x0, f16v &x1) {
+static inline __attribute__((always_inline)) void load32(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2,
+                                                         int64_t b, const f16v &cb, f16v &x0, f16v &x1) {
   if (KIND == F32) {
     x0 = ld((const float *)p0 + 32 * b); x1 = ld((const float *)p0 + 32 * b + 16);
   } else if (KIND == F16) {
@@ -175,6 +227,27 @@ static inline __attribute__((always_inline)) void load32(const uint8_t *p0, cons
     const i16v c = __builtin_convertvector(by, i16v);
     x0 = __builtin_convertvector((c & 15) - 8, f16v) * d;
     x1 = __builtin_convertvector((c >> 4) - 8, f16v) * d;
+  } else if constexpr (KIND != TQ4) {
+    constexpr int B = code_bits(KIND);
+    const uint8_t *p = p0 + 4 * B * b;
+    i16v c0, c1;
+    for (int i = 0; i < 16; i++) { c0[i] = code_at<B>(p, i); c1[i] = code_at<B>(p, 16 + i); }
+    if constexpr (is_cb(KIND)) {
+#if defined(__AVX512F__)
+      x0 = (f16v)_mm512_permutexvar_ps((__m512i)c0, (__m512)cb);
+      x1 = (f16v)_mm512_permutexvar_ps((__m512i)c1, (__m512)cb);
+#else
+      for (int i = 0; i < 16; i++) { x0[i] = cb[c0[i]]; x1[i] = cb[c1[i]]; }
+#endif
+    } else {
+      x0 = __builtin_convertvector(c0, f16v);
+      x1 = __builtin_convertvector(c1, f16v);
+    }
+    if constexpr (is_ab(KIND)) {
+      const f16v d = splat(f16s(p1 + 2 * b)), z = splat(f16s(p2 + 2 * b));
+      x0 = x0 * d + z;
+      x1 = x1 * d + z;
+    }
   } else {
     u8x16 by; memcpy(&by, p0 + 16 * b, 16);
     i16v c = __builtin_convertvector(by, i16v);
@@ -197,7 +270,7 @@ static inline __attribute__((always_inline)) void load32(const uint8_t *p0, cons
 }
 
 template <int KIND>
-static inline float vec_scale(const uint8_t *p1) { return KIND == TQ4 ? f16s(p1) : 1.0f; }
+static inline float vec_scale(const uint8_t *p1) { return has_mult(KIND) && p1 ? f16s(p1) : 1.0f; }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define TK_I8 1
@@ -367,8 +440,8 @@ static void matmul(const float *A, const float *B, float *C, int64_t n, int64_t 
 // The same two loops in AVX2 registers (GCC lowers the 16-lane vector type through
 // the stack here): 32 channels of a stored vector as four float vectors.
 template <int KIND>
-static inline __attribute__((always_inline)) void load32x(const uint8_t *p0, const uint8_t *p1, int64_t b,
-                                                          __m256 cb0, __m256 cb1, __m256 x[4]) {
+static inline __attribute__((always_inline)) void load32x(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2,
+                                                          int64_t b, __m256 cb0, __m256 cb1, __m256 x[4]) {
   if (KIND == F32) {
     for (int i = 0; i < 4; i++) x[i] = _mm256_loadu_ps((const float *)p0 + 32 * b + 8 * i);
   } else if (KIND == F16) {
@@ -390,6 +463,17 @@ static inline __attribute__((always_inline)) void load32x(const uint8_t *p0, con
     x[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(c1, m), e)), d);
     x[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(c0, 4), e)), d);
     x[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(c1, 4), e)), d);
+  } else if constexpr (KIND != TQ4) {
+    constexpr int B = code_bits(KIND);
+    const uint8_t *p = p0 + 4 * B * b;
+    for (int i = 0; i < 4; i++) {
+      const __m256i c = codes8<B>(p, i);
+      x[i] = is_cb(KIND) ? lut16(c, cb0, cb1) : _mm256_cvtepi32_ps(c);
+    }
+    if constexpr (is_ab(KIND)) {
+      const __m256 d = _mm256_set1_ps(f16s(p1 + 2 * b)), z = _mm256_set1_ps(f16s(p2 + 2 * b));
+      for (int i = 0; i < 4; i++) x[i] = _mm256_fmadd_ps(x[i], d, z);
+    }
   } else {  // tq4: lanes 0..15 the low nibbles of the 16 bytes, 16..31 the high ones
     const __m128i by = _mm_loadu_si128((const __m128i *)(p0 + 16 * b));
     const __m256i c0 = _mm256_cvtepu8_epi32(by), c1 = _mm256_cvtepu8_epi32(_mm_srli_si128(by, 8));
@@ -409,7 +493,7 @@ static inline __attribute__((always_inline)) void dot_key(const float *q, const 
   for (int u = 0; u < NR; u++) acc[u][0] = acc[u][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < D / 32; b++) {
     __m256 x[4];
-    load32x<KIND>(k0, k1, b, cb0, cb1, x);
+    load32x<KIND>(k0, k1, nullptr, b, cb0, cb1, x);
     for (int u = 0; u < NR; u++)
       for (int i = 0; i < 4; i++)
         acc[u][i & 1] = _mm256_fmadd_ps(_mm256_loadu_ps(q + u * D + 32 * b + 8 * i), x[i], acc[u][i & 1]);
@@ -419,8 +503,9 @@ static inline __attribute__((always_inline)) void dot_key(const float *q, const 
 
 template <int KIND, int NR>
 static inline __attribute__((always_inline)) void add_values(float *o, int64_t W, const float *w, const uint8_t *v0,
-                                                             const uint8_t *v1, int64_t vt0, int64_t vt1, int64_t n,
-                                                             int64_t Dv, const f16v &cb) {
+                                                             const uint8_t *v1, const uint8_t *v2, int64_t vt0,
+                                                             int64_t vt1, int64_t vt2, int64_t n, int64_t Dv,
+                                                             const f16v &cb) {
   const __m256 cb0 = _mm256_loadu_ps((const float *)&cb), cb1 = _mm256_loadu_ps((const float *)&cb + 8);
   for (int64_t b = 0; b < Dv / 32; b++) {
     __m256 acc[NR][4];
@@ -428,7 +513,7 @@ static inline __attribute__((always_inline)) void add_values(float *o, int64_t W
       for (int i = 0; i < 4; i++) acc[u][i] = _mm256_loadu_ps(o + u * W + 32 * b + 8 * i);
     for (int64_t j = 0; j < n; j++) {
       __m256 x[4];
-      load32x<KIND>(v0 + j * vt0, v1 ? v1 + j * vt1 : nullptr, b, cb0, cb1, x);
+      load32x<KIND>(v0 + j * vt0, v1 ? v1 + j * vt1 : nullptr, v2 ? v2 + j * vt2 : nullptr, b, cb0, cb1, x);
       for (int u = 0; u < NR; u++) {
         const __m256 pw = _mm256_broadcast_ss(w + u * BT + j);
         for (int i = 0; i < 4; i++) acc[u][i] = _mm256_fmadd_ps(pw, x[i], acc[u][i]);
@@ -448,7 +533,7 @@ static inline __attribute__((always_inline)) void dot_key(const float *q, const 
   for (int u = 0; u < NR; u++) a0[u] = a1[u] = f16v{};
   for (int64_t b = 0; b < D / 32; b++) {
     f16v x0, x1;
-    load32<KIND>(k0, k1, b, cb, x0, x1);
+    load32<KIND>(k0, k1, nullptr, b, cb, x0, x1);
     for (int u = 0; u < NR; u++) {
       a0[u] = fma(ld(q + u * D + 32 * b), x0, a0[u]);
       a1[u] = fma(ld(q + u * D + 32 * b + 16), x1, a1[u]);
@@ -461,14 +546,15 @@ static inline __attribute__((always_inline)) void dot_key(const float *q, const 
 // channels at a time with the NR accumulators in registers.
 template <int KIND, int NR>
 static inline __attribute__((always_inline)) void add_values(float *o, int64_t W, const float *w, const uint8_t *v0,
-                                                             const uint8_t *v1, int64_t vt0, int64_t vt1, int64_t n,
-                                                             int64_t Dv, const f16v &cb) {
+                                                             const uint8_t *v1, const uint8_t *v2, int64_t vt0,
+                                                             int64_t vt1, int64_t vt2, int64_t n, int64_t Dv,
+                                                             const f16v &cb) {
   for (int64_t b = 0; b < Dv / 32; b++) {
     f16v a0[NR], a1[NR];
     for (int u = 0; u < NR; u++) { a0[u] = ld(o + u * W + 32 * b); a1[u] = ld(o + u * W + 32 * b + 16); }
     for (int64_t j = 0; j < n; j++) {
       f16v x0, x1;
-      load32<KIND>(v0 + j * vt0, v1 ? v1 + j * vt1 : nullptr, b, cb, x0, x1);
+      load32<KIND>(v0 + j * vt0, v1 ? v1 + j * vt1 : nullptr, v2 ? v2 + j * vt2 : nullptr, b, cb, x0, x1);
       for (int u = 0; u < NR; u++) {
         const f16v pw = splat(w[u * BT + j]);
         a0[u] = fma(pw, x0, a0[u]);
@@ -539,216 +625,316 @@ static inline bool softmax_block(float *srow, float *o, int64_t Dv) {
 // One stored vector of D channels decoded to float32 (tq4: in the code domain's
 // permuted lane order, without its scale).
 template <int KIND>
-static inline void decode_vec(const uint8_t *p0, const uint8_t *p1, int64_t D, const f16v &cb, float *out) {
+static inline void decode_vec(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, int64_t D, const f16v &cb,
+                              float *out) {
 #if TK_AVX2
   const __m256 cb0 = _mm256_loadu_ps((const float *)&cb), cb1 = _mm256_loadu_ps((const float *)&cb + 8);
   for (int64_t b = 0; b < D / 32; b++) {
     __m256 x[4];
-    load32x<KIND>(p0, p1, b, cb0, cb1, x);
+    load32x<KIND>(p0, p1, p2, b, cb0, cb1, x);
     for (int i = 0; i < 4; i++) _mm256_storeu_ps(out + 32 * b + 8 * i, x[i]);
   }
 #else
   for (int64_t b = 0; b < D / 32; b++) {
     f16v x0, x1;
-    load32<KIND>(p0, p1, b, cb, x0, x1);
+    load32<KIND>(p0, p1, p2, b, cb, x0, x1);
     st(out + 32 * b, x0);
     st(out + 32 * b + 16, x1);
   }
 #endif
 }
 
-template <int KK, int VK>
-static void chunk_body(const Ctx *x, int64_t c) {
-  const int64_t *ch = x->chunks + CH * c;
-  const Seg &s = x->segs[ch[0]];
-  const int64_t h = ch[1], a = ch[2], e = ch[3], ra = ch[4], nrows = ch[5] - ch[4];
-  const int64_t R = x->R, T = x->T, D = x->D, Dv = x->Dv, W = Dv + 2, hr0 = h * R + ra;
-  float *part = x->part + x->poff[c];
-  const float *q = (s.body ? x->qb : x->qx) + hr0 * D;
-  const float *bias = s.body ? x->bias + hr0 : nullptr;
-  const int64_t *rg = x->ranges + ch[0] * T * 2;
-  for (int64_t r = 0; r < nrows; r++) {
-    float *o = part + r * W;
-    for (int64_t i = 0; i < Dv; i++) o[i] = 0.f;
-    o[Dv] = -INFINITY; o[Dv + 1] = 0.f;
+// What the blocks of one chunk share (set up by chunk_fn_attn).
+struct Work {
+  const Ctx *x;
+  const Seg *s;
+  int64_t nrows, hr0;
+  const float *q, *bias;  // the rows' queries (scaled; a body's in its code domain), score biases
+  float *part;            // (nrows, Dv + 2): acc, m, l
+  float *sc;              // (nrows, BT): scores, then softmax weights
+  const int64_t *lo, *hi;  // each row's visible tokens within the chunk
+  const char *alive;
+  float *kT, *kscl, *vt, *pv;  // many rows: a key block transposed and its scales, a value block, the rows' sums
+  const uint8_t *k[4], *v[4];  // this head's fields
+  float *qt, *kb;   // affine keys: the queries times the group's channel scales A, their dots with its B
+  int64_t kgroup;   // the group qt holds (-1: none yet)
+  float *tmp, *z;   // KVarN values: a block's sums in code units (nrows, Dv + 2), its zero-point sums
+};
+
+// Affine keys, x = (code * A[g] + B[g]) * m[t]: q.x = (q*A[g] . code + q.B[g]) * m[t].
+static void affine_query(Work &w, int64_t j0) {
+  const Seg &s = *w.s;
+  const int64_t g = j0 / s.kd2, D = w.x->D;
+  if (g == w.kgroup) return;
+  w.kgroup = g;
+  const uint8_t *a = w.k[2] + g * s.kt2, *b = w.k[3] + (j0 / s.kd3) * s.kt3;
+  float A[1024], B[1024];
+  for (int64_t i = 0; i < D; i++) { A[i] = f16s(a + 2 * i); B[i] = f16s(b + 2 * i); }
+  for (int64_t r = 0; r < w.nrows; r++) {
+    const float *qr = w.q + r * D;
+    float *o = w.qt + r * D, d = 0.f;
+    for (int64_t i = 0; i < D; i++) { o[i] = qr[i] * A[i]; d += qr[i] * B[i]; }
+    w.kb[r] = d;
   }
-  std::vector<float> sc(nrows * BT);
-  // the float path with many rows: a key block transposed (D, BT) and the keys' scales
-  std::vector<float> kT(nrows >= PRE_ROWS ? D * BT : 0), kscl(BT);
-  // and for the values: a decoded block (BT, Dv) and the rows' sums over it (rows, Dv)
-  std::vector<float> vt(nrows >= PRE_ROWS ? BT * (D > Dv ? D : Dv) : 0), pv(nrows >= PRE_ROWS ? nrows * Dv : 0);
-  std::vector<int64_t> lo(nrows), hi(nrows);  // each row's visible range
-  std::vector<char> alive(nrows + 4, 0);
-  for (int64_t r = 0; r < nrows; r++) { const int64_t t = (ra + r) % T; lo[r] = rg[2 * t]; hi[r] = rg[2 * t + 1]; }
-  const uint8_t *kb0 = s.k0 + h * s.kh0, *kb1 = s.k1 ? s.k1 + h * s.kh1 : nullptr;
-  const uint8_t *vb0 = s.v0 + h * s.vh0, *vb1 = s.v1 ? s.v1 + h * s.vh1 : nullptr;
-  for (int64_t j0 = a; j0 < e; j0 += BT) {
-    const int64_t j1 = j0 + BT < e ? j0 + BT : e, n = j1 - j0;
-    for (int64_t r = 0; r < nrows; r++) alive[r] = (lo[r] > j0 ? lo[r] : j0) < (hi[r] < j1 ? hi[r] : j1);
-    // scores of the rows that see this block: each key decoded once per 4 rows
+}
+
+// Scores of the rows for tokens j0 .. j0+n-1 into w.sc; -inf where a row cannot see.
+template <int KK>
+static void score_block(Work &w, int64_t j0, int64_t n) {
+  const Ctx *x = w.x;
+  const Seg &s = *w.s;
+  const int64_t D = x->D, nrows = w.nrows;
+  const uint8_t *kb0 = w.k[0], *kb1 = w.k[1];
+  const float *q = w.q, *kb = nullptr, *bias = w.bias;
+  const int64_t *lo = w.lo, *hi = w.hi;
+  const char *alive = w.alive;
+  float *sc = w.sc;
+  if constexpr (is_ak(KK)) {
+    affine_query(w, j0);
+    q = w.qt;
+    kb = w.kb;
+  }
 #if TK_I8
-    if (KK == TQ4 && x->i8k) {
-      const int8_t *q8 = x->q8 + hr0 * D;
-      alignas(64) int32_t dots[4 * 16];
-      for (int64_t g0 = 0; g0 < n; g0 += 16) {
-        const int64_t ng = n - g0 < 16 ? n - g0 : 16;
-        const uint8_t *k0 = kb0 + (j0 + g0) * s.kt0;
-        const __mmask16 live = (__mmask16)((1u << ng) - 1);
-        const uint8_t *nrm = kb1 + (j0 + g0) * s.kt1;
-        __m512 ks;
-        if (s.kt1 == 2) {
-          ks = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, nrm));
-        } else {
-          alignas(64) float tmp[16] = {};
-          for (int64_t k = 0; k < ng; k++) tmp[k] = f16s(nrm + k * s.kt1);
-          ks = _mm512_load_ps(tmp);
-        }
-        const __m512i tok = _mm512_add_epi32(_mm512_set1_epi32((int)(j0 + g0)),
-                                             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-        for (int64_t r0 = 0; r0 < nrows; r0 += 4) {
-          const int nr = nrows - r0 < 4 ? (int)(nrows - r0) : 4;
-          if (!(alive[r0] | alive[r0 + 1] | alive[r0 + 2] | alive[r0 + 3])) {
-            for (int u = 0; u < nr; u++) _mm512_storeu_ps(sc.data() + (r0 + u) * BT + g0, _mm512_set1_ps(-INFINITY));
-            continue;
-          }
-          switch (nr) {
-            case 1: dots_tq4_i8<1>(q8 + r0 * D, k0, s.kt0, ng, D, x->klut, dots); break;
-            case 2: dots_tq4_i8<2>(q8 + r0 * D, k0, s.kt0, ng, D, x->klut, dots); break;
-            case 3: dots_tq4_i8<3>(q8 + r0 * D, k0, s.kt0, ng, D, x->klut, dots); break;
-            default: dots_tq4_i8<4>(q8 + r0 * D, k0, s.kt0, ng, D, x->klut, dots); break;
-          }
-          for (int u = 0; u < nr; u++) {
-            const int64_t r = r0 + u, hr = hr0 + r;
-            const __m512i di = _mm512_sub_epi32(_mm512_load_si512(dots + 16 * u), _mm512_set1_epi32(x->q8sum[hr]));
-            const __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(di), _mm512_set1_ps(x->q8mul[hr])), ks,
-                                             _mm512_set1_ps(bias[r]));
-            const __mmask16 in = _mm512_cmpge_epi32_mask(tok, _mm512_set1_epi32((int)lo[r])) &
-                                 _mm512_cmplt_epi32_mask(tok, _mm512_set1_epi32((int)hi[r])) & live;
-            _mm512_storeu_ps(sc.data() + r * BT + g0, _mm512_mask_blend_ps(in, _mm512_set1_ps(-INFINITY), v));
-          }
-        }
+  if (KK == TQ4 && x->i8k) {
+    const int8_t *q8 = x->q8 + w.hr0 * D;
+    alignas(64) int32_t dots[4 * 16];
+    for (int64_t g0 = 0; g0 < n; g0 += 16) {
+      const int64_t ng = n - g0 < 16 ? n - g0 : 16;
+      const uint8_t *k0 = kb0 + (j0 + g0) * s.kt0;
+      const __mmask16 live = (__mmask16)((1u << ng) - 1);
+      const uint8_t *nrm = kb1 + (j0 + g0) * s.kt1;
+      __m512 ks;
+      if (s.kt1 == 2) {
+        ks = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, nrm));
+      } else {
+        alignas(64) float tmp[16] = {};
+        for (int64_t k = 0; k < ng; k++) tmp[k] = f16s(nrm + k * s.kt1);
+        ks = _mm512_load_ps(tmp);
       }
-    } else
-#endif
-    if (nrows >= PRE_ROWS) {  // many rows (prefill): the block's keys decoded, transposed, one matmul
-      for (int64_t j = 0; j < BT; j++) {
-        const uint8_t *k0 = kb0 + (j0 + j) * s.kt0, *k1 = kb1 ? kb1 + (j0 + j) * s.kt1 : nullptr;
-        if (j < n) decode_vec<KK>(k0, k1, D, x->kcb, vt.data() + j * D);  // (BT, D), then transposed
-        else memset(vt.data() + j * D, 0, D * sizeof(float));
-        kscl[j] = j < n ? vec_scale<KK>(k1) : 0.f;
-      }
-      for (int64_t i = 0; i < D; i++)
-        for (int64_t j = 0; j < BT; j++) kT[i * BT + j] = vt[j * D + i];
-      matmul(q, kT.data(), sc.data(), nrows, D, BT);
-      for (int64_t r = 0; r < nrows; r++)
-        for (int64_t j = 0; j < n; j++) {
-          const int64_t tok = j0 + j;
-          float v = sc[r * BT + j] * kscl[j];
-          if (bias) v += bias[r];
-          sc[r * BT + j] = tok < lo[r] || tok >= hi[r] ? -INFINITY : v;
-        }
-    } else
-    for (int64_t j = 0; j < n; j++) {
-      const int64_t tok = j0 + j;
-      const uint8_t *k0 = kb0 + tok * s.kt0, *k1 = kb1 ? kb1 + tok * s.kt1 : nullptr;
-      const float ks = vec_scale<KK>(k1);
+      const __m512i tok = _mm512_add_epi32(_mm512_set1_epi32((int)(j0 + g0)),
+                                           _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
       for (int64_t r0 = 0; r0 < nrows; r0 += 4) {
         const int nr = nrows - r0 < 4 ? (int)(nrows - r0) : 4;
-        float dots[4] = {0.f, 0.f, 0.f, 0.f};
-        if (alive[r0] | alive[r0 + 1] | alive[r0 + 2] | alive[r0 + 3]) switch (nr) {
-          case 1: dot_key<KK, 1>(q + r0 * D, k0, k1, D, x->kcb, dots); break;
-          case 2: dot_key<KK, 2>(q + r0 * D, k0, k1, D, x->kcb, dots); break;
-          case 3: dot_key<KK, 3>(q + r0 * D, k0, k1, D, x->kcb, dots); break;
-          default: dot_key<KK, 4>(q + r0 * D, k0, k1, D, x->kcb, dots); break;
+        if (!(alive[r0] | alive[r0 + 1] | alive[r0 + 2] | alive[r0 + 3])) {
+          for (int u = 0; u < nr; u++) _mm512_storeu_ps(sc + (r0 + u) * BT + g0, _mm512_set1_ps(-INFINITY));
+          continue;
+        }
+        switch (nr) {
+          case 1: dots_tq4_i8<1>(q8 + r0 * D, k0, s.kt0, ng, D, x->klut, dots); break;
+          case 2: dots_tq4_i8<2>(q8 + r0 * D, k0, s.kt0, ng, D, x->klut, dots); break;
+          case 3: dots_tq4_i8<3>(q8 + r0 * D, k0, s.kt0, ng, D, x->klut, dots); break;
+          default: dots_tq4_i8<4>(q8 + r0 * D, k0, s.kt0, ng, D, x->klut, dots); break;
         }
         for (int u = 0; u < nr; u++) {
-          const int64_t r = r0 + u;
-          float v = dots[u] * ks;
-          if (bias) v += bias[r];
-          if (tok < lo[r] || tok >= hi[r]) v = -INFINITY;
-          sc[r * BT + j] = v;
+          const int64_t r = r0 + u, hr = w.hr0 + r;
+          const __m512i di = _mm512_sub_epi32(_mm512_load_si512(dots + 16 * u), _mm512_set1_epi32(x->q8sum[hr]));
+          const __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(di), _mm512_set1_ps(x->q8mul[hr])), ks,
+                                           _mm512_set1_ps(bias[r]));
+          const __mmask16 in = _mm512_cmpge_epi32_mask(tok, _mm512_set1_epi32((int)lo[r])) &
+                               _mm512_cmplt_epi32_mask(tok, _mm512_set1_epi32((int)hi[r])) & live;
+          _mm512_storeu_ps(sc + r * BT + g0, _mm512_mask_blend_ps(in, _mm512_set1_ps(-INFINITY), v));
         }
       }
     }
-    // online softmax per row, 16 scores at a time (the block's tail as -inf)
-    if (n < BT)
-      for (int64_t r = 0; r < nrows; r++)
-        for (int64_t j = n; j < BT; j++) sc[r * BT + j] = -INFINITY;
-    for (int64_t r = 0; r < nrows; r++)
-      if (alive[r]) alive[r] = softmax_block(sc.data() + r * BT, part + r * W, Dv);
-    for (int64_t r = 0; r < nrows; r++)
-      if (!alive[r]) for (int64_t j = 0; j < BT; j++) sc[r * BT + j] = 0.f;
-    // values: weights times each token's own scale, then summed 32 channels at a time
-    if (VK == TQ4) {
-      alignas(64) float vs[BT] = {};
-      for (int64_t j = 0; j < n; j++) vs[j] = vec_scale<VK>(vb1 + (j0 + j) * s.vt1);
-      for (int64_t r = 0; r < nrows; r++)
-        for (int64_t j = 0; j < BT; j++) sc[r * BT + j] *= vs[j];
-    }
-    const uint8_t *v0 = vb0 + j0 * s.vt0, *v1 = vb1 ? vb1 + j0 * s.vt1 : nullptr;
-#if TK_I8
-    if (VK == TQ4 && x->i8v) {
-      for (int64_t r0 = 0; r0 < nrows; r0 += 2) {
-        if (!(alive[r0] | alive[r0 + 1])) continue;
-        float *o = part + r0 * W;
-        const float *w = sc.data() + r0 * BT;
-        if (nrows - r0 == 1) add_values_tq4_i8<1>(o, W, w, v0, s.vt0, n, Dv, x->vlut, x->vstep);
-        else add_values_tq4_i8<2>(o, W, w, v0, s.vt0, n, Dv, x->vlut, x->vstep);
-      }
-      continue;
-    }
+    return;
+  }
 #endif
-    if (nrows >= PRE_ROWS) {  // many rows (prefill): the block's values decoded once, one matmul
-      for (int64_t j = 0; j < BT; j++) {
-        if (j < n) decode_vec<VK>(v0 + j * s.vt0, v1 ? v1 + j * s.vt1 : nullptr, Dv, x->vcb, vt.data() + j * Dv);
-        else memset(vt.data() + j * Dv, 0, Dv * sizeof(float));
-      }
-      matmul(sc.data(), vt.data(), pv.data(), nrows, BT, Dv);  // (rows, BT) @ (BT, Dv)
-      for (int64_t r = 0; r < nrows; r++) {
-        if (!alive[r]) continue;
-        float *o = part + r * W;
-        const float *a = pv.data() + r * Dv;
-        for (int64_t i = 0; i < Dv; i++) o[i] += a[i];
-      }
-      continue;
+  if (nrows >= PRE_ROWS) {  // many rows (prefill): the block's keys decoded, transposed, one matmul
+    float *vt = w.vt, *kT = w.kT, *kscl = w.kscl;
+    for (int64_t j = 0; j < BT; j++) {
+      const uint8_t *k0 = kb0 + (j0 + j) * s.kt0, *k1 = kb1 ? kb1 + (j0 + j) * s.kt1 : nullptr;
+      if (j < n) decode_vec<KK>(k0, k1, nullptr, D, x->kcb, vt + j * D);  // (BT, D), then transposed
+      else memset(vt + j * D, 0, D * sizeof(float));
+      kscl[j] = j < n ? vec_scale<KK>(k1) : 0.f;
     }
+    for (int64_t i = 0; i < D; i++)
+      for (int64_t j = 0; j < BT; j++) kT[i * BT + j] = vt[j * D + i];
+    matmul(q, kT, sc, nrows, D, BT);
+    for (int64_t r = 0; r < nrows; r++)
+      for (int64_t j = 0; j < n; j++) {
+        const int64_t tok = j0 + j;
+        float v = sc[r * BT + j];
+        if (kb) v += kb[r];
+        v *= kscl[j];
+        if (bias) v += bias[r];
+        sc[r * BT + j] = tok < lo[r] || tok >= hi[r] ? -INFINITY : v;
+      }
+    return;
+  }
+  for (int64_t j = 0; j < n; j++) {  // few rows (decode): each key decoded once per 4 rows
+    const int64_t tok = j0 + j;
+    const uint8_t *k0 = kb0 + tok * s.kt0, *k1 = kb1 ? kb1 + tok * s.kt1 : nullptr;
+    const float ks = vec_scale<KK>(k1);
+    for (int64_t r0 = 0; r0 < nrows; r0 += 4) {
+      const int nr = nrows - r0 < 4 ? (int)(nrows - r0) : 4;
+      float dots[4] = {0.f, 0.f, 0.f, 0.f};
+      if (alive[r0] | alive[r0 + 1] | alive[r0 + 2] | alive[r0 + 3]) switch (nr) {
+        case 1: dot_key<KK, 1>(q + r0 * D, k0, k1, D, x->kcb, dots); break;
+        case 2: dot_key<KK, 2>(q + r0 * D, k0, k1, D, x->kcb, dots); break;
+        case 3: dot_key<KK, 3>(q + r0 * D, k0, k1, D, x->kcb, dots); break;
+        default: dot_key<KK, 4>(q + r0 * D, k0, k1, D, x->kcb, dots); break;
+      }
+      for (int u = 0; u < nr; u++) {
+        const int64_t r = r0 + u;
+        float v = dots[u];
+        if (kb) v += kb[r];
+        v *= ks;
+        if (bias) v += bias[r];
+        if (tok < lo[r] || tok >= hi[r]) v = -INFINITY;
+        sc[r * BT + j] = v;
+      }
+    }
+  }
+}
+
+// The rows' states += their softmax weights (w.sc) times the values of tokens j0 .. j0+n-1.
+template <int VK>
+static void value_block(Work &w, int64_t j0, int64_t n) {
+  const Ctx *x = w.x;
+  const Seg &s = *w.s;
+  const int64_t Dv = x->Dv, W = Dv + 2, nrows = w.nrows;
+  const char *alive = w.alive;
+  float *sc = w.sc, *out = w.part;  // out: where the block's sums go
+  const uint8_t *v0 = w.v[0] + j0 * s.vt0, *v1 = w.v[1] ? w.v[1] + j0 * s.vt1 : nullptr;
+  const uint8_t *v2 = is_ab(VK) ? w.v[2] + j0 * s.vt2 : nullptr;
+  if constexpr (has_mult(VK)) {  // weights times each token's own multiplier
+    alignas(64) float vs[BT] = {};
+    for (int64_t j = 0; j < n; j++) vs[j] = f16s(v1 + j * s.vt1);
+    if constexpr (is_av(VK)) {  // KVarN: the zero points' sum per row first, and the sums in code units
+      const uint8_t *zp = w.v[2] + j0 * s.vt2;
+      alignas(64) float zs[BT] = {};
+      for (int64_t j = 0; j < n; j++) zs[j] = f16s(zp + j * s.vt2);
+      for (int64_t r = 0; r < nrows; r++) {
+        float zr = 0.f;
+        for (int64_t j = 0; j < BT; j++) zr += sc[r * BT + j] * zs[j];
+        w.z[r] = zr;
+      }
+      out = w.tmp;
+      memset(out, 0, nrows * W * sizeof(float));
+    }
+    for (int64_t r = 0; r < nrows; r++)
+      for (int64_t j = 0; j < BT; j++) sc[r * BT + j] *= vs[j];
+  }
+#if TK_I8
+  if (VK == TQ4 && x->i8v) {
+    for (int64_t r0 = 0; r0 < nrows; r0 += 2) {
+      if (!(alive[r0] | alive[r0 + 1])) continue;
+      float *o = out + r0 * W;
+      const float *wr = sc + r0 * BT;
+      if (nrows - r0 == 1) add_values_tq4_i8<1>(o, W, wr, v0, s.vt0, n, Dv, x->vlut, x->vstep);
+      else add_values_tq4_i8<2>(o, W, wr, v0, s.vt0, n, Dv, x->vlut, x->vstep);
+    }
+    return;
+  }
+#endif
+  if (nrows >= PRE_ROWS) {  // many rows (prefill): the block's values decoded once, one matmul
+    float *vt = w.vt, *pv = w.pv;
+    for (int64_t j = 0; j < BT; j++) {
+      if (j < n)
+        decode_vec<VK>(v0 + j * s.vt0, v1 ? v1 + j * s.vt1 : nullptr, v2 ? v2 + j * s.vt2 : nullptr, Dv, x->vcb,
+                       vt + j * Dv);
+      else memset(vt + j * Dv, 0, Dv * sizeof(float));
+    }
+    matmul(sc, vt, pv, nrows, BT, Dv);  // (rows, BT) @ (BT, Dv)
+    for (int64_t r = 0; r < nrows; r++) {
+      if (!alive[r]) continue;
+      float *o = out + r * W;
+      const float *a = pv + r * Dv;
+      for (int64_t i = 0; i < Dv; i++) o[i] += a[i];
+    }
+  } else {
     for (int64_t r0 = 0; r0 < nrows; r0 += VROWS) {
       const int nr = nrows - r0 < VROWS ? (int)(nrows - r0) : VROWS;
       if (!(alive[r0] | alive[r0 + 1] | alive[r0 + 2] | alive[r0 + 3])) continue;
-      float *o = part + r0 * W;
-      const float *w = sc.data() + r0 * BT;
+      float *o = out + r0 * W;
+      const float *wr = sc + r0 * BT;
       switch (nr) {
-        case 1: add_values<VK, 1>(o, W, w, v0, v1, s.vt0, s.vt1, n, Dv, x->vcb); break;
-        case 2: add_values<VK, 2>(o, W, w, v0, v1, s.vt0, s.vt1, n, Dv, x->vcb); break;
-        case 3: add_values<VK, 3>(o, W, w, v0, v1, s.vt0, s.vt1, n, Dv, x->vcb); break;
-        default: add_values<VK, 4>(o, W, w, v0, v1, s.vt0, s.vt1, n, Dv, x->vcb); break;
+        case 1: add_values<VK, 1>(o, W, wr, v0, v1, v2, s.vt0, s.vt1, s.vt2, n, Dv, x->vcb); break;
+        case 2: add_values<VK, 2>(o, W, wr, v0, v1, v2, s.vt0, s.vt1, s.vt2, n, Dv, x->vcb); break;
+        case 3: add_values<VK, 3>(o, W, wr, v0, v1, v2, s.vt0, s.vt1, s.vt2, n, Dv, x->vcb); break;
+        default: add_values<VK, 4>(o, W, wr, v0, v1, v2, s.vt0, s.vt1, s.vt2, n, Dv, x->vcb); break;
       }
+    }
+  }
+  if constexpr (is_av(VK)) {  // KVarN: the block's code-unit sums times the tile's channel scales
+    const uint8_t *cs = w.v[3] + (j0 / s.vd3) * s.vt3;
+    float C[1024];
+    for (int64_t i = 0; i < Dv; i++) C[i] = f16s(cs + 2 * i);
+    for (int64_t r = 0; r < nrows; r++) {
+      if (!alive[r]) continue;
+      float *o = w.part + r * W;
+      const float *t = w.tmp + r * W;
+      for (int64_t i = 0; i < Dv; i++) o[i] += C[i] * (t[i] + w.z[r]);
     }
   }
 }
 
-template <int KK>
-static void chunk_v(const Ctx *x, int64_t c, int64_t vk) {
-  switch (vk) {
-    case F32: return chunk_body<KK, F32>(x, c);
-    case F16: return chunk_body<KK, F16>(x, c);
-    case BF16: return chunk_body<KK, BF16>(x, c);
-    case Q8_0: return chunk_body<KK, Q8_0>(x, c);
-    case Q4_0: return chunk_body<KK, Q4_0>(x, c);
-    default: return chunk_body<KK, TQ4>(x, c);
-  }
-}
+typedef void (*block_fn)(Work &, int64_t, int64_t);
+static const block_fn SCORE[NKINDS] = {
+    score_block<F32>, score_block<F16>, score_block<BF16>, score_block<Q8_0>, score_block<TQ4>, score_block<Q4_0>,
+    score_block<TQ3>, score_block<TQ2>, score_block<AK4>, score_block<AK3>, score_block<AK2>};
+static const block_fn VALUE[NKINDS] = {
+    value_block<F32>, value_block<F16>, value_block<BF16>, value_block<Q8_0>, value_block<TQ4>, value_block<Q4_0>,
+    value_block<TQ3>, value_block<TQ2>, nullptr, nullptr, nullptr, value_block<AV4>, value_block<AV3>,
+    value_block<AV2>, value_block<AB4>, value_block<AB3>, value_block<AB2>};
 
+// One chunk: its rows over one segment's tokens [a, e), 32-token blocks aligned to the
+// segment's start (so a block never straddles a KVarN tile or KIVI group), each scored,
+// folded into the rows' online softmax and its values summed.
 static void chunk_fn_attn(const void *p, int64_t c) {
   const Ctx *x = (const Ctx *)p;
-  const Seg &s = x->segs[x->chunks[CH * c]];
-  switch (s.kkind) {
-    case F32: return chunk_v<F32>(x, c, s.vkind);
-    case F16: return chunk_v<F16>(x, c, s.vkind);
-    case BF16: return chunk_v<BF16>(x, c, s.vkind);
-    case Q8_0: return chunk_v<Q8_0>(x, c, s.vkind);
-    case Q4_0: return chunk_v<Q4_0>(x, c, s.vkind);
-    default: return chunk_v<TQ4>(x, c, s.vkind);
+  const int64_t *ch = x->chunks + CH * c;
+  const Seg &s = x->segs[ch[0]];
+  const int64_t h = ch[1], a = ch[2], e = ch[3], ra = ch[4], nrows = ch[5] - ch[4];
+  const int64_t R = x->R, T = x->T, D = x->D, Dv = x->Dv, W = Dv + 2;
+  Work w = {};
+  w.x = x; w.s = &s; w.nrows = nrows; w.hr0 = h * R + ra; w.kgroup = -1;
+  w.q = (s.body ? x->qb : x->qx) + w.hr0 * D;
+  w.bias = s.body ? x->bias + w.hr0 : nullptr;
+  w.part = x->part + x->poff[c];
+  for (int64_t r = 0; r < nrows; r++) {
+    float *o = w.part + r * W;
+    for (int64_t i = 0; i < Dv; i++) o[i] = 0.f;
+    o[Dv] = -INFINITY; o[Dv + 1] = 0.f;
+  }
+  const bool many = nrows >= PRE_ROWS;
+  std::vector<float> sc(nrows * BT), kT(many ? D * BT : 0), kscl(BT), vt(many ? BT * (D > Dv ? D : Dv) : 0),
+      pv(many ? nrows * Dv : 0), qt(is_ak(s.kkind) ? nrows * D : 0), kb(nrows), tmp(is_av(s.vkind) ? nrows * W : 0),
+      z(nrows);
+  std::vector<int64_t> lo(nrows), hi(nrows);
+  std::vector<char> alive(nrows + 4, 0);
+  const int64_t *rg = x->ranges + ch[0] * T * 2;
+  for (int64_t r = 0; r < nrows; r++) {
+    const int64_t t = (ra + r) % T;
+    lo[r] = rg[2 * t] > a ? rg[2 * t] : a;
+    hi[r] = rg[2 * t + 1] < e ? rg[2 * t + 1] : e;
+  }
+  w.sc = sc.data(); w.kT = kT.data(); w.kscl = kscl.data(); w.vt = vt.data(); w.pv = pv.data();
+  w.qt = qt.data(); w.kb = kb.data(); w.tmp = tmp.data(); w.z = z.data();
+  w.lo = lo.data(); w.hi = hi.data(); w.alive = alive.data();
+  const uint8_t *kp[4] = {s.k0, s.k1, s.k2, s.k3}, *vp[4] = {s.v0, s.v1, s.v2, s.v3};
+  const int64_t kh[4] = {s.kh0, s.kh1, s.kh2, s.kh3}, vh[4] = {s.vh0, s.vh1, s.vh2, s.vh3};
+  for (int i = 0; i < 4; i++) {
+    w.k[i] = kp[i] ? kp[i] + h * kh[i] : nullptr;
+    w.v[i] = vp[i] ? vp[i] + h * vh[i] : nullptr;
+  }
+  const block_fn score = SCORE[s.kkind], value = VALUE[s.vkind];
+  for (int64_t j0 = a - a % BT; j0 < e; j0 += BT) {
+    const int64_t j1 = j0 + BT < e ? j0 + BT : e, n = j1 - j0;
+    bool any = false;
+    for (int64_t r = 0; r < nrows; r++) {
+      alive[r] = (lo[r] > j0 ? lo[r] : j0) < (hi[r] < j1 ? hi[r] : j1);
+      any |= alive[r];
+    }
+    if (!any) continue;
+    score(w, j0, n);
+    for (int64_t r = 0; r < nrows; r++) {  // online softmax per row (the block's tail as -inf)
+      float *sr = sc.data() + r * BT;
+      for (int64_t j = n; j < BT; j++) sr[j] = -INFINITY;
+      if (alive[r]) alive[r] = softmax_block(sr, w.part + r * W, Dv);
+      if (!alive[r]) for (int64_t j = 0; j < BT; j++) sr[j] = 0.f;
+    }
+    value(w, j0, n);
   }
 }
 }  // namespace attn
@@ -878,6 +1064,11 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
   cx.q = q; cx.rkT = rkT; cx.kscale = kscale; cx.kcenter = kcenter; cx.rv = rv; cx.vscale = vscale;
   cx.vcenter = vcenter; cx.scale = scale; cx.Hkv = Hkv; cx.R = R; cx.T = T; cx.D = D; cx.Dv = Dv;
   cx.segs = (const Seg *)segs; cx.ranges = ranges;
+  for (int64_t i = 0; i < nseg; i++) {
+    const Seg &sg = cx.segs[i];
+    if (sg.kkind < 0 || sg.kkind >= NKINDS || sg.vkind < 0 || sg.vkind >= NKINDS || !SCORE[sg.kkind] || !VALUE[sg.vkind])
+      return 1;
+  }
   for (int64_t i = 0; i < nseg; i++)
     if (cx.segs[i].body) { cx.any_body = true; cx.kperm |= cx.segs[i].kkind == TQ4; cx.vperm |= cx.segs[i].vkind == TQ4; }
   cx.i8k = TK_I8 && (g_int8_mask & 1) && cx.kperm && D % 128 == 0;
