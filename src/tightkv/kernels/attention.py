@@ -133,17 +133,39 @@ def run(lib_, q: torch.Tensor, hkv: int, dv: int, scale: float, segs: list[list[
     return out
 
 
-def tq4_encode(lib_, x: torch.Tensor, rotation_t: torch.Tensor, signs: torch.Tensor, block: int,
-               thresholds: torch.Tensor, codebook: torch.Tensor, paper: bool) -> dict | None:
-    """TurboQuant 4-bit fields {"idx", "norm"} of x (Hkv, n, D) by the C++ encoder: x @ rotation_t
+def _f32(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
+
+
+def tq_encode(lib_, x: torch.Tensor, bits: int, rotation_t: torch.Tensor, signs: torch.Tensor, block: int,
+              thresholds: torch.Tensor, codebook: torch.Tensor, paper: bool) -> dict | None:
+    """TurboQuant fields {"idx", "norm"} of x (Hkv, n, D) at 2-4 bits by the C++ encoder: x @ rotation_t
     (D, D; the rotation is H diag(signs) per `block` channels, done in float64), bucketed by
     `thresholds` against `codebook`. None where the kernel declines the shape."""
     h, n, d = x.shape
-    xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
-    idx = torch.empty(h, n, d // 2, dtype=torch.uint8)
+    xf = _f32(x)
+    idx = torch.empty(h, n, d * bits // 8, dtype=torch.uint8)
     norm = torch.empty(h, n, dtype=torch.float16)
-    if lib_.tk_tq4_encode(xf.data_ptr(), h * n, d, rotation_t.data_ptr(), signs.data_ptr(), block,
-                          thresholds.data_ptr(), codebook.data_ptr(), int(paper), idx.data_ptr(), norm.data_ptr(),
-                          library.threads()):
+    if lib_.tk_tq_encode(xf.data_ptr(), h * n, d, bits, rotation_t.data_ptr(), signs.data_ptr(), block,
+                         thresholds.data_ptr(), codebook.data_ptr(), int(paper), idx.data_ptr(), norm.data_ptr(),
+                         library.threads()):
         return None
     return {"idx": idx, "norm": norm}
+
+
+def kvarn_encode(lib_, x: torch.Tensor, tile: int, bits: int, role: str, iters: int, signs: torch.Tensor,
+                 block: int) -> dict | None:
+    """KVarN fields {"q", "s_col", "zp", "s_row"} of x (Hkv, units * tile, D) by the C++ encoder
+    (rotation H diag(signs) per `block` channels, Sinkhorn of `iters` steps per tile, affine
+    codes per channel for keys, per token for values). None where it declines the shape."""
+    h, n, d = x.shape
+    nt = n // tile
+    xf = _f32(x)
+    q = torch.empty(h, nt, tile, d * bits // 8, dtype=torch.uint8)
+    s_col = torch.empty(h, nt, d, dtype=torch.float16)
+    zp = torch.empty(h, nt, d if role == "k" else tile, dtype=torch.float16)
+    s_row = torch.empty(h, nt, tile, dtype=torch.float16)
+    if lib_.tk_kvarn_encode(xf.data_ptr(), h * nt, tile, d, bits, int(role == "v"), iters, signs.data_ptr(), block,
+                            q.data_ptr(), s_col.data_ptr(), zp.data_ptr(), s_row.data_ptr(), library.threads()):
+        return None
+    return {"q": q, "s_col": s_col, "zp": zp, "s_row": s_row}

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 SOURCE_DIR = Path(__file__).with_name("csrc")
-SOURCES = ("pool.cpp", "qmatmul.cpp", "attention.cpp")  # compiled together into one library
+SOURCES = ("pool.cpp", "qmatmul.cpp", "attention.cpp", "encode.cpp")  # compiled together into one library
 TARGETS = {
     "native": (),
     "avx512": (),
@@ -199,8 +199,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.tk_attn.restype = i32
     lib.tk_attn_int8.argtypes = [i32]
     lib.tk_attn_int8.restype = i32
-    lib.tk_tq4_encode.argtypes = [p, i64, i64, p, p, i64, p, p, i32, p, p, i32]
-    lib.tk_tq4_encode.restype = i32
+    lib.tk_tq_encode.argtypes = [p, i64, i64, i32, p, p, i64, p, p, i32, p, p, i32]
+    lib.tk_kvarn_encode.argtypes = [p, i64, i64, i64, i32, i32, i64, p, i64, p, p, p, p, i32]
+    lib.tk_tq_encode.restype = lib.tk_kvarn_encode.restype = i32
     lib.tk_rms_norm.argtypes = [p, p, i64, i64, f32, p]
     lib.tk_rope_neox.argtypes = [p, p, p, i64, i64, i64, i64, p]
     lib.tk_rms_norm.restype = lib.tk_rope_neox.restype = None

@@ -105,6 +105,7 @@ class Codec:
     kernel_kind: str | None = None
     kernel_fields: tuple[str | None, ...] = ("", None, None, None)
     kernel_rows: tuple[int, int] = (1, 1)
+    kernel_encoder: str | None = None  # "tq" or "kvarn": a C++ encoder takes the steps of `encode`
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -286,6 +287,7 @@ class TurboQuant(Codec):
 
     names = {f"tq{b}": {"bits": b} for b in (4, 3, 2)}
     kernel_fields = ("idx", "norm", None, None)
+    kernel_encoder = "tq"
 
     @property
     def kernel_kind(self):
@@ -331,6 +333,7 @@ class TurboQuantProd(TurboQuant):
 
     names = {"tqp": {"bits": 4}, "tqp3": {"bits": 3}}
     kernel_kind = None  # the sketch is not in the fused kernel
+    kernel_encoder = None
 
     def __init__(self, dim, role="k", seed=DEFAULT_SEED, paper=False, bits=4):
         super().__init__(dim, role, seed, paper, bits=bits - 1)
@@ -378,6 +381,7 @@ class KVarN(Codec):
 
     names = {f"kvarn{b}": {"bits": b} for b in (4, 3, 2)}
     default_sink = TQ_SINK
+    kernel_encoder = "kvarn"
 
     @property
     def kernel_kind(self):

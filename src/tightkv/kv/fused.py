@@ -14,6 +14,7 @@ import torch
 
 from ..kernels import attention as kernel
 from ..kernels.attention import BLOCK, CODEBOOK_KINDS, F16, KINDS, MAX_T
+from .rotation import rotation_block, rotation_signs
 
 
 def takes(kcodec, vcodec, tile: int) -> bool:
@@ -115,13 +116,17 @@ def _prefill_ranges(cache, T: int, q_pos0: int, b: torch.Tensor, body: bool) -> 
     return torch.stack(parts, 1).view(T, -1, 2).transpose(0, 1).contiguous()
 
 
-# --- tq4 encode -------------------------------------------------------------------
+# --- encoders ---------------------------------------------------------------------
 def encode(codec, x: torch.Tensor) -> dict | None:
-    """TurboQuant 4-bit fields of x (Hkv, n, D) float32 by the C++ encoder (the same steps
-    as `codecs.TurboQuant.encode`, per vector, rotation in float64), or None."""
-    if codec.kernel_kind != "tq4":
+    """The codec's fields of x (Hkv, n, D) float32 by the C++ encoder, for TurboQuant (the steps
+    of `codecs.TurboQuant.encode` per vector, rotation in float64) and KVarN (those of
+    `codecs.KVarN.encode` per tile); None for other codecs or without the kernel."""
+    if codec.kernel_encoder is None:
         return None
     lib = kernel.lib()
     if lib is None:
         return None
-    return kernel.tq4_encode(lib, x, *codec.encoder_tables, codec.paper)
+    if codec.kernel_encoder == "tq":
+        return kernel.tq_encode(lib, x, codec.code_bits, *codec.encoder_tables, codec.paper)
+    return kernel.kvarn_encode(lib, x, codec.tile, codec.code_bits, codec.role, codec.iters,
+                               rotation_signs(codec.dim, codec.seed), rotation_block(codec.dim))
