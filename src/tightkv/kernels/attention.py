@@ -105,28 +105,39 @@ def segment(kkind: int, vkind: int, body: bool, k: tuple, v: tuple, krows=(1, 1)
     return [kkind, vkind, int(body), 0, *ka, *va, *kb, *vb]
 
 
+SEG_INTS = 32  # ints per segment descriptor
+
+
+def pack(segs: list[list[int]]) -> ctypes.Array:
+    """Segment descriptors as the kernel's int64 array: build once, `run` with it many times."""
+    flat = [x for s in segs for x in s]
+    return (ctypes.c_int64 * len(flat))(*flat)
+
+
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def run(lib_, q: torch.Tensor, hkv: int, dv: int, scale: float, segs: list[list[int]], ranges,
-        keep: tuple = (), rkT=None, kscale=None, kcenter=None, rv=None, vscale=None, vcenter=None,
+def run(lib_, q: torch.Tensor, hkv: int, dv: int, scale: float, segs, ranges, nseg: int | None = None, krot=None, kscale=None, kcenter=None, vrot=None, vscale=None, vcenter=None,
         kcb=None, vcb=None) -> torch.Tensor:
-    """q (H, T, D) -> (H, T, Dv) float32. ranges: per segment and query position, lo, hi
-    (a list of ints, or a contiguous int64 tensor)."""
+    """q (H, T, D) -> (H, T, Dv) float32. segs: segment descriptors (`segment`), as a list or
+    `pack`ed, of which the first `nseg` (default all) are attended. ranges: per segment and
+    query position, lo, hi (a list of ints, or a contiguous int64 tensor). krot, vrot: the body codecs' rotations as
+    (signs (D,) float32, Hadamard block), or None."""
     H, T, D = q.shape
     qf = q if q.dtype == torch.float32 and q.is_contiguous() else q.float().contiguous()
     R = (H // hkv) * T
     out = torch.empty(H, T, dv)
-    flat = [x for s in segs for x in s]
-    seg_arr = (ctypes.c_int64 * len(flat))(*flat)
+    seg_arr = pack(segs) if isinstance(segs, list) else segs
+    nseg = len(seg_arr) // SEG_INTS if nseg is None else nseg
     if isinstance(ranges, torch.Tensor):
         rng_arr = ranges.data_ptr()
     else:
         rng_arr = (ctypes.c_int64 * len(ranges))(*ranges)
     threads = library.threads()
-    rc = lib_.tk_attn(qf.data_ptr(), hkv, R, T, D, dv, scale, _ptr(rkT), _ptr(kscale), _ptr(kcenter),
-                      _ptr(rv), _ptr(vscale), _ptr(vcenter), len(segs), seg_arr, rng_arr,
+    (ks, kb), (vs, vb) = krot or (None, 0), vrot or (None, 0)
+    rc = lib_.tk_attn(qf.data_ptr(), hkv, R, T, D, dv, scale, _ptr(ks), kb, _ptr(kscale), _ptr(kcenter),
+                      _ptr(vs), vb, _ptr(vscale), _ptr(vcenter), nseg, seg_arr, rng_arr,
                       _ptr(kcb), _ptr(vcb), CHUNK_TOKENS, out.data_ptr(), threads)
     if rc:
         raise RuntimeError(f"tightkv attention kernel: unsupported shape or kind D={D} Dv={dv} T={T}")

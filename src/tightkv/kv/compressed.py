@@ -101,7 +101,7 @@ class CompressedCache:
         self._qsq = torch.zeros(self.hkv, self.dk, dtype=torch.float64)  # query sum of squares, first block
         self._qn = 0
         self.fused = fused.takes(kcodec, vcodec, self.tile)  # attention may take the fused kernel
-        self._tables: tuple = ((), ())
+        self._kernel_inputs: tuple = ((), None)
 
     # --- protocol -------------------------------------------------------------
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -136,15 +136,14 @@ class CompressedCache:
             out = self._attention(q, torch.arange(self.offset - T, self.offset), b, scale)
         return out.to(q.dtype)
 
-    def kernel_tables(self) -> tuple:
-        """For the fused kernel, float32: R.T of the key codec, key scale and centre, R of the
-        value codec, value scale and centre (None where absent); kept while the fp16 ones stay."""
-        key = (self.kscale, self.kcenter, self.vscale, self.vcenter)
-        if any(a is not b for a, b in zip(key, self._tables[0])) or not self._tables[1]:
-            rk, rv = self.kc.rotation, self.vc.rotation
-            self._tables = (key, (None if rk is None else rk.mT.contiguous(), _f32(self.kscale), _f32(self.kcenter),
-                                  None if rv is None else rv.contiguous(), _f32(self.vscale), _f32(self.vcenter)))
-        return self._tables[1]
+    def kernel_inputs(self) -> tuple:
+        """`fused.kernel_inputs` of this cache, kept while its stores and channel vectors stay."""
+        key = (self.exact_k, self.exact_v, *self.body_k.values(), *self.body_v.values(),
+               self.kscale, self.kcenter, self.vscale, self.vcenter)
+        old = self._kernel_inputs[0]
+        if len(key) != len(old) or any(a is not b for a, b in zip(key, old)):
+            self._kernel_inputs = (key, fused.kernel_inputs(self))
+        return self._kernel_inputs[1]
 
     exact_trim = False  # trimming keeps codes and centring fitted on the later tokens
 
@@ -460,10 +459,6 @@ class CompressedCache:
         pos.append(torch.arange(self.pool_start, top))
         exact.append(torch.ones(top - self.pool_start, dtype=torch.bool))
         return torch.cat(ks, 1), torch.cat(vs, 1), torch.cat(pos), torch.cat(exact)
-
-
-def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.float().contiguous()
 
 
 def _grow(t: torch.Tensor, capacity: int, dim: int) -> torch.Tensor:

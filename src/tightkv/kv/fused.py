@@ -54,19 +54,36 @@ def compressed_attend(cache, q: torch.Tensor, q_pos0: int, b: torch.Tensor, scal
     lib = kernel.lib()
     if lib is None:
         return None
-    ek, ev = cache.exact_k, cache.exact_v
-    segs = [kernel.segment(F16, F16, False, (ek,), (ev,))] * 2  # sink, pool
     body = cache.body_end > cache.body_start and bool(cache.body_k)
     ranges = (_decode_ranges if q.shape[1] <= MAX_T else _prefill_ranges)(cache, q.shape[1], q_pos0, b, body)
+    segs, tables = cache.kernel_inputs()
     if not body:
-        return kernel.run(lib, q, cache.hkv, cache.dv, scale, segs, ranges)
+        return kernel.run(lib, q, cache.hkv, cache.dv, scale, segs, ranges, nseg=2)
+    return kernel.run(lib, q, cache.hkv, cache.dv, scale, segs, ranges, **tables)
+
+
+def kernel_inputs(cache) -> tuple:
+    """What the kernel takes from a compressed cache that changes only when a store is
+    reallocated or the channel vectors are fitted: the packed segments (exact sink, exact
+    pool, then the body if it has fields) and the keyword tables of `kernel.run`."""
+    ek, ev = cache.exact_k, cache.exact_v
+    segs = [kernel.segment(F16, F16, False, (ek,), (ev,))] * 2  # sink, pool
     kc, vc = cache.kc, cache.vc
-    kk, vk = KINDS[kc.kernel_kind], KINDS[vc.kernel_kind]
-    segs.append(kernel.segment(kk, vk, True, _fields(kc, cache.body_k, cache.tile), _fields(vc, cache.body_v, cache.tile),
-                               kc.kernel_rows, vc.kernel_rows))
-    rkT, ks, kcn, rv, vs, vcn = cache.kernel_tables()
-    return kernel.run(lib, q, cache.hkv, cache.dv, scale, segs, ranges, rkT=rkT, kscale=ks, kcenter=kcn,
-                      rv=rv, vscale=vs, vcenter=vcn, kcb=_codebook(kc), vcb=_codebook(vc))
+    if cache.body_k:
+        segs.append(kernel.segment(KINDS[kc.kernel_kind], KINDS[vc.kernel_kind], True,
+                                   _fields(kc, cache.body_k, cache.tile), _fields(vc, cache.body_v, cache.tile),
+                                   kc.kernel_rows, vc.kernel_rows))
+    ks, kcn, vs, vcn = (None if t is None else t.float().contiguous()
+                        for t in (cache.kscale, cache.kcenter, cache.vscale, cache.vcenter))
+    return kernel.pack(segs), dict(krot=_rotation(kc), kscale=ks, kcenter=kcn, vrot=_rotation(vc), vscale=vs,
+                                   vcenter=vcn, kcb=_codebook(kc), vcb=_codebook(vc))
+
+
+def _rotation(codec) -> tuple | None:
+    """A codec's rotation R = H diag(signs) per block (kv/rotation.py) as (signs, block)."""
+    if codec.rotation is None:
+        return None
+    return rotation_signs(codec.dim, codec.seed), rotation_block(codec.dim)
 
 
 def _fields(codec, fields: dict, tile: int) -> tuple:

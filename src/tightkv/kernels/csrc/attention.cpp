@@ -148,7 +148,9 @@ struct Ctx {
   const Seg *segs;
   const int64_t *ranges;  // (nseg, T, 2)
   // inputs: queries (Hkv, R, D), scale, and the body's rotation, scale and centre per side
-  const float *q, *rkT, *kscale, *kcenter, *rv, *vscale, *vcenter;
+  // rotations R = H diag(signs) / sqrt(hb) per block of hb channels (kv/rotation.py), or none
+  const float *q, *ksigns, *kscale, *kcenter, *vsigns, *vscale, *vcenter;
+  int64_t khb, vhb;
   float scale, kstep, vstep;  // kstep, vstep: the codebooks' int8 steps
   bool any_body, kperm, vperm;
   const int32_t *ksrc, *q8src, *vsrc;  // lane orders: code-domain query, int8 query, value sums
@@ -949,6 +951,24 @@ extern "C" int tk_attn_int8(int mask) {
 namespace attn {
 static const int64_t PREP_ROWS = 16;
 
+// Rows x (n, D) times R^T (to the code domain: H of x * signs) or R (back: H of x, then
+// * signs), R = H diag(signs) / sqrt(hb) per block: a fast Walsh-Hadamard transform.
+static void rotate_rows(float *x, int64_t n, int64_t D, const float *signs, int64_t hb, bool to_code) {
+  const float norm = 1.0f / sqrtf((float)hb);
+  for (int64_t r = 0; r < n; r++) {
+    float *v = x + r * D;
+    if (to_code) for (int64_t i = 0; i < D; i++) v[i] *= signs[i];
+    for (int64_t b0 = 0; b0 < D; b0 += hb)
+      for (int64_t len = 1; len < hb; len *= 2)
+        for (int64_t i = b0; i < b0 + hb; i += 2 * len)
+          for (int64_t j = i; j < i + len; j++) {
+            const float a = v[j], b = v[j + len];
+            v[j] = a + b; v[j + len] = a - b;
+          }
+    for (int64_t i = 0; i < D; i++) v[i] *= to_code ? norm : norm * signs[i];
+  }
+}
+
 // Rows hr = 16c .. 16c+15: the exact-domain query (scaled), the code-domain query
 // (kscale, rotation, scale; tq4 lanes permuted even|odd per 32), its int8 form, the bias q.kcenter.
 static void prep_rows(const void *p, int64_t c) {
@@ -964,8 +984,8 @@ static void prep_rows(const void *p, int64_t c) {
     for (int64_t i = 0; i < D; i++) a[k * D + i] = x->kscale ? qr[i] * x->kscale[h * D + i] : qr[i];
   }
   if (!x->any_body) return;
-  if (x->rkT) matmul(a.data(), x->rkT, rot.data(), nb, D, D);  // (q * kscale) R_k^T
-  else rot = a;
+  rot = a;
+  if (x->ksigns) rotate_rows(rot.data(), nb, D, x->ksigns, x->khb, true);  // (q * kscale) R_k^T
   for (int64_t k = 0; k < nb; k++) {
     const int64_t hr = h0 + k, h = hr / x->R;
     const float *qr = x->q + hr * D, *tmp = rot.data() + k * D;
@@ -1031,8 +1051,8 @@ static void merge_rows(const void *p, int64_t c) {
   }
   // pass 2: y = acc_c @ R_v for the block's rows at once, then scale, centre and normalize
   if (x->any_body) {
-    if (x->rv) matmul(cperm.data(), x->rv, y.data(), nb, Dv, Dv);
-    else y = cperm;
+    y = cperm;
+    if (x->vsigns) rotate_rows(y.data(), nb, Dv, x->vsigns, x->vhb, false);  // acc_c R_v
   }
   for (int64_t k = 0; k < nb; k++) {
     const int64_t hr = h0 + k, h = hr / x->R;
@@ -1053,15 +1073,18 @@ static void merge_rows(const void *p, int64_t c) {
 // chunks split each segment's tokens; prefill: chunks are (segment, head, row tile)
 // over the tile's whole visible range, and rows skip the blocks they cannot see.
 extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_t D, int64_t Dv, float scale,
-                       const float *rkT, const float *kscale, const float *kcenter,
-                       const float *rv, const float *vscale, const float *vcenter,
+                       const float *ksigns, int64_t khb, const float *kscale, const float *kcenter,
+                       const float *vsigns, int64_t vhb, const float *vscale, const float *vcenter,
                        int64_t nseg, const int64_t *segs, const int64_t *ranges,
                        const float *kcb, const float *vcb, int64_t chunk_tokens, float *out, int nth) {
   using namespace attn;
   if (D % 32 || Dv % 32 || D > 1024 || Dv > 1024 || R < 1 || T < 1 || R % T) return 1;
   const int64_t ROW_TILE = 64;
   Ctx cx = {};
-  cx.q = q; cx.rkT = rkT; cx.kscale = kscale; cx.kcenter = kcenter; cx.rv = rv; cx.vscale = vscale;
+  if ((ksigns && (khb < 1 || (khb & (khb - 1)) || D % khb)) || (vsigns && (vhb < 1 || (vhb & (vhb - 1)) || Dv % vhb)))
+    return 1;
+  cx.q = q; cx.ksigns = ksigns; cx.khb = khb; cx.kscale = kscale; cx.kcenter = kcenter; cx.vsigns = vsigns;
+  cx.vhb = vhb; cx.vscale = vscale;
   cx.vcenter = vcenter; cx.scale = scale; cx.Hkv = Hkv; cx.R = R; cx.T = T; cx.D = D; cx.Dv = Dv;
   cx.segs = (const Seg *)segs; cx.ranges = ranges;
   for (int64_t i = 0; i < nseg; i++) {

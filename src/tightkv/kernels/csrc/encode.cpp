@@ -105,20 +105,26 @@ struct KvCtx {
   _Float16 *s_col, *zp, *s_row;  // K: s_col, zp (D) per tile, s_row (G); V: s_col (D), zp, s_row (G)
 };
 
-// Standard deviations of the rows (over channels) and columns (over tokens) of t * eu[t] * ew[c].
-static void stds(const float *t, const double *eu, const double *ew, int64_t G, int64_t D, double *srow,
+// Standard deviations of the rows (over channels) and columns (over tokens) of t * eu[t] * ew[c],
+// t (G, D) in double; four channels per vector (D % 8 == 0).
+typedef double d4 __attribute__((vector_size(32)));
+static inline d4 ld4(const double *p) { d4 r; memcpy(&r, p, 32); return r; }
+static inline void st4(double *p, d4 a) { memcpy(p, &a, 32); }
+
+static void stds(const double *t, const double *eu, const double *ew, int64_t G, int64_t D, double *srow,
                  double *scol, double *cs, double *cq) {
   for (int64_t c = 0; c < D; c++) cs[c] = cq[c] = 0;
   for (int64_t r = 0; r < G; r++) {
-    const float *tr = t + r * D;
-    double s = 0, sq = 0;
-    for (int64_t c = 0; c < D; c++) {
-      const double a = (double)tr[c] * ew[c];
+    const double *tr = t + r * D;
+    const d4 u = d4{} + eu[r];
+    d4 s = {}, sq = {};
+    for (int64_t c = 0; c < D; c += 4) {
+      const d4 x = ld4(tr + c), a = x * ld4(ew + c), b = x * u;
       s += a; sq += a * a;
-      const double b = (double)tr[c] * eu[r];
-      cs[c] += b; cq[c] += b * b;
+      st4(cs + c, ld4(cs + c) + b);
+      st4(cq + c, ld4(cq + c) + b * b);
     }
-    const double m = s / D, var = sq / D - m * m;
+    const double m = (s[0] + s[1] + s[2] + s[3]) / D, var = (sq[0] + sq[1] + sq[2] + sq[3]) / D - m * m;
     srow[r] = eu[r] * sqrt(var > 0 ? var : 0);
   }
   for (int64_t c = 0; c < D; c++) {
@@ -140,36 +146,32 @@ static void kvarn_tile(const void *p, int64_t tile) {
   const KvCtx *e = (const KvCtx *)p;
   const int64_t G = e->G, D = e->D, levels = (1 << e->bits) - 1;
   std::vector<float> t(G * D);
-  std::vector<double> xd(D), yd(D), lt(G, 0.0), lc(D, 0.0), blt(G, 0.0), blc(D, 0.0), eu(G), ew(D), srow(G),
-      scol(D), cs(D), cq(D), scol2(D);
+  std::vector<double> td(G * D), xd(D), yd(D), beu(G), bew(D), eu(G), ew(D), srow(G), scol(D), cs(D), cq(D);
   for (int64_t r = 0; r < G; r++) {  // rotation, as the codec's encode_in (double, then float)
     const float *xv = e->x + (tile * G + r) * D;
     for (int64_t i = 0; i < D; i++) xd[i] = xv[i];
     rotate(xd.data(), e->signs, e->hb, D, yd.data());
-    for (int64_t i = 0; i < D; i++) t[r * D + i] = (float)yd[i];
+    for (int64_t i = 0; i < D; i++) td[r * D + i] = t[r * D + i] = (float)yd[i];
   }
+  // the scales as eu = exp(-lt), ew = exp(-lc): lt += log(std) clamped to [-0.3, 10] is eu /= std
+  // clamped to [exp(-10), exp(0.3)]
+  const double elo = exp(-10.0), ehi = exp(0.3);
   double best = INFINITY;
-  for (int64_t r = 0; r < G; r++) eu[r] = 1.0;
-  for (int64_t c = 0; c < D; c++) ew[c] = 1.0;
-  stds(t.data(), eu.data(), ew.data(), G, D, srow.data(), scol.data(), cs.data(), cq.data());
+  for (int64_t r = 0; r < G; r++) eu[r] = beu[r] = 1.0;
+  for (int64_t c = 0; c < D; c++) ew[c] = bew[c] = 1.0;
+  stds(td.data(), eu.data(), ew.data(), G, D, srow.data(), scol.data(), cs.data(), cq.data());
   for (int64_t it = 0; it < e->iters; it++) {
-    for (int64_t r = 0; r < G; r++) {  // rows: lt += log(std), clamped
-      lt[r] = clampd(lt[r] + log(clampd(srow[r], 1e-3, 1e3)), -0.3, 10);
-      eu[r] = exp(-lt[r]);
-    }
-    stds(t.data(), eu.data(), ew.data(), G, D, srow.data(), scol.data(), cs.data(), cq.data());
-    for (int64_t c = 0; c < D; c++) {  // columns, with the new rows
-      lc[c] = clampd(lc[c] + log(clampd(scol[c], 1e-3, 1e3)), -0.3, 10);
-      ew[c] = exp(-lc[c]);
-    }
-    stds(t.data(), eu.data(), ew.data(), G, D, srow.data(), scol.data(), cs.data(), cq.data());
+    for (int64_t r = 0; r < G; r++) eu[r] = clampd(eu[r] / clampd(srow[r], 1e-3, 1e3), elo, ehi);
+    stds(td.data(), eu.data(), ew.data(), G, D, srow.data(), scol.data(), cs.data(), cq.data());
+    for (int64_t c = 0; c < D; c++) ew[c] = clampd(ew[c] / clampd(scol[c], 1e-3, 1e3), elo, ehi);
+    stds(td.data(), eu.data(), ew.data(), G, D, srow.data(), scol.data(), cs.data(), cq.data());
     const double imb = imbalance(srow.data(), scol.data(), G, D);
-    if (imb < best) { best = imb; blt = lt; blc = lc; }
+    if (imb < best) { best = imb; beu = eu; bew = ew; }
   }
   // the affine codes, in float as the codec does: b = t / s_tok / s_ch
   std::vector<float> stok(G), sch(D), lo(e->role_v ? G : D, INFINITY), hi(e->role_v ? G : D, -INFINITY);
-  for (int64_t r = 0; r < G; r++) stok[r] = expf((float)blt[r]);
-  for (int64_t c = 0; c < D; c++) sch[c] = expf((float)blc[c]);
+  for (int64_t r = 0; r < G; r++) stok[r] = (float)(1.0 / beu[r]);  // exp(lt), exp(lc) of the step of lowest imbalance
+  for (int64_t c = 0; c < D; c++) sch[c] = (float)(1.0 / bew[c]);
   for (int64_t r = 0; r < G; r++)
     for (int64_t c = 0; c < D; c++) {
       const float b = t[r * D + c] / stok[r] / sch[c];
