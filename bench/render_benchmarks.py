@@ -5,7 +5,7 @@ import json
 
 from sections import (
     DOCQA_ARGS, DOCQA_TYPES, LATE_ESSAYS, NIAH_KERNEL_TYPES, NIAH_TYPES, OFF, OUT, POLICY_GRID,
-    PPL_KERNEL, PPL_KERNEL_TYPES, PPL_TYPES, SPEED_TYPES, TEXTS_TYPES, USER_NEEDLES,
+    PPL_KERNEL, PPL_KERNEL_TYPES, PPL_TYPES, TEXTS_TYPES, USER_NEEDLES,
     USER_NEEDLE_TYPES, policy_specs,
 )
 
@@ -137,9 +137,10 @@ def render_speed(speed: dict, name: str, m: dict | None) -> list[str]:
     llama_s = f"llama.cpp with {', '.join(f'{k}={v}' for k, v in llama.items())}. " if llama else ""
     model = speed.get("model_name", "gemma3:270m")
     bw = (m or {}).get("read_gb_s_2_threads") if not mach else None
+    types = ",".join(dict.fromkeys(r["kv"] for r in speed["rows"] if r["engine"] == "tightkv"))
     parts = [f"## Speed beside llama.cpp: {model} ({name})", "",
              f"`tightkv bench {'' if model == 'gemma3:270m' else model + ' '}--depths 16,2048,8192 --n-gen 64 -r 3 "
-             f"-p 512 -c 8448 --compare {SPEED_TYPES} --vs-llamacpp` ({speed['threads']} threads, medians of "
+             f"-p 512 -c 8448 --compare {types} --vs-llamacpp` ({speed['threads']} threads, medians of "
              f"{speed['reps']} runs, same GGUF and token ids), {where}. {llama_s}"
              "GB/s counts weights plus the KV cache read per token" + (f", against the measured {bw} GB/s." if bw else "."),
              "", "| engine | kv | test | t/s | vs llama.cpp f16 | vs llama.cpp q8_0 | GB/s |",

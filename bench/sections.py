@@ -28,7 +28,9 @@ USER_NEEDLES = [("The best thing to do in San Francisco is eat a sandwich and si
                 ("The special magic number mentioned in the report is 91736.",
                  "What is the special magic number mentioned in the report?", "91736")]
 USER_NEEDLE_TYPES = "f16,progressive"
-SPEED_TYPES = "f16,progressive"
+# the types of the kernel issue's goals: every fused kind on Gemma, the default and KVarN on Qwen
+SPEED_TYPES = "f16,q8_0,k8v4,progressive,kvarn4,tq3,aggressive"
+SPEED_QWEN_TYPES = "f16,q8_0,progressive,kvarn4"
 DOCQA_TYPES = "f16,progressive"
 DOCQA_ARGS = ["--modes", "full,full-plain,rag,rlv,rlv-plain", "--measure-wm", "--wm-lengths", "1024,2048,4096,8192,16384"]  # add "--quick" for an 8K full prefix
 SECTIONS = ["machine", "memory", "ppl", "ppl-texts", "kv-policy", "niah", "niah-needles", "speed", "speed-qwen",
