@@ -28,13 +28,6 @@ static inline void st(float *p, f16v a) { memcpy(p, &a, 64); }
 static inline f16v splat(float a) { return f16v{} + a; }
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define TK_AVX2 1
-// 16 lanes as two AVX2 registers
-typedef float f8v __attribute__((vector_size(32)));
-static inline __m256 lo8(f16v a) { return (__m256)__builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7); }
-static inline __m256 hi8(f16v a) { return (__m256)__builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15); }
-static inline f16v join(__m256 a, __m256 b) {
-  return __builtin_shufflevector((f8v)a, (f8v)b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-}
 static inline float hmax8(__m256 s) {
   __m128 t = _mm_max_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
   t = _mm_max_ps(t, _mm_movehl_ps(t, t));
@@ -49,11 +42,11 @@ static inline __m256 lut16(__m256i idx, __m256 cb0, __m256 cb1) {
 #define TK_AVX2 0
 #endif
 
+// The 16-lane helpers below serve the AVX-512 and portable builds (the AVX2 build has its
+// own loops in AVX2 registers).
 static inline f16v fma(f16v a, f16v b, f16v c) {
 #if defined(__AVX512F__)
   return (f16v)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
-#elif TK_AVX2
-  return join(_mm256_fmadd_ps(lo8(a), lo8(b), lo8(c)), _mm256_fmadd_ps(hi8(a), hi8(b), hi8(c)));
 #else
   return a * b + c;
 #endif
@@ -61,8 +54,6 @@ static inline f16v fma(f16v a, f16v b, f16v c) {
 static inline float hsum(f16v a) {
 #if defined(__AVX512F__)
   return _mm512_reduce_add_ps((__m512)a);
-#elif TK_AVX2
-  return hsum8(_mm256_add_ps(lo8(a), hi8(a)));
 #else
   float s = 0; for (int i = 0; i < 16; i++) s += a[i]; return s;
 #endif
@@ -70,8 +61,6 @@ static inline float hsum(f16v a) {
 static inline float hmax(f16v a) {
 #if defined(__AVX512F__)
   return _mm512_reduce_max_ps((__m512)a);
-#elif TK_AVX2
-  return hmax8(_mm256_max_ps(lo8(a), hi8(a)));
 #else
   float s = a[0]; for (int i = 1; i < 16; i++) s = a[i] > s ? a[i] : s; return s;
 #endif
@@ -79,8 +68,6 @@ static inline float hmax(f16v a) {
 static inline f16v ld_f16(const uint8_t *p) {
 #if defined(__AVX512F__)
   return (f16v)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-#elif TK_AVX2
-  return join(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16))));
 #else
   f16v r; for (int i = 0; i < 16; i++) { _Float16 h; memcpy(&h, p + 2 * i, 2); r[i] = (float)h; } return r;
 #endif
@@ -257,14 +244,6 @@ static inline __attribute__((always_inline)) void load32(const uint8_t *p0, cons
 #if defined(__AVX512F__)
     x0 = (f16v)_mm512_permutexvar_ps((__m512i)lo, (__m512)cb);
     x1 = (f16v)_mm512_permutexvar_ps((__m512i)hi, (__m512)cb);
-#elif TK_AVX2
-    const __m256 cb0 = lo8(cb), cb1 = hi8(cb);
-    const __m256i l0 = (__m256i)__builtin_shufflevector(lo, lo, 0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i l1 = (__m256i)__builtin_shufflevector(lo, lo, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m256i h0 = (__m256i)__builtin_shufflevector(hi, hi, 0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i h1 = (__m256i)__builtin_shufflevector(hi, hi, 8, 9, 10, 11, 12, 13, 14, 15);
-    x0 = join(lut16(l0, cb0, cb1), lut16(l1, cb0, cb1));
-    x1 = join(lut16(h0, cb0, cb1), lut16(h1, cb0, cb1));
 #else
     for (int i = 0; i < 16; i++) { x0[i] = cb[lo[i]]; x1[i] = cb[hi[i]]; }
 #endif
