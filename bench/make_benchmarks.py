@@ -6,7 +6,6 @@ page is assembled from whatever JSON is there. Sections:
     machine   CPU, cores, memory and measured read bandwidth
     memory    bench/load_memory.py: RSS rise from loading the embedded model
     ppl       tightkv ppl on the essays (ctx 2048, 6 chunks) across KV types
-    ppl-kernel  the same for the types the fused attention kernel serves only, merged into ppl.json
     niah-kernel the same for niah (niah.json, niah.png)
     ppl-texts the ppl protocol on texts the defaults were not chosen on: the essays from
               character 300,000 on, and the brief's docs/*.md (--brief DIR; technical Markdown)
@@ -39,7 +38,7 @@ from tightkv.eval.corpus import essays_path
 from render_benchmarks import render
 from sections import (
     DOCQA_ARGS, DOCQA_TYPES, DOC_FILES, LATE_ESSAYS, NIAH_KERNEL_TYPES, NIAH_TYPES, OUT,
-    POLICY_CHUNKS, PPL_KERNEL_TYPES, PPL_TYPES, ROOT, SECTIONS, SPEED_QWEN_TYPES, SPEED_TYPES, TEXTS_TYPES,
+    POLICY_CHUNKS, PPL_TYPES, ROOT, SECTIONS, SPEED_QWEN_TYPES, SPEED_TYPES, TEXTS_TYPES,
     USER_NEEDLES, USER_NEEDLE_TYPES, policy_types,
 )
 
@@ -83,9 +82,6 @@ def run_section(name: str) -> None:
                        check=True)
     elif name == "ppl":
         _ppl(PPL_TYPES, OUT / "ppl.json")
-    elif name == "ppl-kernel":
-        _ppl(PPL_KERNEL_TYPES, OUT / "ppl_kernel.json")
-        _merge("ppl", OUT / "ppl_kernel.json")
     elif name == "ppl-texts":
         run_texts()
     elif name == "kv-policy":

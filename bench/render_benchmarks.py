@@ -5,7 +5,7 @@ import json
 
 from sections import (
     DOCQA_ARGS, DOCQA_TYPES, LATE_ESSAYS, NIAH_KERNEL_TYPES, NIAH_TYPES, OFF, OUT, POLICY_GRID,
-    PPL_KERNEL, PPL_KERNEL_TYPES, PPL_TYPES, TEXTS_TYPES, USER_NEEDLES,
+    PPL_REFERENCE, PPL_TYPES, TEXTS_TYPES, USER_NEEDLES,
     USER_NEEDLE_TYPES, policy_specs,
 )
 
@@ -86,10 +86,7 @@ def render() -> str:
         base = ppl["results"]["f16"]["ppl"]
         parts += ["## Perplexity and KLD against f16", "",
                   f"`tightkv ppl --file essays.txt --ctx {ppl['ctx']} --chunks {ppl['chunks']} --compare {PPL_TYPES}`",
-                  "", f"The rows of {', '.join(PPL_KERNEL)} (and their `{OFF.lstrip(',')}` variants), whose attention "
-                  "runs in the fused kernel, were last rerun after a kernel change by "
-                  f"`python bench/make_benchmarks.py --only ppl-kernel` (the same command with `--compare "
-                  f"{PPL_KERNEL_TYPES}`, same f16 baseline).",
+                  "", "Every row's attention ran in the fused kernel.",
                   "", "llama.cpp on the same protocol: f16 16.467, q8_0 16.470 (+0.02%), q4_0 17.990 (+9.2%).", "",
                   "Each type runs with its default exact sink and recent window; the last two columns are "
                   f"the same type with both turned off (`{OFF.lstrip(',')}`; progressive is tq4 with its window).", "",
@@ -105,6 +102,7 @@ def render() -> str:
                          f"{r['kld_mean']:.5f} | {r['kld_p99']:.4f} | {r['kld_p999']:.4f} | {100 * r['same_top1']:.2f}% | "
                          f"{off_cols} |")
         parts.append("")
+        parts += render_reference(ppl, _load("ppl_reference"))
     parts += render_texts(_load("ppl_texts"))
     parts += render_policy(_load("kv_policy"))
     niah = _load("niah")
@@ -125,6 +123,26 @@ def render() -> str:
     parts += render_synthetic(_load("synthetic_llama"))
     parts += render_docqa(_load("docqa"))
     return "\n".join(parts)
+
+
+def render_reference(ppl: dict, ref: dict | None) -> list[str]:
+    """The fused kernel's rows beside the same types' last run on the torch reference path."""
+    if not ref:
+        return []
+    lines = ["### Fused kernel against the reference path", "",
+             f"The rows of {', '.join(PPL_REFERENCE)} (and their `{OFF.lstrip(',')}` variants) beside the same "
+             "command's previous run (`docs/bench/ppl_reference.json`), when their attention ran on the torch "
+             "reference path. ΔPPL is in points of the percentage, KLD in absolute terms.", "",
+             "| kv | ΔPPL reference -> kernel | change | KLD reference -> kernel | change |", "|---|---:|---:|---:|---:|"]
+    base, rbase = ppl["results"]["f16"]["ppl"], ref["results"]["f16"]["ppl"]
+    for kv in [t for t in PPL_REFERENCE] + [t + OFF for t in PPL_REFERENCE]:
+        a, b = ref["results"].get(kv), ppl["results"].get(kv)
+        if not (a and b):
+            continue
+        da, db = 100 * (a["ppl"] / rbase - 1), 100 * (b["ppl"] / base - 1)
+        lines.append(f"| {kv} | {da:+.2f}% -> {db:+.2f}% | {db - da:+.2f} | {a['kld_mean']:.5f} -> {b['kld_mean']:.5f} "
+                     f"| {b['kld_mean'] - a['kld_mean']:+.5f} |")
+    return lines + [""]
 
 
 def render_speed(speed: dict, name: str, m: dict | None) -> list[str]:
