@@ -178,6 +178,18 @@ def test_other_simd_builds(target, simd):
         assert torch.equal(out.view(torch.int32), w.view(torch.int32))
 
 
+def test_the_avx512_path_builds_on_any_machine():
+    """Where the CPU cannot run the AVX-512 (VNNI) path, it is still compiled, so that a change
+    that breaks it shows on every machine (the AVX-512 checks above run where the CPU has it)."""
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64") or library.library() is None:
+        pytest.skip("needs an x86-64 machine with a C++ compiler")
+    if " avx512f" in open("/proc/cpuinfo").read():
+        pytest.skip("this CPU runs the AVX-512 path: test_other_simd_builds covers it")
+    library.compile_check("avx512")
+
+
 def test_concurrent_callers_and_thread_counts():
     """Two Python threads at once, and changing thread counts, give the same results."""
     import threading

@@ -163,6 +163,22 @@ def load(name: str | None = None) -> ctypes.CDLL:
     return _declare(ctypes.CDLL(str(so)))
 
 
+def compile_check(name: str) -> None:
+    """Compile target `name` as for a CPU that has it (AVX-512: x86-64-v4 with VNNI), at -O1,
+    into a temporary file: the sources build for an instruction path this machine cannot run.
+    Raises RuntimeError with the compiler's message otherwise."""
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if not cxx:
+        raise RuntimeError("no C++ compiler found")
+    arch = ["-march=x86-64-v4", "-mavx512vnni"] if name == "avx512" else ["-march=x86-64-v3", *TARGETS[name]]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "check.so"
+        proc = subprocess.run([cxx, "-O1", *arch, "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17", "-pthread",
+                               *(str(SOURCE_DIR / s) for s in SOURCES), "-o", str(out)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"kernel compile failed for {name}: {proc.stderr.strip()[:300]}")
+
+
 def _compile(cxx: str, flags: list[str], so: Path) -> None:
     so.parent.mkdir(parents=True, exist_ok=True)
     print("tightkv: compiling CPU kernels (first run only, about a minute)...", end="", file=sys.stderr,
