@@ -158,7 +158,14 @@ class QuantLinear(torch.nn.Module):
     def embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` (n,) of W, dequantized exactly: float32 (n, in_features)."""
         ids = ids.reshape(-1).long()
-        return quants.dequantize(self.raw[ids], self.qtype, (ids.numel(), self.in_features))
+        rows = self.raw[ids]  # (n, row bytes), gathered
+        lib = library.library() if self._tid >= 0 and _BACKEND == "fast" else None
+        if lib is None:
+            return quants.dequantize(rows, self.qtype, (ids.numel(), self.in_features))
+        out = torch.empty(ids.numel(), self.in_features)
+        if lib.tk_dequant(self._tid, rows.data_ptr(), rows.stride(0), ids.numel(), self.in_features, out.data_ptr(), 1):
+            raise RuntimeError(f"tightkv kernel: bad {self.qtype} shape {self.out_features}x{self.in_features}")
+        return out
 
     def dequantize(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Rows start:stop of W as float32 (stop - start, in_features)."""
