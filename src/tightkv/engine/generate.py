@@ -20,6 +20,7 @@ from ..kv.cache import batch_layers, trim_to
 from .sampling import Sampler, SamplingParams
 
 PREFILL_CHUNK = 512
+RELEASE_TOKENS = 4096  # after a prefill of this many tokens, its freed buffers go back to the OS
 
 
 @dataclass
@@ -108,7 +109,30 @@ def prefill(model, ids: list[int], cache: list, chunk: int = PREFILL_CHUNK,
             progress(e - start, len(ids))
         if after:
             after(e)
+    if len(ids) >= RELEASE_TOKENS:
+        release_memory()
     return logits
+
+
+def release_memory() -> None:
+    """Hand what a long prefill freed back to the OS: the weight kernels' tile buffer and the C
+    heap's free pages (glibc's malloc_trim; elsewhere the heap is left as it is). Without it
+    the process stays as large as the prefill's peak (measured on Gemma 3 270M after 8,192
+    tokens: 639 MiB resident, 598 MiB after it, for 552 MiB loaded and a 10 MiB cache)."""
+    import ctypes
+    import ctypes.util
+
+    from ..kernels import qmatmul
+
+    qmatmul.release_scratch()
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        trim = getattr(libc, "malloc_trim", None)
+    except OSError:
+        trim = None
+    if trim is not None:
+        trim(0)
 
 
 def run_chunk(model, ids: list[int], cache: list, last: bool) -> torch.Tensor | None:
@@ -258,6 +282,8 @@ class Sequence:
         if self.prefilled and not self._t1:
             if self.logits is None:
                 raise ValueError("the cache already holds the whole prompt; nothing to predict from")
+            if len(self.prompt) - self.cached >= RELEASE_TOKENS:
+                release_memory()
             self._t1 = time.perf_counter()
             self.prompt_seconds = self._t1 - self._t0
         return self.prefilled

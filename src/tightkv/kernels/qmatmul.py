@@ -233,6 +233,11 @@ _linear = _pick_linear()
 _local = threading.local()
 
 
+def release_scratch() -> None:
+    """Drop this thread's dequantized-tile buffer (the next prefill makes it again)."""
+    _local.buf = None
+
+
 def _scratch(numel: int) -> torch.Tensor:
     """A per-thread float32 buffer of at least `numel` elements, reused across calls."""
     buf = getattr(_local, "buf", None)
