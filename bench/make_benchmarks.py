@@ -17,6 +17,7 @@ page is assembled from whatever JSON is there. Sections:
     speed-qwen  the same on Qwen2.5-Coder-0.5B-Instruct (bench/qwen_model.py)
     synthetic bench/synthetic_llama.py: a KV-dominated Llama shape at 16K tokens, speed
               beside llama.cpp and peak RSS of f16 against the default compressed cache
+    decode-memory  bench/decode_memory.py: peak RSS of decode steps at 32,000 tokens
     docqa     tightkv docqa: whole-document QA, full vs rag vs rlv, f16 and progressive
               (resumable; DOCQA_ARGS sets --quick or not)
 
@@ -105,6 +106,9 @@ def run_section(name: str) -> None:
         subprocess.run([sys.executable, str(ROOT / "bench" / "synthetic_llama.py"), "--depth", "16384", "--n-gen", "32",
                         "--ours", "f16,progressive", "--llamacpp", "f16", "--json", str(OUT / "synthetic_llama.json")],
                        check=True)
+    elif name == "decode-memory":
+        subprocess.run([sys.executable, str(ROOT / "bench" / "decode_memory.py"), "-n", "32000", "--compare",
+                        "f16,progressive,kvarn4", "--json", str(OUT / "decode_memory.json")], check=True)
     elif name in ("speed", "speed-qwen"):
         from qwen_model import qwen_path  # bench/qwen_model.py: assembled from PyPI, verified
 

@@ -121,6 +121,7 @@ def render() -> str:
     for path in sorted(OUT.glob("speed*.json")):
         parts += render_speed(json.loads(path.read_text()), path.name, m)
     parts += render_synthetic(_load("synthetic_llama"))
+    parts += render_decode_memory(_load("decode_memory"))
     parts += render_docqa(_load("docqa"))
     return "\n".join(parts)
 
@@ -196,6 +197,25 @@ def render_user_needles(d: dict | None) -> list[str]:
                  for c in r["cells"] if not c["passed"]]
         lines.append(f"| {kv} | {sum(c['passed'] for c in r['cells'])}/{len(r['cells'])} | {'; '.join(fails)} |")
     return lines + ["", "![needles given as a user would](niah_needles.png)", ""]
+
+
+def render_decode_memory(d: dict | None) -> list[str]:
+    """Peak RSS of decode steps at a long context against the load RSS plus the cache's bytes."""
+    if not d:
+        return []
+    mib = 2**20
+    lines = ["## Memory of a decode step at a long context", "",
+             f"`python bench/decode_memory.py -n {d['tokens']} --compare {','.join(r['kv'] for r in d['rows'])}` "
+             f"(Gemma 3 270M, {d['machine']['cpu']}): each type in its own process fills {d['tokens']:,} tokens, "
+             f"resets the peak-RSS counter and decodes {d['steps']} tokens. The bar: the decode's peak RSS within 5% "
+             "of the load RSS plus the cache's own bytes (nothing that grows with the context is allocated per "
+             "step). The RSS after the fill includes what the allocator kept from the prefill.", "",
+             "| kv | load RSS MiB | cache MiB | RSS after fill MiB | decode peak RSS MiB | peak / (load + cache) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in d["rows"]:
+        lines.append(f"| {r['kv']} | {r['load_rss'] / mib:.0f} | {r['cache_bytes'] / mib:.1f} | "
+                     f"{r['filled_rss'] / mib:.0f} | {r['decode_peak_rss'] / mib:.0f} | {r['ratio']:.3f} |")
+    return lines + [""]
 
 
 def render_synthetic(d: dict | None) -> list[str]:

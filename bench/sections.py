@@ -35,7 +35,7 @@ SPEED_QWEN_TYPES = "f16,q8_0,progressive,kvarn4"
 DOCQA_TYPES = "f16,progressive"
 DOCQA_ARGS = ["--modes", "full,full-plain,rag,rlv,rlv-plain", "--measure-wm", "--wm-lengths", "1024,2048,4096,8192,16384"]  # add "--quick" for an 8K full prefix
 SECTIONS = ["machine", "memory", "ppl", "ppl-texts", "kv-policy", "niah", "niah-needles", "speed", "speed-qwen",
-            "synthetic", "docqa"]
+            "synthetic", "decode-memory", "docqa"]
 
 
 def policy_specs() -> list[tuple[str, int, int, str]]:
