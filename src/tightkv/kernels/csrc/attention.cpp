@@ -937,13 +937,7 @@ static void rotate_rows(float *x, int64_t n, int64_t D, const float *signs, int6
   for (int64_t r = 0; r < n; r++) {
     float *v = x + r * D;
     if (to_code) for (int64_t i = 0; i < D; i++) v[i] *= signs[i];
-    for (int64_t b0 = 0; b0 < D; b0 += hb)
-      for (int64_t len = 1; len < hb; len *= 2)
-        for (int64_t i = b0; i < b0 + hb; i += 2 * len)
-          for (int64_t j = i; j < i + len; j++) {
-            const float a = v[j], b = v[j + len];
-            v[j] = a + b; v[j + len] = a - b;
-          }
+    hadamard_blocks(v, D, hb);
     for (int64_t i = 0; i < D; i++) v[i] *= to_code ? norm : norm * signs[i];
   }
 }

@@ -18,6 +18,19 @@ void run_chunks(chunk_fn fn, const void *ctx, int64_t nchunks, int nth);
 static inline float h2f(const uint8_t *p) { _Float16 h; memcpy(&h, p, 2); return (float)h; }
 static inline uint32_t u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 
+// v (D) := v H per block of hb channels (H the unnormalized Hadamard matrix, hb a power of
+// two dividing D): the butterflies of a fast Walsh-Hadamard transform, in place.
+template <typename T>
+static inline void hadamard_blocks(T *v, int64_t D, int64_t hb) {
+  for (int64_t b0 = 0; b0 < D; b0 += hb)
+    for (int64_t len = 1; len < hb; len *= 2)
+      for (int64_t i = b0; i < b0 + hb; i += 2 * len)
+        for (int64_t j = i; j < i + len; j++) {
+          const T a = v[j], b = v[j + len];
+          v[j] = a + b; v[j + len] = a - b;
+        }
+}
+
 #if defined(__AVX2__)
 // The sum of the 8 lanes of an AVX2 float vector.
 static inline float hsum8(__m256 s) {

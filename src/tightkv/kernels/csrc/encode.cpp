@@ -13,13 +13,7 @@ namespace enc {
 static void rotate(const double *x, const float *signs, int64_t hb, int64_t D, double *y) {
   const double norm = 1.0 / sqrt((double)hb);
   for (int64_t i = 0; i < D; i++) y[i] = x[i] * (double)signs[i];
-  for (int64_t b0 = 0; b0 < D; b0 += hb)
-    for (int64_t len = 1; len < hb; len *= 2)
-      for (int64_t i = b0; i < b0 + hb; i += 2 * len)
-        for (int64_t j = i; j < i + len; j++) {
-          const double a = y[j], b = y[j + len];
-          y[j] = a + b; y[j + len] = a - b;
-        }
+  hadamard_blocks(y, D, hb);
   for (int64_t i = 0; i < D; i++) y[i] *= norm;
 }
 
