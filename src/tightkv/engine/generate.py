@@ -117,8 +117,8 @@ def prefill(model, ids: list[int], cache: list, chunk: int = PREFILL_CHUNK,
 def release_memory() -> None:
     """Hand what a long prefill freed back to the OS: the weight kernels' tile buffer and the C
     heap's free pages (glibc's malloc_trim; elsewhere the heap is left as it is). Without it
-    the process stays as large as the prefill's peak (measured on Gemma 3 270M after 8,192
-    tokens: 639 MiB resident, 598 MiB after it, for 552 MiB loaded and a 10 MiB cache)."""
+    the process stays about as large as the prefill's peak (`bench/decode_memory.py` shows
+    what is left resident after a fill)."""
     import ctypes
     import ctypes.util
 
