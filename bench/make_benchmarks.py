@@ -7,8 +7,8 @@ page is assembled from whatever JSON is there. Sections:
     memory    bench/load_memory.py: RSS rise from loading the embedded model
     ppl       tightkv ppl on the essays (ctx 2048, 6 chunks) across KV types
     niah-kernel the same for niah (niah.json, niah.png)
-    ppl-texts the ppl protocol on texts the defaults were not chosen on: the essays from
-              character 300,000 on, and the brief's docs/*.md (--brief DIR; technical Markdown)
+    ppl-texts the ppl protocol on both real models and on texts the defaults were not chosen on
+              (bench/texts.py: late essays, the brief's docs/*.md with --brief DIR, Python source, Korean)
     kv-policy tightkv ppl (ctx 2048, 2 chunks) over exact sink and window sizes: the
               measurement behind each compressed type's defaults
     niah      tightkv niah on the essays (1K-8K x 5 depths) across KV types
@@ -38,8 +38,8 @@ from tightkv.eval.corpus import essays_path
 
 from render_benchmarks import render
 from sections import (
-    DOCQA_ARGS, DOCQA_TYPES, DOC_FILES, LATE_ESSAYS, NIAH_KERNEL_TYPES, NIAH_TYPES, OUT,
-    POLICY_CHUNKS, PPL_TYPES, ROOT, SECTIONS, SPEED_QWEN_TYPES, SPEED_TYPES, TEXTS_TYPES,
+    DOCQA_ARGS, DOCQA_TYPES, NIAH_KERNEL_TYPES, NIAH_TYPES, OUT,
+    POLICY_CHUNKS, PPL_TYPES, ROOT, SECTIONS, SPEED_QWEN_TYPES, SPEED_TYPES, TEXTS_RUNS,
     USER_NEEDLES, USER_NEEDLE_TYPES, policy_types,
 )
 
@@ -127,32 +127,35 @@ def speed_path(name: str) -> Path:
     return OUT / f"{name.replace('-', '_')}_{simd.replace('+', '_')}.json"
 
 
-def held_out_texts() -> dict[str, str]:
-    """Name -> text of the texts for `ppl-texts`."""
-    texts = {"essays-late": essays_path().read_text(encoding="utf-8")[LATE_ESSAYS:]}
-    if BRIEF:
-        texts["shared-docs"] = "".join((BRIEF / f"{n}.md").read_text(encoding="utf-8") for n in DOC_FILES)
-    else:
-        print("ppl-texts: no --brief DIR, so the shared-docs rows are kept as committed", file=sys.stderr)
-    return texts
-
-
 def run_texts() -> None:
+    """The ppl protocol per model x held-out text (`TEXTS_RUNS`); each part is merged into
+    ppl_texts.json as it ends, and a rerun skips the parts already there (delete the file,
+    or a model's entry, to measure again)."""
     import tempfile
 
-    old = OUT / "ppl_texts.json"
-    out = json.loads(old.read_text())["texts"] if old.exists() else {}
+    from qwen_model import qwen_path
+    from texts import held_out_texts
+
+    path = OUT / "ppl_texts.json"
+    doc = json.loads(path.read_text()) if path.exists() else {"ctx": 2048, "models": {}}
+    texts = held_out_texts(essays_path(), BRIEF)
     with tempfile.TemporaryDirectory() as tmp:
-        for name, text in held_out_texts().items():
-            path, part = Path(tmp) / f"{name}.txt", Path(tmp) / f"{name}.json"
-            path.write_text(text, encoding="utf-8")
-            _ppl(TEXTS_TYPES, part, text=path)
-            out[name] = json.loads(part.read_text())["results"]
-    (OUT / "ppl_texts.json").write_text(json.dumps({"ctx": 2048, "chunks": 6, "texts": out}, indent=1))
+        for label, (types, chunks, names) in TEXTS_RUNS.items():
+            model = [] if label.startswith("gemma") else [str(qwen_path())]
+            run = doc["models"].setdefault(label, {"types": types, "chunks": chunks, "texts": {}})
+            assert (run["types"], run["chunks"]) == (types, chunks), f"{label}: other settings in {path}"
+            for name in names:
+                if name in run["texts"] or name not in texts:
+                    continue
+                src, part = Path(tmp) / f"{name}.txt", Path(tmp) / f"{name}.json"
+                src.write_text(texts[name], encoding="utf-8")
+                _ppl(types, part, text=src, chunks=chunks, model=model)
+                run["texts"][name] = json.loads(part.read_text())["results"]
+                path.write_text(json.dumps(doc, indent=1))
 
 
-def _ppl(types: str, out: Path, text: Path | None = None, chunks: int = 6) -> None:
-    tightkv("ppl", "--file", str(text or essays_path()), "--ctx", "2048", "--chunks", str(chunks), "--compare", types,
+def _ppl(types: str, out: Path, text: Path | None = None, chunks: int = 6, model: list[str] = ()) -> None:
+    tightkv("ppl", *model, "--file", str(text or essays_path()), "--ctx", "2048", "--chunks", str(chunks), "--compare", types,
             "--threads", "2", "--json", str(out))
 
 

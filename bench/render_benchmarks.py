@@ -5,31 +5,38 @@ import json
 
 from sections import (
     DOCQA_ARGS, DOCQA_TYPES, LATE_ESSAYS, NIAH_KERNEL_TYPES, NIAH_TYPES, OFF, OUT, POLICY_GRID,
-    PPL_REFERENCE, PPL_TYPES, TEXTS_TYPES, USER_NEEDLES,
+    PPL_REFERENCE, PPL_TYPES, USER_NEEDLES,
     USER_NEEDLE_TYPES, policy_specs,
 )
 
 
 def render_texts(d: dict | None) -> list[str]:
-    """ΔPPL and KLD per type on each held-out text."""
-    if not d:
+    """ΔPPL and KLD per type on each held-out text, a table per model."""
+    if not d or "models" not in d:
         return []
-    names = list(d["texts"])
-    lines = ["## Perplexity on other texts", "",
-             f"`python bench/make_benchmarks.py --only ppl-texts`: the same protocol (ctx {d['ctx']}, "
-             f"{d['chunks']} chunks, `--compare {TEXTS_TYPES}`) on texts the default sinks and windows were "
-             f"not chosen on: `essays-late`, the essays from character {LATE_ESSAYS:,} on (prose), and "
-             "`shared-docs`, this project's brief (its `docs/*.md`, given with `--brief DIR`: technical Markdown "
-             "with tables and code). Cells are ΔPPL vs f16 / mean KLD.", "",
-             "| kv | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
-    for kv in d["texts"][names[0]]:
-        cells = []
-        for name in names:
-            r, base = d["texts"][name][kv], d["texts"][name]["f16"]["ppl"]
-            cells.append(f"{100 * (r['ppl'] / base - 1):+.2f}% / {r['kld_mean']:.4f}")
-        lines.append(f"| {kv} | " + " | ".join(cells) + " |")
-    lines.append("| f16 PPL | " + " | ".join(f"{d['texts'][n]['f16']['ppl']:.3f}" for n in names) + " |")
-    return lines + [""]
+    runs = d["models"]
+    lines = ["## Perplexity on other texts and the second model", "",
+             f"`python bench/make_benchmarks.py --only ppl-texts --brief DIR`: the ppl protocol (ctx {d['ctx']}) "
+             "on texts the defaults were not chosen on "
+             f"(`bench/texts.py`): `essays-late`, the essays from character {LATE_ESSAYS:,} on (prose); "
+             "`shared-docs`, this project's brief (technical Markdown with tables and code); `python-code`, "
+             "CPython's standard-library sources; `korean`, the Korean constitution and bills of konlpy's corpus. "
+             "Cells are ΔPPL vs f16 / mean KLD; the bar is +0.5% and 0.01.", ""]
+    for model, run in runs.items():
+        texts = run["texts"]
+        names = list(texts)
+        if not names:
+            continue
+        lines += [f"**{model}** ({run['chunks']} chunks, `--compare {run['types']}`)", "",
+                  "| kv | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+        for kv in texts[names[0]]:
+            cells = []
+            for name in names:
+                r, base = texts[name][kv], texts[name]["f16"]["ppl"]
+                cells.append(f"{100 * (r['ppl'] / base - 1):+.2f}% / {r['kld_mean']:.4f}")
+            lines.append(f"| {kv} | " + " | ".join(cells) + " |")
+        lines += ["| f16 PPL | " + " | ".join(f"{texts[n]['f16']['ppl']:.3f}" for n in names) + " |", ""]
+    return lines
 
 
 def render_policy(d: dict | None) -> list[str]:

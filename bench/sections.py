@@ -19,7 +19,12 @@ POLICY_GRID = [("tq4", 16, 128, [0, 4, 16, 64], [0, 32, 64, 128, 256]),
                ("q4_0", 4, 128, [0, 4], [0, 128]),
                ("aggressive", 4, 256, [4], [128, 256, 512])]
 POLICY_CHUNKS = 2
-TEXTS_TYPES = "f16,q8_0,q4_0,tq4,tq3,kvarn4,aggressive,k8v4"
+TEXTS = ["essays-late", "shared-docs", "python-code", "korean"]
+# model -> (types, chunks, texts) of ppl-texts: the default's candidates on the texts the default was
+# not chosen on (the essays' late part is in docs/bench/ppl.json's neighbour run); scoring Gemma's
+# 262K-token vocabulary costs about 1.5 minutes per type and chunk on 2 cores, hence 2 chunks
+TEXTS_RUNS = {"gemma3-270m": ("f16,progressive,kvarn4,kvarn4:tq4", 2, TEXTS[1:]),
+              "qwen2.5-coder-0.5b": ("f16,progressive,kvarn4,kvarn4:tq4", 2, TEXTS[1:2])}
 LATE_ESSAYS = 300_000  # first character of the later essays
 DOC_FILES = ["PRODUCT", "REFERENCES", "KV_ALGORITHMS", "CONVENTIONS", "STYLE", "ARCHITECTURE", "MODELS"]
 NIAH_TYPES = "f16,q8_0,progressive,aggressive"
