@@ -57,6 +57,6 @@ def test_context_manager(tmp_path):
 
 
 def test_bad_sampling_values(tiny):
-    for kw in ({"temperature": -1}, {"top_p": 0}, {"min_p": 2}, {"top_k": -3}):
+    for kw in ({"temperature": -1}, {"top_p": -0.5}, {"min_p": 2}, {"top_k": -3}):
         with pytest.raises(TightKVError):
             tiny.generate("hi", max_tokens=2, **kw)

@@ -278,7 +278,7 @@ BAD_V1 = [
     (CHAT, {"messages": MSG, "max_tokens": True}, 400), (CHAT, {"messages": MSG, "max_tokens": 10**30}, 400),
     (CHAT, {"messages": MSG, "max_completion_tokens": "x"}, 400),
     (CHAT, {"messages": MSG, "temperature": "hot"}, 400), (CHAT, {"messages": MSG, "temperature": -1}, 400),
-    (CHAT, {"messages": MSG, "top_p": 0}, 400), (CHAT, {"messages": MSG, "top_p": 2}, 400),
+    (CHAT, {"messages": MSG, "top_p": -0.1}, 400), (CHAT, {"messages": MSG, "top_p": 2}, 400),
     (CHAT, {"messages": MSG, "top_k": -1}, 400), (CHAT, {"messages": MSG, "min_p": 3}, 400),
     (CHAT, {"messages": MSG, "repeat_penalty": 0}, 400), (CHAT, {"messages": MSG, "stop": 5}, 400),
     (CHAT, {"messages": MSG, "stop": [1, 2]}, 400), (CHAT, {"messages": MSG, "stop": ["a"] * 17}, 400),
@@ -291,7 +291,7 @@ BAD_V1 = [
     ("/v1/completions", {}, 400), ("/v1/completions", {"prompt": []}, 400),
     ("/v1/completions", {"prompt": [10**9]}, 400), ("/v1/completions", {"prompt": [-1]}, 400),
     ("/v1/completions", {"prompt": ["a", "b"]}, 400), ("/v1/completions", {"prompt": 5}, 400),
-    ("/v1/completions", {"prompt": "x", "echo": True}, 400), ("/v1/completions", {"prompt": "x", "model": "nope"}, 404),
+    ("/v1/completions", {"prompt": "x", "model": "nope"}, 404),
     ("/v1/nothing", {}, 404),
 ]
 BAD_OLLAMA = [
@@ -301,7 +301,7 @@ BAD_OLLAMA = [
     ("/api/chat", {"model": "tiny-chat", "messages": MSG, "options": {"temperature": "x"}}, 400),
     ("/api/chat", {"model": "tiny-chat", "messages": MSG, "options": {"num_predict": "x"}}, 400),
     ("/api/chat", {"model": "tiny-chat", "messages": MSG, "options": 5}, 400),
-    ("/api/chat", {"model": "tiny-chat", "messages": MSG, "format": "json"}, 400),
+    ("/api/chat", {"model": "tiny-chat", "messages": MSG, "format": "yaml"}, 400),
     ("/api/chat", {"model": "tiny-chat", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, 400),
     ("/api/generate", {"model": "tiny-chat", "prompt": 5}, 400),
     ("/api/generate", {"model": "tiny-chat", "prompt": "x", "context": ["a"]}, 400),

@@ -157,6 +157,26 @@ class Model:
                 out[s : s + part.numel()] = self.net(part, cache, logits_at=torch.arange(part.numel())).numpy()
         return out
 
+    def prompt_logprobs(self, ids: list[int], top: int = 0, chunk: int = 64) -> list:
+        """Each token's `TokenLogprob` given the tokens before it (None for the first), with
+        its `top` best alternatives: what an echo of the prompt reports. One chunked prefill
+        into a fresh cache, `chunk` positions' logits at a time."""
+        import torch
+
+        from .engine.generate import token_logprob
+
+        ids = list(ids)
+        if len(ids) > self.context_length:
+            raise ContextOverflowError(f"{len(ids)} tokens exceed the context of {self.context_length}")
+        cache, out = self.new_cache(), [None]
+        with torch.inference_mode():
+            for s in range(0, len(ids) - 1, chunk):
+                part = torch.tensor(ids[s : s + chunk])
+                logits = self.net(part, cache, logits_at=torch.arange(part.numel()))  # (n, vocab)
+                out += [token_logprob(row, ids[s + i + 1], top) for i, row in enumerate(logits)
+                        if s + i + 1 < len(ids)]
+        return out
+
     # --- generation ----------------------------------------------------------
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -166,7 +186,8 @@ class Model:
     def generate(self, prompt: str | list[int], max_tokens: int | None = 256, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
                  seed: int | None = None, stop: list[str] | str | None = None, stream: bool = False,
-                 cache: list | None = None, progress=None, prompt_cache=None):
+                 cache: list | None = None, progress=None, prompt_cache=None, json_schema: dict | bool | None = None,
+                 grammar: str | None = None, logprobs: int | None = None):
         """Generate a continuation of a prompt (text or token ids).
 
         Returns a `GenerationResult` (.text, .ids, .stats); with stream=True, an
@@ -174,18 +195,22 @@ class Model:
         last one has .stats (with .finish_reason) and the text still held back.
         `cache` may already hold a prefix of the prompt; `prompt_cache`
         (`engine.generate.PromptCache`) is how a prefix store meets the prompt.
+        `json_schema` (a schema, or True for any JSON object) or `grammar` (Lark or
+        llama.cpp GBNF) constrains the output (`engine.grammar`); `logprobs=N` adds each
+        token's log-probability and its N best alternatives to the steps (.logprob).
         """
         from .engine.generate import steps
 
         seq = self.sequence(prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, seed, stop,
-                            cache, progress, prompt_cache)
+                            cache, progress, prompt_cache, json_schema, grammar, logprobs)
         pieces = steps(seq)
         return pieces if stream else _collect(pieces)
 
     def sequence(self, prompt: str | list[int], max_tokens: int | None = 256, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
                  seed: int | None = None, stop: list[str] | str | None = None, cache: list | None = None,
-                 progress=None, prompt_cache=None):
+                 progress=None, prompt_cache=None, json_schema: dict | bool | None = None, grammar: str | None = None,
+                 logprobs: int | None = None):
         """The generation `generate` runs, as an `engine.generate.Sequence` of explicit
         steps (prefill chunks, tokens), for a scheduler that runs many at once."""
         from .engine.generate import PromptCache, Sequence, check_context
@@ -200,7 +225,21 @@ class Model:
         cache = cache if cache is not None else self.new_cache()
         if prompt_cache is None:
             prompt_cache = PromptCache(cuts=tuple(self.turn_cuts(ids)))  # chunks end where chat turns begin
-        return Sequence(self.net, self.tokenizer, ids, cache, Sampler(params), limit, stops, progress, prompt_cache)
+        constraint = self.constraint(json_schema, grammar)
+        return Sequence(self.net, self.tokenizer, ids, cache, Sampler(params), limit, stops, progress, prompt_cache,
+                        constraint, logprobs)
+
+    def constraint(self, json_schema: dict | bool | None = None, grammar: str | None = None):
+        """The `engine.grammar.Constraint` for a JSON schema (True: any JSON object) or a
+        Lark / GBNF grammar; None when neither is given."""
+        from .engine import grammar as g
+
+        if json_schema is None and grammar is None:
+            return None
+        if json_schema is not None and grammar is not None:
+            raise TightKVError("give a JSON schema or a grammar, not both")
+        text = g.json_schema_grammar(json_schema) if json_schema is not None else g.lark_grammar(grammar)
+        return g.Constraint(text, self.tokenizer)
 
     def ask(self, prompt: str, **kwargs) -> str:
         """One answer as a string: through the chat template when the model has one."""

@@ -55,17 +55,39 @@ class GenerationStats:
 
 
 @dataclass
+class TokenLogprob:
+    """A sampled token's log-probability under the model (the raw logits: before penalties,
+    temperature and any grammar), and the `top` most likely tokens' (id, logprob)."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+def token_logprob(logits: torch.Tensor, token: int, top: int) -> TokenLogprob:
+    """The TokenLogprob of `token` after logits (vocab,), with the `top` best alternatives."""
+    lsm = torch.log_softmax(logits.float(), dim=-1)
+    best = []
+    if top > 0:
+        values, ids = torch.topk(lsm, top)
+        best = [(int(i), float(v)) for i, v in zip(ids, values)]
+    return TokenLogprob(token, float(lsm[token]), best)
+
+
+@dataclass
 class GenerationStep:
     """One record of a stream: the text this step adds and the token it sampled.
 
     `text` may be empty (a partial UTF-8 character, or text held back because it
     may begin a stop string). The last record has `token` None, the text still
     held back, and `stats`, whose `finish_reason` says why generation ended.
+    `logprob` is the token's `TokenLogprob` when the sequence was asked for them.
     """
 
     text: str
     token: int | None = None
     stats: GenerationStats | None = None
+    logprob: TokenLogprob | None = None
 
     @property
     def finish_reason(self) -> str | None:
@@ -231,13 +253,18 @@ class Sequence:
     through one forward pass (`advance`). `steps` is this loop for one sequence.
 
     The prompt is prefilled past what `cache` already holds, in the chunks of
-    `chunk_ends` (`prompt_cache`: see `PromptCache`).
+    `chunk_ends` (`prompt_cache`: see `PromptCache`). `constraint`
+    (`engine.grammar.Constraint`) limits each token to what a grammar admits, and ends
+    the sequence when the grammar is complete; `logprobs` (None, or the number of
+    alternatives, 0-20) adds a `TokenLogprob` to each step.
     """
 
     def __init__(self, model, tokenizer, prompt: list[int], cache: list, sampler, max_tokens: int,
-                 stop: list[str] | None = None, progress=None, prompt_cache: PromptCache | None = None):
+                 stop: list[str] | None = None, progress=None, prompt_cache: PromptCache | None = None,
+                 constraint=None, logprobs: int | None = None):
         self.model, self.tokenizer, self.prompt, self.cache = model, tokenizer, list(prompt), cache
         self.sampler, self.max_tokens, self.progress = sampler, max_tokens, progress
+        self.constraint, self.logprobs = constraint, logprobs
         self.pc = prompt_cache or PromptCache()
         self.matcher = StopMatcher(stop or [])
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -290,8 +317,11 @@ class Sequence:
 
     def step(self) -> GenerationStep:
         """The next token's step, or the last step (with the stats) once generation ends."""
-        if not self.done and len(self.ids) < self.max_tokens:
-            token = self.sampler(self.logits, self.history)
+        if self.constraint is not None and self.constraint.finished:
+            self.finish_reason = "stop"
+        elif not self.done and len(self.ids) < self.max_tokens:
+            token = self._sample()
+            lp = None if self.logprobs is None else token_logprob(self.logits, token, self.logprobs)
             self.logits = None
             if token in self.tokenizer.eot_ids:
                 self.finish_reason = "stop"
@@ -303,8 +333,21 @@ class Sequence:
                     self.finish_reason, self.done = "stop", True
                 else:  # run even after the last one: the cache then holds the whole reply (a chat's next turn)
                     self.pending = token
-                return GenerationStep(text, token)
+                return GenerationStep(text, token, logprob=lp)
         return self._last()
+
+    def _sample(self) -> int:
+        """The next token; under a grammar, one it admits (greedy: the best token is checked
+        first, and the whole vocabulary masked only when the grammar refuses it)."""
+        c = self.constraint
+        if c is None:
+            return self.sampler(self.logits, self.history)
+        greedy = getattr(getattr(self.sampler, "p", None), "temperature", 1.0) <= 0
+        token = self.sampler(self.logits, self.history) if greedy else None
+        if token is None or not c.allows(token):
+            token = self.sampler(c.mask(self.logits), self.history)
+        c.accept(token)
+        return token
 
     def advance(self, logits: torch.Tensor) -> None:
         """The logits after the pending token, which has now been run."""

@@ -27,8 +27,8 @@ class SamplingParams:
 
         if self.temperature < 0:
             raise TightKVError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise TightKVError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.top_p <= 1:
+            raise TightKVError(f"top_p must be in [0, 1], got {self.top_p}")
         if not 0 <= self.min_p <= 1:
             raise TightKVError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.top_k < 0:

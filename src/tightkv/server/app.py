@@ -197,7 +197,7 @@ def create_app(config: ServerConfig, load: Callable[[], Any] | None = None,
     `on_failure(error)` are called from the worker thread when loading ends."""
     from contextlib import asynccontextmanager
 
-    from . import ollama, openai
+    from . import llamacpp, ollama, openai
 
     state = ServerState(config, load, on_failure, on_ready)
 
@@ -283,6 +283,7 @@ def create_app(config: ServerConfig, load: Callable[[], Any] | None = None,
 
     app.include_router(openai.router)
     app.include_router(ollama.router)
+    app.include_router(llamacpp.router)
     _document_bodies(app)
     return app
 

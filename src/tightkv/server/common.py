@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import JSONResponse, StreamingResponse
 
 from ..errors import ContextOverflowError, TightKVError
-from .scheduler import ACCEPTED, DONE, ERROR, PIECE, Cancelled, Job, Prepared, Unavailable
+from .scheduler import ACCEPTED, DONE, ERROR, LOGPROB, PIECE, Cancelled, Job, Prepared, Unavailable
 
 log = logging.getLogger("tightkv.server")
 
@@ -168,16 +168,18 @@ async def start_job(request: Request, prepare: Callable[[Any], Prepared]) -> Job
 
 
 async def collect(request: Request, job: Job):
-    """All of a job's text and its stats (non-streaming answers)."""
+    """All of a job's text, its stats and its tokens' logprobs, if asked (non-streaming answers)."""
     watcher = asyncio.create_task(_watch_disconnect(request, job))
-    parts = []
+    parts, logprobs = [], []
     try:
         while True:
             kind, value = await job.next_event()
             if kind == PIECE:
                 parts.append(value)
+            elif kind == LOGPROB:
+                logprobs.append(value)
             elif kind == DONE:
-                return "".join(parts), value
+                return "".join(parts), value, logprobs
             elif kind == ERROR:
                 raise as_api_error(value)
     finally:
@@ -186,7 +188,7 @@ async def collect(request: Request, job: Job):
 
 
 async def events(job: Job) -> AsyncIterator[tuple[str, Any]]:
-    """A job's PIECE events, then one DONE or ERROR event."""
+    """A job's PIECE (and LOGPROB) events, then one DONE or ERROR event."""
     while True:
         kind, value = await job.next_event()
         yield kind, value

@@ -14,6 +14,7 @@ from .. import __version__
 from ..kernels import library
 from .common import (ApiError, JobStream, OllamaJSON, as_api_error, collect, events, finite, go_dumps, parse_body,
                      request_body, start_job, stop_list)
+from .outputs import check_constraint, constraint_options
 from .scheduler import DONE, ERROR, PIECE, Prepared
 from .schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaShowRequest
 
@@ -35,8 +36,6 @@ def _check(req, state) -> None:
         raise ApiError(400, "model is required")
     if not state.served.knows(req.model):
         raise ApiError(404, f'model "{req.model}" not found (this server serves "{state.served.id}")')
-    if req.format not in (None, ""):
-        raise ApiError(400, "'format' (structured output) is not supported")
     if getattr(req, "tools", None):
         raise ApiError(400, "'tools' is not supported")
 
@@ -61,6 +60,7 @@ def _options(req) -> tuple[int | None, dict]:
         options["stop"] = stop_list(o.stop)
         if o.num_predict is not None and o.num_predict >= 0:
             max_tokens = o.num_predict
+    options.update(constraint_options(ollama_format=req.format))
     return max_tokens, options
 
 
@@ -118,6 +118,7 @@ async def chat(request: Request):
     messages = [{"role": m.role, "content": m.content} for m in req.messages]
 
     def prepare(model) -> Prepared:
+        check_constraint(model, options)
         opts = dict(options, stop=model.chat_stops(options.get("stop")))
         return Prepared(model.chat_ids(messages), max_tokens, opts)
 
@@ -127,7 +128,7 @@ async def chat(request: Request):
         return _final(job, stats)
 
     if not req.stream:
-        text, stats = await collect(request, job)
+        text, stats, _ = await collect(request, job)
         return OllamaJSON({"model": model_id, "created_at": created_at(),
                            "message": {"role": "assistant", "content": text}, "done": True, **final(stats)})
     return _stream(job, model_id, lambda text: {"message": {"role": "assistant", "content": text}}, final)
@@ -152,6 +153,7 @@ async def generate(request: Request):
     context = list(req.context or [])
 
     def prepare(model) -> Prepared:
+        check_constraint(model, options)
         vocab = model.tokenizer.vocab_size
         if any(not 0 <= t < vocab for t in context):
             raise ApiError(400, f"'context' token ids must be in [0, {vocab})")
@@ -173,7 +175,7 @@ async def generate(request: Request):
         return out
 
     if not req.stream:
-        text, stats = await collect(request, job)
+        text, stats, _ = await collect(request, job)
         return OllamaJSON({"model": model_id, "created_at": created_at(), "response": text, "done": True,
                            **final(stats)})
     return _stream(job, model_id, lambda text: {"response": text}, final)

@@ -10,7 +10,8 @@ from starlette.responses import JSONResponse
 
 from .common import (ApiError, JobStream, as_api_error, collect, dumps, events, finite, parse_body, request_body,
                      start_job, stop_list)
-from .scheduler import DONE, ERROR, PIECE, Prepared
+from .outputs import chat_logprobs, check_constraint, completion_logprobs, constraint_options
+from .scheduler import DONE, ERROR, LOGPROB, PIECE, Prepared
 from .schemas import ChatCompletionRequest, CompletionRequest
 
 router = APIRouter(prefix="/v1", tags=["OpenAI"])
@@ -25,8 +26,6 @@ def _options(req) -> tuple[int | None, dict]:
         value = getattr(req, name)
         if value not in (None, 0, 0.0):
             raise ApiError(400, f"'{name}' is not supported (use 'repeat_penalty')", param=name)
-    if req.logprobs:
-        raise ApiError(400, "'logprobs' is not supported", param="logprobs")
     for name in ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty"):
         finite(getattr(req, name), name)
     seed = req.seed
@@ -38,6 +37,7 @@ def _options(req) -> tuple[int | None, dict]:
         "repeat_penalty": 1.0 if req.repeat_penalty is None else req.repeat_penalty,
         "seed": None if seed is None or seed < 0 else seed % 2**64,
         "stop": stop_list(req.stop),
+        **constraint_options(req.response_format, req.json_schema, req.grammar),
     }
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     return max_tokens, options
@@ -70,41 +70,53 @@ async def chat_completions(request: Request):
             raise ApiError(400, f"'messages.{i}.content' is required", param=f"messages.{i}.content")
     if req.tools:
         raise ApiError(400, "'tools' is not supported", param="tools")
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise ApiError(400, "only response_format {'type': 'text'} is supported", param="response_format")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     max_tokens, options = _options(req)
+    if req.logprobs:
+        options["logprobs"] = req.top_logprobs or 0
     messages = [{"role": "system" if m.role == "developer" else m.role, "content": _text(m.content)}
                 for m in req.messages]
 
     def prepare(model) -> Prepared:
+        check_constraint(model, options)
         opts = dict(options, stop=model.chat_stops(options["stop"]))
         return Prepared(model.chat_ids(messages), max_tokens, opts)
 
     job = await start_job(request, prepare)
+    tokenizer = state.scheduler.model.tokenizer
     cid, created, model_id = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()), state.served.id
     if not req.stream:
-        text, stats = await collect(request, job)
+        text, stats, lps = await collect(request, job)
         return JSONResponse({
             "id": cid, "object": "chat.completion", "created": created, "model": model_id,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "logprobs": chat_logprobs(tokenizer, lps) if req.logprobs else None,
                          "finish_reason": stats.finish_reason}],
             "usage": _usage(stats),
         })
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     head = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_id}
 
-    def chunk(delta: dict, finish: str | None = None) -> str:
-        body = {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+    def chunk(delta: dict, finish: str | None = None, lps: list | None = None) -> str:
+        logprobs = chat_logprobs(tokenizer, lps) if lps else None
+        body = {**head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
         if include_usage:
             body["usage"] = None
         return f"data: {dumps(body)}\n\n"
 
     async def sse():
         yield chunk({"role": "assistant", "content": ""})
+        held = []  # logprobs of tokens whose text is not out yet
         async for kind, value in events(job):
-            if kind == PIECE:
-                yield chunk({"content": value})
+            if kind == LOGPROB:
+                held.append(value)
+            elif kind == PIECE:
+                yield chunk({"content": value}, lps=held)
+                held = []
             elif kind == DONE:
+                if held:
+                    yield chunk({"content": ""}, lps=held)
                 yield chunk({}, value.finish_reason)
                 if include_usage:
                     yield f"data: {dumps({**head, 'choices': [], 'usage': _usage(value)})}\n\n"
@@ -121,48 +133,84 @@ async def completions(request: Request):
     req = await parse_body(request, CompletionRequest)
     state = request.app.state.tk
     state.check_model(req.model)
-    for name, unsupported in (("echo", req.echo), ("suffix", req.suffix), ("best_of", req.best_of not in (None, 1))):
+    for name, unsupported in (("suffix", req.suffix), ("best_of", req.best_of not in (None, 1))):
         if unsupported:
             raise ApiError(400, f"'{name}' is not supported", param=name)
     prompt = req.prompt
     if isinstance(prompt, list):
         if not prompt:
             raise ApiError(400, "'prompt' must not be empty", param="prompt")
-        if isinstance(prompt[0], str):
+        if isinstance(prompt[0], (str, list)):
             if len(prompt) != 1:
-                raise ApiError(400, "'prompt' may hold one text only", param="prompt")
+                raise ApiError(400, "'prompt' may hold one prompt only", param="prompt")
             prompt = prompt[0]
+    if req.max_tokens == 0 and not req.echo:
+        raise ApiError(400, "'max_tokens' must be at least 1 (0 only with 'echo')", param="max_tokens")
     max_tokens, options = _options(req)
+    want_lp = req.logprobs is not None
+    if want_lp:
+        options["logprobs"] = req.logprobs
+    echoed: dict = {}  # the prompt's ids and logprobs, for echo
 
     def prepare(model) -> Prepared:
+        check_constraint(model, options)
         if isinstance(prompt, str):
-            return Prepared(model.tokenize(prompt), max_tokens, options)
-        vocab = model.tokenizer.vocab_size
-        if any(not 0 <= t < vocab for t in prompt):
-            raise ApiError(400, f"'prompt' token ids must be in [0, {vocab})", param="prompt")
-        return Prepared(list(prompt), max_tokens, options)
+            ids = model.tokenize(prompt)
+        else:
+            vocab = model.tokenizer.vocab_size
+            if any(not 0 <= t < vocab for t in prompt):
+                raise ApiError(400, f"'prompt' token ids must be in [0, {vocab})", param="prompt")
+            ids = list(prompt)
+        if not ids:
+            raise ApiError(400, "'prompt' is empty and the model adds no BOS token: nothing to predict from",
+                           param="prompt")
+        if req.echo:
+            echoed["ids"] = ids
+            echoed["lps"] = model.prompt_logprobs(ids, req.logprobs or 0) if want_lp else None
+        return Prepared(ids, max_tokens, options)
 
     job = await start_job(request, prepare)
+    tokenizer = state.scheduler.model.tokenizer
     cid, created, model_id = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time()), state.served.id
     head = {"id": cid, "object": "text_completion", "created": created, "model": model_id}
+    echo_text = ""
+    if req.echo:
+        echo_text = prompt if isinstance(prompt, str) else tokenizer.decode(echoed["ids"])
+
+    def logprobs(lps: list, offset: int, with_prompt: bool = False) -> dict | None:
+        if not want_lp:
+            return None
+        pairs = list(zip(echoed["lps"], echoed["ids"])) if with_prompt else []
+        return completion_logprobs(tokenizer, pairs + [(t, t.token) for t in lps], offset)
+
     if not req.stream:
-        text, stats = await collect(request, job)
-        return JSONResponse({**head, "choices": [{"index": 0, "text": text, "logprobs": None,
+        text, stats, lps = await collect(request, job)
+        return JSONResponse({**head, "choices": [{"index": 0, "text": echo_text + text,
+                                                  "logprobs": logprobs(lps, 0, req.echo),
                                                   "finish_reason": stats.finish_reason}],
                              "usage": _usage(stats)})
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
-    def chunk(text: str, finish: str | None = None) -> str:
-        body = {**head, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+    def chunk(text: str, finish: str | None = None, lp: dict | None = None) -> str:
+        body = {**head, "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}]}
         if include_usage:
             body["usage"] = None
         return f"data: {dumps(body)}\n\n"
 
     async def sse():
+        offset, held = len(echo_text), []
+        if req.echo:
+            yield chunk(echo_text, lp=logprobs([], 0, True))
         async for kind, value in events(job):
-            if kind == PIECE:
-                yield chunk(value)
+            if kind == LOGPROB:
+                held.append(value)
+            elif kind == PIECE:
+                yield chunk(value, lp=logprobs(held, offset))
+                offset += len(value)
+                held = []
             elif kind == DONE:
+                if held:
+                    yield chunk("", lp=logprobs(held, offset))
                 yield chunk("", value.finish_reason)
                 if include_usage:
                     yield f"data: {dumps({**head, 'choices': [], 'usage': _usage(value)})}\n\n"

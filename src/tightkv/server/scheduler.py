@@ -31,7 +31,7 @@ from typing import Any, Callable
 log = logging.getLogger("tightkv.server")
 
 # event kinds posted to a job
-ACCEPTED, PIECE, DONE, ERROR = "accepted", "piece", "done", "error"
+ACCEPTED, PIECE, LOGPROB, DONE, ERROR = "accepted", "piece", "logprob", "done", "error"
 
 
 class Unavailable(Exception):
@@ -324,6 +324,8 @@ class Scheduler:
             self.decode_rows += len(batch)
 
     def _emit(self, job: Job, item) -> None:
+        if item.logprob is not None:
+            job.post(LOGPROB, item.logprob)
         if item.text:
             job.post(PIECE, item.text)
         if item.stats:

@@ -3,9 +3,11 @@ unknown fields are ignored, as OpenAI-compatible servers do; the routes reject
 the known fields we cannot honour instead of ignoring them."""
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+Stops = str | Annotated[list[str], Field(max_length=16)]  # one string of any length, or up to 16
 
 
 class _Body(BaseModel):
@@ -32,28 +34,36 @@ class _OpenAISampling(_Body):
     max_tokens: int | None = Field(None, ge=1, description="absent: up to the end of the context")
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, description="default 1.0; 0 is greedy")
-    top_p: float | None = Field(None, gt=0, le=1)
+    top_p: float | None = Field(None, ge=0, le=1, description="0 keeps the most likely token only")
     top_k: int | None = Field(None, ge=0, description="extra: 0 disables")
     min_p: float | None = Field(None, ge=0, le=1, description="extra")
     repeat_penalty: float | None = Field(None, gt=0, description="extra: 1.0 disables")
     seed: int | None = Field(None, description="negative: random")
-    stop: str | list[str] | None = Field(None, max_length=16)
+    stop: Stops | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int | None = Field(None, ge=1, description="only 1")
     presence_penalty: float | None = Field(None, description="only 0")
     frequency_penalty: float | None = Field(None, description="only 0")
-    logprobs: bool | int | None = Field(None, description="not supported")
+    response_format: dict | None = Field(
+        None, description="{'type': 'text' | 'json_object' | 'json_schema', 'json_schema': {'schema': ...}}: "
+                          "the output constrained by the grammar engine")
+    json_schema: dict | None = Field(None, description="llama.cpp's extra: constrain the output to this schema")
+    grammar: str | None = Field(None, description="llama.cpp's extra: a GBNF (or Lark) grammar for the output")
 
 
 class ChatCompletionRequest(_OpenAISampling):
     messages: list[ChatMessage] = Field(..., description="at least one message")
     tools: list[Any] | None = Field(None, description="not supported")
-    response_format: dict | None = Field(None, description="only {'type': 'text'}")
+    logprobs: bool | None = Field(None, description="each output token's log-probability")
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="alternatives per token (needs logprobs)")
 
 
 class CompletionRequest(_OpenAISampling):
-    prompt: str | list[str] | list[int] = Field(..., description="text, a list with one text, or token ids")
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        ..., description="text, token ids, or a list with one of them")
+    max_tokens: int | None = Field(None, ge=0, description="absent: up to the end of the context; 0 with echo")
+    logprobs: int | None = Field(None, ge=0, le=20, description="log-probabilities of each token and its N best")
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -63,12 +73,12 @@ class CompletionRequest(_OpenAISampling):
 class OllamaOptions(_Body):
     temperature: float | None = Field(None, ge=0)
     top_k: int | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
+    top_p: float | None = Field(None, ge=0, le=1)
     min_p: float | None = Field(None, ge=0, le=1)
     repeat_penalty: float | None = Field(None, gt=0)
     seed: int | None = None
     num_predict: int | None = Field(None, description="-1 or -2: up to the end of the context")
-    stop: str | list[str] | None = None
+    stop: Stops | None = None
     num_ctx: int | None = Field(None, description="ignored: the server's --ctx applies")
 
 
@@ -82,7 +92,7 @@ class _OllamaRequest(_Body):
     model: str = Field(..., description="the served model's name")
     stream: bool = True
     options: OllamaOptions | None = None
-    format: str | dict | None = Field(None, description="not supported")
+    format: str | dict | None = Field(None, description='"json" or a JSON schema: the output constrained to it')
     keep_alive: str | int | float | None = None
 
 
@@ -105,3 +115,17 @@ class OllamaShowRequest(_Body):
     model: str | None = None
     name: str | None = Field(None, description="older clients' spelling of model")
     verbose: bool = False
+
+
+# --- llama.cpp / vLLM tokenizer routes ------------------------------------------------
+class TokenizeRequest(_Body):
+    content: str | None = Field(None, description="llama.cpp's name for the text")
+    prompt: str | None = Field(None, description="vLLM's name for the text")
+    add_special: bool | None = Field(None, description="llama.cpp: add BOS (default false)")
+    add_special_tokens: bool | None = Field(None, description="vLLM: add BOS")
+    parse_special: bool = Field(True, description="special-token text becomes the special token")
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(_Body):
+    tokens: list[int]

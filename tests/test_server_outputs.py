@@ -1,0 +1,144 @@
+"""Structured output, logprobs, echo and the tokenizer routes through the official `openai`
+and `ollama` clients against a live `tightkv serve` of the embedded Gemma 3 270M (a base
+model: none of this needs a chat template)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from test_server_helpers import LiveServer, post
+
+openai = pytest.importorskip("openai")
+jsonschema = pytest.importorskip("jsonschema")
+
+MODEL = "gemma3:270m"
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0}}}
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = LiveServer("--ctx", "1024", "--parallel", "2")
+    try:
+        yield srv.wait_ready()
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x - x.max() - np.log(np.exp(x - x.max()).sum())
+
+
+def test_json_schema_reply_validates(client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Invent a person."}],
+                                           response_format=fmt, temperature=0, max_tokens=60)
+    doc = json.loads(reply.choices[0].message.content)
+    jsonschema.validate(doc, PERSON)
+    assert reply.choices[0].finish_reason == "stop"  # the grammar completed, not the token budget
+
+
+def test_json_object_streamed_and_sampled(client):
+    parts = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Some JSON, please."}],
+                                           response_format={"type": "json_object"}, temperature=0.8, seed=3,
+                                           max_tokens=80, stream=True)
+    chunks = list(parts)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(text), dict)
+
+
+def test_gbnf_grammar_extra_field(server):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Is the sky blue?"}], "max_tokens": 8,
+            "grammar": 'root ::= ("yes" | "no") "."'}
+    status, doc = post(server, "/v1/chat/completions", body)
+    assert status == 200 and doc["choices"][0]["message"]["content"] in ("yes.", "no.")
+
+
+def test_bad_grammars_are_400s(server):
+    for extra in ({"grammar": "root ::= ("}, {"response_format": {"type": "xml"}},
+                  {"response_format": {"type": "json_schema", "json_schema": {"schema": 5}}},
+                  {"grammar": 'root ::= "a"', "json_schema": PERSON}):
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4, **extra}
+        status, doc = post(server, "/v1/chat/completions", body)
+        assert status == 400 and doc["error"]["message"], (extra, doc)
+
+
+def test_chat_logprobs_match_the_model(client, embedded):
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count to five."}],
+                                           temperature=0, max_tokens=6, logprobs=True, top_logprobs=3)
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens == 6
+    ids = embedded.chat_ids([{"role": "user", "content": "Count to five."}])
+    out = embedded.generate(ids, max_tokens=6).ids
+    # Model.logits scores every position in one prefill: its weight path rounds otherwise (int8 rows)
+    logits = embedded.logits(ids + out[:-1])[len(ids) - 1:]
+    steps = [s.logprob for s in embedded.generate(ids, max_tokens=6, logprobs=3, stream=True) if s.logprob]  # same path
+    for i, entry in enumerate(content):
+        want = log_softmax(logits[i])
+        assert entry.logprob == pytest.approx(steps[i].logprob, abs=1e-4)
+        assert np.exp(entry.logprob) == pytest.approx(np.exp(want[out[i]]), abs=0.02)  # within 2 points
+        assert entry.bytes == list(embedded.tokenizer.token_bytes(out[i]))
+        assert [t.logprob for t in entry.top_logprobs] == pytest.approx([v for _, v in steps[i].top], abs=1e-4)
+        assert entry.top_logprobs[0].logprob >= entry.logprob - 1e-6  # greedy: the best token was taken
+
+    streamed = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count to five."}],
+                                              temperature=0, max_tokens=6, logprobs=True, stream=True)
+    got = [e.logprob for c in streamed if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert got == pytest.approx([e.logprob for e in content], abs=1e-5)
+
+
+def test_completion_echo_logprobs_as_lm_eval_reads_them(server, embedded):
+    ids = embedded.tokenize("The capital of France is Paris", add_bos=True)
+    body = {"model": MODEL, "prompt": [ids], "max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0}
+    status, doc = post(server, "/v1/completions", body)
+    assert status == 200
+    lp = doc["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(ids) + 1
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    logits = embedded.logits(ids)
+    for i in range(1, len(ids)):  # the echo is scored by a prefill, as Model.logits is
+        assert lp["token_logprobs"][i] == pytest.approx(log_softmax(logits[i - 1])[ids[i]], abs=2e-3)
+        assert max(lp["top_logprobs"][i].values()) >= lp["token_logprobs"][i] - 1e-6
+    text = doc["choices"][0]["text"]
+    assert text.startswith(embedded.detokenize(ids)) and lp["text_offset"][-1] == len(embedded.detokenize(ids))
+
+
+def test_completion_logprobs_streamed(client):
+    whole = client.completions.create(model=MODEL, prompt="One, two, three,", max_tokens=5, temperature=0, logprobs=2)
+    lp = whole.choices[0].logprobs
+    assert len(lp.tokens) == 5 and all(len(t) == 2 for t in lp.top_logprobs)
+    assert "".join(lp.tokens) == whole.choices[0].text
+    parts = list(client.completions.create(model=MODEL, prompt="One, two, three,", max_tokens=5, temperature=0,
+                                           logprobs=2, stream=True))
+    streamed = [x for p in parts if p.choices and p.choices[0].logprobs for x in p.choices[0].logprobs.token_logprobs]
+    assert streamed == pytest.approx(lp.token_logprobs, abs=1e-5)
+
+
+def test_tokenize_routes(server, embedded):
+    status, doc = post(server, "/tokenize", {"content": "Hello world"})
+    assert status == 200 and doc["tokens"] == embedded.tokenize("Hello world", add_bos=False)
+    status, vllm = post(server, "/tokenize", {"prompt": "Hello world", "add_special_tokens": True})
+    assert vllm["tokens"] == embedded.tokenize("Hello world", add_bos=True)
+    status, back = post(server, "/detokenize", {"tokens": doc["tokens"]})
+    assert status == 200 and back["content"] == back["prompt"] == "Hello world"
+    status, bad = post(server, "/detokenize", {"tokens": [-1]})
+    assert status == 400
+
+
+def test_ollama_format_schema(server):
+    ollama = pytest.importorskip("ollama")
+    c = ollama.Client(host=server.url)
+    r = c.chat(model=MODEL, messages=[{"role": "user", "content": "Invent a person."}], format=PERSON,
+               options={"temperature": 0, "num_predict": 60})
+    jsonschema.validate(json.loads(r.message.content), PERSON)
+    r = c.generate(model=MODEL, prompt="A JSON object:", format="json", options={"temperature": 0, "num_predict": 60})
+    assert isinstance(json.loads(r.response), dict)
