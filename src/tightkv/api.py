@@ -266,13 +266,15 @@ class Model:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         return stops if self.chat_template else stops + PLAIN_CHAT_STOPS
 
-    def chat_ids(self, messages: list[dict]) -> list[int]:
-        """Prompt token ids for a conversation."""
+    def chat_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """Prompt token ids for a conversation; `tools` (OpenAI function specs) are rendered
+        by the chat template (`engine.tools.tool_format` says whether it takes them)."""
         from .engine.chat import plain_prompt, render_chat
 
         if self.chat_template:
             bos, eos = self._token_text(self.tokenizer.bos_id), self._token_text(self.tokenizer.eos_id)
-            text = render_chat(self.chat_template, messages, bos_token=bos, eos_token=eos)
+            extra = {"tools": tools} if tools else {}
+            text = render_chat(self.chat_template, messages, bos_token=bos, eos_token=eos, **extra)
             return self.tokenize(text, add_bos=not (bos and text.startswith(bos)), special=True)
         return self.tokenize(plain_prompt(messages))
 

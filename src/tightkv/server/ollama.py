@@ -9,11 +9,13 @@ from datetime import datetime, timedelta, timezone
 
 import anyio
 from fastapi import APIRouter, Request
+from starlette.responses import Response
 
 from .. import __version__
 from ..kernels import library
 from .common import (ApiError, JobStream, OllamaJSON, as_api_error, collect, events, finite, go_dumps, parse_body,
                      request_body, start_job, stop_list)
+from ..engine.tools import parse_tool_calls, template_messages, tool_format
 from .outputs import check_constraint, constraint_options
 from .scheduler import DONE, ERROR, PIECE, Prepared
 from .schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaShowRequest
@@ -36,8 +38,6 @@ def _check(req, state) -> None:
         raise ApiError(400, "model is required")
     if not state.served.knows(req.model):
         raise ApiError(404, f'model "{req.model}" not found (this server serves "{state.served.id}")')
-    if getattr(req, "tools", None):
-        raise ApiError(400, "'tools' is not supported")
 
 
 def _ready(state) -> None:
@@ -115,22 +115,39 @@ async def chat(request: Request):
     if any(m.images for m in req.messages):
         raise ApiError(400, "images are not supported by this model")
     max_tokens, options = _options(req)
-    messages = [{"role": m.role, "content": m.content} for m in req.messages]
+    messages = [m.model_dump(exclude_none=True) for m in req.messages]
+    tools = req.tools or None
+    names = {t.get("function", {}).get("name") for t in tools or ()}
 
     def prepare(model) -> Prepared:
         check_constraint(model, options)
+        if tools and tool_format(model.chat_template) is None:
+            raise ApiError(400, f'registry.ollama.ai/library/{model_id} does not support tools')
         opts = dict(options, stop=model.chat_stops(options.get("stop")))
-        return Prepared(model.chat_ids(messages), max_tokens, opts)
+        return Prepared(model.chat_ids(template_messages(messages), tools), max_tokens, opts)
 
     job = await start_job(request, prepare)
 
     def final(stats) -> dict:
         return _final(job, stats)
 
-    if not req.stream:
+    def message(text: str) -> dict:
+        content, calls = parse_tool_calls(text, names) if names else (text, [])
+        out = {"role": "assistant", "content": content if calls else text}
+        if calls:
+            out["tool_calls"] = [{"function": {"index": i, "name": c.name, "arguments": c.arguments}}
+                                 for i, c in enumerate(calls)]
+        return out
+
+    if not req.stream or tools:  # a reply that may hold calls is parsed whole (one record, then the last)
         text, stats, _ = await collect(request, job)
-        return OllamaJSON({"model": model_id, "created_at": created_at(),
-                           "message": {"role": "assistant", "content": text}, "done": True, **final(stats)})
+        if not req.stream:
+            return OllamaJSON({"model": model_id, "created_at": created_at(), "message": message(text),
+                               "done": True, **final(stats)})
+        head = {"model": model_id, "created_at": created_at()}
+        lines = [go_dumps({**head, "message": message(text), "done": False}),
+                 go_dumps({**head, "message": {"role": "assistant", "content": ""}, "done": True, **final(stats)})]
+        return Response("".join(line + "\n" for line in lines), media_type="application/x-ndjson")
     return _stream(job, model_id, lambda text: {"message": {"role": "assistant", "content": text}}, final)
 
 
@@ -229,7 +246,7 @@ async def show(request: Request):
         "template": served.chat_template or "{{ .Prompt }}",
         "details": served.details(),
         "model_info": info,
-        "capabilities": ["completion"],
+        "capabilities": ["completion"] + (["tools"] if tool_format(served.chat_template) else []),
         "modified_at": served.modified_at(),
     })
 

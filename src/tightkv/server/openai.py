@@ -2,6 +2,7 @@
 /v1/chat/completions, /v1/completions, /v1/models."""
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
@@ -10,6 +11,7 @@ from starlette.responses import JSONResponse
 
 from .common import (ApiError, JobStream, as_api_error, collect, dumps, events, finite, parse_body, request_body,
                      start_job, stop_list)
+from ..engine.tools import call_grammar, parse_tool_calls, template_messages, tool_format
 from .outputs import chat_logprobs, check_constraint, completion_logprobs, constraint_options
 from .scheduler import DONE, ERROR, LOGPROB, PIECE, Prepared
 from .schemas import ChatCompletionRequest, CompletionRequest
@@ -43,6 +45,46 @@ def _options(req) -> tuple[int | None, dict]:
     return max_tokens, options
 
 
+def _tools(req) -> list[dict] | None:
+    """The request's function tools, checked; None when there are none or tool_choice is "none"."""
+    if not req.tools or req.tool_choice == "none":
+        return None
+    for i, t in enumerate(req.tools):
+        fn = t.get("function")
+        if t.get("type", "function") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ApiError(400, f"'tools.{i}' must be {{type: function, function: {{name, parameters}}}}",
+                           param=f"tools.{i}")
+        if not isinstance(fn.get("parameters", {}), dict):
+            raise ApiError(400, f"'tools.{i}.function.parameters' must be a JSON schema object",
+                           param=f"tools.{i}.function.parameters")
+    return req.tools
+
+
+def _forced_call(choice) -> str | None:
+    """None: the model chooses (auto); "": it must call some tool (required); else the name it must call."""
+    if choice in (None, "auto"):
+        return None
+    if choice == "required":
+        return ""
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict) and choice["function"].get("name"):
+        return choice["function"]["name"]
+    raise ApiError(400, "'tool_choice' must be none, auto, required or {type: function, function: {name}}",
+                   param="tool_choice")
+
+
+def _reply(text: str, names: set[str], finish: str) -> tuple[dict, str]:
+    """The assistant message of a reply (its tool calls parsed out) and its finish reason."""
+    if not names:
+        return {"role": "assistant", "content": text}, finish
+    content, calls = parse_tool_calls(text, names)
+    if not calls:
+        return {"role": "assistant", "content": text}, finish
+    tool_calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                   "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+                  for c in calls]
+    return {"role": "assistant", "content": content or None, "tool_calls": tool_calls}, "tool_calls"
+
+
 def _usage(stats) -> dict:
     return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
             "total_tokens": stats.prompt_tokens + stats.generated_tokens,
@@ -68,31 +110,40 @@ async def chat_completions(request: Request):
     for i, m in enumerate(req.messages):
         if m.content is None and m.role != "assistant":
             raise ApiError(400, f"'messages.{i}.content' is required", param=f"messages.{i}.content")
-    if req.tools:
-        raise ApiError(400, "'tools' is not supported", param="tools")
     if req.top_logprobs is not None and not req.logprobs:
         raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     max_tokens, options = _options(req)
     if req.logprobs:
         options["logprobs"] = req.top_logprobs or 0
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": _text(m.content)}
-                for m in req.messages]
+    messages = [{**m.model_dump(exclude_none=True), "role": "system" if m.role == "developer" else m.role,
+                 "content": _text(m.content)} for m in req.messages]
+    tools = _tools(req)
+    names = {t["function"]["name"] for t in tools or ()}
 
     def prepare(model) -> Prepared:
-        check_constraint(model, options)
         opts = dict(options, stop=model.chat_stops(options["stop"]))
-        return Prepared(model.chat_ids(messages), max_tokens, opts)
+        if tools:
+            fmt = tool_format(model.chat_template)
+            if fmt is None:
+                raise ApiError(400, "this model's chat template does not take tools", param="tools")
+            forced = _forced_call(req.tool_choice)
+            if forced is not None:
+                opts.pop("json_schema", None)
+                opts["grammar"] = call_grammar(fmt, tools, forced or None, req.parallel_tool_calls is not False)
+        check_constraint(model, opts)
+        return Prepared(model.chat_ids(template_messages(messages), tools), max_tokens, opts)
 
     job = await start_job(request, prepare)
     tokenizer = state.scheduler.model.tokenizer
     cid, created, model_id = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()), state.served.id
     if not req.stream:
         text, stats, lps = await collect(request, job)
+        message, finish = _reply(text, names, stats.finish_reason)
         return JSONResponse({
             "id": cid, "object": "chat.completion", "created": created, "model": model_id,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+            "choices": [{"index": 0, "message": message,
                          "logprobs": chat_logprobs(tokenizer, lps) if req.logprobs else None,
-                         "finish_reason": stats.finish_reason}],
+                         "finish_reason": finish}],
             "usage": _usage(stats),
         })
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -107,17 +158,27 @@ async def chat_completions(request: Request):
 
     async def sse():
         yield chunk({"role": "assistant", "content": ""})
-        held = []  # logprobs of tokens whose text is not out yet
+        held, text = [], []  # logprobs of tokens whose text is not out yet; with tools, the reply so far
         async for kind, value in events(job):
             if kind == LOGPROB:
                 held.append(value)
+            elif kind == PIECE and names:
+                text.append(value)  # a reply that may hold calls is parsed whole, then sent as deltas
             elif kind == PIECE:
                 yield chunk({"content": value}, lps=held)
                 held = []
             elif kind == DONE:
+                finish = value.finish_reason
+                if names:
+                    message, finish = _reply("".join(text), names, finish)
+                    if message["content"]:
+                        yield chunk({"content": message["content"]}, lps=held)
+                        held = []
+                    for i, call in enumerate(message.get("tool_calls", [])):
+                        yield chunk({"tool_calls": [{"index": i, **call}]})
                 if held:
                     yield chunk({"content": ""}, lps=held)
-                yield chunk({}, value.finish_reason)
+                yield chunk({}, finish)
                 if include_usage:
                     yield f"data: {dumps({**head, 'choices': [], 'usage': _usage(value)})}\n\n"
             elif kind == ERROR:

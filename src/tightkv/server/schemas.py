@@ -3,7 +3,7 @@ unknown fields are ignored, as OpenAI-compatible servers do; the routes reject
 the known fields we cannot honour instead of ignoring them."""
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,6 +23,9 @@ class TextPart(_Body):
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[dict] | None = Field(None, description="an assistant's calls, arguments as JSON strings")
+    tool_call_id: str | None = Field(None, description="the call a tool message answers")
+    name: str | None = None
 
 
 class StreamOptions(_Body):
@@ -54,7 +57,11 @@ class _OpenAISampling(_Body):
 
 class ChatCompletionRequest(_OpenAISampling):
     messages: list[ChatMessage] = Field(..., description="at least one message")
-    tools: list[Any] | None = Field(None, description="not supported")
+    tools: list[dict] | None = Field(None, description="functions the model may call: {type: function, function: "
+                                                       "{name, description, parameters}}")
+    tool_choice: str | dict | None = Field(None, description="none, auto (default), required, or "
+                                                             "{type: function, function: {name}}")
+    parallel_tool_calls: bool | None = Field(None, description="more than one call per reply (default true)")
     logprobs: bool | None = Field(None, description="each output token's log-probability")
     top_logprobs: int | None = Field(None, ge=0, le=20, description="alternatives per token (needs logprobs)")
 
@@ -86,6 +93,8 @@ class OllamaMessage(_Body):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
     images: list[str] | None = None
+    tool_calls: list[dict] | None = Field(None, description="an assistant's calls, arguments as objects")
+    tool_name: str | None = None
 
 
 class _OllamaRequest(_Body):
@@ -98,7 +107,7 @@ class _OllamaRequest(_Body):
 
 class OllamaChatRequest(_OllamaRequest):
     messages: list[OllamaMessage] | None = Field(None, description="absent or null: just load the model")
-    tools: list[Any] | None = Field(None, description="not supported")
+    tools: list[dict] | None = Field(None, description="functions the model may call (OpenAI's spec)")
 
 
 class OllamaGenerateRequest(_OllamaRequest):

@@ -1,0 +1,112 @@
+"""Tools through the official `openai` and `ollama` clients against a live `tightkv serve` of
+the real Qwen2.5-Coder-0.5B-Instruct (its chat template takes tools, Hermes-style
+``<tool_call>``): a named call with valid arguments, the tool's result answered, streamed
+deltas, tool_choice none and auto. The model is assembled from PyPI (bench/qwen_model.py)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_server_helpers import LiveServer, post
+
+openai = pytest.importorskip("openai")
+jsonschema = pytest.importorskip("jsonschema")
+pytestmark = pytest.mark.slow
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
+                   "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}}}}}
+TIME = {"type": "function", "function": {"name": "get_time", "description": "The local time in a city",
+                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                        "required": ["city"]}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
+
+
+@pytest.fixture(scope="module")
+def qwen() -> Path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from qwen_model import qwen_path
+
+    return qwen_path()
+
+
+@pytest.fixture(scope="module")
+def server(qwen):
+    srv = LiveServer(str(qwen), "--ctx", "2048", "--parallel", "1")
+    try:
+        yield srv.wait_ready(timeout=300)
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def model_id(client) -> str:
+    return client.models.list().data[0].id
+
+
+def test_named_call_then_the_result_answered(client):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = client.chat.completions.create(model=model_id(client), messages=ASK, tools=[WEATHER, TIME],
+                                       tool_choice=named, temperature=0, max_tokens=80)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.type == "function" and call.function.name == "get_weather"
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, WEATHER["function"]["parameters"])
+    assert "paris" in args["city"].lower()
+
+    history = ASK + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                     {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21, "sky": "sunny"}'}]
+    # the 0.5B model, left to choose, calls the tool again: "none" asks for the answer
+    answer = client.chat.completions.create(model=model_id(client), messages=history, tools=[WEATHER, TIME],
+                                            tool_choice="none", temperature=0, max_tokens=60)
+    text = answer.choices[0].message.content
+    assert answer.choices[0].finish_reason == "stop" and not answer.choices[0].message.tool_calls
+    assert "21" in text
+
+
+def test_required_call_streamed_as_deltas(client):
+    parts = list(client.chat.completions.create(model=model_id(client), messages=ASK, tools=[WEATHER, TIME],
+                                                tool_choice="required", temperature=0, max_tokens=80, stream=True,
+                                                parallel_tool_calls=False))
+    deltas = [d for p in parts if p.choices for d in (p.choices[0].delta.tool_calls or [])]
+    assert parts[-1].choices[0].finish_reason == "tool_calls"
+    assert len(deltas) == 1 and deltas[0].index == 0 and deltas[0].id.startswith("call_")
+    assert deltas[0].function.name in ("get_weather", "get_time")
+    assert isinstance(json.loads(deltas[0].function.arguments), dict)
+
+
+def test_auto_and_none(client):
+    r = client.chat.completions.create(model=model_id(client), messages=ASK, tools=[WEATHER], temperature=0,
+                                       max_tokens=80)
+    calls = r.choices[0].message.tool_calls or []
+    assert all(c.function.name == "get_weather" for c in calls)  # the model chooses; what it calls parses
+    r = client.chat.completions.create(model=model_id(client), messages=ASK, tools=[WEATHER], tool_choice="none",
+                                       temperature=0, max_tokens=8)
+    assert not r.choices[0].message.tool_calls and r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_bad_tools_are_400s(server, client):
+    for extra in ({"tools": [{"type": "function"}]}, {"tools": [WEATHER], "tool_choice": "sometimes"},
+                  {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}):
+        body = {"messages": ASK, "max_tokens": 4, **extra}
+        status, doc = post(server, "/v1/chat/completions", body)
+        assert status == 400 and doc["error"]["message"], (extra, doc)
+
+
+def test_ollama_tools(server, client):
+    ollama = pytest.importorskip("ollama")
+    c = ollama.Client(host=server.url)
+    r = c.chat(model=model_id(client), messages=ASK, tools=[WEATHER], options={"temperature": 0, "num_predict": 80})
+    for call in r.message.tool_calls or []:
+        assert call.function.name == "get_weather" and isinstance(call.function.arguments, dict)
+    assert "tools" in c.show(model_id(client)).capabilities
