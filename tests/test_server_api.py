@@ -191,7 +191,8 @@ def test_stop_string_and_context_overflow(server):
     # prompt + max_tokens beyond the context: 400, never a silent truncation
     status, err = post(server, CHAT, chat_body(max_tokens=600))
     assert status == 400 and err["error"]["type"] == "exceed_context_size_error"
-    assert err["error"]["code"] == "exceed_context_size_error"
+    assert err["error"]["code"] == "context_length_exceeded"  # OpenAI's code; llama.cpp's type and counts
+    assert err["error"]["n_ctx"] > 0 and err["error"]["n_prompt_tokens"] > 0
     status, err = post(server, "/api/generate", {"model": "tiny-chat", "prompt": "hi", "options": {"num_predict": 600}})
     assert status == 400 and "exceeds the context" in err["error"]
     # no max_tokens: up to the end of the context (512)

@@ -90,7 +90,7 @@ def test_sampling_extras_and_seed(client):
 def test_errors_through_the_client(client):
     with pytest.raises(openai.BadRequestError) as err:
         ask(client, "hi", max_tokens=100_000)
-    assert err.value.status_code == 400 and err.value.code == "exceed_context_size_error"
+    assert err.value.status_code == 400 and err.value.code == "context_length_exceeded"
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
     with pytest.raises(openai.BadRequestError):

@@ -142,3 +142,19 @@ def test_ollama_format_schema(server):
     jsonschema.validate(json.loads(r.message.content), PERSON)
     r = c.generate(model=MODEL, prompt="A JSON object:", format="json", options={"temperature": 0, "num_predict": 60})
     assert isinstance(json.loads(r.response), dict)
+
+
+def test_extreme_sampling_values_answer(server):
+    """Fuzz findings: a vanishing temperature and repeat penalty once gave NaN probabilities (a 500)."""
+    for extra in ({"temperature": 1e-38}, {"repeat_penalty": 1e-45, "temperature": 0.7},
+                  {"temperature": 1e-38, "repeat_penalty": 1e-45}, {"top_p": 0, "temperature": 1.0}):
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi, hi, hi."}], "max_tokens": 6,
+                "seed": 1, **extra}
+        status, doc = post(server, "/v1/chat/completions", body)
+        assert status == 200 and doc["choices"][0]["finish_reason"] in ("stop", "length"), (extra, doc)
+
+
+def test_one_long_stop_string(server):
+    body = {"model": MODEL, "prompt": "abc", "max_tokens": 3, "stop": "a stop string longer than sixteen characters"}
+    status, _ = post(server, "/v1/completions", body)
+    assert status == 200

@@ -110,3 +110,9 @@ def test_ollama_tools(server, client):
     for call in r.message.tool_calls or []:
         assert call.function.name == "get_weather" and isinstance(call.function.arguments, dict)
     assert "tools" in c.show(model_id(client)).capabilities
+
+
+def test_empty_prompt_without_bos_is_a_400(server):
+    """Fuzz finding: Qwen adds no BOS, so an empty prompt left nothing to predict from (a 500)."""
+    status, doc = post(server, "/v1/completions", {"prompt": "", "max_tokens": 2})
+    assert status == 400 and "nothing to predict from" in doc["error"]["message"]

@@ -14,4 +14,9 @@ class GGUFError(TightKVError):
 
 
 class ContextOverflowError(TightKVError):
-    """A prompt (plus the tokens asked for) does not fit the context."""
+    """A prompt (plus the tokens asked for) does not fit the context; `n_prompt_tokens` and
+    `n_ctx` say by how much, where known (the server reports them, as llama.cpp does)."""
+
+    def __init__(self, message: str, n_prompt_tokens: int | None = None, n_ctx: int | None = None):
+        super().__init__(message)
+        self.n_prompt_tokens, self.n_ctx = n_prompt_tokens, n_ctx

@@ -213,13 +213,15 @@ def check_context(prompt_len: int, max_tokens: int | None, context_length: int) 
     """The number of tokens that may be generated; a prompt that cannot fit is an error."""
     if prompt_len >= context_length:
         raise ContextOverflowError(
-            f"prompt of {prompt_len} tokens does not fit the context of {context_length} tokens")
+            f"prompt of {prompt_len} tokens does not fit the context of {context_length} tokens",
+            prompt_len, context_length)
     room = context_length - prompt_len
     if max_tokens is None:
         return room
     if max_tokens > room:
         raise ContextOverflowError(
-            f"prompt of {prompt_len} tokens plus max_tokens {max_tokens} exceeds the context of {context_length} tokens")
+            f"prompt of {prompt_len} tokens plus max_tokens {max_tokens} exceeds the context of {context_length} tokens",
+            prompt_len, context_length)
     return max_tokens
 
 
@@ -356,7 +358,8 @@ class Sequence:
     def _last(self) -> GenerationStep:
         self.done = True
         stopped = self.finish_reason == "stop"
-        tail = "" if stopped else self.matcher.feed(self.decoder.decode(b"", final=True))[0] + self.matcher.flush()
+        self.decoder.reset()  # a character cut by the token budget is dropped, not replaced by U+FFFD
+        tail = "" if stopped else self.matcher.flush()
         return GenerationStep(tail, None, GenerationStats(
             prompt_tokens=len(self.prompt), generated_tokens=len(self.ids), prompt_seconds=self.prompt_seconds,
             generation_seconds=time.perf_counter() - self._t1 if self._t1 else 0.0,

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+FLT_MAX = torch.finfo(torch.float32).max
+
 
 @dataclass
 class SamplingParams:
@@ -49,12 +51,12 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, history: list[int]) -> int:
         p = self.p
         logits = logits.float()
-        if p.repeat_penalty != 1.0 and history:
-            logits = _penalize(logits, history[-p.repeat_last_n:], p.repeat_penalty)
+        if p.repeat_penalty != 1.0 and history:  # an extreme penalty stays finite
+            logits = _penalize(logits, history[-p.repeat_last_n:], p.repeat_penalty).clamp(-FLT_MAX, FLT_MAX)
         if p.temperature <= 0:
             return int(torch.argmax(logits))
         logits, ids = _truncate(logits, p)
-        probs = torch.softmax(logits / p.temperature, dim=-1)
+        probs = torch.softmax((logits - logits[0]) / p.temperature, dim=-1)  # sorted: [0] is the max; tiny T is finite
         choice = torch.multinomial(probs, 1, generator=self.generator)
         return int(ids[choice])
 

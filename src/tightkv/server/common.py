@@ -51,7 +51,8 @@ def as_api_error(err: BaseException) -> ApiError:
     if isinstance(err, ApiError):
         return err
     if isinstance(err, ContextOverflowError):
-        return ApiError(400, str(err), "exceed_context_size_error", code="exceed_context_size_error")
+        counts = {"n_prompt_tokens": err.n_prompt_tokens, "n_ctx": err.n_ctx} if err.n_ctx else {}
+        return ApiError(400, str(err), "exceed_context_size_error", code="context_length_exceeded", **counts)
     if isinstance(err, TightKVError):
         return ApiError(400, str(err))
     if isinstance(err, Cancelled):
