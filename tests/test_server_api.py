@@ -9,6 +9,7 @@ import random
 import socket
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -66,7 +67,10 @@ def test_models_and_ollama_listing(server):
     assert status == 200 and show["model_info"]["general.architecture"] == "gemma3"
     assert "<start_of_turn>" in show["template"] and show["model_info"]["tokenizer.ggml.tokens"] is None
     status, _, raw = request(server, "GET", "/api/version")
-    assert status == 200 and "version" in json.loads(raw)
+    version = json.loads(raw)
+    assert status == 200 and tuple(map(int, version["version"].split("."))) >= (0, 12) and version["tightkv"]
+    status, err = post(server, "/api/chat", {"model": "tiny-chat", "messages": MSG, "think": True, "stream": False})
+    assert status == 400 and err["error"] == '"tiny-chat" does not support thinking'
     ps = json.loads(request(server, "GET", "/api/ps")[2])["models"][0]
     assert ps["name"] == "tiny-chat" and ps["kv_cache_type"] and ps["cpu_kernels"]
 
@@ -193,8 +197,16 @@ def test_stop_string_and_context_overflow(server):
     assert status == 400 and err["error"]["type"] == "exceed_context_size_error"
     assert err["error"]["code"] == "context_length_exceeded"  # OpenAI's code; llama.cpp's type and counts
     assert err["error"]["n_ctx"] > 0 and err["error"]["n_prompt_tokens"] > 0
-    status, err = post(server, "/api/generate", {"model": "tiny-chat", "prompt": "hi", "options": {"num_predict": 600}})
-    assert status == 400 and "exceeds the context" in err["error"]
+    # Ollama: num_predict is a cap, and generation stops at the end of the context (num_ctx when smaller)
+    body = {"model": "tiny-chat", "prompt": "hi", "stream": False, "options": {"num_predict": 600, "temperature": 0}}
+    status, doc = post(server, "/api/generate", body)
+    assert status == 200 and doc["done_reason"] == "length" and len(doc["context"]) == 512
+    body["options"]["num_ctx"] = 64
+    status, doc = post(server, "/api/generate", body)
+    assert status == 200 and doc["done_reason"] == "length" and len(doc["context"]) == 64
+    body = {"model": "tiny-chat", "prompt": "hi " * 80, "stream": False, "options": {"num_ctx": 16}}
+    status, err = post(server, "/api/generate", body)
+    assert status == 400 and "does not fit the context of 16 tokens" in err["error"]
     # no max_tokens: up to the end of the context (512)
     status, doc = post(server, "/v1/completions", {"prompt": "x", "temperature": 0})
     u = doc["usage"]
@@ -388,3 +400,22 @@ def test_tightkv_client_with_api_key(server):
     assert out.returncode == 1 and out.stderr.startswith("error: server answered 401")
     out = subprocess.run(base[:5] + ["--url", "http://127.0.0.1:9"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "cannot reach" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_keep_alive_zero_unloads_and_the_next_request_loads(server):
+    status, doc = post(server, "/api/generate", {"model": "tiny-chat", "keep_alive": 0})
+    assert status == 200 and doc["done_reason"] == "unload"
+    deadline = time.monotonic() + 10
+    while json.loads(request(server, "GET", "/api/ps")[2])["models"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert json.loads(request(server, "GET", "/api/ps")[2])["models"] == []  # weights and caches freed
+    body = {"model": "tiny-chat", "prompt": "hi", "stream": False, "keep_alive": "10m", "options": {"num_predict": 3}}
+    status, doc = post(server, "/api/generate", body)
+    assert status == 200 and doc["done"] and doc["eval_count"] <= 3
+    (ps,) = json.loads(request(server, "GET", "/api/ps")[2])["models"]
+    left = datetime.fromisoformat(ps["expires_at"]) - datetime.now(timezone.utc)
+    assert timedelta(minutes=9) < left <= timedelta(minutes=10)  # keep_alive, honestly
+    status, err = post(server, "/api/generate", {"model": "tiny-chat", "prompt": "hi", "keep_alive": "soon"})
+    assert status == 400 and "keep_alive" in err["error"]
+    status, _ = post(server, "/api/generate", {"model": "tiny-chat", "keep_alive": -1})  # forever again
+    assert status == 200

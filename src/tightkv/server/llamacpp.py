@@ -14,7 +14,12 @@ def _model(request: Request):
     state = request.app.state.tk
     if state.scheduler.state != "ready":
         raise ApiError(503, "Loading model", "unavailable_error", headers={"Retry-After": "1"})
-    return state.scheduler.model
+    model = state.scheduler.model
+    if model is None:
+        state.scheduler.load()
+        raise ApiError(503, "the model was unloaded (keep_alive) and is loading again", "unavailable_error",
+                       headers={"Retry-After": "2"})
+    return model
 
 
 @router.post("/tokenize", summary="Token ids of a text (llama.cpp: content, add_special; vLLM: prompt, "

@@ -40,6 +40,12 @@ def _check(req, state) -> None:
         raise ApiError(404, f'model "{req.model}" not found (this server serves "{state.served.id}")')
 
 
+def _check_think(req, model_id: str, template: str | None) -> None:
+    """Ollama answers `think` for a model that does not think with a 400."""
+    if getattr(req, "think", None) and "<think>" not in (template or ""):
+        raise ApiError(400, f'"{model_id}" does not support thinking')
+
+
 def _ready(state) -> None:
     if state.scheduler.state != "ready":
         raise ApiError(503, "Loading model", "unavailable_error", headers={"Retry-After": "1"})
@@ -64,6 +70,21 @@ def _options(req) -> tuple[int | None, dict]:
     return max_tokens, options
 
 
+def _fit(model, ids: list[int], max_tokens: int | None, req) -> int:
+    """Ollama's budget: `num_predict` caps the reply, and generation stops at the end of the
+    context ("length"), which is `num_ctx` when the request gives one below the server's
+    context; a prompt that does not fit is still an error, never truncated."""
+    from ..errors import ContextOverflowError
+
+    num_ctx = req.options.num_ctx if req.options else None
+    ctx = min(num_ctx, model.context_length) if num_ctx and num_ctx > 0 else model.context_length
+    room = ctx - len(ids)
+    if room <= 0:
+        raise ContextOverflowError(f"prompt of {len(ids)} tokens does not fit the context of {ctx} tokens",
+                                   len(ids), ctx)
+    return room if max_tokens is None else min(max_tokens, room)
+
+
 def _final(job, stats) -> dict:
     """The timing fields of Ollama's last record, durations in nanoseconds."""
     total = time.perf_counter() - job.created
@@ -78,9 +99,43 @@ def _final(job, stats) -> dict:
     }
 
 
-def _load_reply(model_id: str, req, chat: bool) -> OllamaJSON:
-    """Ollama answers a request without a prompt by loading (or unloading) the model."""
-    reason = "unload" if req.keep_alive in (0, "0", "0s", "0m") else "load"
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def keep_alive_seconds(value) -> float | None:
+    """Ollama's keep_alive: seconds as a number, or a Go duration ("5m", "1h30m", "0");
+    negative means forever (None)."""
+    import re
+
+    if isinstance(value, bool):
+        raise ApiError(400, "invalid keep_alive: a number of seconds or a duration like \"5m\"")
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise ApiError(400, "invalid keep_alive: not a finite number")
+        seconds = float(value)
+    else:
+        text = value.strip()
+        parts = re.fullmatch(r"-?((\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h))+|-?\d+", text)
+        if not parts:
+            raise ApiError(400, f"invalid keep_alive {value!r}: a number of seconds or a duration like \"5m\"")
+        if re.fullmatch(r"-?\d+", text):
+            seconds = float(text)
+        else:
+            seconds = sum(float(n) * _UNITS[u] for n, _, u in re.findall(r"(\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)", text))
+            seconds = -seconds if text.startswith("-") else seconds
+    return None if seconds < 0 else seconds
+
+
+def _keep(req, state) -> None:
+    if req.keep_alive is not None:
+        state.scheduler.set_keep_alive(keep_alive_seconds(req.keep_alive))
+
+
+def _load_reply(state, model_id: str, req, chat: bool) -> OllamaJSON:
+    """Ollama answers a request without a prompt by loading (or, keep_alive 0, unloading) the model."""
+    reason = "unload" if req.keep_alive is not None and keep_alive_seconds(req.keep_alive) == 0 else "load"
+    if reason == "load":
+        state.scheduler.load()
     body = {"model": model_id, "created_at": created_at()}
     body.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
     body.update(done=True, done_reason=reason)
@@ -106,10 +161,11 @@ async def chat(request: Request):
     req = await parse_body(request, OllamaChatRequest)
     state = request.app.state.tk
     _check(req, state)
+    _keep(req, state)
     model_id = state.served.id
     if req.messages is None:
         _ready(state)
-        return _load_reply(model_id, req, chat=True)
+        return _load_reply(state, model_id, req, chat=True)
     if not req.messages:
         raise ApiError(400, "messages must not be empty")
     if any(m.images for m in req.messages):
@@ -121,10 +177,12 @@ async def chat(request: Request):
 
     def prepare(model) -> Prepared:
         check_constraint(model, options)
+        _check_think(req, model_id, model.chat_template)
         if tools and tool_format(model.chat_template) is None:
             raise ApiError(400, f'registry.ollama.ai/library/{model_id} does not support tools')
         opts = dict(options, stop=model.chat_stops(options.get("stop")))
-        return Prepared(model.chat_ids(template_messages(messages), tools), max_tokens, opts)
+        ids = model.chat_ids(template_messages(messages), tools)
+        return Prepared(ids, _fit(model, ids, max_tokens, req), opts)
 
     job = await start_job(request, prepare)
 
@@ -157,6 +215,7 @@ async def generate(request: Request):
     req = await parse_body(request, OllamaGenerateRequest)
     state = request.app.state.tk
     _check(req, state)
+    _keep(req, state)
     model_id = state.served.id
     if req.images:
         raise ApiError(400, "images are not supported by this model")
@@ -165,12 +224,13 @@ async def generate(request: Request):
             raise ApiError(400, f"'{name}' is not supported")
     if not req.prompt:
         _ready(state)
-        return _load_reply(model_id, req, chat=False)
+        return _load_reply(state, model_id, req, chat=False)
     max_tokens, options = _options(req)
     context = list(req.context or [])
 
     def prepare(model) -> Prepared:
         check_constraint(model, options)
+        _check_think(req, model_id, model.chat_template)
         vocab = model.tokenizer.vocab_size
         if any(not 0 <= t < vocab for t in context):
             raise ApiError(400, f"'context' token ids must be in [0, {vocab})")
@@ -182,7 +242,7 @@ async def generate(request: Request):
             ids = model.chat_ids(messages + [{"role": "user", "content": req.prompt}])
             if context and ids and ids[0] == model.tokenizer.bos_id:
                 ids = ids[1:]
-        return Prepared(context + ids, max_tokens, options)
+        return Prepared(context + ids, _fit(model, context + ids, max_tokens, req), options)
 
     job = await start_job(request, prepare)
 
@@ -213,14 +273,16 @@ async def tags(request: Request):
 @router.get("/ps", summary="The loaded model")
 async def ps(request: Request):
     state = request.app.state.tk
-    if state.scheduler.state != "ready":
+    if state.scheduler.state != "ready" or not state.scheduler.loaded:
         return OllamaJSON({"models": []})
     served = state.served
     digest = await anyio.to_thread.run_sync(served.digest)
     entry = _listing(served, digest)
     del entry["modified_at"]
-    forever = datetime.now(timezone.utc).astimezone() + timedelta(days=365 * 100)
-    entry.update(expires_at=forever.isoformat(), size_vram=0, context_length=served.context_length,
+    left = state.scheduler.expires_in()  # None: kept loaded until the server stops
+    expires = datetime.now(timezone.utc).astimezone() + timedelta(days=365 * 100 if left is None else 0,
+                                                                  seconds=left or 0)
+    entry.update(expires_at=expires.isoformat(), size_vram=0, context_length=served.context_length,
                  kv_cache_type=served.kv, cpu_kernels=library.summary(),  # our fields beside Ollama's
                  prefix_cache=state.scheduler.prefix_stats(), batch_size=state.scheduler.batch_size,
                  parallel=state.scheduler.parallel)
@@ -270,6 +332,9 @@ def _plain(value, verbose: bool):
     return value
 
 
-@router.get("/version", summary="Server version")
+OLLAMA_VERSION = "0.12.0"  # the Ollama API these routes follow: clients gate features on this number
+
+
+@router.get("/version", summary="The Ollama version these routes follow (ours under 'tightkv')")
 async def version():
-    return OllamaJSON({"version": __version__})
+    return OllamaJSON({"version": OLLAMA_VERSION, "tightkv": __version__})

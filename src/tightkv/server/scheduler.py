@@ -119,6 +119,9 @@ class Scheduler:
         self.cancelled = 0
         self.batch_size = 0  # sequences in the last decode batch
         self.decode_steps = self.decode_rows = 0  # batched forward passes, and the tokens they carried
+        self.keep_alive: float | None = None  # seconds the model stays loaded once idle (None: forever)
+        self._want_load = False
+        self.last_used = time.monotonic()
 
     # --- event-loop side ---------------------------------------------------
     def start(self) -> None:
@@ -143,6 +146,31 @@ class Scheduler:
             self._inbox.append(job)
             self._cv.notify()
 
+    def set_keep_alive(self, seconds: float | None) -> None:
+        """How long the model stays loaded once idle (Ollama's keep_alive; 0: unload now,
+        None: forever). An unloaded model (weights, caches, prefix store freed) loads again
+        on the worker when the next request comes."""
+        with self._cv:
+            self.keep_alive = None if seconds is None else min(seconds, 1e9)
+            self.last_used = time.monotonic()
+            self._cv.notify()
+
+    def load(self) -> None:
+        """Load the model again if keep_alive unloaded it (Ollama's empty request)."""
+        with self._cv:
+            self._want_load = True
+            self._cv.notify()
+
+    @property
+    def loaded(self) -> bool:
+        return self.model is not None
+
+    def expires_in(self) -> float | None:
+        """Seconds until an idle model unloads (None: never)."""
+        if self.keep_alive is None:
+            return None
+        return max(0.0, self.last_used + self.keep_alive - time.monotonic())
+
     def retry_after(self) -> int:
         waiting = len(self._inbox) + len(self._waiting)
         return max(1, min(60, round(self._job_seconds * (1 + waiting) / self.parallel)))
@@ -166,15 +194,7 @@ class Scheduler:
     # --- worker side -------------------------------------------------------
     def _run(self) -> None:
         try:
-            self.model = self._load()
-            if self.cache_ram != 0:
-                from ..documents.prefixes import PrefixStore
-                from ..documents.store import DocumentStore
-
-                disk = DocumentStore() if self.cache_disk else None
-                self.prefixes = PrefixStore(self.model, self.model.kv, ram_bytes=self.cache_ram, disk=disk,
-                                            disk_tokens=self.cache_disk_tokens, disk_bytes=self.cache_disk,
-                                            kind="prompt", notice=log.warning)
+            self._load_model()
             if self._on_ready:
                 self._on_ready(self.model)
         except Exception as err:  # noqa: BLE001 - reported, then the server stops
@@ -197,6 +217,33 @@ class Scheduler:
                 _close(job)
                 job.post(ERROR, Unavailable("the server is shutting down"))
 
+    def _load_model(self) -> None:
+        self.model = self._load()
+        if self.cache_ram != 0:
+            from ..documents.prefixes import PrefixStore
+            from ..documents.store import DocumentStore
+
+            disk = DocumentStore() if self.cache_disk else None
+            self.prefixes = PrefixStore(self.model, self.model.kv, ram_bytes=self.cache_ram, disk=disk,
+                                        disk_tokens=self.cache_disk_tokens, disk_bytes=self.cache_disk,
+                                        kind="prompt", notice=log.warning)
+
+    def _reload(self) -> None:
+        try:
+            self._load_model()
+        except Exception as err:  # noqa: BLE001 - the waiting requests get the error
+            with self._cv:
+                jobs = list(self._inbox)
+                self._inbox.clear()
+            for job in jobs:
+                job.post(ERROR, err)
+
+    def _unload(self) -> None:
+        """Free the model, its caches and the prefix store (keep_alive ran out)."""
+        self.model = self.prefixes = None
+        _release_memory()
+        log.warning("model unloaded (keep_alive); the next request loads it again")
+
     def _serve(self) -> None:
         while True:
             with self._cv:
@@ -204,11 +251,19 @@ class Scheduler:
             if idle:
                 _release_memory()
             with self._cv:
-                while not (self._inbox or self._waiting or self._active or self._stop):
-                    self._cv.wait()
+                while not (self._inbox or self._waiting or self._active or self._stop or self._want_load):
+                    if self.loaded and self.expires_in() == 0:
+                        self._unload()
+                    left = self.expires_in() if self.loaded else None
+                    self._cv.wait(left)
                 if self._stop:
                     return
                 new = list(self._inbox)  # they stay counted in the inbox while prepared
+                want, self._want_load = self._want_load, False
+            if (new or want) and not self.loaded:
+                self._reload()
+                if not self.loaded:
+                    continue
             for job in new:
                 self._prepare(job)
             self._admit()
@@ -342,6 +397,7 @@ class Scheduler:
 
     def _finish(self, job: Job) -> None:
         _close(job)
+        self.last_used = time.monotonic()
         with self._cv:
             if job in self._active:
                 self._active.remove(job)

@@ -86,7 +86,7 @@ class OllamaOptions(_Body):
     seed: int | None = None
     num_predict: int | None = Field(None, description="-1 or -2: up to the end of the context")
     stop: Stops | None = None
-    num_ctx: int | None = Field(None, description="ignored: the server's --ctx applies")
+    num_ctx: int | None = Field(None, description="this request's context, at most the server's --ctx")
 
 
 class OllamaMessage(_Body):
@@ -102,6 +102,7 @@ class _OllamaRequest(_Body):
     stream: bool = True
     options: OllamaOptions | None = None
     format: str | dict | None = Field(None, description='"json" or a JSON schema: the output constrained to it')
+    think: bool | str | None = Field(None, description="a 400 for models whose template does not think")
     keep_alive: str | int | float | None = None
 
 
