@@ -6,7 +6,7 @@ page is assembled from whatever JSON is there. Sections:
     machine   CPU, cores, memory and measured read bandwidth
     memory    bench/load_memory.py: RSS rise from loading the embedded model
     ppl       tightkv ppl on the essays (ctx 2048, 6 chunks) across KV types
-    niah-kernel the same for niah (niah.json, niah.png)
+    niah-rerun  tightkv niah for NIAH_RERUN_TYPES only, merged into niah.json and niah.png
     ppl-texts the ppl protocol on both real models and on texts the defaults were not chosen on
               (bench/texts.py: late essays, the brief's docs/*.md with --brief DIR, Python source, Korean)
     kv-policy tightkv ppl (ctx 2048, 2 chunks) over exact sink and window sizes: the
@@ -38,7 +38,7 @@ from tightkv.eval.corpus import essays_path
 
 from render_benchmarks import render
 from sections import (
-    DOCQA_ARGS, DOCQA_TYPES, NIAH_KERNEL_TYPES, NIAH_TYPES, OUT,
+    DOCQA_ARGS, DOCQA_TYPES, NIAH_RERUN_TYPES, NIAH_TYPES, OUT,
     POLICY_CHUNKS, PPL_TYPES, ROOT, SECTIONS, SPEED_QWEN_TYPES, SPEED_TYPES, TEXTS_RUNS,
     USER_NEEDLES, USER_NEEDLE_TYPES, policy_types,
 )
@@ -89,10 +89,10 @@ def run_section(name: str) -> None:
         _ppl(policy_types(), OUT / "kv_policy.json", chunks=POLICY_CHUNKS)
     elif name == "niah":
         _niah(NIAH_TYPES, OUT / "niah.json", ROOT / "docs" / "niah.png")
-    elif name == "niah-kernel":
-        _niah(NIAH_KERNEL_TYPES, OUT / "niah_kernel.json", OUT / "niah_kernel.png")
-        (OUT / "niah_kernel.png").unlink()
-        whole = _merge("niah", OUT / "niah_kernel.json")
+    elif name == "niah-rerun":
+        _niah(NIAH_RERUN_TYPES, OUT / "niah_rerun.json", OUT / "niah_rerun.png")
+        (OUT / "niah_rerun.png").unlink()
+        whole = _merge("niah", OUT / "niah_rerun.json")
         from tightkv.eval.niah import heatmap
 
         heatmap(whole["results"], whole["lengths"], whole["depths"], str(ROOT / "docs" / "niah.png"))

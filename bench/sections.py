@@ -27,8 +27,8 @@ TEXTS_RUNS = {"gemma3-270m": ("f16,progressive,kvarn4,kvarn4:tq4", 2, TEXTS[1:])
               "qwen2.5-coder-0.5b": ("f16,progressive,kvarn4,kvarn4:tq4", 2, TEXTS[1:2])}
 LATE_ESSAYS = 300_000  # first character of the later essays
 DOC_FILES = ["PRODUCT", "REFERENCES", "KV_ALGORITHMS", "CONVENTIONS", "STYLE", "ARCHITECTURE", "MODELS"]
-NIAH_TYPES = "f16,q8_0,progressive,aggressive"
-NIAH_KERNEL_TYPES = "f16,q8_0,progressive"
+NIAH_TYPES = "f16,q8_0,progressive,kvarn4,aggressive"
+NIAH_RERUN_TYPES = "f16,kvarn4"  # niah-rerun: these types again, merged into niah.json
 USER_NEEDLES = [("The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.",
                  "What is the best thing to do in San Francisco?", "Dolores Park"),
                 ("The special magic number mentioned in the report is 91736.",
