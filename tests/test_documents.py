@@ -459,7 +459,9 @@ def test_cli_ask_json_cache_info_and_corrupt_notice(tiny_path, tmp_path):
     path = Path(out["document"]["cache_file"])
     assert path.exists() and path.parent == home / "documents"
     info = cli("ask", "--cache-info", env=env)
-    assert info.returncode == 0 and path.name in info.stdout and "progressive" in info.stdout
+    from tightkv.kv.spec import DEFAULT
+
+    assert info.returncode == 0 and path.name in info.stdout and DEFAULT in info.stdout  # the default cache
     _flip(path)
     r = cli(*args, "Who leads Lumen?", env=env)
     assert r.returncode == 0, r.stderr

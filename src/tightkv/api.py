@@ -28,7 +28,7 @@ class Model:
         path_or_name: a path to a .gguf file or a registry name ("qwen3:4b"; pulled
             into the store on first use); None opens the embedded Gemma 3 270M.
         kv: KV cache type or preset for keys and values (e.g. "f16", "q8_0:tq4",
-            "progressive"); `TIGHTKV_KV_CACHE_TYPE` sets the default.
+            "progressive"); default "kvarn4", or `TIGHTKV_KV_CACHE_TYPE`.
         context_length: tokens of context; defaults to the model's trained context.
             More than the trained context is an error unless `rope_scaling` is given.
         threads: CPU threads; defaults to the physical cores.
@@ -329,7 +329,7 @@ class Model:
         """A `DocumentSession` over one or more documents (paths, or text): `.ask(question)`.
 
         In full mode the document is prefilled once into the KV cache (kv defaults to
-        "progressive"), saved under ``$TIGHTKV_HOME/documents`` and loaded from there
+        the default cache type, "kvarn4", or $TIGHTKV_KV_CACHE_TYPE), saved under ``$TIGHTKV_HOME/documents`` and loaded from there
         next time (cache=False skips the disk); each question costs only its own
         tokens; cache may also be a `DocumentStore` (another directory). mode: "full",
         "rag", "rlv" or "auto" (full when the document fits the model's measured working

