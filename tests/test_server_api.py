@@ -297,7 +297,7 @@ BAD_V1 = [
     (CHAT, {"messages": MSG, "stop": [1, 2]}, 400), (CHAT, {"messages": MSG, "stop": ["a"] * 17}, 400),
     (CHAT, {"messages": MSG, "seed": "x"}, 400), (CHAT, {"messages": MSG, "seed": 1.5}, 400),
     (CHAT, {"messages": MSG, "stream": "yes"}, 400), (CHAT, {"messages": MSG, "stream_options": 1}, 400),
-    (CHAT, {"messages": MSG, "n": 2}, 400), (CHAT, {"messages": MSG, "presence_penalty": 1}, 400),
+    (CHAT, {"messages": MSG, "n": 5}, 400), (CHAT, {"messages": MSG, "presence_penalty": 1}, 400),
     (CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400), (CHAT, {"messages": MSG, "model": 5}, 400),
     (CHAT, {"messages": MSG, "model": "nope"}, 404),
     (CHAT, {"messages": MSG * 300, "max_tokens": 1}, 400),

@@ -158,3 +158,30 @@ def test_one_long_stop_string(server):
     body = {"model": MODEL, "prompt": "abc", "max_tokens": 3, "stop": "a stop string longer than sixteen characters"}
     status, _ = post(server, "/v1/completions", body)
     assert status == 200
+
+
+def test_n_choices_share_the_prompt(client):
+    ask = [{"role": "user", "content": "Name a fruit."}]
+    r = client.chat.completions.create(model=MODEL, messages=ask, n=2, temperature=1.0, seed=5, max_tokens=8)
+    assert [c.index for c in r.choices] == [0, 1]
+    assert 2 <= r.usage.completion_tokens <= 16 and r.usage.prompt_tokens > 0  # the prompt counted once
+    one = client.chat.completions.create(model=MODEL, messages=ask, temperature=1.0, seed=5, max_tokens=8)
+    assert r.choices[0].message.content == one.choices[0].message.content  # choice 0 draws with the seed itself
+    parts = list(client.chat.completions.create(model=MODEL, messages=ask, n=2, temperature=1.0, seed=5,
+                                                max_tokens=8, stream=True, stream_options={"include_usage": True}))
+    texts = ["", ""]
+    for p in parts:
+        for c in p.choices:
+            texts[c.index] += c.delta.content or ""
+    assert texts == [c.message.content for c in r.choices]
+    assert parts[-1].usage.completion_tokens == r.usage.completion_tokens
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL, messages=ask, n=3, max_tokens=2)  # more than --parallel 2
+
+
+def test_embeddings_are_a_clear_501(client, server):
+    with pytest.raises(openai.APIStatusError) as err:
+        client.embeddings.create(model=MODEL, input="hello")
+    assert err.value.status_code == 501 and "not an embedding model" in err.value.message
+    status, doc = post(server, "/api/embed", {"model": MODEL, "input": "hello"})
+    assert status == 501 and "not an embedding model" in doc["error"]

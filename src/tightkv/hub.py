@@ -98,9 +98,11 @@ def _head(get_hf_file_metadata, url: str):
     return get_hf_file_metadata(url, endpoint=endpoint(), retry_on_errors=True)
 
 
-def pull(entry: Entry, quiet: bool = False) -> Installed:
-    """Download `entry` into the store (resuming, verifying) and write its manifest."""
-    say = _say(quiet)
+def pull(entry: Entry, quiet: bool = False, report=None) -> Installed:
+    """Download `entry` into the store (resuming, verifying) and write its manifest.
+    `report(status)` (Ollama's /api/pull records: {"status"}, and while the file comes
+    {"status", "digest", "total", "completed"}) is called besides the progress bar."""
+    say = _say(quiet, report)
     say("pulling manifest")
     remote = remote_file(entry)
     expected = entry.sha256 or remote.sha256
@@ -120,7 +122,10 @@ def pull(entry: Entry, quiet: bool = False) -> Installed:
             _finished_bar(label, remote.size, quiet)
             digest, size = expected, remote.size
         else:
-            _download(remote, partial, label, quiet)
+            digest_id = f"sha256:{expected}" if expected else remote.etag
+            _download(remote, partial, label, quiet,
+                      None if report is None else lambda done: report({"status": label, "digest": digest_id,
+                                                                       "total": remote.size, "completed": done}))
             say("verifying sha256 digest")
             digest = _sha256_file(partial)
             if expected and digest != expected:
@@ -142,7 +147,7 @@ def _complete_blob(path: Path, size: int | None) -> bool:
         return False
 
 
-def _download(remote: RemoteFile, partial: Path, label: str, quiet: bool) -> None:
+def _download(remote: RemoteFile, partial: Path, label: str, quiet: bool, progress=None) -> None:
     from huggingface_hub import constants
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers
@@ -169,7 +174,7 @@ def _download(remote: RemoteFile, partial: Path, label: str, quiet: bool) -> Non
         with open(partial, "r+b" if have else "wb") as f:
             f.seek(have)
             with _hub_errors(None, remote.url):
-                http_get(remote.url, _Flushing(f), **kwargs)
+                http_get(remote.url, _Flushing(f, progress), **kwargs)
     except OSError as err:
         if err.errno == errno.ENOSPC:
             raise TightKVError(f"no space left on device in {partial.parent} after {human_bytes(_size(partial))}; "
@@ -188,12 +193,14 @@ class _Flushing:
     """The partial file, flushed after every write so a killed pull leaves every
     received byte on disk for the next one to resume from."""
 
-    def __init__(self, f: IO[bytes]):
-        self.f = f
+    def __init__(self, f: IO[bytes], progress=None):
+        self.f, self.progress = f, progress  # progress(bytes in the file so far)
 
     def write(self, data: bytes) -> int:
         n = self.f.write(data)
         self.f.flush()
+        if self.progress is not None:
+            self.progress(self.f.tell())
         return n
 
     def __getattr__(self, name):
@@ -296,10 +303,12 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0][:200] if text else type(err).__name__
 
 
-def _say(quiet: bool):
+def _say(quiet: bool, report=None):
     def say(message: str) -> None:
         if not quiet:
             print(message, file=sys.stderr, flush=True)
+        if report is not None:
+            report({"status": message})
     return say
 
 

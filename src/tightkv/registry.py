@@ -158,7 +158,7 @@ def resolve(name: str | os.PathLike | None, pull: bool = True, quiet: bool = Fal
     return pull_model(entry.name, quiet=quiet).path
 
 
-def pull_model(name: str, quiet: bool = False, check_remote: bool = False) -> Installed:
+def pull_model(name: str, quiet: bool = False, check_remote: bool = False, report=None) -> Installed:
     """Download a registry model into the store, resuming an interrupted download
     and verifying its sha256; progress goes to stderr unless quiet.
 
@@ -168,14 +168,16 @@ def pull_model(name: str, quiet: bool = False, check_remote: bool = False) -> In
     if looks_like_path(name):
         raise TightKVError(f"'{name}' is a file path; pull takes a model name (e.g. {DEFAULT_MODEL})")
     entry = lookup(name)
-    if entry.embedded:
-        return install_embedded(entry, quiet=quiet)
-    found = installed(entry)
-    if found is not None and not check_remote:
+    if entry.embedded or (installed(entry) is not None and not check_remote):
+        if report is not None:
+            report({"status": "pulling manifest"})
+        found = install_embedded(entry, quiet=quiet) if entry.embedded else installed(entry)
+        if report is not None:
+            report({"status": "success"})
         return found
     from . import hub
 
-    return hub.pull(entry, quiet=quiet)
+    return hub.pull(entry, quiet=quiet, report=report)
 
 
 def install_embedded(entry: Entry, quiet: bool = False) -> Installed:

@@ -288,6 +288,36 @@ def create_app(config: ServerConfig, load: Callable[[], Any] | None = None,
     return app
 
 
+ERROR_SCHEMAS = {
+    "OpenAIError": {"type": "object", "required": ["error"], "properties": {"error": {
+        "type": "object", "required": ["message", "type"],
+        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                       "param": {"type": ["string", "null"]}, "code": {"type": ["string", "integer", "null"]}}}}},
+    "OllamaError": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
+}
+STREAMS = {"/v1/chat/completions": "text/event-stream", "/v1/completions": "text/event-stream",
+           "/api/chat": "application/x-ndjson", "/api/generate": "application/x-ndjson"}
+ERRORS = {"400": "a bad request", "401": "a missing or wrong API key", "404": "an unknown model or route",
+          "413": "a body over 32 MB", "501": "not served here", "503": "loading, or too many requests waiting"}
+
+
+def _document_answers(doc: dict) -> None:
+    """Every route's error answers (OpenAI's shape on /v1, Ollama's on /api) and the
+    streaming media types of the generation routes, in the OpenAPI document."""
+    for path, ops in doc.get("paths", {}).items():
+        ref = "OllamaError" if path.startswith("/api/") else "OpenAIError"
+        for op in ops.values():
+            answers = op.setdefault("responses", {})
+            answers.pop("422", None)  # bodies are parsed by hand: a bad one is a 400
+            for code, why in ERRORS.items():
+                answers.setdefault(code, {"description": why, "content": {
+                    "application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}}})
+            if path in STREAMS:
+                ok = answers.setdefault("200", {"description": "Successful Response"}).setdefault("content", {})
+                ok.setdefault("application/json", {"schema": {}})
+                ok[STREAMS[path]] = {"schema": {"type": "string", "description": "one event per line"}}
+
+
 def _document_bodies(app: FastAPI) -> None:
     """Add the request schemas of our hand-parsed bodies to the OpenAPI document."""
     from fastapi.openapi.utils import get_openapi
@@ -298,6 +328,8 @@ def _document_bodies(app: FastAPI) -> None:
         if app.openapi_schema is None:
             doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
             doc.setdefault("components", {}).setdefault("schemas", {}).update(COMPONENTS)
+            doc["components"]["schemas"].update(ERROR_SCHEMAS)
+            _document_answers(doc)
             app.openapi_schema = doc
         return app.openapi_schema
 

@@ -168,6 +168,57 @@ async def start_job(request: Request, prepare: Callable[[Any], Prepared]) -> Job
     return job
 
 
+class JobGroup:
+    """The jobs of one request's `n` choices (choice i is job i)."""
+
+    def __init__(self, jobs: list[Job]):
+        self.jobs = jobs
+
+    def cancel(self) -> None:
+        for job in self.jobs:
+            job.cancel()
+
+    async def events(self) -> AsyncIterator[tuple[int, str, Any]]:
+        """(choice, kind, value) of every job as they come, until each has ended."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, job: Job) -> None:
+            async for kind, value in events(job):
+                await queue.put((i, kind, value))
+
+        tasks = [asyncio.create_task(pump(i, j)) for i, j in enumerate(self.jobs)]
+        try:
+            ended = 0
+            while ended < len(self.jobs):
+                i, kind, value = await queue.get()
+                ended += kind in (DONE, ERROR)
+                yield i, kind, value
+        finally:
+            for t in tasks:
+                t.cancel()
+
+
+async def start_choices(request: Request, prepare: Callable[[Any, int], Prepared], n: int) -> JobGroup:
+    """`n` jobs of one prompt, `prepare(model, i)` for choice i. The first is prefilled before
+    the others start, so they take its whole prompt (and logits) from the prefix store."""
+    first = await start_job(request, lambda model: prepare(model, 0))
+    jobs = [first]
+    try:
+        if n > 1:
+            await first.prefilled.wait()
+            for i in range(1, n):
+                jobs.append(await start_job(request, lambda model, i=i: prepare(model, i)))
+    except BaseException:
+        JobGroup(jobs).cancel()
+        raise
+    return JobGroup(jobs)
+
+
+async def collect_all(request: Request, group: JobGroup) -> list[tuple]:
+    """`collect` of each choice's job, side by side."""
+    return list(await asyncio.gather(*(collect(request, j) for j in group.jobs)))
+
+
 async def collect(request: Request, job: Job):
     """All of a job's text, its stats and its tokens' logprobs, if asked (non-streaming answers)."""
     watcher = asyncio.create_task(_watch_disconnect(request, job))

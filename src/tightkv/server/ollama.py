@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 
 import anyio
 from fastapi import APIRouter, Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from .. import __version__
 from ..kernels import library
@@ -18,7 +18,7 @@ from .common import (ApiError, JobStream, OllamaJSON, as_api_error, collect, eve
 from ..engine.tools import parse_tool_calls, template_messages, tool_format
 from .outputs import check_constraint, constraint_options
 from .scheduler import DONE, ERROR, PIECE, Prepared
-from .schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaShowRequest
+from .schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaPullRequest, OllamaShowRequest
 
 router = APIRouter(prefix="/api", tags=["Ollama"])
 
@@ -338,3 +338,87 @@ OLLAMA_VERSION = "0.12.0"  # the Ollama API these routes follow: clients gate fe
 @router.get("/version", summary="The Ollama version these routes follow (ours under 'tightkv')")
 async def version():
     return OllamaJSON({"version": OLLAMA_VERSION, "tightkv": __version__})
+
+
+@router.post("/embed", summary="501: the served model is not an embedding model")
+@router.post("/embeddings", summary="501: the served model is not an embedding model (older route)")
+async def embed(request: Request):
+    from .openai import EMBED_HINT
+
+    raise ApiError(501, EMBED_HINT.format(model=request.app.state.tk.served.id))
+
+
+@router.post("/pull", summary="Pull a model into the store, streaming progress as NDJSON (Ollama's records)",
+             openapi_extra=request_body(OllamaPullRequest))
+async def pull(request: Request):
+    import asyncio
+
+    from ..registry import pull_model
+
+    req = await parse_body(request, OllamaPullRequest)
+    name = req.model or req.name
+    if not name:
+        raise ApiError(400, "model is required")
+    loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+
+    def report(status: dict) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, status)
+
+    def work() -> None:
+        try:
+            if request.app.state.tk.served.knows(name):  # the served model is here already
+                report({"status": "pulling manifest"})
+                report({"status": "success"})
+            else:
+                pull_model(name, quiet=True, report=report)
+        except Exception as err:  # noqa: BLE001 - the client gets the error as Ollama sends it
+            answer = as_api_error(err)
+            report({"error": answer.message, "code": answer.status})
+        report({"end": True})
+
+    task = asyncio.create_task(anyio.to_thread.run_sync(work))
+
+    async def records():
+        last = None
+        while True:
+            status = await queue.get()
+            if "end" in status:
+                break
+            if status.get("completed") is not None and last is not None and status["completed"] < last + 2**20 \
+                    and status["completed"] != status.get("total"):
+                continue  # about one record per MiB
+            last = status.get("completed", last)
+            yield status
+        await task
+
+    if req.stream is False:
+        final = [s async for s in records()]
+        err = next((s for s in final if "error" in s), None)
+        if err:
+            raise ApiError(err["code"], err["error"])
+        return OllamaJSON(final[-1] if final else {"status": "success"})
+
+    async def ndjson():
+        async for status in records():
+            status.pop("code", None)
+            yield go_dumps(status) + "\n"
+
+    return StreamingResponse(ndjson(), media_type="application/x-ndjson")
+
+
+@router.delete("/delete", summary="Remove a pulled model from the store", openapi_extra=request_body(OllamaPullRequest))
+async def delete(request: Request):
+    from ..errors import TightKVError
+    from ..registry import remove
+
+    req = await parse_body(request, OllamaPullRequest)
+    name = req.model or req.name
+    if not name:
+        raise ApiError(400, "model is required")
+    if request.app.state.tk.served.knows(name):
+        raise ApiError(400, f'model "{name}" is the one this server serves; stop the server to delete it')
+    try:
+        await anyio.to_thread.run_sync(remove, [name])
+    except TightKVError as err:
+        raise ApiError(404, f'model "{name}" not found' if "not found" in str(err) else str(err)) from None
+    return Response(status_code=200)

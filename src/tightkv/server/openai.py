@@ -9,8 +9,8 @@ import uuid
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
-from .common import (ApiError, JobStream, as_api_error, collect, dumps, events, finite, parse_body, request_body,
-                     start_job, stop_list)
+from .common import (ApiError, JobStream, as_api_error, collect_all, dumps, finite, parse_body, request_body,
+                     start_choices, stop_list)
 from ..engine.tools import call_grammar, parse_tool_calls, template_messages, tool_format
 from .outputs import chat_logprobs, check_constraint, completion_logprobs, constraint_options
 from .scheduler import DONE, ERROR, LOGPROB, PIECE, Prepared
@@ -22,8 +22,6 @@ router = APIRouter(prefix="/v1", tags=["OpenAI"])
 
 def _options(req) -> tuple[int | None, dict]:
     """max_tokens and `Model.generate` options from an OpenAI request; unsupported fields are a 400."""
-    if req.n not in (None, 1):
-        raise ApiError(400, "'n' must be 1: one choice per request", param="n")
     for name in ("presence_penalty", "frequency_penalty"):
         value = getattr(req, name)
         if value not in (None, 0, 0.0):
@@ -85,10 +83,26 @@ def _reply(text: str, names: set[str], finish: str) -> tuple[dict, str]:
     return {"role": "assistant", "content": content or None, "tool_calls": tool_calls}, "tool_calls"
 
 
-def _usage(stats) -> dict:
-    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
-            "total_tokens": stats.prompt_tokens + stats.generated_tokens,
-            "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}}
+def _choices(req, state) -> int:
+    """`n`, at most the server's slots (the choices decode side by side)."""
+    n, slots = req.n or 1, state.scheduler.parallel
+    if n > slots:
+        raise ApiError(400, f"'n' must be at most {slots}, this server's --parallel", param="n")
+    return n
+
+
+def _seeded(prep: Prepared, i: int) -> Prepared:
+    """Choice i of a seeded request draws with seed + i (the first with the seed itself)."""
+    if i and prep.options.get("seed") is not None:
+        prep.options = dict(prep.options, seed=(prep.options["seed"] + i) % 2**64)
+    return prep
+
+
+def _usage(*stats) -> dict:
+    """Usage of a request's choices: the prompt once, the completions summed."""
+    prompt, done = stats[0].prompt_tokens, sum(s.generated_tokens for s in stats)
+    return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
+            "prompt_tokens_details": {"cached_tokens": stats[0].cached_tokens}}
 
 
 def _text(content) -> str:
@@ -133,59 +147,63 @@ async def chat_completions(request: Request):
         check_constraint(model, opts)
         return Prepared(model.chat_ids(template_messages(messages), tools), max_tokens, opts)
 
-    job = await start_job(request, prepare)
+    n = _choices(req, state)
+    group = await start_choices(request, lambda model, i: _seeded(prepare(model), i), n)
     tokenizer = state.scheduler.model.tokenizer
     cid, created, model_id = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()), state.served.id
     if not req.stream:
-        text, stats, lps = await collect(request, job)
-        message, finish = _reply(text, names, stats.finish_reason)
-        return JSONResponse({
-            "id": cid, "object": "chat.completion", "created": created, "model": model_id,
-            "choices": [{"index": 0, "message": message,
-                         "logprobs": chat_logprobs(tokenizer, lps) if req.logprobs else None,
-                         "finish_reason": finish}],
-            "usage": _usage(stats),
-        })
+        choices, all_stats = [], []
+        for i, (text, stats, lps) in enumerate(await collect_all(request, group)):
+            message, finish = _reply(text, names, stats.finish_reason)
+            choices.append({"index": i, "message": message,
+                            "logprobs": chat_logprobs(tokenizer, lps) if req.logprobs else None,
+                            "finish_reason": finish})
+            all_stats.append(stats)
+        return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": model_id,
+                             "choices": choices, "usage": _usage(*all_stats)})
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     head = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_id}
 
-    def chunk(delta: dict, finish: str | None = None, lps: list | None = None) -> str:
+    def chunk(i: int, delta: dict, finish: str | None = None, lps: list | None = None) -> str:
         logprobs = chat_logprobs(tokenizer, lps) if lps else None
-        body = {**head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+        body = {**head, "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
         if include_usage:
             body["usage"] = None
         return f"data: {dumps(body)}\n\n"
 
     async def sse():
-        yield chunk({"role": "assistant", "content": ""})
-        held, text = [], []  # logprobs of tokens whose text is not out yet; with tools, the reply so far
-        async for kind, value in events(job):
+        for i in range(n):
+            yield chunk(i, {"role": "assistant", "content": ""})
+        # per choice: logprobs of tokens whose text is not out yet; with tools, the reply so far
+        held, text, finals = [[] for _ in range(n)], [[] for _ in range(n)], []
+        async for i, kind, value in group.events():
             if kind == LOGPROB:
-                held.append(value)
+                held[i].append(value)
             elif kind == PIECE and names:
-                text.append(value)  # a reply that may hold calls is parsed whole, then sent as deltas
+                text[i].append(value)  # a reply that may hold calls is parsed whole, then sent as deltas
             elif kind == PIECE:
-                yield chunk({"content": value}, lps=held)
-                held = []
+                yield chunk(i, {"content": value}, lps=held[i])
+                held[i] = []
             elif kind == DONE:
                 finish = value.finish_reason
                 if names:
-                    message, finish = _reply("".join(text), names, finish)
+                    message, finish = _reply("".join(text[i]), names, finish)
                     if message["content"]:
-                        yield chunk({"content": message["content"]}, lps=held)
-                        held = []
-                    for i, call in enumerate(message.get("tool_calls", [])):
-                        yield chunk({"tool_calls": [{"index": i, **call}]})
-                if held:
-                    yield chunk({"content": ""}, lps=held)
-                yield chunk({}, finish)
-                if include_usage:
-                    yield f"data: {dumps({**head, 'choices': [], 'usage': _usage(value)})}\n\n"
+                        yield chunk(i, {"content": message["content"]}, lps=held[i])
+                        held[i] = []
+                    for k, call in enumerate(message.get("tool_calls", [])):
+                        yield chunk(i, {"tool_calls": [{"index": k, **call}]})
+                if held[i]:
+                    yield chunk(i, {"content": ""}, lps=held[i])
+                yield chunk(i, {}, finish)
+                finals.append(value)
+                if include_usage and len(finals) == n:
+                    yield f"data: {dumps({**head, 'choices': [], 'usage': _usage(*finals)})}\n\n"
             elif kind == ERROR:
                 yield f"data: {dumps(as_api_error(value).body(request.url.path))}\n\n"
         yield "data: [DONE]\n\n"
 
-    return JobStream(job, sse(), "text/event-stream")
+    return JobStream(group, sse(), "text/event-stream")
 
 
 @router.post("/completions", summary="Text completion (no chat template), streamed as SSE or one JSON",
@@ -225,12 +243,13 @@ async def completions(request: Request):
         if not ids:
             raise ApiError(400, "'prompt' is empty and the model adds no BOS token: nothing to predict from",
                            param="prompt")
-        if req.echo:
+        if req.echo and "ids" not in echoed:  # once for all choices
             echoed["ids"] = ids
             echoed["lps"] = model.prompt_logprobs(ids, req.logprobs or 0) if want_lp else None
-        return Prepared(ids, max_tokens, options)
+        return Prepared(ids, max_tokens, dict(options))
 
-    job = await start_job(request, prepare)
+    n = _choices(req, state)
+    group = await start_choices(request, lambda model, i: _seeded(prepare(model), i), n)
     tokenizer = state.scheduler.model.tokenizer
     cid, created, model_id = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time()), state.served.id
     head = {"id": cid, "object": "text_completion", "created": created, "model": model_id}
@@ -245,41 +264,41 @@ async def completions(request: Request):
         return completion_logprobs(tokenizer, pairs + [(t, t.token) for t in lps], offset)
 
     if not req.stream:
-        text, stats, lps = await collect(request, job)
-        return JSONResponse({**head, "choices": [{"index": 0, "text": echo_text + text,
-                                                  "logprobs": logprobs(lps, 0, req.echo),
-                                                  "finish_reason": stats.finish_reason}],
-                             "usage": _usage(stats)})
+        results = await collect_all(request, group)
+        choices = [{"index": i, "text": echo_text + text, "logprobs": logprobs(lps, 0, req.echo),
+                    "finish_reason": stats.finish_reason} for i, (text, stats, lps) in enumerate(results)]
+        return JSONResponse({**head, "choices": choices, "usage": _usage(*(r[1] for r in results))})
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
-    def chunk(text: str, finish: str | None = None, lp: dict | None = None) -> str:
-        body = {**head, "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}]}
+    def chunk(i: int, text: str, finish: str | None = None, lp: dict | None = None) -> str:
+        body = {**head, "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}]}
         if include_usage:
             body["usage"] = None
         return f"data: {dumps(body)}\n\n"
 
     async def sse():
-        offset, held = len(echo_text), []
-        if req.echo:
-            yield chunk(echo_text, lp=logprobs([], 0, True))
-        async for kind, value in events(job):
+        offset, held, finals = [len(echo_text)] * n, [[] for _ in range(n)], []
+        for i in range(n if req.echo else 0):
+            yield chunk(i, echo_text, lp=logprobs([], 0, True))
+        async for i, kind, value in group.events():
             if kind == LOGPROB:
-                held.append(value)
+                held[i].append(value)
             elif kind == PIECE:
-                yield chunk(value, lp=logprobs(held, offset))
-                offset += len(value)
-                held = []
+                yield chunk(i, value, lp=logprobs(held[i], offset[i]))
+                offset[i] += len(value)
+                held[i] = []
             elif kind == DONE:
-                if held:
-                    yield chunk("", lp=logprobs(held, offset))
-                yield chunk("", value.finish_reason)
-                if include_usage:
-                    yield f"data: {dumps({**head, 'choices': [], 'usage': _usage(value)})}\n\n"
+                if held[i]:
+                    yield chunk(i, "", lp=logprobs(held[i], offset[i]))
+                yield chunk(i, "", value.finish_reason)
+                finals.append(value)
+                if include_usage and len(finals) == n:
+                    yield f"data: {dumps({**head, 'choices': [], 'usage': _usage(*finals)})}\n\n"
             elif kind == ERROR:
                 yield f"data: {dumps(as_api_error(value).body(request.url.path))}\n\n"
         yield "data: [DONE]\n\n"
 
-    return JobStream(job, sse(), "text/event-stream")
+    return JobStream(group, sse(), "text/event-stream")
 
 
 def _model_card(served) -> dict:
@@ -296,3 +315,14 @@ async def model(model_id: str, request: Request):
     state = request.app.state.tk
     state.check_model(model_id)
     return _model_card(state.served)
+
+
+EMBED_HINT = ("tightkv serves generation models only: {model} is not an embedding model. Serve an embedding "
+              "model (e.g. nomic-embed-text, bge-m3) with an embedding server, and point this client's "
+              "embeddings there")
+
+
+@router.post("/embeddings", summary="501: the served model is not an embedding model")
+async def embeddings(request: Request):
+    raise ApiError(501, EMBED_HINT.format(model=request.app.state.tk.served.id), "not_implemented_error",
+                   code="model_not_embedding")

@@ -69,6 +69,7 @@ class Job:
         self.cache: list | None = None  # its KV cache, while active
         self.started = 0.0
         self._cancelled = threading.Event()
+        self.prefilled = asyncio.Event()  # set once its prompt is in its cache (or it ended)
 
     def cancel(self) -> None:
         self._cancelled.set()
@@ -76,6 +77,12 @@ class Job:
     @property
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
+
+    def mark_prefilled(self) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.prefilled.set)
+        except RuntimeError:  # the event loop is gone (shutdown)
+            pass
 
     def post(self, kind: str, value: Any = None) -> None:
         try:
@@ -357,7 +364,8 @@ class Scheduler:
         filling = next((j for j in live if not j.seq.prefilled), None)
         if filling is not None:
             try:
-                filling.seq.prefill(chunks=1)
+                if filling.seq.prefill(chunks=1):
+                    filling.mark_prefilled()
             except Exception as err:  # noqa: BLE001 - the request's error (logged on its stream)
                 self._fail(filling, err)
         ready = [j for j in live if j.seq is not None and j.seq.prefilled]
@@ -405,6 +413,7 @@ class Scheduler:
 
 def _close(job: Job) -> None:
     """Drop a job's sequence and its cache."""
+    job.mark_prefilled()  # whoever waits on its prompt stops waiting
     job.seq = None
     job.cache = None
 

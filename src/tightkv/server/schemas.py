@@ -45,7 +45,7 @@ class _OpenAISampling(_Body):
     stop: Stops | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int | None = Field(None, ge=1, description="only 1")
+    n: int | None = Field(None, ge=1, description="choices, at most the server's --parallel; they share the prompt")
     presence_penalty: float | None = Field(None, description="only 0")
     frequency_penalty: float | None = Field(None, description="only 0")
     response_format: dict | None = Field(
@@ -119,6 +119,13 @@ class OllamaGenerateRequest(_OllamaRequest):
     context: list[int] | None = None
     raw: bool = False
     images: list[str] | None = None
+
+
+class OllamaPullRequest(_Body):
+    model: str | None = None
+    name: str | None = Field(None, description="older clients' spelling of model")
+    stream: bool = True
+    insecure: bool = False
 
 
 class OllamaShowRequest(_Body):
