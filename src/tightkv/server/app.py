@@ -296,7 +296,9 @@ ERROR_SCHEMAS = {
     "OllamaError": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
 }
 STREAMS = {"/v1/chat/completions": "text/event-stream", "/v1/completions": "text/event-stream",
-           "/api/chat": "application/x-ndjson", "/api/generate": "application/x-ndjson"}
+           "/api/chat": "application/x-ndjson", "/api/generate": "application/x-ndjson",
+           "/api/pull": "application/x-ndjson"}
+TEXT = {"/metrics": "text/plain"}
 ERRORS = {"400": "a bad request", "401": "a missing or wrong API key", "404": "an unknown model or route",
           "413": "a body over 32 MB", "501": "not served here", "503": "loading, or too many requests waiting"}
 
@@ -312,10 +314,12 @@ def _document_answers(doc: dict) -> None:
             for code, why in ERRORS.items():
                 answers.setdefault(code, {"description": why, "content": {
                     "application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}}})
-            if path in STREAMS:
+            if path in STREAMS:  # each event (SSE data) or line (NDJSON) is a JSON object, as the JSON answer
                 ok = answers.setdefault("200", {"description": "Successful Response"}).setdefault("content", {})
                 ok.setdefault("application/json", {"schema": {}})
-                ok[STREAMS[path]] = {"schema": {"type": "string", "description": "one event per line"}}
+                ok[STREAMS[path]] = {"schema": {}}
+            if path in TEXT:
+                answers["200"]["content"] = {TEXT[path]: {"schema": {"type": "string"}}}
 
 
 def _document_bodies(app: FastAPI) -> None:
