@@ -185,3 +185,22 @@ def test_embeddings_are_a_clear_501(client, server):
     assert err.value.status_code == 501 and "not an embedding model" in err.value.message
     status, doc = post(server, "/api/embed", {"model": MODEL, "input": "hello"})
     assert status == 501 and "not an embedding model" in doc["error"]
+
+
+def test_langchain_with_structured_output(client, server):
+    """LangChain's with_structured_output (json_schema, strict), through the OpenAI and the Ollama API (its
+    json_mode is OpenAI's json_object, tested above: an open-ended object can outrun a small budget)."""
+    lc = pytest.importorskip("langchain_openai")
+    from pydantic import BaseModel, Field
+
+    class Person(BaseModel):  # bounded: a 270M base model left free writes digits until the budget ends
+        name: str = Field(max_length=20)
+        age: int = Field(ge=0, le=120)
+
+    llm = lc.ChatOpenAI(base_url=str(client.base_url), api_key="unused", model=MODEL, temperature=0, max_tokens=100)
+    got = llm.with_structured_output(Person, method="json_schema", strict=True).invoke("Invent a person.")
+    assert isinstance(got, Person)
+    lo = pytest.importorskip("langchain_ollama")
+    got = lo.ChatOllama(base_url=server.url, model=MODEL, temperature=0, num_predict=100).with_structured_output(
+        Person, method="json_schema").invoke("Invent a person.")
+    assert isinstance(got, Person)

@@ -116,3 +116,32 @@ def test_empty_prompt_without_bos_is_a_400(server):
     """Fuzz finding: Qwen adds no BOS, so an empty prompt left nothing to predict from (a 500)."""
     status, doc = post(server, "/v1/completions", {"prompt": "", "max_tokens": 2})
     assert status == 400 and "nothing to predict from" in doc["error"]["message"]
+
+
+def test_langchain_bind_tools_and_structured_output(client):
+    """LangChain's agents start with bind_tools; with_structured_output's function_calling mode
+    is a named tool call under the hood."""
+    lc = pytest.importorskip("langchain_openai")
+    from pydantic import BaseModel
+
+    llm = lc.ChatOpenAI(base_url=str(client.base_url), api_key="unused", model=model_id(client), temperature=0,
+                        max_tokens=80)
+    msg = llm.bind_tools([WEATHER], tool_choice="get_weather").invoke(ASK[0]["content"])
+    (call,) = msg.tool_calls
+    assert call["name"] == "get_weather" and "paris" in call["args"]["city"].lower()
+    jsonschema.validate(call["args"], WEATHER["function"]["parameters"])
+
+    class Weather(BaseModel):
+        city: str
+        unit: str
+
+    got = llm.with_structured_output(Weather, method="function_calling").invoke(ASK[0]["content"])
+    assert isinstance(got, Weather) and "paris" in got.city.lower()
+
+
+def test_langchain_ollama_bind_tools(server, client):
+    lc = pytest.importorskip("langchain_ollama")
+    llm = lc.ChatOllama(base_url=server.url, model=model_id(client), temperature=0, num_predict=80)
+    msg = llm.bind_tools([WEATHER]).invoke(ASK[0]["content"])
+    for call in msg.tool_calls:  # the model chooses (Ollama has no tool_choice); what it calls parses
+        assert call["name"] == "get_weather" and isinstance(call["args"], dict)
