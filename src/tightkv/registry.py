@@ -23,7 +23,7 @@ from pathlib import Path
 from .errors import TightKVError
 from .store import (  # noqa: F401  (re-exported: the registry's callers use them)
     EMBEDDED_PACKAGE, Entry, Installed, blob_path, blobs_dir, file_lock, home, installed, list_installed,
-    manifest_path, manifests_dir, prune_empty_dirs, read_manifest, write_manifest,
+    manifest_path, prune_empty_dirs, read_manifest, write_manifest,
 )
 
 DEFAULT_MODEL = "gemma3:270m"
