@@ -72,6 +72,7 @@ def main() -> int:
             cmd = ["schemathesis", "run", str(schema), "--url", f"http://127.0.0.1:{ns.port}", "-c", CHECKS,
                    *(x for p in BY_DESIGN_5XX for x in ("--exclude-path", p)),
                    "-n", str(ns.examples), "--seed", "7", "--request-timeout", "120", "-w", "1",
+                   "--phases", "examples,fuzzing",  # the coverage phase's hundreds of cases per body take hours here
                    "--report", "junit", "--report-junit-path", str(junit)]
             print("$ " + " ".join(cmd), flush=True)
             run = subprocess.run(cmd, capture_output=True, text=True)
