@@ -18,29 +18,14 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
+
+from live_server import serve
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKS = "not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance"
 BY_DESIGN_5XX = ["/v1/embeddings", "/api/embed", "/api/embeddings"]  # a 501 with a hint, always (not fuzzed)
-
-
-def serve(port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "tightkv.cli", "serve", "--port", str(port), "--ctx", "256", "--threads", "2",
-           "--cache-disk", "0", "--log-level", "error"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("the server did not become ready")
 
 
 def pinned_schema(port: int) -> dict:
@@ -63,7 +48,7 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=8093)
     ap.add_argument("--report", default=None, help="write the run's summary as JSON here")
     ns = ap.parse_args()
-    proc = serve(ns.port)
+    proc = serve(ns.port, ctx=256)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             schema = Path(tmp) / "openapi.json"

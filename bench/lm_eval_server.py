@@ -17,30 +17,14 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
+
+from live_server import serve
 
 import numpy as np
 
 TASK = Path(__file__).resolve().parent / "lm_eval_task"
 TOLERANCE = 0.02  # nats per choice: the server scores in 64-token chunks, Model.logits in 512
-
-
-def serve(port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "tightkv.cli", "serve", "--port", str(port), "--ctx", "512", "--threads", "2",
-           "--cache-disk", "0", "--log-level", "error"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("the server did not become ready")
 
 
 def run_harness(port: int, out: Path) -> tuple[float, list[dict]]:
@@ -83,7 +67,7 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=8094)
     ap.add_argument("--json", default=None)
     ns = ap.parse_args()
-    proc = serve(ns.port)
+    proc = serve(ns.port, ctx=512)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             acc, samples = run_harness(ns.port, Path(tmp))

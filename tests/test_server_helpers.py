@@ -2,6 +2,7 @@
 subprocess on a free loopback port, and small raw-HTTP clients."""
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -190,3 +191,20 @@ def hard_close(sock: socket.socket, reset: bool) -> None:
     if reset:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()
+
+
+@contextlib.contextmanager
+def running(*args: str, timeout: float = 180.0, **kw):
+    """A LiveServer of ARGS, ready, stopped on the way out (a module fixture's body)."""
+    srv = LiveServer(*args, **kw)
+    try:
+        yield srv.wait_ready(timeout)
+    finally:
+        srv.stop()
+
+
+def openai_client(server: LiveServer, timeout: float = 120):
+    """The official openai client on a live server (no retries: a test sees every answer)."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=timeout)

@@ -14,7 +14,8 @@ import time
 import psutil
 import pytest
 
-from test_server_helpers import (LiveServer, hard_close, post, read_until, request, stream_socket, wait_idle)
+from test_server_helpers import (hard_close, openai_client, post, read_until, request,
+                                 running, stream_socket, wait_idle)
 
 openai = pytest.importorskip("openai")
 
@@ -24,16 +25,13 @@ CHAT = "/v1/chat/completions"
 
 @pytest.fixture(scope="module")
 def server():
-    srv = LiveServer("--ctx", "2048", "--parallel", "2", "--max-queue", "2")
-    try:
-        yield srv.wait_ready()
-    finally:
-        srv.stop()
+    with running("--ctx", "2048", "--parallel", "2", "--max-queue", "2") as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(server)
 
 
 def ask(client, content, **kw):

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from test_server_helpers import LiveServer, post
+from test_server_helpers import openai_client, post, running
 
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
@@ -20,16 +20,13 @@ PERSON = {"type": "object", "additionalProperties": False, "required": ["name", 
 
 @pytest.fixture(scope="module")
 def server():
-    srv = LiveServer("--ctx", "1024", "--parallel", "2")
-    try:
-        yield srv.wait_ready()
-    finally:
-        srv.stop()
+    with running("--ctx", "1024", "--parallel", "2") as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(server)
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:

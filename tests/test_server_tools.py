@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from test_server_helpers import LiveServer, post
+from test_server_helpers import openai_client, post, running
 
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
@@ -36,16 +36,13 @@ def qwen() -> Path:
 
 @pytest.fixture(scope="module")
 def server(qwen):
-    srv = LiveServer(str(qwen), "--ctx", "2048", "--parallel", "1")
-    try:
-        yield srv.wait_ready(timeout=300)
-    finally:
-        srv.stop()
+    with running(str(qwen), "--ctx", "2048", "--parallel", "1", timeout=300) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    return openai_client(server, timeout=300)
 
 
 def model_id(client) -> str:
