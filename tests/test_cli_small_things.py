@@ -58,7 +58,7 @@ def test_plan_names_the_model_and_warns_past_the_trained_context(env):
                          "--rope-scale 7 (linear RoPE scaling, at some loss of quality)"), r.stdout
     within = cli("plan", "-c", "0", "--mem", "16GB", env=env)
     assert within.returncode == 0 and "context   32768 tokens (trained 32768)" in within.stdout
-    assert "warning" not in within.stdout and within.stdout.rstrip().endswith("everything fits")
+    assert "warning" not in within.stdout and "\neverything fits\nrecommended: --kv f16 " in within.stdout
 
 
 def test_serve_on_a_busy_port_is_one_error_line(env):

@@ -81,12 +81,13 @@ def test_niah_cli_grid_json_and_png(tmp_path, essays_file):
 
 
 def test_niah_prompt_has_exact_length_and_needle(embedded):
+    from tightkv.eval.endpoint import Tokens
     from tightkv.eval.niah import DEFAULT_NEEDLES, build_prompt, generated_haystack
 
     hay = embedded.tokenize(generated_haystack(3000), add_bos=False)
     ends = {t for t in set(hay) if embedded.detokenize([t]).endswith(".")}
     for depth in (0, 37, 100):
-        ids = build_prompt(embedded, hay, DEFAULT_NEEDLES[0], 400, depth, ends)
+        ids = build_prompt(Tokens.local(embedded), hay, DEFAULT_NEEDLES[0], 400, depth, ends)
         assert len(ids) == 400 and "4827" in embedded.detokenize(ids)
 
 

@@ -9,6 +9,7 @@ import sys
 from urllib.parse import urlsplit
 
 from ..errors import TightKVError
+from ..eval.endpoint import error_message, opener_for
 from .common import SAMPLING_DEFAULTS, add_sampling_flags
 
 NAME = "client"
@@ -34,15 +35,6 @@ def _endpoint(url: str) -> str:
     if url.endswith("/v1"):
         url = url[:-3]
     return url + "/v1/chat/completions"
-
-
-def _error_message(raw: bytes) -> str:
-    try:
-        doc = json.loads(raw)
-        err = doc.get("error", doc)
-        return err.get("message", str(err)) if isinstance(err, dict) else str(err)
-    except (ValueError, AttributeError):
-        return raw.decode("utf-8", "replace").strip()[:300]
 
 
 def request_sampling(ns: argparse.Namespace) -> dict:
@@ -76,13 +68,11 @@ def run(ns: argparse.Namespace) -> int:
     if key:
         headers["Authorization"] = f"Bearer {key}"
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
-    host = urlsplit(url).hostname or ""
-    handlers = [urllib.request.ProxyHandler({})] if host in ("127.0.0.1", "localhost", "::1") else []
-    opener = urllib.request.build_opener(*handlers)
+    opener = opener_for(url)
     try:
         response = opener.open(request, timeout=ns.timeout)
     except urllib.error.HTTPError as err:
-        raise TightKVError(f"server answered {err.code}: {_error_message(err.read())}") from None
+        raise TightKVError(f"server answered {err.code}: {error_message(err.read())}") from None
     except (urllib.error.URLError, OSError) as err:
         raise TightKVError(f"cannot reach {url}: {getattr(err, 'reason', err)}") from None
     with response:
@@ -100,7 +90,7 @@ def run(ns: argparse.Namespace) -> int:
             chunk = json.loads(data)
             if "error" in chunk:
                 sys.stdout.write("\n")
-                raise TightKVError(f"server error: {_error_message(data.encode())}")
+                raise TightKVError(f"server error: {error_message(data.encode())}")
             for choice in chunk.get("choices", []):
                 text = (choice.get("delta") or {}).get("content")
                 if text:

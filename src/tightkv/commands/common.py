@@ -130,6 +130,25 @@ def kv_types(ns: argparse.Namespace) -> list[str]:
     return kv_list(ns.compare or one)
 
 
+def add_endpoint_flags(p: argparse.ArgumentParser) -> None:
+    """--endpoint, --api-key and --model: measure a model behind an OpenAI-compatible server."""
+    p.add_argument("--endpoint", default=None, metavar="URL",
+                   help="measure the model behind an OpenAI-compatible server (vLLM, llama-server, Ollama's /v1, "
+                        "tightkv serve) instead of the local engine; --compare takes such URLs too (URL#model), "
+                        "the first entry being the baseline")
+    p.add_argument("--api-key", default=None, help="bearer key for endpoints (default $TIGHTKV_API_KEY or $OPENAI_API_KEY)")
+    p.add_argument("--model", dest="served_model", default=None,
+                   help="the endpoints' model id (default: the first of each one's /v1/models)")
+
+
+def measured_entries(ns: argparse.Namespace) -> list[str]:
+    """What a measuring verb runs: --endpoint first, then --compare's KV types and URLs
+    (or --kv's type); f16 alone when nothing is named."""
+    named = bool(ns.compare or kv_spec(ns))
+    rest = kv_types(ns) if named or not ns.endpoint else []
+    return ([ns.endpoint] if ns.endpoint else []) + rest
+
+
 def int_list(text: str, flag: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]

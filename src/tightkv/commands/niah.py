@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from ..errors import TightKVError
-from .common import add_model_flags, int_list, kv_types, model_label
+from .common import add_endpoint_flags, add_model_flags, int_list, measured_entries, model_label
 
 NAME = "niah"
 HELP = "needle-in-a-haystack over lengths x depths, with a PNG heatmap"
@@ -22,10 +22,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="question about it, one per needle; a plain question is asked as \"Question: ...\\nAnswer:\"")
     p.add_argument("--answer", action="append", default=None,
                    help="the key fact the answer must contain (ignoring case), one per needle")
-    p.add_argument("--compare", default=None, help="comma-separated KV types run on the same grid")
+    p.add_argument("--compare", default=None,
+                   help="comma-separated KV types (or endpoint URLs) run on the same grid")
     p.add_argument("--png", default=None, help="write the heatmap here")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the grid and every answer to this JSON file")
     add_model_flags(p, kv_default="f16")
+    add_endpoint_flags(p)
 
 
 def _depths(text: str) -> list[float]:
@@ -53,10 +55,11 @@ def _needles(ns):
 
 def run(ns: argparse.Namespace) -> int:
     from ..api import Model
+    from ..eval.endpoint import LocalTarget, open_targets
     from ..eval.niah import format_grid, generated_haystack, heatmap, run_grid
 
     lengths, depths, needles = int_list(ns.lengths, "--lengths"), _depths(ns.depths), _needles(ns)
-    kinds = kv_types(ns)
+    entries = measured_entries(ns)
     if ns.haystack:
         path = Path(ns.haystack)
         if not path.is_file():
@@ -64,18 +67,19 @@ def run(ns: argparse.Namespace) -> int:
         haystack = path.read_text(encoding="utf-8", errors="replace")
     else:
         haystack = generated_haystack()
-    model = Model(ns.model, threads=ns.threads, context_length=ns.ctx or None)
-    if max(lengths) + 16 > model.context_length:
-        raise TightKVError(f"length {max(lengths)} does not fit the context of {model.context_length}")
-    for kind in kinds:
-        model.new_cache(kind)
-    results = run_grid(model, haystack, lengths, depths, kinds, needles)
+    tokens, targets = open_targets(entries, lambda: Model(ns.model, threads=ns.threads, context_length=ns.ctx or None),
+                                   ns.model is not None, ns.api_key, ns.served_model)
+    local = next((t.model for t in targets if isinstance(t, LocalTarget)), None)
+    if local is not None and max(lengths) + 16 > local.context_length:
+        raise TightKVError(f"length {max(lengths)} does not fit the context of {local.context_length}")
+    results = run_grid(tokens, haystack, lengths, depths, targets, needles)
     print(format_grid(results, lengths, depths))
     if ns.png:
-        heatmap(results, lengths, depths, ns.png, model=model_label(ns.model), needles=needles)
+        label = model_label(ns.model) if local is not None or ns.model else targets[0].endpoint.model
+        heatmap(results, lengths, depths, ns.png, model=label, needles=needles)
         print(f"heatmap: {ns.png}")
     if ns.json:
-        doc = {"model": str(model.path), "lengths": lengths, "depths": depths,
+        doc = {"model": tokens.source, "lengths": lengths, "depths": depths,
                "needles": [n.__dict__ for n in needles], "results": results}
         Path(ns.json).write_text(json.dumps(doc, indent=1))
     return 0

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 from ..errors import TightKVError
@@ -24,7 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(ns: argparse.Namespace) -> int:
     import psutil
 
-    from ..eval.plan import PLAN_TYPES, format_plan, lever, make_plan
+    from dataclasses import asdict
+
+    from ..eval.engines import equivalents
+    from ..eval.plan import PLAN_TYPES, format_plan, lever, make_plan, recommended
     from ..kv.spec import parse_kv
     from ..registry import resolve
 
@@ -39,5 +41,9 @@ def run(ns: argparse.Namespace) -> int:
     if ns.json:
         doc = {"model": plan.model, "file": plan.file, "context": plan.context, "memory": plan.memory, "weights": plan.weights,
                "working": plan.working, "lever": lever(plan), "rows": plan.rows}
+        best = recommended(plan)
+        if best is not None:
+            doc["recommended"] = {"kv": best["kv"], "equivalents": [asdict(e) for e in equivalents(
+                best["kv"], plan.layout, plan.context)]}
         Path(ns.json).write_text(json.dumps(doc, indent=1))
     return 0

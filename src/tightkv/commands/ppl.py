@@ -5,7 +5,7 @@ import argparse
 
 from ..errors import TightKVError
 
-from .common import add_model_flags, kv_types
+from .common import add_endpoint_flags, add_model_flags, measured_entries
 
 NAME = "ppl"
 HELP = "perplexity and KL divergence against the f16 cache"
@@ -15,10 +15,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None, help="registry name or .gguf path (default: embedded)")
     p.add_argument("--file", "-f", required=True, help="text file to score")
     p.add_argument("--chunks", type=int, default=None, help="number of chunks (default: all)")
-    p.add_argument("--compare", default=None, help="comma-separated KV types or presets, e.g. f16,q8_0,tq4")
+    p.add_argument("--compare", default=None,
+                   help="comma-separated KV types or presets, e.g. f16,q8_0,tq4, or endpoint URLs; the first is the baseline")
     p.add_argument("--json", default=None, help="write the results as JSON")
     p.add_argument("-b", "--batch", type=int, default=512, help="tokens per forward call within a chunk (default 512)")
     add_model_flags(p, kv_default="f16", ctx_help="tokens per scored chunk (default 2048)")
+    add_endpoint_flags(p)
     p.set_defaults(ctx=2048)
 
 
@@ -27,7 +29,8 @@ def run(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..api import Model
-    from ..eval.ppl import format_table, perplexity
+    from ..eval.endpoint import TOP, is_endpoint, open_targets
+    from ..eval.ppl import format_table, perplexity, perplexity_targets
 
     path = Path(ns.file)
     if not path.is_file():
@@ -36,16 +39,24 @@ def run(ns: argparse.Namespace) -> int:
         raise TightKVError(f"--ctx must be at least 16, got {ns.ctx}")
     if ns.batch < 1:
         raise TightKVError(f"--batch must be at least 1, got {ns.batch}")
-    kinds = kv_types(ns)
-    model = Model(ns.model, threads=ns.threads)
-    for kind in kinds:
-        model.new_cache(kind)  # a bad type name fails here, before any work
-    results = perplexity(model, path.read_text(encoding="utf-8", errors="replace"), ns.ctx, ns.chunks, kinds,
-                         batch=ns.batch)
+    entries = measured_entries(ns)
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if any(map(is_endpoint, entries)):
+        tokens, targets = open_targets(entries, lambda: Model(ns.model, threads=ns.threads), ns.model is not None,
+                                       ns.api_key, ns.served_model)
+        results, source = perplexity_targets(tokens, text, ns.ctx, ns.chunks, targets), tokens.source
+    else:
+        model = Model(ns.model, threads=ns.threads)
+        for kind in entries:
+            model.new_cache(kind)  # a bad type name fails here, before any work
+        results, source = perplexity(model, text, ns.ctx, ns.chunks, entries, batch=ns.batch), str(model.path)
     print(format_table(results))
-    base = results["f16"]
+    base = next(iter(results.values()))
     print(f"Final estimate: PPL = {base['ppl']:.4f} +/- {base['ppl_stderr']:.5f}")
+    if any(map(is_endpoint, entries)) and len(entries) > 1:
+        print(f"KLD over the baseline's top {TOP} tokens and the rest as one outcome (a lower bound of the full "
+              f"KLD): an endpoint gives at most {TOP} alternatives per position")
     if ns.json:
-        doc = {"model": str(model.path), "text": path.name, "ctx": ns.ctx, "chunks": ns.chunks, "results": results}
+        doc = {"model": source, "text": path.name, "ctx": ns.ctx, "chunks": ns.chunks, "results": results}
         Path(ns.json).write_text(json.dumps(doc, indent=1))
     return 0

@@ -70,45 +70,43 @@ def _sentence_boundary(tokens: list[int], pos: int, ends: set[int], reach: int =
     return pos
 
 
-def build_prompt(model, hay_tokens: list[int], needle: Needle, length: int, depth: float,
+def build_prompt(tokens, hay_tokens: list[int], needle: Needle, length: int, depth: float,
                  ends: set[int]) -> list[int]:
-    """Token ids of one cell's prompt, exactly `length` tokens (or fewer if the haystack is short)."""
-    nt = model.tokenize(needle.text, add_bos=False)
-    qt = model.tokenize(needle.question, add_bos=False)
-    n = length - len(nt) - len(qt) - 1
-    if n <= 0:
-        from ..errors import TightKVError
+    """Token ids of one cell's prompt, exactly `length` tokens (or fewer if the haystack is
+    short), built with `tokens` (`eval.endpoint.Tokens`)."""
+    from ..errors import TightKVError
 
+    nt, qt = tokens.tokenize(needle.text), tokens.tokenize(needle.question)
+    n = length - len(nt) - len(qt) - len(tokens.bos)
+    if n <= 0:
         raise TightKVError(f"length {length} is too short for the needle and question")
     if len(hay_tokens) < n:
-        from ..errors import TightKVError
-
         raise TightKVError(f"haystack has {len(hay_tokens)} tokens, fewer than the {n} that length {length} needs")
     ctx = hay_tokens[:n]
     pos = _sentence_boundary(ctx, int(n * depth / 100), ends) if 0 < depth < 100 else int(n * depth / 100)
-    return [model.tokenizer.bos_id] + ctx[:pos] + nt + ctx[pos:] + qt
+    return tokens.bos + ctx[:pos] + nt + ctx[pos:] + qt
 
 
-def run_grid(model, haystack: str, lengths: list[int], depths: list[float], kv_types: list[str],
+def run_grid(tokens, haystack: str, lengths: list[int], depths: list[float], targets: list,
              needles: list[Needle] | None = None, progress: bool = True) -> dict[str, dict]:
-    """{kv: {"cells": [{length, depth, needle, passed, answer}]}} over the grid.
-    Progress (stderr) counts prompt tokens, so it moves within each cell's prefill."""
+    """{target label: {"cells": [{length, depth, needle, passed, answer}]}} over the grid, for
+    each target (`eval.endpoint`: a local KV type or an endpoint), the prompts built with
+    `tokens`. Progress (stderr) counts prompt tokens, so it moves within a local prefill."""
     from ..progress import Progress
 
     needles = needles or DEFAULT_NEEDLES
-    hay_tokens = model.tokenize(haystack, add_bos=False)
-    ends = {t for t in set(hay_tokens) if model.detokenize([t]).rstrip().endswith((".", "!", "?"))}
-    cells = [(kv, L, d, i) for kv in kv_types for L in lengths for d in depths for i in range(len(needles))]
-    results = {kv: {"cells": []} for kv in kv_types}
-    prompts = [build_prompt(model, hay_tokens, needles[i], length, depth, ends) for _, length, depth, i in cells]
+    hay_tokens = tokens.tokenize(haystack)
+    ends = {t for t in set(hay_tokens) if tokens.piece(t).rstrip().endswith((".", "!", "?"))}
+    cells = [(t, L, d, i) for t in targets for L in lengths for d in depths for i in range(len(needles))]
+    results = {t.label: {"cells": []} for t in targets}
+    prompts = [build_prompt(tokens, hay_tokens, needles[i], length, depth, ends) for _, length, depth, i in cells]
     with Progress("niah", sum(map(len, prompts)), enabled=progress) as bar:
-        for c, ((kv, length, depth, i), prompt) in enumerate(zip(cells, prompts)):
+        for c, ((target, length, depth, i), prompt) in enumerate(zip(cells, prompts)):
             needle, base = needles[i], bar.n
-            bar.describe(f"niah cell {c + 1}/{len(cells)} ({kv}, {length} tok at {depth:g}%)")
-            out = model.generate(prompt, max_tokens=needle.max_tokens, temperature=0.0, cache=model.new_cache(kv),
-                                 progress=lambda done, _total: bar.advance_to(base + done))
-            results[kv]["cells"].append({"length": length, "depth": depth, "needle": i,
-                                         "passed": needle.passed(out.text), "answer": out.text.strip()})
+            bar.describe(f"niah cell {c + 1}/{len(cells)} ({target.label}, {length} tok at {depth:g}%)")
+            text = target.answer(prompt, needle.max_tokens, progress=lambda done, _total: bar.advance_to(base + done))
+            results[target.label]["cells"].append({"length": length, "depth": depth, "needle": i,
+                                                   "passed": needle.passed(text), "answer": text.strip()})
             bar.advance_to(base + len(prompt))
             bar.note(f"{sum(x['passed'] for r in results.values() for x in r['cells'])}/{c + 1} passed")
         bar.detail = f"{len(cells)} cell{'s' * (len(cells) > 1)}"

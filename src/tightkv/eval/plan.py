@@ -2,9 +2,12 @@
 buffers, what fits, and which lever (weights or KV cache) decides it."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PLAN_TYPES = ["f32", "f16", "q8_0", "q4_0", "tq4", "tq3", "kivi4", "kvarn4", "progressive", "k8v4", "aggressive"]
+# the types in order of measured quality (ΔPPL and KLD against f16, docs/benchmarks.md): what `plan`
+# recommends is the first of them that fits
+QUALITY_ORDER = ["f16", "q8_0", "k8v4", "kvarn4", "progressive", "tq4", "kivi4", "q4_0", "aggressive", "tq3"]
 RUNTIME_BYTES = 350 * 2**20  # Python, torch and the engine's own state, measured resident after load
 PREFILL_CHUNK = 512
 
@@ -19,6 +22,7 @@ class Plan:
     working: int
     rows: list[dict]
     file: str = ""
+    layout: list = field(default_factory=list)
 
     @property
     def weights_fit(self) -> bool:
@@ -69,7 +73,17 @@ def make_plan(path, context: int | None, memory: int, kv_types: list[str], name:
         rows.append({"kv": spec, "kv_bytes": info["total_bytes"], "bytes_per_token": info["bytes_per_token"],
                      "ratio_vs_f16": info["ratio_vs_f16"], "fits": info["total_bytes"] <= budget,
                      "max_context": largest_context(spec, layout, budget, max(ctx, args.context_length))})
-    return Plan(name or str(g.path), ctx, args.context_length, memory, weights, working, rows, str(g.path))
+    return Plan(name or str(g.path), ctx, args.context_length, memory, weights, working, rows, str(g.path), layout)
+
+
+def recommended(plan: Plan) -> dict | None:
+    """The row of the best-quality type that fits (QUALITY_ORDER, then the plan's
+    other types in order); None when none fits or the weights do not."""
+    if not plan.weights_fit:
+        return None
+    rank = {k: i for i, k in enumerate(QUALITY_ORDER)}
+    fitting = [r for r in plan.rows if r["fits"]]
+    return min(fitting, key=lambda r: rank.get(r["kv"], len(rank) + plan.rows.index(r)), default=None)
 
 
 def lever(plan: Plan) -> str:
@@ -81,8 +95,7 @@ def lever(plan: Plan) -> str:
         return ("the weights load, but no KV type holds this context: the lever is the KV cache "
                 "(a shorter context or a smaller KV type)")
     if not plan.rows[0]["fits"] or not all(r["fits"] for r in plan.rows):
-        best = min((r for r in plan.rows if r["fits"]), key=lambda r: r["kv_bytes"])
-        return f"the weights load; long context is decided by the KV cache (e.g. --kv {best['kv']} fits)"
+        return f"the weights load; long context is decided by the KV cache (e.g. --kv {recommended(plan)['kv']} fits)"
     return "everything fits"
 
 
@@ -101,6 +114,12 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"{r['kv']:<14} {r['kv_bytes'] / 2**20:9.1f} MiB {r['bytes_per_token'] / 1024:7.2f} KiB "
                      f"{r['ratio_vs_f16']:6.2f}x {'yes' if r['fits'] else 'no':>5} {r['max_context']:>12}")
     lines += ["", lever(plan)]
+    best = recommended(plan)
+    if best is not None:
+        from .engines import equivalents, format_equivalents
+
+        lines.append(f"recommended: --kv {best['kv']} (the best-quality type that fits); elsewhere:")
+        lines += format_equivalents(best["kv"], equivalents(best["kv"], plan.layout, plan.context), plan.context)
     if plan.context > plan.trained_context:
         factor = -(-plan.context // plan.trained_context)
         lines.append(f"warning: {plan.context} tokens exceed the model's trained context of {plan.trained_context}; "

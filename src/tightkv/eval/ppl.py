@@ -145,12 +145,51 @@ def perplexity(model, text: str, ctx: int, n_chunks: int | None, kv_types: list[
     return {name: results[name].summary() for name in names if name in kv_types or name == BASELINE}
 
 
+def perplexity_targets(tokens, text: str, ctx: int, n_chunks: int | None, targets: list,
+                       progress: bool = True) -> dict[str, dict]:
+    """`perplexity` over targets (`eval.endpoint`: local KV types and endpoints), the first
+    the baseline: the same chunks and scored positions, each target's log-probabilities
+    of them and its top alternatives, and KLD against the baseline over the baseline's
+    top tokens (`endpoint.topk_kld`), since an endpoint gives no more."""
+    from ..errors import TightKVError
+    from ..progress import Progress
+    from .endpoint import topk_kld
+
+    if n_chunks is not None:  # an endpoint tokenizes over HTTP: no more text than the chunks can use
+        text = text[: ctx * n_chunks * 32]
+    ids_all = tokens.tokenize(text)
+    step = ctx - len(tokens.bos)
+    n = len(ids_all) // step if n_chunks is None else min(n_chunks, len(ids_all) // step)
+    if n == 0:
+        raise TightKVError(f"text has {len(ids_all)} tokens: too short for one chunk of {ctx}")
+    todo = [tokens.bos + ids_all[i * step : (i + 1) * step] for i in range(n)]
+    results = {t.label: PplResult() for t in targets}
+    with Progress("perplexity", sum(map(len, todo)) * len(targets), enabled=progress) as bar:
+        for i, ids in enumerate(todo):
+            bar.describe(f"perplexity chunk {i + 1}/{len(todo)}")
+            base_top: list[dict] = []
+            for t in targets:
+                values, tops = t.score(ids, len(ids) // 2)
+                r = results[t.label]
+                r.nll += [-v for v in values]
+                if not base_top:
+                    base_top = tops
+                r.kld += [topk_kld(b, o) for b, o in zip(base_top, tops)]
+                r.same_top1 += [bool(b) and bool(o) and max(b, key=b.get) == max(o, key=o.get)
+                                for b, o in zip(base_top, tops)]
+                bar.update(len(ids))
+            bar.note(" ".join(f"{k} {math.exp(np.mean(r.nll)):.3f}" for k, r in results.items()))
+    return {k: r.summary() for k, r in results.items()}
+
+
 def format_table(results: dict[str, dict]) -> str:
-    """One row per KV type, llama-perplexity's figures plus KLD against f16."""
-    base = results[BASELINE]["ppl"]
-    lines = [f"{'kv':<16} {'PPL':>9} {'± se':>8} {'ΔPPL':>8} {'KLD mean':>9} {'KLD p99':>8} "
+    """One row per KV type (or target), llama-perplexity's figures plus KLD against the
+    first row, the baseline."""
+    base = next(iter(results.values()))["ppl"]
+    w = max(16, *map(len, results))
+    lines = [f"{'kv':<{w}} {'PPL':>9} {'± se':>8} {'ΔPPL':>8} {'KLD mean':>9} {'KLD p99':>8} "
              f"{'KLD p99.9':>9} {'same top1':>9}"]
     for name, r in results.items():
-        lines.append(f"{name:<16} {r['ppl']:9.4f} {r['ppl_stderr']:8.5f} {100 * (r['ppl'] / base - 1):+7.2f}% "
+        lines.append(f"{name:<{w}} {r['ppl']:9.4f} {r['ppl_stderr']:8.5f} {100 * (r['ppl'] / base - 1):+7.2f}% "
                      f"{r['kld_mean']:9.5f} {r['kld_p99']:8.4f} {r['kld_p999']:9.4f} {100 * r['same_top1']:8.2f}%")
     return "\n".join(lines)
