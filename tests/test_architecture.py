@@ -18,8 +18,8 @@ LAYERS = [
     ["engine"],
     ["registry", "hub"],
     ["documents"],
+    ["eval"],  # measures a model it is given (duck-typed); `Model(kv="auto")` calls eval.auto
     ["api", "repl"],
-    ["eval"],
     ["server"],
     ["commands"],
     ["cli", "__init__"],

@@ -30,7 +30,7 @@ def _ppl(out: str) -> float:
 
 
 def test_topk_kld_is_zero_for_the_same_distribution_and_grows_with_the_difference():
-    from tightkv.eval.endpoint import topk_kld
+    from tightkv.eval.ppl import topk_kld
 
     base = {"a": math.log(0.6), "b": math.log(0.3), "c": math.log(0.05)}
     assert topk_kld(base, base) == pytest.approx(0.0, abs=1e-12)
@@ -126,4 +126,16 @@ def test_equivalents_of_the_common_types():
     kvarn = {e.engine: e for e in equivalents("kvarn4", layout, 8192)}
     assert not kvarn["llama.cpp"].exact and not kvarn["vLLM"].exact
     q8 = {e.engine: e for e in equivalents("q8_0", layout, 8192)}
-    assert q8["llama.cpp"].exact and q8["llama.cpp"].bytes_per_sequence * 2 < f16["llama.cpp"].bytes_per_sequence
+    ratio = q8["llama.cpp"].bytes_per_sequence / f16["llama.cpp"].bytes_per_sequence
+    assert q8["llama.cpp"].exact and ratio == pytest.approx(8.5 / 16, abs=1e-4)  # 34 bytes per 32 values
+
+
+def test_first_token_alternatives_in_both_response_formats():
+    from tightkv.eval.endpoint import _first_alternatives
+
+    openai = {"tokens": ["\n"], "token_logprobs": [-0.1], "top_logprobs": [{"\n": -0.1, " Paris": -2.5}]}
+    llamacpp = {"content": [{"token": "\n", "logprob": -0.1,
+                             "top_logprobs": [{"id": 108, "token": "\n", "logprob": -0.1},
+                                              {"id": 9079, "token": " Paris", "logprob": -2.5}]}]}
+    assert _first_alternatives(openai) == _first_alternatives(llamacpp) == {"\n": -0.1, " Paris": -2.5}
+    assert _first_alternatives(None) is None and _first_alternatives({"content": []}) is None

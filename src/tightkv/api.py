@@ -28,7 +28,9 @@ class Model:
         path_or_name: a path to a .gguf file or a registry name ("qwen3:4b"; pulled
             into the store on first use); None opens the embedded Gemma 3 270M.
         kv: KV cache type or preset for keys and values (e.g. "f16", "q8_0:tq4",
-            "progressive"); default "kvarn4", or `TIGHTKV_KV_CACHE_TYPE`.
+            "progressive"); default "kvarn4", or `TIGHTKV_KV_CACHE_TYPE`. "auto"
+            picks the best-quality type that fits the available memory at
+            `context_length`, probed on the essays (`choose_kv` probes your own text).
         context_length: tokens of context; defaults to the model's trained context.
             More than the trained context is an error unless `rope_scaling` is given.
         threads: CPU threads; defaults to the physical cores.
@@ -54,7 +56,9 @@ class Model:
         from .kernels import qmatmul
         from .kv.spec import resolve_kv
 
-        self.kv = resolve_kv(kv)  # parsed once (a bad spec fails before the weights load)
+        auto = isinstance(kv, str) and kv.strip().lower() == "auto"
+        self.kv = resolve_kv(None if auto else kv)  # parsed once (a bad spec fails before the weights load)
+        self.kv_choice = None  # what `choose_kv` decided (`eval.auto.KVChoice`)
         self.threads = threads or default_threads()
         torch.set_num_threads(self.threads)
         qmatmul.set_threads(self.threads)
@@ -71,6 +75,8 @@ class Model:
         self.chat_template: str | None = self.gguf.metadata.get("tokenizer.chat_template")
         self.set_context_length(context_length)
         self.last_stats = None  # GenerationStats of the last chat turn
+        if auto:
+            self.choose_kv()
 
     def __repr__(self) -> str:
         return f"Model({str(self.path)!r}, kv={str(self.kv)!r}, context_length={self.context_length})"
@@ -133,6 +139,27 @@ class Model:
     def detokenize(self, ids: list[int]) -> str:
         """Text for token ids."""
         return self.tokenizer.decode(list(ids))
+
+    def choose_kv(self, text: str | None = None, memory: int | None = None, context: int | None = None,
+                  slots: int = 1, text_name: str = "the prompt", quiet: bool = False):
+        """Choose the cache type as `kv="auto"` does and make it this model's: the
+        best-quality type whose bytes at `context` (default this model's) for `slots`
+        sequences fit `memory` bytes (default: the RAM available less 1 GiB) and whose
+        KLD against f16, probed on `text` (default, or when shorter than 1K tokens: the
+        essays), is within 0.01 (`eval.auto`). Prints the decision in one line on stderr
+        unless `quiet`; returns it (a `KVChoice`), also kept as `kv_choice`. Raises
+        TightKVError saying how long a context would fit when no type does."""
+        import sys
+
+        from .eval.auto import choose
+        from .kv.spec import parse_kv
+
+        choice = choose(self, text, memory, context, slots, text_name, progress=not quiet)
+        self.kv, self.kv_choice = parse_kv(choice.kv), choice
+        self._chat_cache, self._chat_ids = None, []
+        if not quiet:
+            print(choice.line(), file=sys.stderr, flush=True)
+        return choice
 
     def new_cache(self, kv=None) -> list:
         """A fresh per-layer KV cache: of this model's spec, or of `kv` (a spec or its text)."""

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ..errors import TightKVError
-from .common import CTX_HELP, add_kv_flags, kv_spec
+from .common import CTX_HELP, add_auto_flags, add_kv_flags, auto_memory, kv_spec
 
 NAME = "ask"
 HELP = "answer questions about documents (whole document in the KV cache, RAG or RLV)"
@@ -32,6 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="full: whole document in context; rag: top-k BM25 chunks; rlv: read-locate-verify; "
                         "auto: full if the document fits the model's working memory, else rlv (default)")
     add_kv_flags(p)
+    add_auto_flags(p)
     p.add_argument("-c", "--ctx", type=int, default=None, help=CTX_HELP)
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: physical cores)")
     p.add_argument("-n", "--max-tokens", type=int, default=ANSWER_TOKENS,
@@ -86,6 +87,10 @@ def run(ns: argparse.Namespace) -> int:
     doc = read_documents([Path(d) for d in ns.doc])  # file errors before the model loads
     log = _eprint if ns.verbose else None
     model = Model(ns.model, threads=ns.threads, context_length=ns.ctx or None)
+    if kv == "auto":  # fitted to the document (and its answer), unless -c asks for more
+        need = len(model.tokenize(doc.text)) + 2 * ANSWER_TOKENS + 512
+        kv = model.choose_kv(doc.text, memory=auto_memory(ns), context=ns.ctx or min(model.context_length, need),
+                             text_name="the document").kv
     t_model = time.perf_counter() - t_start
     if log:
         log(f"model: {model.path.name} loaded in {t_model:.2f}s")

@@ -27,11 +27,23 @@ def one_line_errors(p: argparse.ArgumentParser) -> None:
 def add_kv_flags(p: argparse.ArgumentParser, default: str = "kvarn4, or $TIGHTKV_KV_CACHE_TYPE") -> None:
     """--kv (a type, preset or K:V pair) and llama.cpp's -ctk/-ctv."""
     p.add_argument("--kv", "--cache-type", dest="kv", default=None, action=_RememberFlag,
-                   help=f"KV cache type or preset for keys and values, or a K:V pair (default {default})")
+                   help=f"KV cache type or preset for keys and values, a K:V pair, or auto (run, serve, ask: the "
+                        f"best-quality type that fits --mem, probed on your text) (default {default})")
     p.add_argument("-ctk", "--cache-type-k", default=None, metavar="TYPE", action=_RememberFlag,
                    help="KV cache type for keys (llama.cpp's flag; f16 when only -ctv is given)")
     p.add_argument("-ctv", "--cache-type-v", default=None, metavar="TYPE", action=_RememberFlag,
                    help="KV cache type for values (f16 when only -ctk is given)")
+
+
+def add_auto_flags(p: argparse.ArgumentParser) -> None:
+    """--mem: the budget `--kv auto` fits the context into."""
+    p.add_argument("--mem", default=None, metavar="SIZE",
+                   help="memory budget for --kv auto, e.g. 8GB (default: the RAM available less 1 GiB)")
+
+
+def auto_memory(ns: argparse.Namespace) -> int | None:
+    """--mem in bytes (None: `--kv auto`'s default)."""
+    return parse_size(ns.mem, "--mem") if getattr(ns, "mem", None) else None
 
 
 CTX_HELP = "context length in tokens (default, or 0: the model's trained context)"
@@ -112,9 +124,12 @@ def _typed(ns: argparse.Namespace, dest: str, fallback: str) -> str:
 
 
 def _check_kv(spec: str, source: str) -> str:
-    """`spec`, parsed to check it; an error names `source`, the flag or variable it came from."""
+    """`spec`, parsed to check it ("auto" passes: the verbs that take it choose later);
+    an error names `source`, the flag or variable it came from."""
     from ..kv.spec import parse_kv
 
+    if spec.strip().lower() == "auto":
+        return "auto"
     try:
         parse_kv(spec)
     except TightKVError as err:
@@ -125,6 +140,8 @@ def _check_kv(spec: str, source: str) -> str:
 def kv_types(ns: argparse.Namespace) -> list[str]:
     """The KV types a measuring verb runs: --compare, else --kv / -ctk/-ctv, else f16."""
     one = kv_spec(ns)
+    if one == "auto":
+        raise TightKVError("--kv auto is for run, serve and ask; compare the types it chooses from with --compare")
     if ns.compare and one:
         raise TightKVError("use either --compare or --kv/--cache-type-k/--cache-type-v, not both")
     return kv_list(ns.compare or one)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..errors import TightKVError
 
-from .common import add_model_flags, add_sampling_flags, kv_spec, one_line_errors
+from .common import add_auto_flags, add_model_flags, add_sampling_flags, auto_memory, kv_spec, one_line_errors
 
 NAME = "run"
 HELP = "chat with a model, or answer one prompt (the embedded model by default)"
@@ -25,6 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a registry name (e.g. gemma3:270m, qwen3:4b) or .gguf path, then the prompt")
     p.add_argument("--verbose", action="store_true", help="print token counts, speeds and KV size")
     add_model_flags(p)
+    add_auto_flags(p)
     p.add_argument("--rope-scale", type=float, default=None, metavar="FACTOR",
                    help="linear RoPE scaling: allows --ctx up to FACTOR x the trained context")
     p.add_argument("--system", default=None, help="system message (chat models)")
@@ -53,8 +54,9 @@ def sampling_options(ns: argparse.Namespace) -> dict:
             "min_p": ns.min_p, "repeat_penalty": ns.repeat_penalty, "seed": ns.seed, "stop": list(ns.stop or [])}
 
 
-def open_model(name: str | None, ns: argparse.Namespace):
-    """The Model for the run flags (pulls a registry model on first use)."""
+def open_model(name: str | None, ns: argparse.Namespace, text: str | None = None):
+    """The Model for the run flags (pulls a registry model on first use); with --kv
+    auto, its cache type chosen for --mem and probed on `text` (the prompt)."""
     import time
 
     from ..api import Model
@@ -65,7 +67,11 @@ def open_model(name: str | None, ns: argparse.Namespace):
         raise TightKVError(f"--threads must be at least 1, got {ns.threads}")
     rope = getattr(ns, "rope_scale", None)
     t0 = time.perf_counter()
-    model = Model(name, kv=kv_spec(ns), context_length=ns.ctx or None, threads=ns.threads, rope_scaling=rope)
+    kv = kv_spec(ns)
+    model = Model(name, kv=None if kv == "auto" else kv, context_length=ns.ctx or None, threads=ns.threads,
+                  rope_scaling=rope)
+    if kv == "auto":
+        model.choose_kv(text, memory=auto_memory(ns))
     model.load_seconds = time.perf_counter() - t0
     return model
 
@@ -81,7 +87,7 @@ def run(ns: argparse.Namespace) -> int:
         if not prompt.strip():
             raise TightKVError("no prompt given (usage: tightkv run [MODEL] PROMPT, or run it on a terminal to chat)")
     kv_spec(ns)  # a bad cache type fails before the model loads
-    model = open_model(name, ns)
+    model = open_model(name, ns, prompt)
     if interactive:
         from ..registry import DEFAULT_MODEL, looks_like_path, lookup
 

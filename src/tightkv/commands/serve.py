@@ -7,7 +7,7 @@ import sys
 
 from ..errors import TightKVError
 
-from .common import add_model_flags, kv_spec, parse_size
+from .common import add_auto_flags, add_model_flags, auto_memory, kv_spec, parse_size
 
 NAME = "serve"
 HELP = "serve a model over HTTP: OpenAI /v1/* and Ollama /api/* routes"
@@ -37,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the HTTP server's log detail (default info: one line per request)")
     add_model_flags(p, ctx_help="context length in tokens (default: the trained context, at most 4096; "
                                 "0: the model's trained context)")
+    add_auto_flags(p)
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -91,7 +92,7 @@ def run(ns: argparse.Namespace) -> int:
     config = ServerConfig(model=ns.model, kv=kv, ctx=ns.ctx, threads=ns.threads, api_key=api_key,
                           parallel=ns.parallel, max_queue=ns.max_queue, alias=ns.alias,
                           cache_ram=ns.cache_ram_bytes, cache_disk=ns.cache_disk_bytes,
-                          cache_disk_tokens=ns.cache_disk_tokens)
+                          cache_disk_tokens=ns.cache_disk_tokens, mem=auto_memory(ns))
     logging.basicConfig(level=ns.log_level.upper(), format="tightkv: %(message)s", stream=sys.stderr)
     failures: list[BaseException] = []
     server: uvicorn.Server | None = None

@@ -91,6 +91,14 @@ def run(ns: argparse.Namespace) -> int:
     print(f"    {'type':<{width}}{'bytes/token':>12}  {'total':>10}  {'vs f16':>7}")
     for kind, per_token, total, ratio in rows:
         print(f"    {kind:<{width}}{per_token:>12,.0f}  {human_bytes(total):>10}  {ratio:>6.2f}x")
+    from ..eval.auto import ProbeCache
+
+    probes = ProbeCache().of_model(path.name)
+    if probes:
+        print()
+        print("  --kv auto probes kept (KLD vs f16; the bar is 0.01)")
+        for kind, klds in probes.items():
+            print(f"    {kind:<{width}}{max(klds):>12.5f}  (worst of {len(klds)} text{'s' * (len(klds) > 1)})")
     if ns.metadata:
         print()
         print("  Metadata")

@@ -139,6 +139,9 @@ class DocumentStore:
             "model_path": str(model.path), "documents": json.dumps(list(getattr(doc, "names", []))),
             "doc_sha256": getattr(doc, "sha256", ""), "kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         })
+        choice = getattr(model, "kv_choice", None)
+        if choice is not None and choice.kv == str(parse_kv(kv)):  # `--kv auto` chose this type: why
+            meta["kv_auto"] = json.dumps(choice.as_dict())
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.path_for(model, doc, kv, ids)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -230,7 +233,7 @@ class DocumentStore:
                 row.update({"kind": meta.get("kind", "document"), "kv": meta.get("kv_spec"), "tokens": int(meta.get("tokens", 0)),
                             "kv_bytes": int(meta.get("kv_bytes", 0)), "tensor_bytes": tensor_bytes,
                             "documents": json.loads(meta.get("documents", "[]")), "model": meta.get("model_path"),
-                            "created": meta.get("created")})
+                            "created": meta.get("created"), "kv_auto": json.loads(meta.get("kv_auto", "null"))})
                 row["overhead_bytes"] = row["file_bytes"] - row["kv_bytes"]
             except Exception as err:
                 row["error"] = f"unreadable ({type(err).__name__})"

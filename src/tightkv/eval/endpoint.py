@@ -121,7 +121,9 @@ class Endpoint:
 
     @property
     def label(self) -> str:
-        return f"{urlsplit(self.base).netloc}/{self.model}"
+        """host:port/model, a model id that is a file path shortened to its name."""
+        name = self.model.rstrip("/").rsplit("/", 1)[-1] if self.model.startswith("/") else self.model
+        return f"{urlsplit(self.base).netloc}/{name if len(name) <= 24 else name[:21] + '...'}"
 
     def tokenize(self, text: str, special: bool = False) -> tuple[list[int], list[str] | None] | None:
         """(ids, pieces or None) from the server's /tokenize; None if it has none."""
@@ -156,11 +158,7 @@ class Endpoint:
             choice = doc["choices"][0]
         except (KeyError, IndexError, TypeError):
             raise EndpointError(f"{self.base}/v1/completions answered no choice") from None
-        try:
-            first = choice["logprobs"]["top_logprobs"][0] if top else None
-        except (KeyError, IndexError, TypeError):
-            first = None
-        return choice.get("text") or "", first
+        return choice.get("text") or "", _first_alternatives(choice.get("logprobs")) if top else None
 
     def prompt_logprobs(self, ids: list[int], top: int = TOP) -> tuple[list[float | None], list[dict | None]]:
         """Each prompt token's log-probability given those before it, and the `top`
@@ -186,6 +184,18 @@ class Endpoint:
                                 f"returned {len(values)} of {len(ids)} prompt tokens; llama-server and Ollama do "
                                 "not echo): perplexity and KLD cannot be measured there, needles and docqa can")
         return values, tops
+
+
+def _first_alternatives(logprobs) -> dict | None:
+    """{text: logprob} of the first generated token's alternatives, from OpenAI's
+    completions format (top_logprobs: [{text: logprob}]) or the chat format that
+    llama-server also uses there (content: [{top_logprobs: [{token, logprob}]}])."""
+    try:
+        if "top_logprobs" in logprobs:
+            return dict(logprobs["top_logprobs"][0])
+        return {t["token"]: t["logprob"] for t in logprobs["content"][0]["top_logprobs"]}
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
 
 
 class Tokens:
@@ -333,19 +343,3 @@ def open_targets(entries: list[str], load_model, model_named: bool, api_key: str
     targets = [EndpointTarget(Endpoint(e, api_key, served), tokens) if is_endpoint(e) else LocalTarget(model(), e)
                for e in entries]
     return tokens, targets
-
-
-def topk_kld(base: dict[str, float], other: dict[str, float]) -> float:
-    """KLD(base || other) over base's listed tokens and the rest as one outcome; a
-    token other does not list gets its smallest listed log-probability (an upper
-    bound of its own)."""
-    if not base:
-        return 0.0
-    floor = min(other.values()) if other else -30.0
-    p = {k: math.exp(v) for k, v in base.items()}
-    q = {k: math.exp(other.get(k, floor)) for k in base}
-    kld = sum(pk * (math.log(pk) - math.log(q[k])) for k, pk in p.items() if pk > 0)
-    rest_p, rest_q = max(1.0 - sum(p.values()), 0.0), max(1.0 - sum(q.values()), 1e-12)
-    if rest_p > 1e-12:
-        kld += rest_p * (math.log(rest_p) - math.log(rest_q))
-    return max(kld, 0.0)

@@ -99,9 +99,11 @@ def lever(plan: Plan) -> str:
     return "everything fits"
 
 
-def format_plan(plan: Plan) -> str:
+def format_plan(plan: Plan, choice=None) -> str:
     """The plan as `tightkv plan` prints it: the sizes, one row per KV type, the lever,
-    and a warning when the context exceeds the trained one."""
+    the recommended type (`choice`, a probed `eval.auto.KVChoice`, when given) with
+    llama.cpp's and vLLM's settings for it, and a warning when the context exceeds
+    the trained one."""
     gib = 2**30
     lines = [f"model     {plan.model}",
              f"context   {plan.context} tokens (trained {plan.trained_context})",
@@ -114,12 +116,13 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"{r['kv']:<14} {r['kv_bytes'] / 2**20:9.1f} MiB {r['bytes_per_token'] / 1024:7.2f} KiB "
                      f"{r['ratio_vs_f16']:6.2f}x {'yes' if r['fits'] else 'no':>5} {r['max_context']:>12}")
     lines += ["", lever(plan)]
-    best = recommended(plan)
+    best = choice.kv if choice is not None else (recommended(plan) or {}).get("kv")
     if best is not None:
         from .engines import equivalents, format_equivalents
 
-        lines.append(f"recommended: --kv {best['kv']} (the best-quality type that fits); elsewhere:")
-        lines += format_equivalents(best["kv"], equivalents(best["kv"], plan.layout, plan.context), plan.context)
+        why = choice.line() if choice is not None else "the best-quality type that fits"
+        lines.append(f"recommended: --kv {best} ({why}); elsewhere:")
+        lines += format_equivalents(best, equivalents(best, plan.layout, plan.context), plan.context)
     if plan.context > plan.trained_context:
         factor = -(-plan.context // plan.trained_context)
         lines.append(f"warning: {plan.context} tokens exceed the model's trained context of {plan.trained_context}; "

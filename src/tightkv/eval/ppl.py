@@ -150,10 +150,9 @@ def perplexity_targets(tokens, text: str, ctx: int, n_chunks: int | None, target
     """`perplexity` over targets (`eval.endpoint`: local KV types and endpoints), the first
     the baseline: the same chunks and scored positions, each target's log-probabilities
     of them and its top alternatives, and KLD against the baseline over the baseline's
-    top tokens (`endpoint.topk_kld`), since an endpoint gives no more."""
+    top tokens (`topk_kld`), since an endpoint gives no more."""
     from ..errors import TightKVError
     from ..progress import Progress
-    from .endpoint import topk_kld
 
     if n_chunks is not None:  # an endpoint tokenizes over HTTP: no more text than the chunks can use
         text = text[: ctx * n_chunks * 32]
@@ -180,6 +179,22 @@ def perplexity_targets(tokens, text: str, ctx: int, n_chunks: int | None, target
                 bar.update(len(ids))
             bar.note(" ".join(f"{k} {math.exp(np.mean(r.nll)):.3f}" for k, r in results.items()))
     return {k: r.summary() for k, r in results.items()}
+
+
+def topk_kld(base: dict[str, float], other: dict[str, float]) -> float:
+    """KLD(base || other) over base's listed tokens and the rest as one outcome; a
+    token other does not list gets its smallest listed log-probability (an upper
+    bound of its own)."""
+    if not base:
+        return 0.0
+    floor = min(other.values()) if other else -30.0
+    p = {k: math.exp(v) for k, v in base.items()}
+    q = {k: math.exp(other.get(k, floor)) for k in base}
+    kld = sum(pk * (math.log(pk) - math.log(q[k])) for k, pk in p.items() if pk > 0)
+    rest_p, rest_q = max(1.0 - sum(p.values()), 0.0), max(1.0 - sum(q.values()), 1e-12)
+    if rest_p > 1e-12:
+        kld += rest_p * (math.log(rest_p) - math.log(rest_q))
+    return max(kld, 0.0)
 
 
 def format_table(results: dict[str, dict]) -> str:

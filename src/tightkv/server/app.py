@@ -48,6 +48,7 @@ class ServerConfig:
     cache_ram: int | None = None  # bytes for the prefix store (None: a quarter of the RAM available; 0: off)
     cache_disk: int = 0  # bytes of prompt prefixes kept on disk (0: RAM only)
     cache_disk_tokens: int = 1024  # the shortest prefix written to disk
+    mem: int | None = None  # --kv auto's budget in bytes (None: the RAM available less 1 GiB)
 
 
 class ServedModel:
@@ -75,6 +76,7 @@ class ServedModel:
         self.metadata: dict[str, Any] = {}
         self.context_length = 0
         self.kv = ""
+        self.kv_auto: dict | None = None  # what --kv auto chose and why
         self.chat_template: str | None = None
         self.n_params = 0
         self._digest: str | None = None
@@ -89,6 +91,7 @@ class ServedModel:
         self.metadata = dict(model.gguf.metadata)
         self.context_length = model.context_length
         self.kv = str(model.kv)
+        self.kv_auto = model.kv_choice.as_dict() if model.kv_choice is not None else None
         self.chat_template = model.chat_template
         self.n_params = parameters(model.gguf)
 
@@ -148,9 +151,14 @@ class ServerState:
         from ..api import Model
 
         c = self.config
-        model = Model(self.served.path, kv=c.kv, context_length=c.ctx or None, threads=c.threads)  # 0: trained
+        auto = c.kv == "auto"
+        model = Model(self.served.path, kv=None if auto else c.kv, context_length=c.ctx or None,
+                      threads=c.threads)  # 0: trained
         if c.ctx is None:
             model.set_context_length(min(model.context_length, DEFAULT_CTX))
+        if auto:  # every slot holds a whole context; the prefix store's RAM is spent too
+            budget = None if c.mem is None else c.mem - (c.cache_ram or 0)
+            model.choose_kv(memory=budget, slots=c.parallel)
         model.generate([model.tokenizer.bos_id or 0], max_tokens=1)  # warm up the kernels
         return model
 

@@ -283,7 +283,7 @@ async def ps(request: Request):
     expires = datetime.now(timezone.utc).astimezone() + timedelta(days=365 * 100 if left is None else 0,
                                                                   seconds=left or 0)
     entry.update(expires_at=expires.isoformat(), size_vram=0, context_length=served.context_length,
-                 kv_cache_type=served.kv, cpu_kernels=library.summary(),  # our fields beside Ollama's
+                 kv_cache_type=served.kv, kv_auto=served.kv_auto, cpu_kernels=library.summary(),  # ours
                  prefix_cache=state.scheduler.prefix_stats(), batch_size=state.scheduler.batch_size,
                  parallel=state.scheduler.parallel)
     return OllamaJSON({"models": [entry]})
@@ -310,6 +310,7 @@ async def show(request: Request):
         "model_info": info,
         "capabilities": ["completion"] + (["tools"] if tool_format(served.chat_template) else []),
         "modified_at": served.modified_at(),
+        "tightkv": {"kv_cache_type": served.kv, "context_length": served.context_length, "kv_auto": served.kv_auto},
     })
 
 

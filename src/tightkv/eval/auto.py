@@ -1,0 +1,222 @@
+"""`--kv auto`: the best-quality KV type that fits the memory, its quality probed on
+the user's own text.
+
+The candidates go in order of measured quality (`eval.plan.QUALITY_ORDER`: f16,
+q8_0, k8v4, kvarn4, progressive, ...). A type whose whole-context bytes (times
+the slots that hold a context at once) do not fit the budget beside the weights
+and working buffers is passed over; f16, when it fits, wins without a probe; any
+other type is probed: the KLD of its next-token distributions against f16's over
+the last `SCORED` positions of a `PROBE_TOKENS`-token span of the text (the
+document being loaded, the prompt, or the essays when the prompt is shorter than
+`MIN_TEXT_TOKENS`). The first type that fits and whose KLD is within `KLD_BAR`
+is chosen. When none fits, the error says how long a context the best type holds
+and which weight quantization would make the room.
+
+Probes are cached per model file, type and text span in `$TIGHTKV_HOME/kv_probes.json`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+from ..errors import TightKVError
+
+KLD_BAR = 0.01  # the quality bar of the default's choice (docs/benchmarks.md)
+PROBE_TOKENS = 2048
+SCORED = 256  # positions scored at the end of the span (Gemma's 262K-token output layer is the cost)
+MIN_TEXT_TOKENS = 1024  # a shorter text is probed on the essays instead
+MARGIN = 1 << 30  # the default budget: the available RAM less this
+ROWS = 64  # scored rows taken through the output layer at once
+# weight types tightkv runs, bits per weight, smallest last: what `no_fit` suggests
+WEIGHT_TYPES = [("Q8_0", 8.5), ("Q6_K", 6.5625), ("Q5_K_M", 5.5), ("Q4_K_M", 4.5), ("Q3_K_M", 3.4375),
+                ("Q2_K", 2.625)]
+
+
+@dataclass
+class KVChoice:
+    """What `--kv auto` chose and why."""
+
+    kv: str
+    kld: float  # probed KLD against f16 (0 for f16)
+    kv_bytes: int  # the chosen type's bytes at the context, all slots
+    f16_bytes: int
+    context: int
+    memory: int  # the budget, weights and working buffers included
+    text: str  # what was probed: "the document", "the prompt", "the essays"
+    probe_tokens: int
+    probe_s: float
+    tried: list[dict] = field(default_factory=list)  # {kv, fits, kv_bytes, kld}
+
+    def line(self) -> str:
+        """The one stderr line: type, KLD, bytes at the context, what f16 would need."""
+        mib = 2**20
+        how = ("f16 fits" if self.kv == "f16" else
+               f"KLD {self.kld:.5f} vs f16 on {self.probe_tokens:,} tokens of {self.text}")
+        return (f"kv auto: {self.kv} ({how}; {self.kv_bytes / mib:.1f} MiB KV at {self.context:,} tokens, "
+                f"f16 would need {self.f16_bytes / mib:.1f} MiB; budget {self.memory / 2**30:.2f} GiB)")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def default_memory() -> int:
+    """The budget when none is given: the RAM available now, less MARGIN."""
+    import psutil
+
+    return max(0, psutil.virtual_memory().available - MARGIN)
+
+
+def probe_ids(model, text: str | None) -> tuple[list[int], str]:
+    """The span probed and what it is: the text's first PROBE_TOKENS tokens (at most the
+    context), or the essays' when the text is shorter than MIN_TEXT_TOKENS (the
+    built-in haystack if the essays cannot be had)."""
+    ids = model.tokenize(text, add_bos=False) if text else []
+    what = "the text"
+    if len(ids) < MIN_TEXT_TOKENS:
+        try:
+            from .corpus import essays
+
+            ids, what = model.tokenize(essays()[:40000], add_bos=False), "the essays"
+        except TightKVError:
+            from .niah import generated_haystack
+
+            ids, what = model.tokenize(generated_haystack(3000), add_bos=False), "the built-in haystack"
+    span = min(PROBE_TOKENS, model.context_length)  # a short context holds a shorter span
+    return model.tokenize("")[:1] + ids[: span - 1], what
+
+
+def _hidden(model, ids: list[int], kv: str, on_piece):
+    """Final hidden states at the scored positions (the last SCORED before the end)."""
+    from .ppl import _scored_hidden
+
+    first = max(0, len(ids) - 1 - SCORED)
+    return _scored_hidden(model.net, ids, model.new_cache(kv), first, 512, on_piece)
+
+
+def probe_kld(model, ids: list[int], kv: str, base=None, on_piece=None) -> float:
+    """Mean KLD(f16 || kv) of the next-token distributions at the span's scored
+    positions; `base` is f16's hidden states there (computed if not given)."""
+    import torch
+
+    base = _hidden(model, ids, "f16", on_piece) if base is None else base
+    other = _hidden(model, ids, kv, on_piece)
+    total = 0.0
+    with torch.inference_mode():
+        for s in range(0, base.shape[0], ROWS):
+            p = torch.log_softmax(model.net.output(base[s : s + ROWS]).double(), dim=-1)
+            q = torch.log_softmax(model.net.output(other[s : s + ROWS]).double(), dim=-1)
+            total += float((p.exp() * (p - q)).sum(-1).clamp_min(0).sum())
+    return total / base.shape[0]
+
+
+class ProbeCache:
+    """Probed KLDs on disk, keyed by model file, type and the span's token hash."""
+
+    def __init__(self):
+        from ..store import home
+
+        self.path = home() / "kv_probes.json"
+        try:
+            self.data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.data = {}
+
+    @staticmethod
+    def key(model, kv: str, ids: list[int]) -> str:
+        digest = hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16]
+        return f"{model.path.name}|{kv}|{digest}|{SCORED}"
+
+    def get(self, model, kv: str, ids: list[int]) -> float | None:
+        return self.data.get(self.key(model, kv, ids))
+
+    def of_model(self, file_name: str) -> dict[str, list[float]]:
+        """Type -> the KLDs probed for the model file of that name (one per text)."""
+        out: dict[str, list[float]] = {}
+        for key, kld in self.data.items():
+            name, kind, *_ = key.split("|")
+            if name == file_name:
+                out.setdefault(kind, []).append(kld)
+        return out
+
+    def put(self, model, kv: str, ids: list[int], kld: float) -> None:
+        self.data[self.key(model, kv, ids)] = kld
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.data, indent=0))
+            tmp.replace(self.path)
+        except OSError:
+            pass  # a read-only home: probes are simply not kept
+
+
+def choose(model, text: str | None = None, memory: int | None = None, context: int | None = None,
+           slots: int = 1, text_name: str = "the prompt", progress: bool = True) -> KVChoice:
+    """The best-quality type whose bytes at `context` (default the model's) for `slots`
+    sequences fit `memory` (default `default_memory()`) and whose probed KLD is within
+    KLD_BAR. Raises TightKVError with the largest context that would fit when none does."""
+    from .plan import QUALITY_ORDER, make_plan
+    from ..progress import Progress
+
+    memory = default_memory() if memory is None else memory
+    context = context or model.context_length
+    plan = make_plan(model.path, context, memory, QUALITY_ORDER)
+    budget = memory - plan.weights - plan.working
+    if budget <= 0:
+        raise TightKVError(f"the weights ({plan.weights / 2**30:.2f} GiB) and working buffers do not fit in "
+                           f"{memory / 2**30:.2f} GiB: {weight_room(plan, -budget) or 'a smaller model is needed'}")
+    f16_bytes = next(r["kv_bytes"] for r in plan.rows if r["kv"] == "f16") * slots
+    ids, what = None, text_name
+    cache, tried, base, t0 = ProbeCache(), [], None, time.perf_counter()
+    for row in plan.rows:
+        kv, need = row["kv"], row["kv_bytes"] * slots
+        entry = {"kv": kv, "fits": need <= budget, "kv_bytes": need, "kld": None}
+        tried.append(entry)
+        if not entry["fits"]:
+            continue
+        if kv != "f16":
+            if ids is None:
+                ids, source = probe_ids(model, text)
+                what = text_name if source == "the text" else source
+            entry["kld"] = cache.get(model, kv, ids)
+            if entry["kld"] is None:
+                with Progress(f"kv auto probe {kv}", len(ids) * (2 if base is None else 1), enabled=progress) as bar:
+                    if base is None:
+                        base = _hidden(model, ids, "f16", bar.update)
+                    entry["kld"] = probe_kld(model, ids, kv, base, bar.update)
+                cache.put(model, kv, ids, entry["kld"])
+            if entry["kld"] > KLD_BAR:
+                continue
+        return KVChoice(kv, entry["kld"] or 0.0, need, f16_bytes, context, memory, what,
+                        len(ids) if ids else 0, round(time.perf_counter() - t0, 2), tried)
+    raise TightKVError(no_fit(plan, context, slots, budget, tried))
+
+
+def no_fit(plan, context: int, slots: int, budget: int, tried: list[dict]) -> str:
+    """Why nothing fits, in one line: the longest context the smallest candidate holds,
+    and the weight type that would make room for the context asked."""
+    smallest = min(plan.rows, key=lambda r: r["kv_bytes"])
+    longest = smallest["max_context"] // slots if slots > 1 else smallest["max_context"]
+    need = smallest["kv_bytes"] * slots - budget
+    room = weight_room(plan, need)
+    failed = [t["kv"] for t in tried if t["fits"] and t["kld"] is not None and t["kld"] > KLD_BAR]
+    why = f" ({', '.join(failed)} fit but miss the KLD bar of {KLD_BAR} on this text)" if failed else ""
+    return (f"no KV type holds {context:,} tokens in {plan.memory / 2**30:.2f} GiB{why}: {smallest['kv']} holds "
+            f"up to {longest:,} (-c {longest}); {room or 'no smaller weight type makes the room'}")
+
+
+def weight_room(plan, need: int) -> str | None:
+    """'Q3_K_M weights (about X GiB) would make room' for `need` more bytes, the
+    largest such type, from the file's own bits per weight; None if none would."""
+    from ..gguf.reader import read_gguf
+
+    g = read_gguf(plan.file)
+    params = sum(math.prod(t.shape) for t in g.tensors.values())
+    bpw = plan.weights * 8 / max(1, params)
+    for name, bits in WEIGHT_TYPES:
+        new = params * bits / 8
+        if bits < bpw - 0.01 and plan.weights - new >= need:
+            return f"{name} weights (about {new / 2**30:.2f} GiB instead of {plan.weights / 2**30:.2f}) would make room"
+    return None
