@@ -11,9 +11,16 @@ def serve(port: int, ctx: int) -> subprocess.Popen:
     """Start the server (2 threads, no prompt files on disk) and wait until /health answers 200."""
     cmd = [sys.executable, "-m", "tightkv.cli", "serve", "--port", str(port), "--ctx", str(ctx), "--threads", "2",
            "--cache-disk", "0", "--log-level", "error"]
+    return start(cmd, port)
+
+
+def start(cmd: list[str], port: int, timeout: float = 180) -> subprocess.Popen:
+    """Run a server command and wait until its /health on 127.0.0.1:port answers 200."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{cmd[0]} exited with {proc.returncode}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
                 if r.status == 200:
