@@ -121,3 +121,12 @@ def test_plan_with_a_text_shows_the_probed_choice(plan, doc_file, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "recommended: --kv q8_0 (kv auto: q8_0 (KLD" in r.stdout
     assert json.loads(out.read_text())["recommended"]["kv_auto"]["text"] == "brief.md"
+
+
+def test_the_weight_suggestion_is_below_the_files_own_type(plan):
+    """The embedded file is Q4_K_M: the room comes from a smaller type, never a larger one."""
+    from tightkv.eval.auto import weight_room
+
+    hint = weight_room(plan, need=20 * 2**20)
+    assert hint.startswith("Q3_K_M weights (about ") and "would make room" in hint
+    assert weight_room(plan, need=plan.weights) is None
