@@ -337,9 +337,8 @@ def open_targets(entries: list[str], load_model, model_named: bool, api_key: str
             loaded.append(load_model())
         return loaded[0]
 
-    urls = [e for e in entries if is_endpoint(e)]
-    local = model_named or len(urls) < len(entries)
-    tokens = Tokens.local(model()) if local else Tokens.remote(Endpoint(urls[0], api_key, served))
-    targets = [EndpointTarget(Endpoint(e, api_key, served), tokens) if is_endpoint(e) else LocalTarget(model(), e)
-               for e in entries]
+    endpoints = {e: Endpoint(e, api_key, served) for e in entries if is_endpoint(e)}  # one per URL
+    local = model_named or not all(map(is_endpoint, entries))
+    tokens = Tokens.local(model()) if local else Tokens.remote(next(iter(endpoints.values())))
+    targets = [EndpointTarget(endpoints[e], tokens) if e in endpoints else LocalTarget(model(), e) for e in entries]
     return tokens, targets
