@@ -19,6 +19,25 @@ Block layouts (bytes), ``d``/``dmin``/``m`` fp16:
 - Q4_K (256, 144): d, dmin, 12 packed 6-bit scales/mins, 128 nibble bytes
 - Q5_K (256, 176): d, dmin, 12 scales/mins, 32 qh, 128 nibble bytes
 - Q6_K (256, 210): 128 ql, 64 qh, 16 int8 scales, d
+- Q1_0 (128, 18): d, 16 sign bytes (bit j of byte j/8: element j is +d if set, else -d)
+- Q2_0 (64, 18): d, 16 bytes of 2-bit codes (element j in bits 2(j%4) of byte j/4), (q-1)*d
+- TQ1_0 (256, 54): 48 bytes of 5 base-3 digits each, 4 bytes of 4 digits, d; (digit-1)*d
+- TQ2_0 (256, 66): 64 bytes of 2-bit codes (as Q2_K's layout), d; (q-1)*d
+- IQ4_NL (32, 18): d, 16 nibble bytes (as Q4_0) indexing a 16-value non-linear table
+- IQ4_XS (256, 136): d, 16 bits of scale high bits, 4 bytes of scale low nibbles, 128 nibble bytes
+- IQ3_XXS (256, 98): d, 64 grid indices (4 values each), 8 u32 (4 7-bit sign indices, 4-bit scale)
+- IQ3_S (256, 110): d, 64 grid index low bytes, 8 bytes of 9th bits, 32 sign bytes, 4 scale bytes
+- IQ2_XXS (256, 66): d, 8 x (4 grid index bytes (8 values each), u32 of 4 sign indices + scale)
+- IQ2_XS (256, 74): d, 32 u16 (9-bit grid index, 7-bit sign index), 8 bytes of 4-bit scales
+- IQ2_S (256, 82): d, 32 grid index low bytes, 32 sign bytes, 8 bytes of 2-bit high index bits, 8 scale bytes
+- IQ1_S (256, 50): d, 32 grid index low bytes, 8 u16 (4 3-bit high index bits, 3-bit scale, delta sign)
+- IQ1_M (256, 56): 32 grid index low bytes, 16 bytes (per 8 values: 3 high index bits, delta sign),
+  4 u16 of 3-bit scales whose top nibbles together hold d
+- MXFP4 (32, 17): e8m0 exponent e, 16 nibble bytes indexing doubled E2M1 values; value * 2^(e-128)
+- NVFP4 (64, 36): 4 unsigned E4M3 scales (one per 16), 4 x 8 nibble bytes (low: 0-7, high: 8-15)
+
+The IQ grids (every allowed group of 8 or 4 magnitudes) are data: they are taken from
+gguf-py's tables (`gguf.quants.IQ2_XXS.grid` ...) on first use, not copied here.
 """
 from __future__ import annotations
 
@@ -224,6 +243,274 @@ class Q6_K(Codec, qtype="Q6_K", block_size=QK_K, type_size=210):
         qh = _bits(qh, 32, 2).reshape(n, 8, 32)
         q = ((ql | (qh << 4)).to(torch.int8) - 32).reshape(n, 16, 16).float()
         return (d * q).reshape(n, QK_K)
+
+
+# -- ternary, 1- and 2-bit types -------------------------------------------------
+
+
+def _u16(b: torch.Tensor) -> torch.Tensor:
+    """(n, 2k) uint8 little-endian u16 fields -> (n, k) int32."""
+    b = b.to(torch.int32)
+    return b[:, 0::2] | (b[:, 1::2] << 8)
+
+
+def _u32(b: torch.Tensor) -> torch.Tensor:
+    """(..., 4k) uint8 little-endian u32 fields -> (..., k) int64."""
+    b = b.to(torch.int64).reshape(*b.shape[:-1], -1, 4)
+    return b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
+
+
+def _bitfield(x: torch.Tensor, shifts: list[int], mask: int) -> torch.Tensor:
+    """(...) integers -> (..., len(shifts)): (x >> shift) & mask for each shift."""
+    return (x.unsqueeze(-1) >> torch.tensor(shifts, dtype=x.dtype)) & mask
+
+
+class Q1_0(Codec, qtype="Q1_0", block_size=128, type_size=18):
+    """llama.cpp's 1-bit type (ggml-quants.c dequantize_row_q1_0): the signs of d."""
+
+    @classmethod
+    def dequantize_blocks(cls, blocks):
+        n = blocks.shape[0]
+        d = _f16(blocks[:, :2])  # (n, 1)
+        bits = _bitfield(blocks[:, 2:18], list(range(8)), 1).reshape(n, 128)  # bit j of byte j/8
+        return torch.where(bits.bool(), d, -d)
+
+
+class Q2_0(Codec, qtype="Q2_0", block_size=64, type_size=18):
+    """llama.cpp's 2-bit type (dequantize_row_q2_0): codes 0..3 are -1, 0, 1, 2 times d."""
+
+    @classmethod
+    def dequantize_blocks(cls, blocks):
+        n = blocks.shape[0]
+        d = _f16(blocks[:, :2])
+        q = _bitfield(blocks[:, 2:18], [0, 2, 4, 6], 3).reshape(n, 64).to(torch.int8) - 1
+        return q.float() * d
+
+
+class TQ1_0(Codec, qtype="TQ1_0", block_size=QK_K, type_size=54):
+    """Ternary, 1.69 bits: bytes hold 5 (or 4) base-3 digits as a fixed-point fraction."""
+
+    @classmethod
+    def dequantize_blocks(cls, blocks):
+        n = blocks.shape[0]
+        qs, qh, d = blocks[:, :48].int(), blocks[:, 48:52].int(), _f16(blocks[:, 52:54])
+        p5 = torch.tensor([1, 3, 9, 27, 81], dtype=torch.int32).reshape(1, 5, 1)
+        q0 = (qs[:, :32].reshape(n, 1, 32) * p5).reshape(n, 160)  # digit k of each byte, k = 0..4
+        q1 = (qs[:, 32:].reshape(n, 1, 16) * p5).reshape(n, 80)
+        q2 = (qh.reshape(n, 1, 4) * p5[:, :4]).reshape(n, 16)
+        q = torch.cat([q0, q1, q2], dim=1) & 0xFF  # the byte times 3^k, as uint8 arithmetic wraps
+        return d * (((q * 3) >> 8) - 1).float()
+
+
+class TQ2_0(Codec, qtype="TQ2_0", block_size=QK_K, type_size=66):
+    """Ternary in 2-bit codes (0..2 used): (q - 1) * d."""
+
+    @classmethod
+    def dequantize_blocks(cls, blocks):
+        n = blocks.shape[0]
+        d = _f16(blocks[:, 64:66])
+        q = _bits(blocks[:, :64], 32, 2).reshape(n, QK_K).to(torch.int8) - 1
+        return d * q.float()
+
+
+# -- 4-bit tables ----------------------------------------------------------------
+
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # kvalues_iq4nl
+FP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)  # E2M1 doubled, kvalues_mxfp4
+
+
+def _lookup(values: tuple[int, ...], q: torch.Tensor) -> torch.Tensor:
+    """Codes q (any shape, 0..15) -> float32 table values."""
+    return torch.tensor(values, dtype=torch.float32)[q.long()]
+
+
+class IQ4_NL(Codec, qtype="IQ4_NL", block_size=32, type_size=18):
+    @classmethod
+    def dequantize_blocks(cls, blocks):
+        n = blocks.shape[0]
+        d = _f16(blocks[:, :2])
+        return d * _lookup(IQ4_VALUES, _nibbles(blocks[:, 2:], 16).reshape(n, 32))
+
+
+class IQ4_XS(Codec, qtype="IQ4_XS", block_size=QK_K, type_size=136):
+    @classmethod
+    def dequantize_blocks(cls, blocks):
+        n = blocks.shape[0]
+        d = _f16(blocks[:, :2])
+        hi = _bitfield(_u16(blocks[:, 2:4]), list(range(0, 16, 2)), 3).reshape(n, 8)  # (n, 8 sub-blocks)
+        lo = _bitfield(blocks[:, 4:8], [0, 4], 0xF).reshape(n, 8)
+        dl = (d * ((lo.int() | (hi << 4)) - 32).float()).reshape(n, 8, 1)
+        q = _nibbles(blocks[:, 8:], 16).reshape(n, 8, 32)
+        return (dl * _lookup(IQ4_VALUES, q)).reshape(n, QK_K)
+
+
+class MXFP4(Codec, qtype="MXFP4", block_size=32, type_size=17):
+    """OCP microscaling FP4: an E8M0 exponent, E2M1 codes (ggml_e8m0_to_fp32_half)."""
+
+    @classmethod
+    def dequantize_blocks(cls, blocks):
+        n = blocks.shape[0]
+        e = blocks[:, :1].int()
+        bits = torch.where(e < 2, 0x00200000 << e, (e - 1) << 23)  # 2^(e-128), denormal below e = 2
+        d = bits.view(torch.float32)  # (n, 1)
+        return d * _lookup(FP4_VALUES, _nibbles(blocks[:, 1:], 16).reshape(n, 32))
+
+
+def _ue4m3_table() -> torch.Tensor:
+    """(256,) float32: unsigned E4M3 (bias 7) halved, 0 and 0x7F as 0 (ggml_ue4m3_to_fp32)."""
+    out = []
+    for x in range(256):
+        exp, man = (x >> 3) & 0xF, x & 7
+        raw = man * 2.0 ** -9 if exp == 0 else (1 + man / 8) * 2.0 ** (exp - 7)
+        out.append(0.0 if x in (0, 0x7F) else raw * 0.5)
+    return torch.tensor(out, dtype=torch.float32)
+
+
+UE4M3 = _ue4m3_table()
+
+
+class NVFP4(Codec, qtype="NVFP4", block_size=64, type_size=36):
+    """NVIDIA FP4: four 16-value sub-blocks, each an E4M3 scale and E2M1 codes."""
+
+    @classmethod
+    def dequantize_blocks(cls, blocks):
+        n = blocks.shape[0]
+        d = UE4M3[blocks[:, :4].long()].reshape(n, 4, 1)  # (n, 4 sub-blocks, 1)
+        qs = blocks[:, 4:].reshape(n, 4, 8)
+        q = torch.cat([qs & 0xF, qs >> 4], dim=-1)  # (n, 4, 16)
+        return (d * _lookup(FP4_VALUES, q)).reshape(n, 64)
+
+
+# -- grid types (IQ1, IQ2, IQ3) ------------------------------------------------------
+
+GRID_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S")  # the kernel's table numbers
+_GRIDS: dict[str, torch.Tensor] = {}
+# ksigns_iq2xs: a 7-bit sign index -> 8 sign bits, the 8th making the count of minus signs even
+KSIGNS = torch.tensor([i | (bin(i).count("1") & 1) << 7 for i in range(128)], dtype=torch.int64)
+
+
+def iq_grid(qtype: str) -> torch.Tensor:
+    """(entries, width) float32: the grid of `qtype` (IQ1_M shares IQ1_S's), from gguf-py's
+    tables: magnitudes for IQ2/IQ3 (width 8 or 4), -1/0/1 for IQ1 (width 8)."""
+    name = "IQ1_S" if qtype == "IQ1_M" else qtype
+    if name not in _GRIDS:
+        from gguf import quants as gq
+
+        cls = getattr(gq, name)
+        cls.init_grid()
+        _GRIDS[name] = torch.from_numpy(cls.grid.reshape(cls.grid_shape).copy())
+    return _GRIDS[name]
+
+
+def grid_bytes(qtype: str):
+    """`iq_grid(qtype)` as int8 numpy (entries, width): what the kernels are given at load time."""
+    return iq_grid(qtype).to(torch.int8).numpy()
+
+
+def _signs(bits: torch.Tensor) -> torch.Tensor:
+    """(...) sign bytes -> (..., 8) float32: -1 where bit i is set, else 1."""
+    b = _bitfield(bits.to(torch.int64), list(range(8)), 1)
+    return torch.where(b == 0, 1.0, -1.0)
+
+
+def _scale_nibbles(b: torch.Tensor) -> torch.Tensor:
+    """(n, m) uint8 -> (n, 2m) float32: each byte's low nibble, then its high nibble."""
+    return _bitfield(b, [0, 4], 0xF).reshape(b.shape[0], -1).float()
+
+
+class IQ2_XXS(Codec, qtype="IQ2_XXS", block_size=QK_K, type_size=66):
+    @classmethod
+    def dequantize_blocks(cls, blocks):
+        n = blocks.shape[0]
+        d = _f16(blocks[:, :2])
+        q = blocks[:, 2:].reshape(n, 8, 8)  # (n, 8 sub-blocks of 32, 4 grid indices + u32)
+        aux = _u32(q[:, :, 4:]).reshape(n, 8)
+        db = (d * (0.5 + (aux >> 28).float()) * 0.25).reshape(n, 8, 1, 1)
+        signs = _signs(KSIGNS[_bitfield(aux, [0, 7, 14, 21], 0x7F)])  # (n, 8, 4, 8)
+        grid = iq_grid(cls.qtype)[q[:, :, :4].long()]  # (n, 8, 4, 8)
+        return (db * grid * signs).reshape(n, QK_K)
+
+
+class IQ2_XS(Codec, qtype="IQ2_XS", block_size=QK_K, type_size=74):
+    @classmethod
+    def dequantize_blocks(cls, blocks):
+        n = blocks.shape[0]
+        d = _f16(blocks[:, :2])
+        qs = _u16(blocks[:, 2:66]).long()  # (n, 32): 9-bit grid index, 7-bit sign index
+        db = (d * (0.5 + _scale_nibbles(blocks[:, 66:74])) * 0.25).reshape(n, 16, 1, 1)
+        signs = _signs(KSIGNS[qs >> 9]).reshape(n, 16, 2, 8)
+        grid = iq_grid(cls.qtype)[qs & 511].reshape(n, 16, 2, 8)
+        return (db * grid * signs).reshape(n, QK_K)
+
+
+class IQ2_S(Codec, qtype="IQ2_S", block_size=QK_K, type_size=82):
+    @classmethod
+    def dequantize_blocks(cls, blocks):
+        n = blocks.shape[0]
+        d = _f16(blocks[:, :2])
+        qs, sg, qh = blocks[:, 2:34], blocks[:, 34:66], blocks[:, 66:74]
+        db = (d * (0.5 + _scale_nibbles(blocks[:, 74:82])) * 0.25).reshape(n, 16, 1, 1)
+        signs = _signs(sg).reshape(n, 16, 2, 8)
+        idx = qs.long() | (_bitfield(qh.long(), [0, 2, 4, 6], 3).reshape(n, 32) << 8)
+        grid = iq_grid(cls.qtype)[idx].reshape(n, 16, 2, 8)
+        return (db * grid * signs).reshape(n, QK_K)
+
+
+class IQ3_XXS(Codec, qtype="IQ3_XXS", block_size=QK_K, type_size=98):
+    @classmethod
+    def dequantize_blocks(cls, blocks):
+        n = blocks.shape[0]
+        d = _f16(blocks[:, :2])
+        aux = _u32(blocks[:, 66:98])  # (n, 8): 4 sign indices and a scale per 32
+        db = (d * (0.5 + (aux >> 28).float()) * 0.5).reshape(n, 8, 1, 1)
+        signs = _signs(KSIGNS[_bitfield(aux, [0, 7, 14, 21], 0x7F)])  # (n, 8, 4, 8)
+        grid = iq_grid(cls.qtype)[blocks[:, 2:66].long()].reshape(n, 8, 4, 8)
+        return (db * grid * signs).reshape(n, QK_K)
+
+
+class IQ3_S(Codec, qtype="IQ3_S", block_size=QK_K, type_size=110):
+    @classmethod
+    def dequantize_blocks(cls, blocks):
+        n = blocks.shape[0]
+        d = _f16(blocks[:, :2])
+        qs, qh, sg = blocks[:, 2:66], blocks[:, 66:74], blocks[:, 74:106]
+        db = (d * (1 + 2 * _scale_nibbles(blocks[:, 106:110]))).reshape(n, 8, 1, 1)
+        signs = _signs(sg).reshape(n, 8, 4, 8)
+        idx = qs.long() | (_bitfield(qh.long(), list(range(8)), 1).reshape(n, 64) << 8)
+        grid = iq_grid(cls.qtype)[idx].reshape(n, 8, 4, 8)
+        return (db * grid * signs).reshape(n, QK_K)
+
+
+IQ1_DELTA = 0.125
+
+
+class IQ1_S(Codec, qtype="IQ1_S", block_size=QK_K, type_size=50):
+    @classmethod
+    def dequantize_blocks(cls, blocks):
+        n = blocks.shape[0]
+        d = _f16(blocks[:, :2])
+        qh = _u16(blocks[:, 34:50])  # (n, 8): 4 x 3 high index bits, 3-bit scale, delta sign
+        dl = (d * (2 * ((qh >> 12) & 7) + 1).float()).reshape(n, 8, 1, 1)
+        delta = torch.where(qh & 0x8000 == 0, IQ1_DELTA, -IQ1_DELTA).reshape(n, 8, 1, 1)
+        idx = blocks[:, 2:34].long() | (_bitfield(qh.long(), [0, 3, 6, 9], 7).reshape(n, 32) << 8)
+        grid = iq_grid(cls.qtype)[idx].reshape(n, 8, 4, 8)
+        return (dl * (grid + delta)).reshape(n, QK_K)
+
+
+class IQ1_M(Codec, qtype="IQ1_M", block_size=QK_K, type_size=56):
+    @classmethod
+    def dequantize_blocks(cls, blocks):
+        n = blocks.shape[0]
+        sc = _u16(blocks[:, 48:56])  # (n, 4): 4 x 3-bit scales, and a nibble of d on top
+        d = (sc[:, 0] >> 12) | ((sc[:, 1] >> 8) & 0xF0) | ((sc[:, 2] >> 4) & 0xF00) | (sc[:, 3] & 0xF000)
+        d = d.to(torch.int16).view(torch.float16).float().reshape(n, 1)
+        dl = (d * (2 * _bitfield(sc, [0, 3, 6, 9], 7).reshape(n, 16) + 1).float()).reshape(n, 8, 2, 1, 1)
+        qh = _bitfield(blocks[:, 32:48].long(), [0, 4], 0xF).reshape(n, 32)  # per 8 values
+        delta = torch.where(qh & 8 == 0, IQ1_DELTA, -IQ1_DELTA).reshape(n, 8, 2, 2, 1)
+        idx = blocks[:, :32].long() | ((qh & 7) << 8)
+        grid = iq_grid(cls.qtype)[idx].reshape(n, 8, 2, 2, 8)
+        return (dl * (grid + delta)).reshape(n, QK_K)
+
 
 
 FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}  # the float GGML types
