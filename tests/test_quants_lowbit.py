@@ -108,3 +108,30 @@ def test_odd_shapes_and_views(qtype):
     part = raw[:, size:3 * size]  # blocks 1 and 2 of each row
     want = quants.dequantize(part.contiguous(), qtype, (3, 2 * block))
     assert torch.equal(quants.dequantize(part, qtype, (3, 2 * block)), want)
+
+
+def test_reader_takes_q2_0_tensors(tmp_path):
+    """A GGUF with a Q2_0 tensor (type 42, which gguf-py 0.19 does not name) reads as row bytes.
+    Written as I8 bytes, then its tensor info patched to Q2_0 and 128 columns."""
+    import gguf
+
+    from tightkv.gguf.reader import read_gguf
+
+    raw = random_blocks("Q2_0", 3, 128, seed=8)  # (3 rows, 36 bytes)
+    path = tmp_path / "q2.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("w", raw.view(np.int8), raw_dtype=GGMLQuantizationType.I8)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    data = bytearray(path.read_bytes())
+    info = data.index(b"w", 24) + 1  # then n_dims u32, dims u64 x 2, type u32
+    assert np.frombuffer(data, np.uint64, 2, info + 4).tolist() == [36, 3]
+    data[info + 4:info + 12] = np.uint64(128).tobytes()
+    data[info + 20:info + 24] = np.uint32(42).tobytes()
+    path.write_bytes(bytes(data))
+    t = read_gguf(path).tensors["w"]
+    assert t.qtype == "Q2_0" and t.shape == (3, 128)
+    assert_bit_exact(quants.dequantize(torch.from_numpy(np.array(t.data)), "Q2_0", t.shape),
+                     q2_0_reference(raw.reshape(-1, 18)).reshape(3, 128))

@@ -513,6 +513,9 @@ class IQ1_M(Codec, qtype="IQ1_M", block_size=QK_K, type_size=56):
 
 
 
+# GGML type ids of block types that not every gguf-py version names (the reader decodes them)
+EXTRA_TYPE_IDS = {41: "Q1_0", 42: "Q2_0"}
+
 FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}  # the float GGML types
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -81,6 +81,13 @@ def _compact_reader_class():
                 return super()._get_field_parts(orig_offs, raw_type)
             return end - orig_offs, [raw_itype, alen], [], [GGUFValueType.ARRAY, itype]
 
+        def _build_tensors(self, start_offs, fields):
+            """gguf-py's, plus the block types its installed version does not name (Q2_0 ...)."""
+            known = [f for f in fields if int(f.parts[4][0]) in gguf.GGMLQuantizationType._value2member_map_]
+            super()._build_tensors(start_offs, known)
+            built = {t.name: t for t in self.tensors}
+            self.tensors = [built.get(bytes(f.parts[1]).decode()) or _extra_tensor(self, start_offs, f) for f in fields]
+
         def _push_field(self, field, skip_sum=False):
             if self._pending is not None:
                 self.arrays[field.name] = self._pending
@@ -88,6 +95,31 @@ def _compact_reader_class():
             return super()._push_field(field, skip_sum)
 
     return CompactReader
+
+
+class _ExtraType(NamedTuple):
+    """A GGML type id gguf-py does not know, by the name our codecs give it."""
+    name: str
+    value: int
+
+
+def _extra_tensor(reader, start_offs: int, field):
+    """A `gguf.ReaderTensor` for a block type in `quants.EXTRA_TYPE_IDS` (uint8 row bytes)."""
+    from gguf import ReaderTensor
+
+    from . import quants  # torch: only for files that need it
+
+    _, name, _, dims, raw_type, offset = field.parts
+    name, type_id = bytes(name).decode(), int(raw_type[0])
+    if type_id not in quants.EXTRA_TYPE_IDS:
+        raise ValueError(f"tensor {name}: unknown tensor type id {type_id}")
+    qtype = quants.EXTRA_TYPE_IDS[type_id]
+    block, size = quants.BLOCK_SIZES[qtype]
+    n_elems, rows = int(np.prod(dims)), tuple(reversed(dims.tolist()))
+    n_bytes, data_offs = n_elems // block * size, int(start_offs + offset[0])
+    data = reader._get(data_offs, np.uint8, n_bytes).reshape(*rows[:-1], quants.row_bytes(qtype, rows[-1]))
+    return ReaderTensor(name=name, tensor_type=_ExtraType(qtype, type_id), shape=dims, n_elements=n_elems,
+                        n_bytes=n_bytes, data_offset=data_offs, data=data, field=field)
 
 
 def _field_value(reader, name: str, field) -> Any:
