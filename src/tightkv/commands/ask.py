@@ -95,7 +95,7 @@ def run(ns: argparse.Namespace) -> int:
     if log:
         log(f"model: {model.path.name} loaded in {t_model:.2f}s")
     session = DocumentSession(model, doc, kv=kv, mode=ns.mode, store=None if ns.no_cache else store,
-                              progress=not ns.no_progress and not ns.json, log=log, rag_top_k=ns.top_k,
+                              keep_text=True, progress=not ns.no_progress and not ns.json, log=log, rag_top_k=ns.top_k,
                               rag_chunk_tokens=ns.chunk_tokens, quotes=QUOTES if ns.quotes is None else ns.quotes,
                               rlv_options={"reads": ns.reads, "reformulate": ns.reformulate})
     t_ready = time.perf_counter() - t_start

@@ -39,6 +39,8 @@ class Answer:
         min_margin: the smallest logit gap between a chosen answer token and the
             runner-up (`AnswerStart`): how close the greedy answer came to another.
         stages: per-stage records (RLV), for --verbose and JSON.
+        quotes: the [start, end) character spans of the document's sentences quoted
+            before the question that gave the answer (the evidence), in document order.
     """
 
     text: str
@@ -51,6 +53,7 @@ class Answer:
     prompt_tokens: int = 0
     min_margin: float | None = None
     stages: list[dict] = field(default_factory=list)
+    quotes: list[tuple[int, int]] = field(default_factory=list)
 
     def __str__(self) -> str:
         return self.text
@@ -58,7 +61,8 @@ class Answer:
     def as_dict(self) -> dict:
         return {"answer": self.text, "mode": self.mode, "citation": self.citation, "section": self.section,
                 "verified": self.verified, "ttft_s": round(self.ttft, 4), "seconds": round(self.seconds, 4),
-                "prompt_tokens": self.prompt_tokens, "min_margin": self.min_margin, "stages": self.stages}
+                "prompt_tokens": self.prompt_tokens, "min_margin": self.min_margin, "stages": self.stages,
+                "quotes": [list(q) for q in self.quotes]}
 
 
 class PrefixCache:
@@ -116,8 +120,10 @@ class PrefixCache:
                 c.load_state(s)
         self.restore_seconds = time.perf_counter() - t
 
-    def generate(self, suffix: list[int], max_tokens: int = prompts.ANSWER_TOKENS) -> "Reply":
-        """Greedy answer line after prefix + suffix; the cache is back at the prefix afterwards."""
+    def generate(self, suffix: list[int], max_tokens: int = prompts.ANSWER_TOKENS,
+                 on_text: Callable[[str], None] | None = None) -> "Reply":
+        """Greedy answer line after prefix + suffix; the cache is back at the prefix afterwards.
+        `on_text(piece)` is told each generated piece of text as it comes."""
         if not self.filled:
             self.fill()
         if self._snap is None:
@@ -127,7 +133,7 @@ class PrefixCache:
         if room <= 0:
             raise ContextOverflowError(f"{len(ids)} tokens do not fit the context of {self.model.context_length}")
         try:
-            return answer_line(self.model, ids, min(max_tokens, room), self.cache)
+            return answer_line(self.model, ids, min(max_tokens, room), self.cache, on_text)
         finally:
             self.restore()
 
@@ -241,10 +247,11 @@ def answer_text(pieces) -> tuple[str, int]:
     return " ".join(lines), len(lines)
 
 
-def answer_line(model, ids: list[int], max_tokens: int, cache: list) -> Reply:
+def answer_line(model, ids: list[int], max_tokens: int, cache: list,
+                on_text: Callable[[str], None] | None = None) -> Reply:
     """Greedy decoding of one answer line after ids (the cache may already hold a
     prefix of them), starting on the prompt's last line (`AnswerStart`), read by
-    `answer_text`."""
+    `answer_text`; `on_text` sees each generated piece as it comes (a stream)."""
     from ..engine.generate import check_context, stream
     from ..engine.sampling import SamplingParams
 
@@ -262,6 +269,8 @@ def answer_line(model, ids: list[int], max_tokens: int, cache: list) -> Reply:
                 stats.append(step.stats)
             if step.text and not first:
                 first.append(time.perf_counter() - t0)
+            if step.text and on_text:
+                on_text(step.text)
             yield step.text
 
     try:

@@ -65,8 +65,10 @@ class RLV:
     def __init__(self, model, sections: list[Section], *, kv: str | None = None, working_memory: int = 2048,
                  reads: int = 3, group: int = 2, reformulate: bool = False, threshold: float | None = None,
                  evidence: SentenceIndex | None = None, quotes: int = QUOTES, prefixes: PrefixStore | None = None,
-                 progress: bool = False, log: Callable[[str], None] | None = None):
+                 progress: bool = False, log: Callable[[str], None] | None = None,
+                 listen: Callable[[dict], None] | None = None):
         self.model, self.sections, self.kv = model, sections, kv
+        self.listen = listen or (lambda event: None)  # the session's events (see DocumentSession)
         # reads made before (in this process, or on disk) are not prefilled again
         self.prefixes = prefixes if prefixes is not None else PrefixStore(model, kv)
         self._part_ids: dict[int, list[int]] = {}
@@ -145,12 +147,13 @@ class RLV:
         quotes = self.quotes_for(question)
         prefix, marks = self.read_ids(secs)
         t = time.perf_counter()
-        with _LazyProgress(label, self.progress) as bar:  # a summary line only for a prefill that ran
+        with _LazyProgress(label, self.progress, self.listen) as bar:  # a summary line only for a prefill that ran
             reused, cache = self.prefixes.fill(prefix, marks, bar.update)
         pc = PrefixCache(self.model, prefix, self.kv, cache)
         quoted = quotes_block(quotes)
         q = self.model.tokenize(quoted + prompts.question_suffix(question), add_bos=False)
-        r = pc.generate(q, max_tokens=max(1, min(max_tokens, self.wm - len(prefix) - len(q))))
+        r = pc.generate(q, max_tokens=max(1, min(max_tokens, self.wm - len(prefix) - len(q))),
+                        on_text=lambda piece: self.listen({"type": "text", "text": piece}))
         answer = first_sentence(r.text)
         ttft = time.perf_counter() - t - r.seconds + r.ttft
         margin, vlen = float("-inf"), 0
@@ -229,6 +232,8 @@ class RLV:
         while step is not None and len(done) < self.reads:
             kind, group, asked = step
             labels = "+".join(self.sections[i].label for i in group) or "nothing else"
+            self.listen({"type": "read", "read": len(done) + 1, "kind": kind,
+                         "sections": [self.sections[i].label for i in group]})
             rec = self.read(asked, group, max_tokens, label=f"rlv read {len(done) + 1} ({labels})")
             rec["kind"], rec["asked"] = kind, asked
             done.append(rec)
@@ -250,14 +255,16 @@ class RLV:
                       sec.index if sec else None, verified=bool(best and best["verified"]),
                       ttft=done[0]["ttft"] if done else 0.0, seconds=time.perf_counter() - t0,
                       prompt_tokens=max((r["call_tokens"] for r in done), default=0),
-                      min_margin=best["min_margin"] if best else None, stages=stages)
+                      min_margin=best["min_margin"] if best else None, stages=stages,
+                      quotes=sorted(tuple(q) for q in best["quotes"]) if best else [])
 
 
 class _LazyProgress:
     """A progress bar made at its first update (a read taken whole from the store shows none)."""
 
-    def __init__(self, label: str, enabled: bool):
+    def __init__(self, label: str, enabled: bool, listen: Callable[[dict], None] | None = None):
         self.label, self.enabled, self.bar = label, enabled, None
+        self.listen = listen or (lambda event: None)
 
     def update(self, done: int, total: int) -> None:
         if self.bar is None:
@@ -265,6 +272,7 @@ class _LazyProgress:
 
             self.bar = Progress(self.label, total, enabled=self.enabled)
         self.bar.advance_to(done)
+        self.listen({"type": "prefill", "done": done, "total": total})
 
     def __enter__(self) -> "_LazyProgress":
         return self

@@ -25,13 +25,21 @@ class DocumentSession:
     Made by `Model.load_document`. In full mode the document is prefilled into the
     KV cache once (or loaded from the on-disk document cache), and every question
     after it costs only its own tokens.
+
+    `listen(event)`, if given, is told what happens as it happens (the web page's
+    stream): `{"type": "prefill", "done", "total"}` while a document or an RLV read
+    is prefilled, `{"type": "read", "read", "kind", "sections"}` when RLV starts a
+    read, `{"type": "text", "text"}` for each generated piece of an answer.
+    `keep_text` keeps the document's text in the store's library (`library`), so
+    that it can be listed and opened again by its id.
     """
 
     def __init__(self, model, sources, *, kv: str | None = None, mode: str = "auto", store=True,
                  progress: bool = True, log: Callable[[str], None] | None = None,
                  section_tokens: int | None = None, rag_chunk_tokens: int = 200, rag_top_k: int = 3,
                  quotes: int = QUOTES, rlv_options: dict | None = None,
-                 notice: Callable[[str], None] | None = None):
+                 notice: Callable[[str], None] | None = None, listen: Callable[[dict], None] | None = None,
+                 keep_text: bool = False):
         from .memory import working_memory
         from .store import DocumentStore
 
@@ -48,6 +56,11 @@ class DocumentSession:
         self.log = log or (lambda s: None)
         self.notice = notice or (lambda s: print(s, file=sys.stderr))
         self.store = DocumentStore() if store is True else (store or None)
+        self.listen = listen or (lambda event: None)
+        if keep_text and self.store is not None:
+            from .library import DocumentLibrary
+
+            DocumentLibrary(self.store.root / "texts").keep(self.doc)
         self.timings: dict[str, float] = {}
         self.wm, self.wm_source = working_memory(model)
         self.section_tokens = section_tokens or max(96, min(384, self.wm // 4))
@@ -134,8 +147,9 @@ class DocumentSession:
                      f"({self.pc.nbytes / 1e6:.1f} MB KV) in {self.timings['load_s']:.2f}s")
         else:
             self.pc = PrefixCache(self.model, self.prefix, self.kv)
+            self.listen({"type": "prefill", "done": 0, "total": len(self.prefix)})
             with Progress("prefill document", len(self.prefix), enabled=self.progress) as bar:  # summary if it ran
-                self.pc.fill(lambda done, _total: bar.advance_to(done))
+                self.pc.fill(lambda done, total: self._prefilled(bar, done, total))
             self.cache_source = "prefill"
             self.timings["prefill_s"] = self.pc.prefill_seconds
             self.log(f"cache: prefilled {len(self.prefix)} tokens in {self.pc.prefill_seconds:.1f}s "
@@ -153,6 +167,13 @@ class DocumentSession:
                  f"in {self.timings['snapshot_s'] * 1e3:.1f} ms")
         return self.pc
 
+    def _prefilled(self, bar: Progress, done: int, total: int) -> None:
+        bar.advance_to(done)
+        self.listen({"type": "prefill", "done": done, "total": total})
+
+    def _text(self, piece: str) -> None:
+        self.listen({"type": "text", "text": piece})
+
     def ask_full(self, question: str, max_tokens: int = prompts.ANSWER_TOKENS) -> Answer:
         t0 = time.perf_counter()
         fresh = self.pc is None or not self.pc.filled
@@ -160,7 +181,7 @@ class DocumentSession:
         asked = prompts.question_suffix(question)
         quotes = self.quotes_for(question, len(self.model.tokenize(asked, add_bos=False)) + max_tokens)
         suffix = self.model.tokenize(quotes_block(quotes) + asked, add_bos=False)
-        reply = pc.generate(suffix, max_tokens=max_tokens)
+        reply = pc.generate(suffix, max_tokens=max_tokens, on_text=self._text)
         text = first_sentence(reply.text)
         sec = self.cite(text)
         ttft = (time.perf_counter() - t0 - reply.seconds + reply.ttft) if fresh else reply.ttft
@@ -169,7 +190,8 @@ class DocumentSession:
         return Answer(text, "full", sec.label + " " + sec.title if sec else "", sec.index if sec else None,
                       ttft=ttft, seconds=time.perf_counter() - t0, prompt_tokens=len(self.prefix) + len(suffix),
                       min_margin=reply.min_margin,
-                      stages=[{"stage": "quotes", "sentences": [[q.start, q.end] for q in quotes]}])
+                      stages=[{"stage": "quotes", "sentences": [[q.start, q.end] for q in quotes]}],
+                      quotes=sorted((q.start, q.end) for q in quotes))
 
     def quotes_for(self, question: str, reserve: int) -> list[Section]:
         """Full mode's quoted evidence for a question: the best-matching sentences
@@ -210,7 +232,8 @@ class DocumentSession:
 
                 self._rlv = RLV(self.model, self.sections, kv=self.kv, working_memory=self.wm, log=self.log,
                                 evidence=self.evidence if self.quotes > 0 else None, quotes=self.quotes,
-                                prefixes=self.prefixes, progress=self.progress, **self.rlv_options)
+                                prefixes=self.prefixes, progress=self.progress,
+                                listen=lambda event: self.listen(event), **self.rlv_options)
             return self._rlv.ask(question, **kwargs)
         raise TightKVError(f"unknown mode '{mode}'")
 

@@ -233,7 +233,8 @@ class DocumentStore:
                 row.update({"kind": meta.get("kind", "document"), "kv": meta.get("kv_spec"), "tokens": int(meta.get("tokens", 0)),
                             "kv_bytes": int(meta.get("kv_bytes", 0)), "tensor_bytes": tensor_bytes,
                             "documents": json.loads(meta.get("documents", "[]")), "model": meta.get("model_path"),
-                            "created": meta.get("created"), "kv_auto": json.loads(meta.get("kv_auto", "null"))})
+                            "created": meta.get("created"), "kv_auto": json.loads(meta.get("kv_auto", "null")),
+                            "doc_sha256": meta.get("doc_sha256", "")})
                 row["overhead_bytes"] = row["file_bytes"] - row["kv_bytes"]
             except Exception as err:
                 row["error"] = f"unreadable ({type(err).__name__})"
@@ -272,10 +273,14 @@ class DocumentStore:
         return gone
 
     def clear(self) -> int:
+        """Delete every cached prefix, and the kept document texts (`library`)."""
+        from .library import DocumentLibrary
+
         n = 0
         for p in self.root.glob("*.safetensors") if self.root.exists() else []:
             p.unlink()
             n += 1
+        DocumentLibrary(self.root / "texts").clear()
         return n
 
 

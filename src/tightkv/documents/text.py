@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 from ..errors import TightKVError
 
-TEXT_SUFFIXES = {".txt", ".md", ".markdown", ".rst", ".text", ""}
+from .formats import SUFFIXES, document_text
 
 # a short English stop list: question words and function words carry no topic
 STOPWORDS = frozenset("""
@@ -50,11 +50,12 @@ class DocumentText:
 
 
 def read_documents(sources: Sequence[str | Path]) -> DocumentText:
-    """Read text/Markdown files (or take strings as the text itself) and join them.
+    """Read document files (or take strings as the text itself) and join them.
 
-    A `Path`, or a string naming an existing file, is read as UTF-8; any other
-    string is document text. Several documents are joined, each under a
-    "Document N: name" line, so an answer can cite which one it came from.
+    A `Path`, or a string naming an existing file, is read (text and Markdown as
+    UTF-8, HTML and PDF through `formats`); any other string is document text.
+    Several documents are joined, each under a "Document N: name" line, so an
+    answer can cite which one it came from.
     """
     if not sources:
         raise TightKVError("no document given")
@@ -83,30 +84,23 @@ def _looks_like_path(src: str) -> bool:
             return True
     except OSError:  # a name too long for the file system (or otherwise not a path): text
         return False
-    return (" " not in src.strip() and (p.suffix.lower() in TEXT_SUFFIXES - {""} or "/" in src))
+    return (" " not in src.strip() and (p.suffix.lower() in SUFFIXES - {""} or "/" in src))
 
 
 def _read_one(src: str | Path, i: int) -> tuple[str, str]:
     is_path = isinstance(src, Path) or (isinstance(src, str) and _looks_like_path(src))
     if not is_path:
         if isinstance(src, str) and src.strip():
-            return _clean(src), f"text {i + 1}"
+            return clean_text(src), f"text {i + 1}"
         raise TightKVError("empty document")
     path = Path(src).expanduser()
     if not path.is_file():
         raise TightKVError(f"{path}: no such document file")
-    if path.suffix.lower() not in TEXT_SUFFIXES:
-        raise TightKVError(f"{path}: only text and Markdown documents are supported (.txt, .md)")
-    data = path.read_bytes()
-    if b"\x00" in data[:8192]:
-        raise TightKVError(f"{path}: looks like a binary file, not text")
-    text = _clean(data.decode("utf-8", errors="replace"))
-    if not text.strip():
-        raise TightKVError(f"{path}: the document is empty")
-    return text, path.name
+    return clean_text(document_text(str(path), path.read_bytes())), path.name
 
 
-def _clean(text: str) -> str:
+def clean_text(text: str) -> str:
+    """Line ends as `\\n`, no byte-order mark, one final line end: as every document is kept."""
     text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\ufeff", "")
     return text.strip("\n") + "\n"
 
