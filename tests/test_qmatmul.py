@@ -217,3 +217,12 @@ def test_concurrent_callers_and_thread_counts():
         assert not errors
     finally:
         torch.set_num_threads(old)
+
+
+def test_lowbit_tables_are_loaded_with_the_library():
+    """The IQ grids and FP4 tables reach every loaded build (library._declare): each type is ready."""
+    lib = library.library()
+    if lib is None:
+        pytest.skip(library.status())
+    assert all(lib.tk_lowbit_ready(qm.TYPE_IDS[t]) for t in BLOCK_TYPES)
+    assert lib.tk_lowbit_table(0, 0, 3) == 1  # a table of the wrong size is refused

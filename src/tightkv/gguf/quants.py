@@ -407,6 +407,16 @@ def grid_bytes(qtype: str):
     return iq_grid(qtype).to(torch.int8).numpy()
 
 
+def kernel_tables() -> list:
+    """The tables the C++ kernels take at load time (csrc/lowbit.h, tk_lowbit_table), in its
+    order: the grids of GRID_TYPES as int8 (entries, width), the IQ4 and FP4 values as int8,
+    the NVFP4 scales as float32 (256,)."""
+    import numpy as np
+
+    return [*(grid_bytes(t) for t in GRID_TYPES), np.array(IQ4_VALUES, dtype=np.int8),
+            np.array(FP4_VALUES, dtype=np.int8), UE4M3.numpy()]
+
+
 def _signs(bits: torch.Tensor) -> torch.Tensor:
     """(...) sign bytes -> (..., 8) float32: -1 where bit i is set, else 1."""
     b = _bitfield(bits.to(torch.int64), list(range(8)), 1)

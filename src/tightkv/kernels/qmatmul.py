@@ -48,7 +48,10 @@ from ..gguf.quants import FLOAT_TYPES
 from . import library
 from .library import set_threads  # noqa: F401  (the engine sets kernel threads here)
 
-BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+               # decoded to int8 codes and per-16 scales block by block (csrc/lowbit.h)
+               "IQ4_NL", "IQ4_XS", "Q1_0", "Q2_0", "TQ1_0", "TQ2_0", "IQ2_XXS", "IQ2_XS", "IQ2_S",
+               "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "MXFP4", "NVFP4")
 TYPE_IDS = {name: i for i, name in enumerate(BLOCK_TYPES)}  # the kernel's type numbers
 GEMV_MAX_ROWS = 24  # above this many input rows: dequantized tiles + float32 matmul (measured crossover)
 TILE_ELEMS = 1 << 22  # weight elements per dequantized tile (16 MB of float32)
@@ -164,7 +167,7 @@ class QuantLinear(torch.nn.Module):
             return quants.dequantize(rows, self.qtype, (ids.numel(), self.in_features))
         out = torch.empty(ids.numel(), self.in_features)
         if lib.tk_dequant(self._tid, rows.data_ptr(), rows.stride(0), ids.numel(), self.in_features, out.data_ptr(), 1):
-            raise RuntimeError(f"tightkv kernel: bad {self.qtype} shape {self.out_features}x{self.in_features}")
+            raise self._error(self.in_features)
         return out
 
     def dequantize(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
@@ -182,8 +185,14 @@ class QuantLinear(torch.nn.Module):
         n, k = self.out_features, self.in_features
         y = torch.empty(m, n)  # (M, out)
         if lib.tk_gemv(self._tid, self._ptr, self._ld, n, k, x2.data_ptr(), m, y.data_ptr(), self._threads(m)):
-            raise RuntimeError(f"tightkv kernel: bad {self.qtype} shape {n}x{k}")
+            raise self._error(k)
         return y
+
+    def _error(self, k: int) -> RuntimeError:
+        lib = library.library()
+        if lib is not None and not lib.tk_lowbit_ready(self._tid):
+            return RuntimeError(f"tightkv kernel: the {self.qtype} tables were not loaded")
+        return RuntimeError(f"tightkv kernel: bad {self.qtype} shape {self.out_features}x{k}")
 
     def _tile_rows(self) -> int:
         return max(1, min(self.out_features, TILE_ELEMS // self.in_features))
@@ -208,7 +217,7 @@ class QuantLinear(torch.nn.Module):
         buf = _scratch((r1 - r0) * k)[: (r1 - r0) * k].view(r1 - r0, k)
         ptr = self.raw.data_ptr() + r0 * self.raw.stride(0)
         if lib.tk_dequant(self._tid, ptr, self.raw.stride(0), r1 - r0, k, buf.data_ptr(), nth):
-            raise RuntimeError(f"tightkv kernel: bad {self.qtype} shape {self.out_features}x{k}")
+            raise self._error(k)
         return buf
 
 

@@ -1,6 +1,7 @@
 // Quantized matmul kernels: GGML blocks x float32 activations, and small per-token ops.
 #include "blocks.h"
 #include "gemv_avx2.h"
+#include "lowbit.h"
 
 // y[m, r] = sum_k W[r, k] x[m, k] for rows r0..r1 and M activation rows: each
 // 16-element unit of W is decoded once (s*q - mn) and multiplied into all M rows.
@@ -119,8 +120,29 @@ static int dequant(const uint8_t *w, int64_t ldw, int64_t N, int64_t K, float *o
     case 0: return CALL(Q4_0); case 1: return CALL(Q4_1); case 2: return CALL(Q5_0);    \
     case 3: return CALL(Q5_1); case 4: return CALL(Q8_0); case 5: return CALL(Q2_K);    \
     case 6: return CALL(Q3_K); case 7: return CALL(Q4_K); case 8: return CALL(Q5_K);    \
-    case 9: return CALL(Q6_K); default: return 2;                                        \
+    case 9: return CALL(Q6_K); case 10: return CALL(IQ4_NL); case 11: return CALL(IQ4_XS); \
+    case 12: return CALL(Q1_0); case 13: return CALL(Q2_0); case 14: return CALL(TQ1_0); \
+    case 15: return CALL(TQ2_0); case 16: return CALL(IQ2_XXS); case 17: return CALL(IQ2_XS); \
+    case 18: return CALL(IQ2_S); case 19: return CALL(IQ3_XXS); case 20: return CALL(IQ3_S); \
+    case 21: return CALL(IQ1_S); case 22: return CALL(IQ1_M); case 23: return CALL(MXFP4); \
+    case 24: return CALL(NVFP4); default: return 2;                                      \
   }
+
+// The tables a type needs (lowbit.h); 0 for the types that need none.
+static unsigned need_tables(int type) {
+#define NEED(T) T::NEED
+  static const unsigned need[] = {NEED(lowbit::IQ4_NL), NEED(lowbit::IQ4_XS), NEED(lowbit::Q1_0), NEED(lowbit::Q2_0),
+                                  NEED(lowbit::TQ1_0), NEED(lowbit::TQ2_0), NEED(lowbit::IQ2_XXS), NEED(lowbit::IQ2_XS),
+                                  NEED(lowbit::IQ2_S), NEED(lowbit::IQ3_XXS), NEED(lowbit::IQ3_S), NEED(lowbit::IQ1_S),
+                                  NEED(lowbit::IQ1_M), NEED(lowbit::MXFP4), NEED(lowbit::NVFP4)};
+  return type >= 10 && type < 25 ? need[type - 10] : 0;
+}
+
+// Hand over lowbit.h's table `which` (once per loaded library, before any IQ/FP4 type runs).
+extern "C" int tk_lowbit_table(int which, const void *data, int64_t nbytes) { return lowbit::set_table(which, data, nbytes); }
+
+// 1 where every table type `type` needs is in place.
+extern "C" int tk_lowbit_ready(int type) { return (need_tables(type) & ~lowbit::loaded) == 0; }
 
 // 512, 256 or 0: the SIMD width this build uses (AVX-512, AVX2, plain C).
 extern "C" int tk_simd() {
@@ -137,6 +159,7 @@ extern "C" int tk_simd() {
 extern "C" int tk_gemv_int8() { return TK_GEMV_I8; }
 
 extern "C" int tk_gemv(int type, const uint8_t *w, int64_t ldw, int64_t N, int64_t K, const float *x, int64_t M, float *y, int nth) {
+  if (!tk_lowbit_ready(type)) return 3;
 #if TK_GEMV_I8
 #define GEMV(T) gemv_i8<i8::T>(w, ldw, N, K, x, M, y, nth)
 #else
@@ -178,6 +201,7 @@ extern "C" void tk_rope_neox(const float *x, const float *cs, const float *sn, i
 }
 
 extern "C" int tk_dequant(int type, const uint8_t *w, int64_t ldw, int64_t N, int64_t K, float *out, int nth) {
+  if (!tk_lowbit_ready(type)) return 3;
 #define DEQUANT(T) dequant<T>(w, ldw, N, K, out, nth)
   DISPATCH(DEQUANT)
 }
