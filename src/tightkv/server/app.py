@@ -1,4 +1,5 @@
-"""The FastAPI app: `/v1/*` (OpenAI), `/api/*` (Ollama), `/health`, `/metrics`.
+"""The FastAPI app: `/v1/*` (OpenAI), `/api/*` (Ollama), `/health`, `/metrics`, the web
+page at `/` (its files under `/web/`) and its `/v1/documents` routes.
 
     app = create_app(ServerConfig(model="gemma3:270m"))
 
@@ -21,7 +22,8 @@ from typing import Any, Callable
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse
+from starlette.staticfiles import StaticFiles
 
 from .. import __version__
 from ..errors import TightKVError
@@ -33,6 +35,10 @@ log = logging.getLogger("tightkv.server")
 
 DEFAULT_CTX = 4096  # like Ollama: a trained context of 32K+ would waste memory on every request
 MAX_BODY = 32 * 2**20  # bytes
+WEB = Path(__file__).resolve().parent / "web"  # the page's HTML, CSS and JavaScript (package data)
+PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; object-src 'none'; "
+                                           "base-uri 'none'; frame-ancestors 'none'",
+                "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}
 
 
 @dataclass
@@ -146,6 +152,10 @@ class ServerState:
         self.scheduler = Scheduler(load or self._load, config.parallel, config.max_queue,
                                    on_ready=ready, on_failure=on_failure, cache_ram=config.cache_ram,
                                    cache_disk=config.cache_disk, cache_disk_tokens=config.cache_disk_tokens)
+        from .sessions import Shelf
+
+        self.shelf = Shelf(self.scheduler)  # the web page's documents
+        self.scheduler.on_unload.append(self.shelf.close_all)
 
     def _load(self):
         from ..api import Model
@@ -168,8 +178,14 @@ class ServerState:
                            "not_found_error", param="model", code="model_not_found")
 
 
+def _public(method: str, path: str) -> bool:
+    """Routes open without the API key: /health, and the page's own files (no data in
+    them: the page asks for the key, then sends it with every request)."""
+    return path == "/health" or (method in ("GET", "HEAD") and (path == "/" or path.startswith("/web/")))
+
+
 class GuardMiddleware:
-    """API key (Bearer) on every route but /health, and a cap on body size."""
+    """API key (Bearer) on every route but /health and the page's files, and a cap on body size."""
 
     def __init__(self, app, api_key: str | None):
         self.app = app
@@ -181,7 +197,7 @@ class GuardMiddleware:
         path = scope.get("path", "")
         headers = dict(scope.get("headers") or [])
         err = None
-        if self.key is not None and path != "/health":
+        if self.key is not None and not _public(scope.get("method", ""), path):
             auth = headers.get(b"authorization", b"")
             scheme, _, token = auth.partition(b" ")
             if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
@@ -205,7 +221,7 @@ def create_app(config: ServerConfig, load: Callable[[], Any] | None = None,
     `on_failure(error)` are called from the worker thread when loading ends."""
     from contextlib import asynccontextmanager
 
-    from . import llamacpp, ollama, openai
+    from . import documents, llamacpp, ollama, openai
 
     state = ServerState(config, load, on_failure, on_ready)
 
@@ -287,11 +303,13 @@ def create_app(config: ServerConfig, load: Callable[[], Any] | None = None,
 
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def root():
-        return PlainTextResponse("tightkv is running")
+        return FileResponse(WEB / "index.html", media_type="text/html; charset=utf-8", headers=PAGE_HEADERS)
 
+    app.mount("/web", StaticFiles(directory=WEB), name="web")
     app.include_router(openai.router)
     app.include_router(ollama.router)
     app.include_router(llamacpp.router)
+    app.include_router(documents.router)
     _document_bodies(app)
     return app
 
@@ -305,7 +323,8 @@ ERROR_SCHEMAS = {
 }
 STREAMS = {"/v1/chat/completions": "text/event-stream", "/v1/completions": "text/event-stream",
            "/api/chat": "application/x-ndjson", "/api/generate": "application/x-ndjson",
-           "/api/pull": "application/x-ndjson"}
+           "/api/pull": "application/x-ndjson", "/v1/documents/{doc_id}/events": "text/event-stream",
+           "/v1/documents/{doc_id}/ask": "text/event-stream"}
 TEXT = {"/metrics": "text/plain"}
 ERRORS = {"400": "a bad request", "401": "a missing or wrong API key", "404": "an unknown model or route",
           "413": "a body over 32 MB", "501": "not served here", "503": "loading, or too many requests waiting"}

@@ -15,6 +15,13 @@ A request is a `Job`: the HTTP side awaits its events on an asyncio queue, the
 worker posts them with `loop.call_soon_threadsafe`. `Job.cancel()` (a client
 went away) is seen by the worker before the job's next token: its generator is
 closed and its KV cache dropped at once.
+
+Other model work (a document's load, a question about it: `server.documents`) is
+a `Task`, run on the worker one at a time, in arrival order. A task calls its
+`pause()` between two pieces of work (a prefill chunk, a token); the active jobs
+then take steps for as long as the task's last piece took, so a long document
+load shares the model with running streams instead of stopping them, and the
+model still runs on one thread only.
 """
 from __future__ import annotations
 
@@ -94,8 +101,23 @@ class Job:
         return await self.events.get()
 
 
+@dataclass
+class Task:
+    """Model work other than a generation, run on the worker: `run(model, pause)`, which
+    calls `pause()` between pieces of its work (the jobs take their turn there, and a
+    cancelled task or a stopping server raises out of it); `fail(error)` is told when it
+    could not run or did not finish."""
+
+    run: Callable[[Any, Callable[[], None]], None]
+    fail: Callable[[BaseException], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
 class Scheduler:
-    """Loads the model on its worker thread, then runs jobs fairly."""
+    """Loads the model on its worker thread, then runs jobs fairly (and tasks in turn)."""
 
     def __init__(self, load: Callable[[], Any], parallel: int = 4, max_queue: int = 32,
                  on_ready: Callable[[Any], None] | None = None,
@@ -118,6 +140,8 @@ class Scheduler:
         self._inbox: collections.deque[Job] = collections.deque()
         self._waiting: collections.deque[Job] = collections.deque()
         self._active: list[Job] = []
+        self._tasks: collections.deque[Task] = collections.deque()
+        self._turn = 0.0  # when the running task's current piece of work began
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="tightkv-worker", daemon=True)
         self._job_seconds = 2.0  # running mean, for Retry-After
@@ -129,6 +153,7 @@ class Scheduler:
         self.keep_alive: float | None = None  # seconds the model stays loaded once idle (None: forever)
         self._want_load = False
         self.last_used = time.monotonic()
+        self.on_unload: list[Callable[[], None]] = []  # told when keep_alive unloads the model
 
     # --- event-loop side ---------------------------------------------------
     def start(self) -> None:
@@ -144,14 +169,26 @@ class Scheduler:
     def submit(self, job: Job) -> None:
         """Queue a job, or raise `Unavailable`."""
         with self._cv:
-            if self.state == "loading":
-                raise Unavailable("Loading model", retry_after=1)
-            if self.state != "ready":
-                raise Unavailable("the model is not available")
-            if len(self._active) + len(self._inbox) + len(self._waiting) >= self.parallel + self.max_queue:
-                raise Unavailable("the server is busy: too many requests are waiting", self.retry_after())
+            self._check_room()
             self._inbox.append(job)
             self._cv.notify()
+
+    def submit_task(self, task: Task) -> None:
+        """Queue a task (run after those before it), or raise `Unavailable`."""
+        with self._cv:
+            self._check_room()
+            self._tasks.append(task)
+            self._cv.notify()
+
+    def _check_room(self) -> None:
+        """Raise `Unavailable` unless the model is ready and the queue has room (lock held)."""
+        if self.state == "loading":
+            raise Unavailable("Loading model", retry_after=1)
+        if self.state != "ready":
+            raise Unavailable("the model is not available")
+        held = len(self._active) + len(self._inbox) + len(self._waiting) + len(self._tasks)
+        if held >= self.parallel + self.max_queue:
+            raise Unavailable("the server is busy: too many requests are waiting", self.retry_after())
 
     def set_keep_alive(self, seconds: float | None) -> None:
         """How long the model stays loaded once idle (Ollama's keep_alive; 0: unload now,
@@ -218,11 +255,14 @@ class Scheduler:
             with self._cv:
                 self.state = "stopped"
                 jobs = list(self._inbox) + list(self._waiting) + self._active
-                self._inbox.clear(), self._waiting.clear()
+                tasks = list(self._tasks)
+                self._inbox.clear(), self._waiting.clear(), self._tasks.clear()
                 self._active = []
             for job in jobs:
                 _close(job)
                 job.post(ERROR, Unavailable("the server is shutting down"))
+            for task in tasks:
+                task.fail(Unavailable("the server is shutting down"))
 
     def _load_model(self) -> None:
         self.model = self._load()
@@ -240,41 +280,86 @@ class Scheduler:
             self._load_model()
         except Exception as err:  # noqa: BLE001 - the waiting requests get the error
             with self._cv:
-                jobs = list(self._inbox)
-                self._inbox.clear()
+                jobs, tasks = list(self._inbox), list(self._tasks)
+                self._inbox.clear(), self._tasks.clear()
             for job in jobs:
                 job.post(ERROR, err)
+            for task in tasks:
+                task.fail(err)
 
     def _unload(self) -> None:
         """Free the model, its caches and the prefix store (keep_alive ran out)."""
         self.model = self.prefixes = None
+        for hook in self.on_unload:
+            hook()
         _release_memory()
         log.warning("model unloaded (keep_alive); the next request loads it again")
 
     def _serve(self) -> None:
         while True:
             with self._cv:
-                idle = not (self._inbox or self._waiting or self._active or self._stop)
+                idle = not (self._inbox or self._waiting or self._active or self._tasks or self._stop)
             if idle:
                 _release_memory()
             with self._cv:
-                while not (self._inbox or self._waiting or self._active or self._stop or self._want_load):
+                while not (self._inbox or self._waiting or self._active or self._tasks or self._stop
+                           or self._want_load):
                     if self.loaded and self.expires_in() == 0:
                         self._unload()
                     left = self.expires_in() if self.loaded else None
                     self._cv.wait(left)
                 if self._stop:
                     return
-                new = list(self._inbox)  # they stay counted in the inbox while prepared
                 want, self._want_load = self._want_load, False
-            if (new or want) and not self.loaded:
+                want = want or bool(self._inbox or self._tasks)
+            if want and not self.loaded:
                 self._reload()
                 if not self.loaded:
                     continue
-            for job in new:
-                self._prepare(job)
-            self._admit()
-            self._step()
+            self._tick()
+            with self._cv:
+                task = self._tasks.popleft() if self._tasks else None
+            if task is not None:
+                self._run_task(task)
+
+    def _tick(self) -> None:
+        """Take in the new jobs, admit those with a slot, and run one step."""
+        with self._cv:
+            new = list(self._inbox)  # they stay counted in the inbox while prepared
+        for job in new:
+            self._prepare(job)
+        self._admit()
+        self._step()
+
+    def _busy(self) -> bool:
+        with self._cv:
+            return bool(self._inbox or self._waiting or self._active)
+
+    def _run_task(self, task: Task) -> None:
+        """Run a task to its end; the jobs take their turns at its pauses."""
+        self._turn = time.perf_counter()
+        try:
+            if task.cancelled.is_set():
+                raise Cancelled("cancelled")
+            task.run(self.model, lambda: self._pause(task))
+        except Exception as err:  # noqa: BLE001 - the task's error, not the server's
+            task.fail(err)
+        finally:
+            self.last_used = time.monotonic()
+
+    def _pause(self, task: Task) -> None:
+        """Between two pieces of a task: the jobs step for as long as the task's last piece
+        took (half the time each while both have work); then the task goes on, unless it
+        was cancelled or the server is stopping."""
+        worked = time.perf_counter() - self._turn
+        until = time.perf_counter() + worked
+        while not self._stop and self._busy() and time.perf_counter() < until:
+            self._tick()
+        if self._stop:
+            raise Unavailable("the server is shutting down")
+        if task.cancelled.is_set():
+            raise Cancelled("cancelled")
+        self._turn = time.perf_counter()
 
     def _prepare(self, job: Job) -> None:
         """Tokenize and validate a new job; a bad request fails here, before it waits."""

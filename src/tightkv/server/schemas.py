@@ -146,3 +146,25 @@ class TokenizeRequest(_Body):
 
 class DetokenizeRequest(_Body):
     tokens: list[int]
+
+
+# --- documents (the web page's routes; scripts may use them too) ----------------------
+DocumentMode = Literal["auto", "full", "rlv"]
+
+
+class AddDocumentRequest(_Body):
+    text: str = Field(..., min_length=1, description="the document's text (Markdown or plain)")
+    name: str | None = Field(None, max_length=200, description="what the list calls it (default 'pasted text')")
+    mode: DocumentMode = Field("auto", description="full: the whole document in the KV cache; rlv: read in parts; "
+                                                   "auto: full when it fits the model's working memory")
+
+
+class OpenDocumentRequest(_Body):
+    mode: DocumentMode | None = Field(None, description="absent: the mode it was added in")
+
+
+class AskDocumentRequest(_Body):
+    question: str = Field(..., min_length=1)
+    mode: DocumentMode | None = Field(None, description="absent: the document's mode")
+    stream: bool = Field(False, description="true: SSE events (progress, read, delta, answer), then [DONE]")
+    max_tokens: int = Field(96, ge=1, le=512, description="a cap: the answer ends at its first sentence or line")

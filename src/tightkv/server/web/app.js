@@ -1,0 +1,479 @@
+// The web page of `tightkv serve`: documents (add, follow the load, reopen) and a chat that
+// asks about the open document through /v1/documents, or talks to the model through
+// /v1/chat/completions. Plain JavaScript, no build step, nothing fetched but our own routes.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const KEY = "tightkv.apiKey";
+const md = () => window.tightkvMarkdown;
+
+const state = {
+  current: null,        // the open document's record
+  text: "",             // its text (the quoted spans index it)
+  chat: [],             // the conversation with the model when no document is open
+  busy: false,
+};
+
+// --- HTTP ------------------------------------------------------------------------------------
+class RequestError extends Error {
+  constructor(message, status) { super(message); this.status = status; }
+}
+
+function apiKey() { return sessionStorage.getItem(KEY) || ""; }
+
+async function api(path, options = {}, retried = false) {
+  const headers = Object.assign({}, options.headers || {});
+  if (apiKey()) headers.Authorization = `Bearer ${apiKey()}`;
+  let response;
+  try {
+    response = await fetch(path, Object.assign({}, options, { headers }));
+  } catch (err) {
+    throw new RequestError("The server cannot be reached: is `tightkv serve` still running?", 0);
+  }
+  if (response.status === 401 && !retried) {
+    await askForKey(apiKey() ? "That key was refused; enter the server's API key." : "");
+    return api(path, options, true);
+  }
+  if (!response.ok) throw new RequestError(await errorMessage(response), response.status);
+  return response;
+}
+
+async function errorMessage(response) {
+  let message = `${response.status} ${response.statusText}`;
+  try {
+    const body = await response.json();
+    const err = body.error;
+    message = typeof err === "string" ? err : (err && err.message) || message;
+  } catch (_) { /* not JSON: keep the status line */ }
+  if (response.status === 503) {
+    const wait = response.headers.get("Retry-After");
+    message += wait ? ` (try again in ${wait} s)` : " (try again shortly)";
+  }
+  return message;
+}
+
+const json = (body) => ({ method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+
+// Read an SSE body (`data: ...` events); call onEvent with each JSON payload until [DONE].
+async function readEvents(response, onEvent) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const chunk = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      for (const line of chunk.split("\n")) {
+        if (!line.startsWith("data: ")) continue;
+        const data = line.slice(6);
+        if (data === "[DONE]") return;
+        onEvent(JSON.parse(data));
+      }
+    }
+  }
+}
+
+// --- the API key ------------------------------------------------------------------------------
+function askForKey(why) {
+  const dialog = $("key-dialog");
+  $("key-error").textContent = why || "";
+  $("key").value = "";
+  return new Promise((resolve) => {
+    const form = $("key-form");
+    const done = (event) => {
+      event.preventDefault();
+      const key = $("key").value.trim();
+      if (!key) { $("key-error").textContent = "Enter the key first."; return; }
+      sessionStorage.setItem(KEY, key);
+      form.removeEventListener("submit", done);
+      dialog.close();
+      resolve();
+    };
+    form.addEventListener("submit", done);
+    if (!dialog.open) dialog.showModal();
+    $("key").focus();
+  });
+}
+
+// --- small helpers -----------------------------------------------------------------------------
+const number = (n) => (n == null ? "?" : Number(n).toLocaleString("en-US"));
+
+function bytes(n) {
+  if (n == null) return "?";
+  const units = ["B", "KB", "MB", "GB"];
+  let i = 0;
+  while (n >= 1000 && i < units.length - 1) { n /= 1000; i++; }
+  return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
+}
+
+function seconds(s) {
+  if (s == null) return "?";
+  if (s < 60) return `${Math.round(s)} s`;
+  return `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`;
+}
+
+const MODE_NAMES = { full: "full", rlv: "RLV", rag: "RAG", auto: "auto" };
+
+function sourceText(doc) {
+  switch (doc.source) {
+    case "disk": return "warm from the store";
+    case "ram": return "warm (already open)";
+    case "prefill": return "prefilled now, saved to the store";
+    case "reads": return "RLV: read in parts, reads kept in the store";
+    default: return "";
+  }
+}
+
+// An error about a named document, its name said once.
+const about = (name, message) => (message.startsWith(name) ? message : `${name}: ${message}`);
+
+function showError(message) {
+  const box = $("error");
+  box.textContent = message;
+  box.hidden = !message;
+}
+
+function el(tag, props = {}, text) {
+  const node = document.createElement(tag);
+  Object.assign(node, props);
+  if (text != null) node.textContent = text;
+  return node;
+}
+
+// --- the document list ---------------------------------------------------------------------------
+async function refreshList() {
+  const response = await api("/v1/documents");
+  const { data } = await response.json();
+  const list = $("doc-list");
+  list.replaceChildren();
+  if (!data.length) list.append(el("li", { className: "muted small" }, "No documents yet."));
+  for (const doc of data) {
+    const item = el("li", { className: "doc-item" });
+    const button = el("button", { type: "button", className: "doc-button" }, doc.name);
+    button.dataset.id = doc.id;
+    button.setAttribute("aria-pressed", String(state.current && state.current.id === doc.id));
+    button.addEventListener("click", () => openDocument(doc.id, doc.name));
+    const facts = [];
+    if (doc.tokens) facts.push(`${number(doc.tokens)} tokens`);
+    if (doc.kv) facts.push(`KV ${doc.kv}${doc.kv_bytes ? ` ${bytes(doc.kv_bytes)}` : ""}`);
+    facts.push(doc.status === "loaded" ? "open" : doc.cached ? "cached: opens warm" : doc.status);
+    item.append(button, el("span", { className: "doc-meta small" }, facts.join(" · ")));
+    list.append(item);
+  }
+}
+
+// --- loading a document ------------------------------------------------------------------------
+function showLoad(name, event) {
+  $("load").hidden = false;
+  $("load-name").textContent = name;
+  const bar = $("load-bar");
+  if (event && event.type === "progress") {
+    bar.max = event.total || 1;
+    bar.value = event.done || 0;
+    const parts = [`${number(event.done)} of ${number(event.total)} tokens`];
+    if (event.rate) parts.push(`${number(Math.round(event.rate))} tokens/s`);
+    if (event.eta_s != null) parts.push(`${seconds(event.eta_s)} left`);
+    $("load-text").textContent = `Prefill: ${parts.join(" · ")}`;
+  } else {
+    bar.removeAttribute("value");  // indeterminate until the first chunk
+    $("load-text").textContent = event && event.status === "queued" ? "Waiting for the model…" : "Reading…";
+  }
+}
+
+// Follow a document's load (SSE) until it is loaded (resolves with its record) or fails (throws).
+async function followLoad(id, name) {
+  showLoad(name);
+  const response = await api(`/v1/documents/${id}/events`);
+  let result = null, failure = null;
+  await readEvents(response, (event) => {
+    if (event.type === "progress" || event.type === "status") showLoad(name, event);
+    else if (event.type === "loaded") result = event.document;
+    else if (event.type === "error") failure = event.error.message;
+  });
+  $("load").hidden = true;
+  if (failure) throw new RequestError(failure, 400);
+  if (!result) throw new RequestError(`${name} did not load (see GET /v1/documents/${id})`, 0);
+  return result;
+}
+
+async function afterUpload(response, name) {
+  const record = await response.json();
+  await refreshList();
+  const doc = record.status === "loaded" ? record : await followLoad(record.id, name);
+  await showDocument(doc);
+}
+
+async function uploadFile(file) {
+  if (!file) return;
+  showError("");
+  const form = new FormData();
+  form.append("file", file, file.name);
+  form.append("mode", $("mode").value);
+  try {
+    showLoad(file.name);
+    await afterUpload(await api("/v1/documents", { method: "POST", body: form }), file.name);
+  } catch (err) {
+    $("load").hidden = true;
+    showError(about(file.name, err.message));
+  } finally {
+    refreshList().catch(() => {});
+  }
+}
+
+async function addTextAsDocument() {
+  const box = $("message");
+  const text = box.value;
+  if (!text.trim()) {
+    showError("Paste or type the document's text into the message box first, then press Add as document.");
+    box.focus();
+    return;
+  }
+  showError("");
+  const name = text.trim().split("\n")[0].replace(/^#+\s*/, "").slice(0, 60) || "pasted text";
+  try {
+    showLoad(name);
+    const response = await api("/v1/documents", json({ text, name, mode: $("mode").value }));
+    await afterUpload(response, name);
+    if (box.value === text) box.value = "";  // loaded: the text is the open document now
+  } catch (err) {
+    $("load").hidden = true;
+    showError(about(name, err.message));
+  } finally {
+    refreshList().catch(() => {});
+  }
+}
+
+async function openDocument(id, name) {
+  showError("");
+  try {
+    const response = await api(`/v1/documents/${id}/open`, json({ mode: $("mode").value }));
+    await afterUpload(response, name);
+  } catch (err) {
+    $("load").hidden = true;
+    showError(about(name, err.message));
+  }
+}
+
+async function showDocument(doc) {
+  state.current = doc;
+  const response = await api(`/v1/documents/${doc.id}/text`);
+  state.text = (await response.json()).text;
+  const facts = [`${number(doc.tokens)} tokens`, `mode ${MODE_NAMES[doc.mode] || doc.mode}`];
+  if (doc.mode === "full") facts.push(`KV ${doc.kv}, ${bytes(doc.kv_bytes)}`);
+  else facts.push(`KV ${doc.kv}`);
+  const source = sourceText(doc);
+  if (source) facts.push(source);
+  if (doc.seconds != null) facts.push(`${doc.seconds < 1 ? doc.seconds.toFixed(2) : Math.round(doc.seconds)} s`);
+  $("view-meta").textContent = `${doc.name}: ${facts.join(" · ")}`;
+  $("view-meta").dataset.source = doc.source || "";
+  $("target").textContent = `Asking about ${doc.name} (${MODE_NAMES[doc.mode] || doc.mode} mode, ${source || "loaded"}).`;
+  $("to-chat").hidden = false;
+  renderText([]);
+  for (const button of document.querySelectorAll(".doc-button")) {
+    button.setAttribute("aria-pressed", String(button.dataset.id === doc.id));
+  }
+  $("message").focus();
+}
+
+function leaveDocument() {
+  state.current = null;
+  state.text = "";
+  $("target").textContent = "Talking to the model. Pick or add a document to ask about it.";
+  $("view-meta").textContent = "No document open.";
+  $("view").replaceChildren();
+  $("to-chat").hidden = true;
+  for (const button of document.querySelectorAll(".doc-button")) button.setAttribute("aria-pressed", "false");
+}
+
+// The document's text with the quoted spans marked (text nodes only: nothing is parsed as HTML).
+function renderText(quotes, answer) {
+  const view = $("view");
+  view.replaceChildren();
+  const spans = [...quotes].sort((a, b) => a.start - b.start);
+  let at = 0;
+  spans.forEach((q, i) => {
+    if (q.start < at) return;
+    view.append(document.createTextNode(state.text.slice(at, q.start)));
+    const mark = el("mark", { id: `quote-${i}`, className: "quote" }, state.text.slice(q.start, q.end));
+    if (answer && holds(q.text, answer)) mark.classList.add("holds-answer");
+    view.append(mark);
+    at = q.end;
+  });
+  view.append(document.createTextNode(state.text.slice(at)));
+  const first = view.querySelector("mark.holds-answer") || view.querySelector("mark");
+  if (first) first.scrollIntoView({ block: "center" });
+}
+
+// Whether a quoted sentence holds the answer's words (most of its longer ones).
+function holds(sentence, answer) {
+  const words = (answer.toLowerCase().match(/[\p{L}\p{N}]{3,}/gu) || []);
+  if (!words.length) return false;
+  const s = sentence.toLowerCase();
+  return words.filter((w) => s.includes(w)).length / words.length >= 0.6;
+}
+
+// --- the conversation ------------------------------------------------------------------------------
+function addMessage(role, text) {
+  const item = el("li", { className: `msg ${role}` });
+  item.append(el("span", { className: "visually-hidden" }, role === "user" ? "You: " : "Answer: "));
+  const body = el("div", { className: "body" });
+  if (text != null) body.textContent = text;
+  item.append(body);
+  $("log").append(item);
+  item.scrollIntoView({ block: "end" });
+  return item;
+}
+
+function setBusy(busy) {
+  state.busy = busy;
+  $("send").disabled = busy;
+  $("composer").setAttribute("aria-busy", String(busy));
+}
+
+async function send() {
+  const box = $("message");
+  const text = box.value;
+  if (!text.trim() || state.busy) return;
+  showError("");
+  box.value = "";
+  addMessage("user", text);
+  const reply = addMessage("assistant");
+  reply.classList.add("pending");
+  setBusy(true);
+  try {
+    if (state.current) await askDocument(text, reply);
+    else await chat(text, reply);
+  } catch (err) {
+    reply.classList.add("failed");
+    reply.querySelector(".body").textContent = err.message;
+    showError(err.message);
+    if (!box.value.trim()) box.value = text;  // nothing typed is lost: the question is back in the box
+    else box.value = `${text}\n${box.value}`;
+  } finally {
+    reply.classList.remove("pending");
+    setBusy(false);
+    box.focus();
+  }
+}
+
+async function askDocument(question, reply) {
+  const doc = state.current;
+  const body = reply.querySelector(".body");
+  const status = el("p", { className: "status small" });
+  reply.append(status);
+  const response = await api(`/v1/documents/${doc.id}/ask`, json({ question, stream: true }));
+  let streamed = "", answer = null, failure = null;
+  await readEvents(response, (event) => {
+    if (event.type === "progress") showLoad(doc.name, event);
+    else if (event.type === "loaded") $("load").hidden = true;
+    else if (event.type === "read") {
+      streamed = "";
+      body.textContent = "";
+      status.textContent = `RLV read ${event.read}: ${event.sections.join(" + ") || "the quoted sentences"}…`;
+    } else if (event.type === "delta") {
+      streamed += event.text;
+      body.textContent = streamed.trimStart();
+    } else if (event.type === "answer") answer = event;
+    else if (event.type === "error") failure = event.error.message;
+  });
+  $("load").hidden = true;
+  if (failure) throw new RequestError(failure, 400);
+  if (!answer) throw new RequestError("the answer stopped before it was complete", 0);
+  body.innerHTML = md().renderMarkdown(answer.answer || "(no answer)");
+  status.textContent = "";
+  const facts = [`mode ${MODE_NAMES[answer.mode] || answer.mode}`];
+  if (answer.citation) facts.push(answer.citation);
+  if (answer.verified === false) facts.push("not verified");
+  facts.push(`${answer.seconds.toFixed(1)} s`);
+  reply.append(el("p", { className: "meta small" }, facts.join(" · ")));
+  if (answer.quotes.length) reply.append(quoteList(answer));
+  renderText(answer.quotes, answer.answer);
+}
+
+function quoteList(answer) {
+  const box = el("details", { className: "quotes", open: true });
+  box.append(el("summary", {}, `Quoted evidence (${answer.quotes.length})`));
+  const list = el("ol");
+  const sorted = [...answer.quotes].sort((a, b) => a.start - b.start);
+  sorted.forEach((q, i) => {
+    const item = el("li");
+    const link = el("button", { type: "button", className: "link" }, q.text);
+    if (holds(q.text, answer.answer)) link.classList.add("holds-answer");
+    link.addEventListener("click", () => {
+      renderText(answer.quotes, answer.answer);
+      const mark = $(`quote-${i}`);
+      if (mark) { mark.scrollIntoView({ block: "center" }); mark.classList.add("flash"); }
+    });
+    item.append(link);
+    list.append(item);
+  });
+  box.append(list);
+  return box;
+}
+
+async function chat(text, reply) {
+  const body = reply.querySelector(".body");
+  const messages = [...state.chat, { role: "user", content: text }];
+  const response = await api("/v1/chat/completions", json({ messages, stream: true, max_tokens: 256 }));
+  let content = "", failure = null;
+  await readEvents(response, (event) => {
+    if (event.error) { failure = event.error.message; return; }
+    const delta = event.choices && event.choices[0] && event.choices[0].delta;
+    if (delta && delta.content) {
+      content += delta.content;
+      body.innerHTML = md().renderMarkdown(content);
+    }
+  });
+  if (failure) throw new RequestError(failure, 400);
+  body.innerHTML = md().renderMarkdown(content || "(no reply)");
+  state.chat = [...messages, { role: "assistant", content }];
+}
+
+// --- wiring ------------------------------------------------------------------------------------------
+function wire() {
+  $("file").addEventListener("change", (event) => uploadFile(event.target.files[0]));
+  const drop = $("drop");
+  for (const name of ["dragenter", "dragover"]) {
+    drop.addEventListener(name, (event) => { event.preventDefault(); drop.classList.add("over"); });
+  }
+  for (const name of ["dragleave", "drop"]) {
+    drop.addEventListener(name, () => drop.classList.remove("over"));
+  }
+  drop.addEventListener("drop", (event) => {
+    event.preventDefault();
+    const file = event.dataTransfer.files[0];
+    if (file) uploadFile(file);
+  });
+  drop.addEventListener("paste", (event) => {  // text pasted onto the drop area goes to the message box
+    const text = event.clipboardData && event.clipboardData.getData("text");
+    if (text) { event.preventDefault(); $("message").value = text; addTextAsDocument(); }
+  });
+  $("as-doc").addEventListener("click", addTextAsDocument);
+  $("to-chat").addEventListener("click", leaveDocument);
+  $("composer").addEventListener("submit", (event) => { event.preventDefault(); send(); });
+  $("message").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      send();
+    }
+  });
+}
+
+async function start() {
+  wire();
+  try {
+    const response = await api("/v1/models");
+    const { data } = await response.json();
+    $("model").textContent = data.length ? `model ${data[0].id}` : "no model";
+    await refreshList();
+  } catch (err) {
+    $("model").textContent = "not connected";
+    showError(err.message);
+  }
+}
+
+document.addEventListener("DOMContentLoaded", start);
