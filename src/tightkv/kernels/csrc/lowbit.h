@@ -1,24 +1,26 @@
 // The 1- to 4-bit GGML weight types of issue 19: IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS,
 // IQ2_XS, IQ2_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0, MXFP4, NVFP4, Q1_0, Q2_0.
 //
-// Each type decodes one block into int8 codes q (QK) and one float scale per 16 codes s
-// (QK/16), the weights being s*q exactly: the grid types' magnitudes with their signs, IQ1's
-// -1/0/1 grid plus its +-1/8 delta as 8*g +- 1 over a scale of dl/8, the 4-bit types' table
-// values. The block-dot kernels (qmatmul.cpp, gemv_avx2.h) then treat these codes as they
-// treat Q8_0's, so every instruction path gets every type; the block never leaves the stack.
+// Each type walks its block 32 weights at a time, in registers: f(e, q0, q1, s0, s1) gets
+// weights e..e+15 as int8 codes q0 (16 lanes) times the float scale s0, and e+16..e+31 as
+// q1 times s1, exactly (s*q rounds once, as gguf-py's product does): the grid types'
+// magnitudes with their signs, IQ1's -1/0/1 grid plus its +-1/8 delta as 8*g +- 1 over a
+// scale of dl/8, the 4-bit types' table values. The block-dot kernels then use these codes
+// as they use Q8_0's (adapters at the end), so every instruction path gets every type.
 //
 // The grids and value tables are data that Python hands over once per loaded library
 // (tk_lowbit_table, from tightkv.gguf.quants, which takes the grids from gguf-py); a type
 // whose tables are missing is refused (tk_lowbit_ready).
 #pragma once
-#include "common.h"
+#include "simd.h"
 
 namespace lowbit {
 typedef int8_t B16 __attribute__((vector_size(16)));  // 16 int8 lanes (SSE2, NEON, or scalar)
 typedef uint8_t U16 __attribute__((vector_size(16)));
-typedef int8_t B8 __attribute__((vector_size(8)));
+typedef uint64_t W2 __attribute__((vector_size(16)));
+typedef uint32_t W4 __attribute__((vector_size(16)));
 
-// Tables, in the order of tightkv.gguf.quants.KERNEL_TABLES.
+// Tables, in the order of tightkv.gguf.quants.kernel_tables().
 struct Tables {
   uint64_t iq2xxs[256], iq2xs[512], iq2s[1024];  // 8 magnitudes per entry
   uint32_t iq3xxs[256], iq3s[512];               // 4 magnitudes per entry
@@ -30,13 +32,15 @@ static Tables tab;
 static unsigned loaded;       // bit i: table i was given
 static uint64_t sign8[256];   // a sign byte -> 8 bytes, 0xFF where its bit is set
 static uint64_t ksign8[128];  // a 7-bit sign index (ksigns_iq2xs: even parity) -> the same
+static uint32_t crumbs[256];  // a byte -> its 4 2-bit fields as bytes, low bits first
 
-static void init_signs() {
+static void init_derived() {
   for (int b = 0; b < 256; b++) {
     uint64_t m = 0;
     for (int i = 0; i < 8; i++)
       if (b >> i & 1) m |= (uint64_t)0xFF << (8 * i);
     sign8[b] = m;
+    crumbs[b] = (b & 3) | (b >> 2 & 3) << 8 | (b >> 4 & 3) << 16 | (uint32_t)(b >> 6) << 24;
   }
   for (int i = 0; i < 128; i++) ksign8[i] = sign8[i | (__builtin_popcount(i) & 1) << 7];
 }
@@ -48,264 +52,313 @@ static int set_table(int which, const void *data, int64_t nbytes) {
   const int64_t size[] = {sizeof tab.iq2xxs, sizeof tab.iq2xs, sizeof tab.iq2s, sizeof tab.iq3xxs, sizeof tab.iq3s,
                           sizeof tab.iq1s, sizeof tab.iq4, sizeof tab.fp4, sizeof tab.ue4m3};
   if (which < 0 || which > 8 || nbytes != size[which]) return 1;
-  if (!sign8[1]) init_signs();
+  if (!sign8[1]) init_derived();
   memcpy(dst[which], data, nbytes);
   if (which == 5)
     for (auto &g : tab.iq1s) {
-      B8 v;
-      memcpy(&v, &g, 8);
-      v = v * (int8_t)8;
-      memcpy(&g, &v, 8);
+      uint64_t v = 0;
+      for (int i = 0; i < 8; i++) v |= (uint64_t)(uint8_t)(int8_t)(8 * (int8_t)(g >> (8 * i))) << (8 * i);
+      g = v;
     }
   loaded |= 1u << which;
   return 0;
 }
 
-// 8 int8 magnitudes g with the bytes under mask m negated, stored at q.
-static ALWAYS_INLINE void signed8(int8_t *q, uint64_t g, uint64_t m) {
-  B8 a, b;
-  memcpy(&a, &g, 8);
-  memcpy(&b, &m, 8);
-  a = (a ^ b) - b;  // b = -1 in negated lanes: (a ^ -1) + 1 = -a
-  memcpy(q, &a, 8);
-}
+static ALWAYS_INLINE B16 from64(uint64_t lo, uint64_t hi) { return (B16)(W2){lo, hi}; }
+static ALWAYS_INLINE B16 from32(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return (B16)(W4){a, b, c, d}; }
+static ALWAYS_INLINE B16 load16(const uint8_t *p) { B16 v; memcpy(&v, p, 16); return v; }
+static ALWAYS_INLINE B16 splat(int8_t c) { return B16{c, c, c, c, c, c, c, c, c, c, c, c, c, c, c, c}; }
+// g with the lanes under mask m (0 or -1 per lane) negated
+static ALWAYS_INLINE B16 apply_signs(B16 g, B16 m) { return (g ^ m) - m; }
 
-// 16 nibble bytes p -> 32 int8 values lut[nibble]: the low nibbles, then the high ones.
-static ALWAYS_INLINE void lut_nibbles16(const uint8_t *p, const int8_t *lut, int8_t *q) {
+// 16 codes 0..15 -> lut[code]
+static ALWAYS_INLINE B16 lut16(B16 idx, const int8_t *lut) {
 #if defined(__SSSE3__)
-  const __m128i t = _mm_loadu_si128((const __m128i *)lut), v = _mm_loadu_si128((const __m128i *)p);
-  const __m128i m = _mm_set1_epi8(15);
-  _mm_storeu_si128((__m128i *)q, _mm_shuffle_epi8(t, _mm_and_si128(v, m)));
-  _mm_storeu_si128((__m128i *)(q + 16), _mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16(v, 4), m)));
+  return (B16)_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)lut), (__m128i)idx);
 #else
-  for (int j = 0; j < 16; j++) q[j] = lut[p[j] & 15], q[j + 16] = lut[p[j] >> 4];
+  B16 out;
+  for (int i = 0; i < 16; i++) out[i] = lut[idx[i] & 15];
+  return out;
 #endif
 }
-
-static ALWAYS_INLINE void fill(float *s, int n, float v) {
-  for (int i = 0; i < n; i++) s[i] = v;
+// 16 nibble bytes -> f(lut[low nibbles] (weights 0..15), lut[high nibbles] (16..31))
+static ALWAYS_INLINE void nibbles(const uint8_t *p, const int8_t *lut, B16 *lo, B16 *hi) {
+  const U16 v = (U16)load16(p);
+  *lo = lut16((B16)(v & 15), lut);
+  *hi = lut16((B16)(v >> 4), lut);
 }
 
-// Each type: QK, TS, the tables it needs (bit mask), and decode(block, q[QK], s[QK/16]).
+// Each type: QK, TS, NEED (the tables it needs, a bit mask) and visit(block, f).
 struct Q1_0 {
   enum { QK = 128, TS = 18, NEED = 0 };
-  static ALWAYS_INLINE void decode(const uint8_t *b, int8_t *q, float *s) {
-    fill(s, 8, h2f(b));
-    for (int j = 0; j < 16; j++) {  // bit set: +1, else -1
-      B8 v;
-      const uint64_t m = ~sign8[b[2 + j]] & 0xFEFEFEFEFEFEFEFEull;  // 0xFE where -1 (0xFF = 0x01 ^ 0xFE)
-      memcpy(&v, &m, 8);
-      v = v ^ (int8_t)1;
-      memcpy(q + 8 * j, &v, 8);
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
+    const float d = h2f(b);
+    const B16 one = splat(1);
+    UNROLL for (int e = 0; e < 128; e += 32) {  // bit set: +1, else -1: 1 - 2 * (bit clear)
+      const uint8_t *p = b + 2 + e / 8;
+      const B16 c0 = ~from64(sign8[p[0]], sign8[p[1]]), c1 = ~from64(sign8[p[2]], sign8[p[3]]);
+      f(e, one + c0 + c0, one + c1 + c1, d, d);
     }
   }
 };
 struct Q2_0 {
   enum { QK = 64, TS = 18, NEED = 0 };
-  static ALWAYS_INLINE void decode(const uint8_t *b, int8_t *q, float *s) {
-    fill(s, 4, h2f(b));
-    for (int j = 0; j < 64; j++) q[j] = (int8_t)(((b[2 + j / 4] >> (2 * (j % 4))) & 3) - 1);
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
+    const float d = h2f(b);
+    const B16 one = splat(1);
+    UNROLL for (int e = 0; e < 64; e += 32) {  // weight j: bits 2(j%4) of byte j/4
+      const uint8_t *p = b + 2 + e / 4;
+      f(e, from32(crumbs[p[0]], crumbs[p[1]], crumbs[p[2]], crumbs[p[3]]) - one,
+        from32(crumbs[p[4]], crumbs[p[5]], crumbs[p[6]], crumbs[p[7]]) - one, d, d);
+    }
   }
 };
 struct TQ2_0 {
   enum { QK = 256, TS = 66, NEED = 0 };
-  static ALWAYS_INLINE void decode(const uint8_t *b, int8_t *q, float *s) {
-    fill(s, 16, h2f(b + 64));
-    for (int h = 0; h < 2; h++)
-      for (int u = 0; u < 2; u++) {
-        U16 v;
-        memcpy(&v, b + 32 * h + 16 * u, 16);
-        for (int k = 0; k < 4; k++) {  // element 128h + 32k + 16u + j = bits 2k of byte 32h + 16u + j
-          const B16 c = (B16)((v >> (2 * k)) & 3) - (int8_t)1;
-          memcpy(q + 128 * h + 32 * k + 16 * u, &c, 16);
-        }
-      }
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
+    const float d = h2f(b + 64);
+    const B16 one = splat(1);
+    UNROLL for (int h = 0; h < 2; h++) {  // weight 128h + 32k + j: bits 2k of byte 32h + j
+      const U16 v0 = (U16)load16(b + 32 * h), v1 = (U16)load16(b + 32 * h + 16);
+      UNROLL for (int k = 0; k < 4; k++)
+        f(128 * h + 32 * k, (B16)((v0 >> (2 * k)) & 3) - one, (B16)((v1 >> (2 * k)) & 3) - one, d, d);
+    }
   }
 };
 struct TQ1_0 {
   enum { QK = 256, TS = 54, NEED = 0 };
-  // byte x holds 5 base-3 digits as x = ceil(n * 256 / 243); digit k is ((x * 3^k mod 256) * 3) >> 8
-  static ALWAYS_INLINE void digits(const uint8_t *x, int n, int ndig, int8_t *q) {
-    static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
-    for (int k = 0; k < ndig; k++)
-      for (int j = 0; j < n; j++) q[k * n + j] = (int8_t)((((uint8_t)(x[j] * pow3[k]) * 3) >> 8) - 1);
+  // bytes x hold base-3 digits as x = ceil(n * 256 / 243); digit k is ((x * 3^k mod 256) * 3) >> 8
+  static ALWAYS_INLINE B16 digit(U16 x, U16 pow3) {
+    typedef uint16_t H16 __attribute__((vector_size(32)));
+    const H16 t = (__builtin_convertvector((U16)(x * pow3), H16) * 3) >> 8;
+    return __builtin_convertvector(t, B16) - splat(1);
   }
-  static ALWAYS_INLINE void decode(const uint8_t *b, int8_t *q, float *s) {
-    fill(s, 16, h2f(b + 52));
-    digits(b, 32, 5, q);
-    digits(b + 32, 16, 5, q + 160);
-    digits(b + 48, 4, 4, q + 240);
+  static ALWAYS_INLINE U16 u8s(uint8_t c) { return (U16)splat((int8_t)c); }
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
+    const float d = h2f(b + 52);
+    const uint8_t pow3[5] = {1, 3, 9, 27, 81};
+    const U16 a0 = (U16)load16(b), a1 = (U16)load16(b + 16), c = (U16)load16(b + 32);
+    UNROLL for (int k = 0; k < 5; k++) f(32 * k, digit(a0, u8s(pow3[k])), digit(a1, u8s(pow3[k])), d, d);
+    // 160 + 16k + j: digit k of byte 32 + j; 240 + 4k + j: digit k of byte 48 + j
+    f(160, digit(c, u8s(1)), digit(c, u8s(3)), d, d);
+    f(192, digit(c, u8s(9)), digit(c, u8s(27)), d, d);
+    const uint32_t h = u32(b + 48);
+    const U16 hp = {1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27};
+    f(224, digit(c, u8s(81)), digit((U16)from32(h, h, h, h), hp), d, d);
   }
 };
 struct IQ4_NL {
   enum { QK = 32, TS = 18, NEED = 1 << 6 };
-  static ALWAYS_INLINE void decode(const uint8_t *b, int8_t *q, float *s) {
-    fill(s, 2, h2f(b));
-    lut_nibbles16(b + 2, tab.iq4, q);
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
+    const float d = h2f(b);
+    B16 lo, hi;
+    nibbles(b + 2, tab.iq4, &lo, &hi);
+    f(0, lo, hi, d, d);
   }
 };
 struct IQ4_XS {
   enum { QK = 256, TS = 136, NEED = 1 << 6 };
-  static ALWAYS_INLINE void decode(const uint8_t *b, int8_t *q, float *s) {
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
     const float d = h2f(b);
     const int sh = b[2] | b[3] << 8;
-    for (int ib = 0; ib < 8; ib++) {
+    UNROLL for (int ib = 0; ib < 8; ib++) {
       const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 15) | ((sh >> (2 * ib)) & 3) << 4;
-      s[2 * ib] = s[2 * ib + 1] = d * (float)(ls - 32);
-      lut_nibbles16(b + 8 + 16 * ib, tab.iq4, q + 32 * ib);
+      const float s = d * (float)(ls - 32);
+      B16 lo, hi;
+      nibbles(b + 8 + 16 * ib, tab.iq4, &lo, &hi);
+      f(32 * ib, lo, hi, s, s);
     }
   }
 };
 struct MXFP4 {
   enum { QK = 32, TS = 17, NEED = 1 << 7 };
-  static ALWAYS_INLINE void decode(const uint8_t *b, int8_t *q, float *s) {
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
     const uint32_t bits = b[0] < 2 ? 0x00200000u << b[0] : (uint32_t)(b[0] - 1) << 23;  // 2^(e - 128)
     float d;
     memcpy(&d, &bits, 4);
-    fill(s, 2, d);
-    lut_nibbles16(b + 1, tab.fp4, q);
+    B16 lo, hi;
+    nibbles(b + 1, tab.fp4, &lo, &hi);
+    f(0, lo, hi, d, d);
   }
 };
 struct NVFP4 {
   enum { QK = 64, TS = 36, NEED = 1 << 7 | 1 << 8 };
-  static ALWAYS_INLINE void decode(const uint8_t *b, int8_t *q, float *s) {
-    for (int k = 0; k < 4; k++) {
-      s[k] = tab.ue4m3[b[k]];
-      for (int j = 0; j < 8; j++) {  // sub-block k: low nibbles are its values 0..7, high ones 8..15
-        const uint8_t x = b[4 + 8 * k + j];
-        q[16 * k + j] = tab.fp4[x & 15], q[16 * k + 8 + j] = tab.fp4[x >> 4];
-      }
-    }
+  // sub-block k: the low nibbles of its 8 bytes are its weights 0..7, the high ones 8..15
+  static ALWAYS_INLINE B16 sub(const uint8_t *p) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    const U16 v = (U16)from64(w, w >> 4);
+    return lut16((B16)(v & 15), tab.fp4);
+  }
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
+    f(0, sub(b + 4), sub(b + 12), tab.ue4m3[b[0]], tab.ue4m3[b[1]]);
+    f(32, sub(b + 20), sub(b + 28), tab.ue4m3[b[2]], tab.ue4m3[b[3]]);
   }
 };
+// IQ2/IQ3: two groups of 8 magnitudes (g0, g1) with sign masks (m0, m1) -> 16 codes
+static ALWAYS_INLINE B16 signed16(uint64_t g0, uint64_t g1, uint64_t m0, uint64_t m1) {
+  return apply_signs(from64(g0, g1), from64(m0, m1));
+}
 struct IQ2_XXS {
   enum { QK = 256, TS = 66, NEED = 1 << 0 };
-  static ALWAYS_INLINE void decode(const uint8_t *b, int8_t *q, float *s) {
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
     const float d = h2f(b);
-    for (int ib = 0; ib < 8; ib++) {
+    UNROLL for (int ib = 0; ib < 8; ib++) {
       const uint8_t *p = b + 2 + 8 * ib;  // 4 grid indices, then a u32: 4 x 7 sign bits, 4 scale bits
       const uint32_t aux = u32(p + 4);
-      s[2 * ib] = s[2 * ib + 1] = d * (0.5f + (float)(aux >> 28)) * 0.25f;
-      for (int l = 0; l < 4; l++) signed8(q + 32 * ib + 8 * l, tab.iq2xxs[p[l]], ksign8[(aux >> (7 * l)) & 127]);
+      const float s = d * (0.5f + (float)(aux >> 28)) * 0.25f;
+      const uint64_t *g = tab.iq2xxs;
+      f(32 * ib, signed16(g[p[0]], g[p[1]], ksign8[aux & 127], ksign8[(aux >> 7) & 127]),
+        signed16(g[p[2]], g[p[3]], ksign8[(aux >> 14) & 127], ksign8[(aux >> 21) & 127]), s, s);
     }
   }
 };
 struct IQ2_XS {
   enum { QK = 256, TS = 74, NEED = 1 << 1 };
-  static ALWAYS_INLINE void decode(const uint8_t *b, int8_t *q, float *s) {
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
     const float d = h2f(b);
-    for (int k = 0; k < 16; k++) s[k] = d * (0.5f + (float)((b[66 + k / 2] >> (4 * (k % 2))) & 15)) * 0.25f;
-    for (int g = 0; g < 32; g++) {
-      const int v = b[2 + 2 * g] | b[3 + 2 * g] << 8;  // 9-bit grid index, 7-bit sign index
-      signed8(q + 8 * g, tab.iq2xs[v & 511], ksign8[v >> 9]);
+    uint16_t v[32];  // 9-bit grid index, 7-bit sign index
+    memcpy(v, b + 2, 64);
+    const uint64_t *g = tab.iq2xs;
+    UNROLL for (int ib = 0; ib < 8; ib++) {
+      const int sc = b[66 + ib];
+      const uint16_t *w = v + 4 * ib;
+      f(32 * ib, signed16(g[w[0] & 511], g[w[1] & 511], ksign8[w[0] >> 9], ksign8[w[1] >> 9]),
+        signed16(g[w[2] & 511], g[w[3] & 511], ksign8[w[2] >> 9], ksign8[w[3] >> 9]),
+        d * (0.5f + (float)(sc & 15)) * 0.25f, d * (0.5f + (float)(sc >> 4)) * 0.25f);
     }
   }
 };
 struct IQ2_S {
   enum { QK = 256, TS = 82, NEED = 1 << 2 };
-  static ALWAYS_INLINE void decode(const uint8_t *b, int8_t *q, float *s) {
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
     const float d = h2f(b);
     const uint8_t *qs = b + 2, *sg = b + 34, *qh = b + 66, *sc = b + 74;
-    for (int k = 0; k < 16; k++) s[k] = d * (0.5f + (float)((sc[k / 2] >> (4 * (k % 2))) & 15)) * 0.25f;
-    for (int g = 0; g < 32; g++)
-      signed8(q + 8 * g, tab.iq2s[qs[g] | ((qh[g / 4] >> (2 * (g % 4))) & 3) << 8], sign8[sg[g]]);
+    const uint64_t *g = tab.iq2s;
+    UNROLL for (int ib = 0; ib < 8; ib++) {
+      const uint8_t *i = qs + 4 * ib, *m = sg + 4 * ib;
+      const int h = qh[ib];  // 2 high index bits per group of 8
+      f(32 * ib, signed16(g[i[0] | (h & 3) << 8], g[i[1] | (h & 12) << 6], sign8[m[0]], sign8[m[1]]),
+        signed16(g[i[2] | (h & 48) << 4], g[i[3] | (h & 192) << 2], sign8[m[2]], sign8[m[3]]),
+        d * (0.5f + (float)(sc[ib] & 15)) * 0.25f, d * (0.5f + (float)(sc[ib] >> 4)) * 0.25f);
+    }
   }
 };
 struct IQ3_XXS {
   enum { QK = 256, TS = 98, NEED = 1 << 3 };
-  static ALWAYS_INLINE void decode(const uint8_t *b, int8_t *q, float *s) {
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
     const float d = h2f(b);
-    const uint8_t *qs = b + 2;
-    for (int ib = 0; ib < 8; ib++) {
+    const uint32_t *g = tab.iq3xxs;
+    UNROLL for (int ib = 0; ib < 8; ib++) {
+      const uint8_t *i = b + 2 + 8 * ib;
       const uint32_t aux = u32(b + 66 + 4 * ib);  // 4 x 7 sign bits, 4 scale bits
-      s[2 * ib] = s[2 * ib + 1] = d * (0.5f + (float)(aux >> 28)) * 0.5f;
-      for (int l = 0; l < 4; l++) {
-        const uint8_t *i = qs + 8 * ib + 2 * l;
-        signed8(q + 32 * ib + 8 * l, tab.iq3xxs[i[0]] | (uint64_t)tab.iq3xxs[i[1]] << 32, ksign8[(aux >> (7 * l)) & 127]);
-      }
+      const float s = d * (0.5f + (float)(aux >> 28)) * 0.5f;
+      f(32 * ib,
+        apply_signs(from32(g[i[0]], g[i[1]], g[i[2]], g[i[3]]), from64(ksign8[aux & 127], ksign8[(aux >> 7) & 127])),
+        apply_signs(from32(g[i[4]], g[i[5]], g[i[6]], g[i[7]]),
+                    from64(ksign8[(aux >> 14) & 127], ksign8[(aux >> 21) & 127])),
+        s, s);
     }
   }
 };
 struct IQ3_S {
   enum { QK = 256, TS = 110, NEED = 1 << 4 };
-  static ALWAYS_INLINE void decode(const uint8_t *b, int8_t *q, float *s) {
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
     const float d = h2f(b);
     const uint8_t *qs = b + 2, *qh = b + 66, *sg = b + 74, *sc = b + 106;
-    for (int ib = 0; ib < 8; ib++) s[2 * ib] = s[2 * ib + 1] = d * (float)(1 + 2 * ((sc[ib / 2] >> (4 * (ib % 2))) & 15));
-    for (int g = 0; g < 32; g++) {
-      const int i0 = qs[2 * g] | ((qh[g / 4] >> (2 * (g % 4))) & 1) << 8;
-      const int i1 = qs[2 * g + 1] | ((qh[g / 4] >> (2 * (g % 4) + 1)) & 1) << 8;
-      signed8(q + 8 * g, tab.iq3s[i0] | (uint64_t)tab.iq3s[i1] << 32, sign8[sg[g]]);
+    const uint32_t *g = tab.iq3s;
+    UNROLL for (int ib = 0; ib < 8; ib++) {
+      const uint8_t *i = qs + 8 * ib, *m = sg + 4 * ib;
+      const int h = qh[ib];  // the 9th index bit of each of the 8 entries
+      const float s = d * (float)(1 + 2 * ((sc[ib / 2] >> (4 * (ib % 2))) & 15));
+      f(32 * ib,
+        apply_signs(from32(g[i[0] | (h & 1) << 8], g[i[1] | (h & 2) << 7], g[i[2] | (h & 4) << 6], g[i[3] | (h & 8) << 5]),
+                    from64(sign8[m[0]], sign8[m[1]])),
+        apply_signs(from32(g[i[4] | (h & 16) << 4], g[i[5] | (h & 32) << 3], g[i[6] | (h & 64) << 2], g[i[7] | (h & 128) << 1]),
+                    from64(sign8[m[2]], sign8[m[3]])),
+        s, s);
     }
   }
 };
-// 8 grid values times 8, plus 1 or minus 1 (the delta's sign), stored at q.
-static ALWAYS_INLINE void iq1_group(int8_t *q, int idx, int neg) {
-  B8 v;
-  memcpy(&v, &tab.iq1s[idx], 8);
-  const int8_t c = neg ? -1 : 1;
-  v += B8{c, c, c, c, c, c, c, c};
-  memcpy(q, &v, 8);
+// IQ1: two groups of 8 grid values (times 8) plus their deltas' signs: 8g + 1 or 8g - 1
+static ALWAYS_INLINE B16 iq1_16(int i0, int i1, int neg0, int neg1) {
+  const int8_t a = neg0 ? -1 : 1, c = neg1 ? -1 : 1;
+  return from64(tab.iq1s[i0], tab.iq1s[i1]) + B16{a, a, a, a, a, a, a, a, c, c, c, c, c, c, c, c};
 }
 struct IQ1_S {
   enum { QK = 256, TS = 50, NEED = 1 << 5 };
-  static ALWAYS_INLINE void decode(const uint8_t *b, int8_t *q, float *s) {
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
     const float d = h2f(b);
-    const uint8_t *qs = b + 2;
-    for (int ib = 0; ib < 8; ib++) {
+    UNROLL for (int ib = 0; ib < 8; ib++) {
+      const uint8_t *i = b + 2 + 4 * ib;
       const int qh = b[34 + 2 * ib] | b[35 + 2 * ib] << 8;  // 4 x 3 high index bits, 3 scale bits, delta sign
-      s[2 * ib] = s[2 * ib + 1] = d * (float)(2 * ((qh >> 12) & 7) + 1) * 0.125f;
-      for (int l = 0; l < 4; l++) iq1_group(q + 32 * ib + 8 * l, qs[4 * ib + l] | ((qh >> (3 * l)) & 7) << 8, qh >> 15);
+      const float s = d * (float)(2 * ((qh >> 12) & 7) + 1) * 0.125f;
+      const int neg = qh >> 15;
+      f(32 * ib, iq1_16(i[0] | (qh & 7) << 8, i[1] | (qh & 0x38) << 5, neg, neg),
+        iq1_16(i[2] | (qh & 0x1C0) << 2, i[3] | (qh & 0xE00) >> 1, neg, neg), s, s);
     }
   }
 };
 struct IQ1_M {
   enum { QK = 256, TS = 56, NEED = 1 << 5 };
-  static ALWAYS_INLINE void decode(const uint8_t *b, int8_t *q, float *s) {
-    const uint8_t *qs = b, *qh = b + 32, *sc = b + 48;
-    uint16_t w[4];
-    memcpy(w, sc, 8);
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
+    const uint8_t *qs = b, *qh = b + 32;
+    uint16_t w[4];  // 4 x 3-bit scales each; their top nibbles together hold d
+    memcpy(w, b + 48, 8);
     const uint16_t dh = (w[0] >> 12) | ((w[1] >> 8) & 0xF0) | ((w[2] >> 4) & 0xF00) | (w[3] & 0xF000);
     const float d = h2f((const uint8_t *)&dh);
-    for (int k = 0; k < 16; k++) s[k] = d * (float)(2 * ((w[k / 4] >> (3 * (k % 4))) & 7) + 1) * 0.125f;
-    for (int g = 0; g < 32; g++) {  // 8 values: 3 high index bits and the delta's sign in a nibble of qh
-      const int h = qh[g / 2] >> (4 * (g % 2));
-      iq1_group(q + 8 * g, qs[g] | (h & 7) << 8, h & 8);
+    UNROLL for (int ib = 0; ib < 8; ib++) {
+      const uint8_t *i = qs + 4 * ib;
+      const int h0 = qh[2 * ib], h1 = qh[2 * ib + 1];  // per 8 weights: 3 high index bits and the delta's sign
+      const int sc = w[ib / 2] >> (6 * (ib % 2));
+      f(32 * ib, iq1_16(i[0] | (h0 & 7) << 8, i[1] | (h0 & 0x70) << 4, h0 & 8, h0 & 0x80),
+        iq1_16(i[2] | (h1 & 7) << 8, i[3] | (h1 & 0x70) << 4, h1 & 8, h1 & 0x80),
+        d * (float)(2 * (sc & 7) + 1) * 0.125f, d * (float)(2 * ((sc >> 3) & 7) + 1) * 0.125f);
     }
   }
 };
+
+// 16 int8 codes -> the 16 int32 lanes of simd.h's VI
+static ALWAYS_INLINE VI widen(B16 q) {
+#if defined(__AVX512F__)
+  return _mm512_cvtepi8_epi32((__m128i)q);
+#elif defined(__AVX2__) && defined(__FMA__)
+  return {_mm256_cvtepi8_epi32((__m128i)q), _mm256_cvtepi8_epi32(_mm_srli_si128((__m128i)q, 8))};
+#else
+  return __builtin_convertvector(q, VI);
+#endif
+}
 }  // namespace lowbit
 
-// The kernels' view of a decoded type: blocks.h's 16-element visitor (float paths) ...
+// The kernels' view of a type: blocks.h's 16-weight visitor (float paths) ...
 template <class D>
-struct Decoded {
+struct Lowbit {
   enum { QK = D::QK, TS = D::TS, MIN = 0 };
   template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
-    alignas(64) int8_t q[QK];
-    float s[QK / 16];
-    D::decode(b, q, s);
-    UNROLL for (int e = 0; e < QK; e += 16) f(e, cvt(ld_i8((const uint8_t *)q + e)), s[e / 16], 0.f);
+    D::visit(b, [&](int e, lowbit::B16 q0, lowbit::B16 q1, float s0, float s1) ALWAYS_INLINE_LAMBDA {
+      f(e, cvt(lowbit::widen(q0)), s0, 0.f);
+      f(e + 16, cvt(lowbit::widen(q1)), s1, 0.f);
+    });
   }
 };
 #define LOWBIT_TYPES(X) X(IQ4_NL) X(IQ4_XS) X(Q1_0) X(Q2_0) X(TQ1_0) X(TQ2_0) X(IQ2_XXS) X(IQ2_XS) X(IQ2_S) \
   X(IQ3_XXS) X(IQ3_S) X(IQ1_S) X(IQ1_M) X(MXFP4) X(NVFP4)
-#define LOWBIT_FLOAT(T) struct T : Decoded<lowbit::T> {};
+#define LOWBIT_FLOAT(T) struct T : Lowbit<lowbit::T> {};
 LOWBIT_TYPES(LOWBIT_FLOAT)
 
-// ... and gemv_avx2.h's 32-element one (int8 activations).
+// ... and gemv_avx2.h's 32-weight one (int8 activations).
 #if TK_GEMV_I8
 namespace i8 {
 template <class D>
-struct Decoded {
+struct Lowbit {
   enum { QK = D::QK, TS = D::TS, SIGNED = 1, MIN = 0 };
   template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
-    alignas(64) int8_t q[QK];
-    float s[QK / 16];
-    D::decode(b, q, s);
-    UNROLL for (int e = 0; e < QK; e += 32) f(e, ld256((const uint8_t *)q + e), s[e / 16], s[e / 16 + 1], 0.f, 0.f);
+    D::visit(b, [&](int e, lowbit::B16 q0, lowbit::B16 q1, float s0, float s1) ALWAYS_INLINE_LAMBDA {
+      f(e, _mm256_set_m128i((__m128i)q1, (__m128i)q0), s0, s1, 0.f, 0.f);
+    });
   }
 };
-#define LOWBIT_I8(T) struct T : Decoded<lowbit::T> {};
+#define LOWBIT_I8(T) struct T : Lowbit<lowbit::T> {};
 LOWBIT_TYPES(LOWBIT_I8)
 }  // namespace i8
 #endif
