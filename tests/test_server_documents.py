@@ -107,6 +107,19 @@ def test_full_mode_on_a_document_past_the_context(server, essays_file):
     assert doc["mode"] == "rlv" and doc["tokens"] > 4096
 
 
+def test_rlv_mode_streams_its_reads(server, essays_file):
+    essay = essays_file.read_text()[:12000]  # about 2,800 tokens: past the working memory, so auto reads in RLV
+    text = FACT_DOC + "\n## Essays\n\n" + essay
+    status, rec = post(server, "/v1/documents", {"text": text, "name": "long.md"})
+    assert status == 202 and loaded(server, rec["id"])["mode"] == "rlv"
+    evs = events(server, f"/v1/documents/{rec['id']}/ask", {"question": QUESTION, "stream": True})
+    reads = [e for e in evs if e["type"] == "read"]
+    answer = evs[-1]
+    assert reads and reads[0]["read"] == 1 and reads[0]["kind"] == "lookup" and reads[0]["sections"]
+    assert answer["type"] == "answer" and answer["mode"] == "rlv" and FACT in answer["answer"]
+    assert any(FACT in q["text"] and text.startswith(q["text"], q["start"]) for q in answer["quotes"])
+
+
 @pytest.mark.slow  # two `tightkv ask` processes
 def test_the_store_is_shared_with_tightkv_ask(server, home, tmp_path):
     path = tmp_path / "kestrel.md"

@@ -121,11 +121,29 @@ def test_errors_are_shown_and_nothing_typed_is_lost(home, tmp_path, essays_file)
         assert page.input_value("#message") == question.replace("\r\n", "\n")
 
 
-def test_the_page_fits_a_phone(home):
+def test_the_page_fits_a_phone_and_the_keyboard(home):
     with serve(home) as server, browser_page(width=390, height=844) as page:
         page.goto(server.url)
         enter_key(page)
         page.wait_for_selector("#doc-list li")
         assert page.evaluate("document.documentElement.scrollWidth") <= 390
-        box = page.locator("#message").bounding_box()
-        assert box["width"] > 300
+        assert page.locator("#message").bounding_box()["width"] > 300
+        page.click("#message")
+        page.keyboard.type("first line")
+        page.keyboard.press("Shift+Enter")  # a new line, nothing sent
+        page.keyboard.type("second line")
+        assert page.input_value("#message") == "first line\nsecond line" and page.locator(".msg").count() == 0
+        for control in ("#file", "#mode", "#message", "#key"):
+            assert page.locator(f"label[for={control[1:]}]").count() == 1
+
+
+def test_answers_markdown_is_rendered_and_escaped(home):
+    with serve(home) as server, browser_page() as page:
+        page.goto(server.url)
+        enter_key(page)
+        html = page.evaluate("""window.tightkvMarkdown.renderMarkdown(
+            "**Yes**, see `f`:\\n\\n```python\\ndef f(x):\\n    return 'a' # note\\n```\\n- one\\n- <script>x</script>")""")
+        assert "<strong>Yes</strong>" in html and "<code>f</code>" in html
+        assert '<span class="tok-kw">def</span>' in html and '<span class="tok-str">&#39;a&#39;</span>' in html
+        assert '<span class="tok-com"># note</span>' in html and "<li>one</li>" in html
+        assert "<script>" not in html and "&lt;script&gt;" in html

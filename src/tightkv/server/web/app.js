@@ -391,6 +391,7 @@ async function askDocument(question, reply) {
   facts.push(`${answer.seconds.toFixed(1)} s`);
   reply.append(el("p", { className: "meta small" }, facts.join(" · ")));
   if (answer.quotes.length) reply.append(quoteList(answer));
+  reply.scrollIntoView({ block: "end" });
   renderText(answer.quotes, answer.answer);
 }
 
