@@ -43,7 +43,7 @@ log = logging.getLogger("tightkv.server")
 
 OPEN_LIMIT = 4  # sessions kept in RAM (their KV caches); older ones reopen from the disk store
 MODES = ("auto", "full", "rlv")
-END = {"loaded", "error", "answer"}  # the events that end a stream
+END = {"loaded", "error", "answer"}  # the events that end a stream (followers are let go)
 
 
 @dataclass
@@ -203,7 +203,7 @@ class Shelf:
     def _tell(self, entry: OpenDocument, event: dict, also: Callable[[dict], None] | None = None) -> None:
         with self.lock:
             followers = list(entry.followers)
-            if event["type"] in END or event["type"] == "error":
+            if event["type"] in END:
                 entry.followers.clear()
         for post in followers:
             post(event)
@@ -236,12 +236,7 @@ class Shelf:
         session = DocumentSession(model, entry.doc, kv=str(model.kv), mode=entry.mode, store=self.store,
                                   progress=False, notice=log.warning, listen=listen, keep_text=True)
         session.listen = lambda event: None
-        warm = session.cache_source == "disk"
-        info = {"tokens": session.doc_tokens, "mode": session.mode, "kv": str(session.kv),
-                "kv_bytes": session.kv_bytes, "working_memory": session.wm, "context": model.context_length,
-                "source": session.cache_source or ("reads" if session.mode == "rlv" else ""),
-                "warm": warm, "seconds": round(time.perf_counter() - t0, 3),
-                "mode_line": session.mode_line(entry.mode)}
+        info = _loaded_info(session, entry.mode, time.perf_counter() - t0)
         with self.lock:
             entry.session, entry.info, entry.status, entry.used = session, info, "loaded", time.monotonic()
             entry.progress = None
@@ -308,6 +303,15 @@ class Shelf:
               "quotes": [{"start": a, "end": b, "text": entry.doc.text[a:b]} for a, b in spans],
               "ttft_s": round(answer.ttft, 3), "seconds": round(answer.seconds, 3),
               "prompt_tokens": answer.prompt_tokens})
+
+
+def _loaded_info(session, asked: str, seconds: float) -> dict:
+    """What a `loaded` event says of a session: its size, mode, KV cache, and where it came from."""
+    return {"tokens": session.doc_tokens, "mode": session.mode, "kv": str(session.kv),
+            "kv_bytes": session.kv_bytes, "working_memory": session.wm, "context": session.model.context_length,
+            "source": session.cache_source or ("reads" if session.mode == "rlv" else ""),
+            "warm": session.cache_source == "disk", "seconds": round(seconds, 3),
+            "mode_line": session.mode_line(asked)}
 
 
 def _progress(event: dict, clock: dict) -> dict:
