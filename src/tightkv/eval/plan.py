@@ -12,6 +12,21 @@ RUNTIME_BYTES = 350 * 2**20  # Python, torch and the engine's own state, measure
 PREFILL_CHUNK = 512
 
 
+# The weight lever (issue 19): llama.cpp file types, largest first, as (name, block type of the
+# matrices, block type of the output layer), sized for a model's own tensor shapes by `weight_options`
+WEIGHT_FILE_TYPES = [("Q8_0", "Q8_0", "Q8_0"), ("Q6_K", "Q6_K", "Q6_K"), ("Q5_K_M", "Q5_K", "Q6_K"),
+                     ("Q4_K_M", "Q4_K", "Q6_K"), ("IQ4_XS", "IQ4_XS", "Q6_K"), ("Q3_K_M", "Q3_K", "Q6_K"),
+                     ("IQ3_S", "IQ3_S", "Q6_K"), ("IQ2_M", "IQ2_S", "Q5_K"), ("Q2_K", "Q2_K", "Q6_K"),
+                     ("TQ1_0", "TQ1_0", "Q6_K"), ("Q1_0", "Q1_0", "Q6_K")]
+# llama.cpp's type for a row that is not a whole number of blocks (llama-quant.cpp tensor_type_fallback)
+FALLBACK = {"IQ1_S": "IQ4_NL", "IQ1_M": "IQ4_NL", "IQ2_XXS": "IQ4_NL", "IQ2_XS": "IQ4_NL", "IQ2_S": "IQ4_NL",
+            "IQ3_XXS": "IQ4_NL", "IQ3_S": "IQ4_NL", "IQ4_XS": "IQ4_NL", "Q2_0": "Q4_0", "Q2_K": "Q4_0", "Q3_K": "Q4_0",
+            "TQ1_0": "Q4_0", "TQ2_0": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+# AQLM-style additive codebooks: groups of 8 weights, M codebooks of 2^B entries (bits per weight = M*B/8)
+AQLM_CONFIGS = [("1x16", 1, 16), ("2x12", 2, 12)]
+AQLM_GROUP = 8
+
+
 @dataclass
 class Plan:
     model: str
@@ -23,6 +38,8 @@ class Plan:
     rows: list[dict]
     file: str = ""
     layout: list = field(default_factory=list)
+    weight_options: list = field(default_factory=list)  # {"type", "bytes"} per WEIGHT_FILE_TYPES
+    matrices: list = field(default_factory=list)  # (rows, cols) of the model's matrices, output layer left out
 
     @property
     def weights_fit(self) -> bool:
@@ -73,7 +90,101 @@ def make_plan(path, context: int | None, memory: int, kv_types: list[str], name:
         rows.append({"kv": spec, "kv_bytes": info["total_bytes"], "bytes_per_token": info["bytes_per_token"],
                      "ratio_vs_f16": info["ratio_vs_f16"], "fits": info["total_bytes"] <= budget,
                      "max_context": largest_context(spec, layout, budget, max(ctx, args.context_length))})
-    return Plan(name or str(g.path), ctx, args.context_length, memory, weights, working, rows, str(g.path), layout)
+    return Plan(name or str(g.path), ctx, args.context_length, memory, weights, working, rows, str(g.path), layout,
+                weight_options(g), _matrices(g))
+
+
+def _block_type(qtype: str, cols: int) -> str:
+    """`qtype`, or llama.cpp's fallback for it when `cols` is not a whole number of its blocks."""
+    from ..gguf.quants import BLOCK_SIZES
+
+    while cols % BLOCK_SIZES[qtype][0]:
+        qtype = FALLBACK.get(qtype, "F16")
+    return qtype
+
+
+def _tensor_bytes(qtype: str, rows: int, cols: int) -> int:
+    from ..gguf.quants import BLOCK_SIZES
+
+    block, size = BLOCK_SIZES[_block_type(qtype, cols)]
+    return rows * (cols // block) * size
+
+
+def _use_more_bits(i: int, n: int) -> bool:
+    """llama.cpp's layers whose attn_v and ffn_down a _M mix keeps at a higher type."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def weight_bytes(g, base: str, output: str, mix: bool = False) -> int:
+    """Bytes of the GGUF `g`'s tensors requantized with matrices of type `base` and the
+    output layer (the embedding when tied) of type `output`; vectors as stored; with `mix`
+    (llama.cpp's Q4_K_M/Q5_K_M), attn_v and ffn_down at Q6_K in `_use_more_bits` layers.
+    llama.cpp's other per-tensor choices are left out (an estimate: see tests/test_plan.py)."""
+    from ..gguf.quants import BLOCK_SIZES
+
+    n_layers = 1 + max((int(n.split(".")[1]) for n in g.tensors if n.startswith("blk.")), default=-1)
+    tied = "output.weight" not in g.tensors
+    total = 0
+    for name, t in g.tensors.items():
+        if len(t.shape) != 2:
+            total += int(t.data.nbytes)
+            continue
+        rows, cols = t.shape
+        qtype = base
+        if name == "output.weight" or (tied and name == "token_embd.weight"):
+            qtype = "Q8_0" if cols % BLOCK_SIZES[base][0] else output  # llama.cpp's rule for the output layer
+        elif mix and (name.endswith("attn_v.weight") or name.endswith("ffn_down.weight")) \
+                and _use_more_bits(int(name.split(".")[1]), n_layers):
+            qtype = "Q6_K"
+        total += _tensor_bytes(qtype, rows, cols)
+    return total
+
+
+def weight_options(g) -> list[dict]:
+    """The size of each of WEIGHT_FILE_TYPES for this model's tensor shapes."""
+    return [{"type": name, "bytes": weight_bytes(g, base, out, mix=name.endswith("_K_M") and name != "Q3_K_M")}
+            for name, base, out in WEIGHT_FILE_TYPES]
+
+
+def _matrices(g) -> list[tuple[int, int]]:
+    skip = ("token_embd.weight", "output.weight")
+    return [tuple(t.shape) for n, t in g.tensors.items() if len(t.shape) == 2 and n not in skip]
+
+
+def aqlm_rho(plan: Plan) -> list[dict]:
+    """The representational ratio rho = N / K^M of AQLM-style codebooks (N groups of 8
+    weights in a matrix, M codebooks of K entries) for the model's largest and smallest
+    matrices, per AQLM_CONFIGS. Above 1 the codebooks' initialisation decides quality
+    (our source report: 18 at 2 bits); well below 1 it is forgiving (0.07 at 3 bits)."""
+    if not plan.matrices:
+        return []
+    sizes = sorted(r * c for r, c in plan.matrices)
+    out = []
+    for name, m, b in AQLM_CONFIGS:
+        k = 2**b
+        out.append({"config": name, "bits_per_weight": m * b / AQLM_GROUP, "codebook_entries": k,
+                    "rho_largest": sizes[-1] / AQLM_GROUP / k**m, "rho_smallest": sizes[0] / AQLM_GROUP / k**m})
+    return out
+
+
+def weight_lever(plan: Plan) -> str | None:
+    """One sentence when the weights are the lever (the file's weights with any KV type do
+    not hold the context): the largest weight type that, with the best-quality KV type
+    that then fits, holds it; None when the file's own weights do."""
+    if plan.weights_fit and any(r["fits"] for r in plan.rows):
+        return None
+    rank = {k: i for i, k in enumerate(QUALITY_ORDER)}
+    rows = sorted(plan.rows, key=lambda r: rank.get(r["kv"], len(rank)))
+    for opt in plan.weight_options:
+        budget = plan.memory - opt["bytes"] - plan.working
+        if opt["bytes"] >= plan.weights or budget <= 0:
+            continue
+        kv = next((r for r in rows if r["kv_bytes"] <= budget), None)
+        if kv is not None:
+            return (f"weights are the lever: {opt['type']} ({opt['bytes'] / 2**30:.2f} GiB) with {kv['kv']} fits "
+                    f"{plan.context:,} tokens in {plan.memory / 2**30:.2f} GiB")
+    return (f"no weight type of this model holds {plan.context:,} tokens in {plan.memory / 2**30:.2f} GiB with "
+            f"any KV type: a smaller model or a shorter context")
 
 
 def recommended(plan: Plan) -> dict | None:
@@ -116,6 +227,8 @@ def format_plan(plan: Plan, choice=None) -> str:
         lines.append(f"{r['kv']:<14} {r['kv_bytes'] / 2**20:9.1f} MiB {r['bytes_per_token'] / 1024:7.2f} KiB "
                      f"{r['ratio_vs_f16']:6.2f}x {'yes' if r['fits'] else 'no':>5} {r['max_context']:>12}")
     lines += ["", lever(plan)]
+    if weight_lever(plan):
+        lines.append(weight_lever(plan))
     best = choice.kv if choice is not None else (recommended(plan) or {}).get("kv")
     if best is not None:
         from .engines import equivalents, format_equivalents
@@ -123,8 +236,26 @@ def format_plan(plan: Plan, choice=None) -> str:
         why = choice.line() if choice is not None else "the best-quality type that fits"
         lines.append(f"recommended: --kv {best} ({why}); elsewhere:")
         lines += format_equivalents(best, equivalents(best, plan.layout, plan.context), plan.context)
+    lines += _format_weights(plan)
     if plan.context > plan.trained_context:
         factor = -(-plan.context // plan.trained_context)
         lines.append(f"warning: {plan.context} tokens exceed the model's trained context of {plan.trained_context}; "
                      f"running it needs --rope-scale {factor} (linear RoPE scaling, at some loss of quality)")
     return "\n".join(lines)
+
+
+def _format_weights(plan: Plan) -> list[str]:
+    """The weight lever's table: each file type's size for this model, and AQLM's rho."""
+    if not plan.weight_options:
+        return []
+    gib = 2**30
+    cells = [f"{o['type']} {o['bytes'] / gib:.3f}" for o in plan.weight_options]
+    lines = ["", f"weights as other llama.cpp file types (GiB, for this model's shapes; this file {plan.weights / gib:.3f}):"]
+    lines += ["  " + "  ".join(cells[i:i + 6]) for i in range(0, len(cells), 6)]
+    rho = aqlm_rho(plan)
+    if rho:
+        parts = [f"{r['config']} ({r['bits_per_weight']:g} bits) {r['rho_largest']:.3g} to {r['rho_smallest']:.3g}"
+                 for r in rho]
+        lines.append(f"AQLM-style codebooks (groups of {AQLM_GROUP}): rho = N / K^M, largest to smallest matrix: "
+                     + "; ".join(parts) + " (above 1 the codebook initialisation decides quality)")
+    return lines
