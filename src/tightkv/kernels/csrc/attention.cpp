@@ -198,9 +198,76 @@ static inline __m256i codes8(const uint8_t *p, int g) {
 // values in the permuted order even|odd, the per-vector scale applied by the caller;
 // other codes: in channel order, codebook values or the integer codes, AB dequantized
 // with its per-block scale (p1) and zero (p2)).
+#if defined(__AVX512F__)
+// Channels 16h .. 16h+15 of a group of 32 codes of BITS bits at p as int32 lanes: the
+// word that holds each 8 channels (4 bits, 3 bits) or 16 (2 bits) spread over its lanes,
+// shifted per lane, masked. (GCC lowers byte-to-int vector conversions of the generic
+// vector types element by element, so the AVX-512 build spells them out.)
+template <int BITS>
+static inline __m512i codes16(const uint8_t *p, int h) {
+  __m512i w, sh;
+  if constexpr (BITS == 4) {
+    w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32((int)u32(p + 8 * h))),
+                           _mm256_set1_epi32((int)u32(p + 8 * h + 4)), 1);
+    sh = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+  } else if constexpr (BITS == 2) {
+    w = _mm512_set1_epi32((int)u32(p + 4 * h));
+    sh = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  } else {  // 3 bits: 8 channels in 3 bytes, never past the group's 12 bytes
+    const uint32_t w0 = h ? u32(p + 6) : u32(p), w1 = h ? u32(p + 8) >> 8 : u32(p + 3);
+    w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32((int)w0)), _mm256_set1_epi32((int)w1), 1);
+    sh = _mm512_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21, 0, 3, 6, 9, 12, 15, 18, 21);
+  }
+  return _mm512_and_si512(_mm512_srlv_epi32(w, sh), _mm512_set1_epi32((1 << BITS) - 1));
+}
+#endif
+
 template <int KIND>
 static inline __attribute__((always_inline)) void load32(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2,
                                                          int64_t b, const f16v &cb, f16v &x0, f16v &x1) {
+#if defined(__AVX512F__)
+  if (KIND == F32) {
+    x0 = ld((const float *)p0 + 32 * b); x1 = ld((const float *)p0 + 32 * b + 16);
+  } else if (KIND == F16) {
+    x0 = ld_f16(p0 + 64 * b); x1 = ld_f16(p0 + 64 * b + 32);
+  } else if (KIND == BF16) {
+    const __m512i h0 = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p0 + 64 * b)));
+    const __m512i h1 = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p0 + 64 * b + 32)));
+    x0 = (f16v)_mm512_slli_epi32(h0, 16); x1 = (f16v)_mm512_slli_epi32(h1, 16);
+  } else if (KIND == Q8_0) {
+    const __m512 d = _mm512_set1_ps(f16s(p1 + 2 * b));
+    const uint8_t *p = p0 + 32 * b;
+    x0 = (f16v)_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))), d);
+    x1 = (f16v)_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16)))), d);
+  } else if (KIND == Q4_0 || KIND == TQ4) {  // q4_0: low nibbles channels 0..15, high 16..31; tq4: the same lanes
+    const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p0 + 16 * b)));
+    const __m512i lo = _mm512_and_si512(c, _mm512_set1_epi32(15)), hi = _mm512_srli_epi32(c, 4);
+    if (KIND == TQ4) {
+      x0 = (f16v)_mm512_permutexvar_ps(lo, (__m512)cb);
+      x1 = (f16v)_mm512_permutexvar_ps(hi, (__m512)cb);
+    } else {
+      const __m512 d = _mm512_set1_ps(f16s(p1 + 2 * b)), e = _mm512_set1_ps(8.0f);
+      x0 = (f16v)_mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(lo), e), d);
+      x1 = (f16v)_mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(hi), e), d);
+    }
+  } else {
+    constexpr int B = code_bits(KIND);
+    const uint8_t *p = p0 + 4 * B * b;
+    const __m512i c0 = codes16<B>(p, 0), c1 = codes16<B>(p, 1);
+    if constexpr (is_cb(KIND)) {
+      x0 = (f16v)_mm512_permutexvar_ps(c0, (__m512)cb);
+      x1 = (f16v)_mm512_permutexvar_ps(c1, (__m512)cb);
+    } else {
+      x0 = (f16v)_mm512_cvtepi32_ps(c0);
+      x1 = (f16v)_mm512_cvtepi32_ps(c1);
+    }
+    if constexpr (is_ab(KIND)) {
+      const __m512 d = _mm512_set1_ps(f16s(p1 + 2 * b)), z = _mm512_set1_ps(f16s(p2 + 2 * b));
+      x0 = (f16v)_mm512_fmadd_ps((__m512)x0, d, z);
+      x1 = (f16v)_mm512_fmadd_ps((__m512)x1, d, z);
+    }
+  }
+#else
   if (KIND == F32) {
     x0 = ld((const float *)p0 + 32 * b); x1 = ld((const float *)p0 + 32 * b + 16);
   } else if (KIND == F16) {
@@ -222,12 +289,7 @@ static inline __attribute__((always_inline)) void load32(const uint8_t *p0, cons
     i16v c0, c1;
     for (int i = 0; i < 16; i++) { c0[i] = code_at<B>(p, i); c1[i] = code_at<B>(p, 16 + i); }
     if constexpr (is_cb(KIND)) {
-#if defined(__AVX512F__)
-      x0 = (f16v)_mm512_permutexvar_ps((__m512i)c0, (__m512)cb);
-      x1 = (f16v)_mm512_permutexvar_ps((__m512i)c1, (__m512)cb);
-#else
       for (int i = 0; i < 16; i++) { x0[i] = cb[c0[i]]; x1[i] = cb[c1[i]]; }
-#endif
     } else {
       x0 = __builtin_convertvector(c0, f16v);
       x1 = __builtin_convertvector(c1, f16v);
@@ -241,13 +303,9 @@ static inline __attribute__((always_inline)) void load32(const uint8_t *p0, cons
     u8x16 by; memcpy(&by, p0 + 16 * b, 16);
     i16v c = __builtin_convertvector(by, i16v);
     i16v lo = c & 15, hi = (c >> 4) & 15;
-#if defined(__AVX512F__)
-    x0 = (f16v)_mm512_permutexvar_ps((__m512i)lo, (__m512)cb);
-    x1 = (f16v)_mm512_permutexvar_ps((__m512i)hi, (__m512)cb);
-#else
     for (int i = 0; i < 16; i++) { x0[i] = cb[lo[i]]; x1[i] = cb[hi[i]]; }
-#endif
   }
+#endif
 }
 
 template <int KIND>
