@@ -167,3 +167,21 @@ def test_essays_corpus_is_the_reference_text(essays_file):
 
     data = essays_file.read_bytes()
     assert len(data) == 644_051 and hashlib.sha256(data).hexdigest() == SHA256
+
+
+def test_bench_rounds_pool_into_one_row_per_test():
+    """tightkv bench measures in rounds (the engines and KV types in turn): the rows of one
+    engine, type and test pool their runs, the median the figure; llama.cpp's build flags
+    are read off its system info."""
+    from tightkv.eval.bench import Row, llama_build, merge_runs
+
+    rows = [Row("tightkv", "f16", "tg32 @ d16", 16, 10.0, [10.0], 100, 5, 2.0),
+            Row("llama.cpp", "f16", "tg32 @ d16", 16, 8.0, [8.0], build="AVX2"),
+            Row("tightkv", "f16", "tg32 @ d16", 16, 30.0, [30.0], 100, 7, 6.0),
+            Row("tightkv", "f16", "tg32 @ d16", 16, 20.0, [20.0], 100, 6, 4.0)]
+    merged = merge_runs(rows)
+    assert [(r.engine, r.tok_s, r.tok_s_runs) for r in merged] == [("tightkv", 20.0, [10.0, 30.0, 20.0]),
+                                                                   ("llama.cpp", 8.0, [8.0])]
+    assert merged[0].peak_rss == 7 and merged[0].gb_s == 4.0 and rows[0].tok_s_runs == [10.0]
+    info = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 0 | FMA = 1 | LLAMAFILE = 1 | "
+    assert llama_build(info) == "SSE3 AVX AVX2 FMA LLAMAFILE"

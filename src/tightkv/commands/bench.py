@@ -29,7 +29,9 @@ def run(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..api import Model, default_threads
-    from ..eval.bench import LLAMA_SETTINGS, format_table, machine, run_llamacpp, run_tightkv
+    from itertools import zip_longest
+
+    from ..eval.bench import LLAMA_KV_TYPES, LLAMA_SETTINGS, format_table, machine, merge_runs, run_llamacpp, run_tightkv
 
     depths = int_list(ns.depths, "--depths")
     threads = ns.threads or default_threads()
@@ -44,19 +46,25 @@ def run(ns: argparse.Namespace) -> int:
     def show(row) -> None:
         print(row.summary(), file=sys.stderr, flush=True)
 
-    for kind in kinds:
-        rows += run_tightkv(model, kind, depths, ns.n_prompt, ns.n_gen, ns.reps, on_row=show)
-    if ns.vs_llamacpp:
-        for kind in dict.fromkeys(["f16", "q8_0"] + kinds):
-            print(f"llama.cpp {kind} ...", file=sys.stderr, flush=True)
-            rows += run_llamacpp(model.path, kind, depths, ns.n_prompt, ns.n_gen, ns.reps, threads, on_row=show)
+    theirs = [k for k in dict.fromkeys(["f16", "q8_0"] + kinds) if k in LLAMA_KV_TYPES] if ns.vs_llamacpp else []
+    for rnd in range(ns.reps):  # rounds, the engines and types taking turns, so drift hits all alike
+        jobs = [j for pair in zip_longest([("tightkv", k) for k in kinds], [("llama.cpp", k) for k in theirs])
+                for j in pair if j]
+        for engine, kind in jobs if rnd % 2 == 0 else jobs[::-1]:
+            if engine == "tightkv":
+                rows += run_tightkv(model, kind, depths, ns.n_prompt, ns.n_gen, 1, on_row=show)
+            else:
+                print(f"llama.cpp {kind} ...", file=sys.stderr, flush=True)
+                rows += run_llamacpp(model.path, kind, depths, ns.n_prompt, ns.n_gen, 1, threads, on_row=show)
+    rows = merge_runs(rows)
     print(format_table(rows))
     mach = machine()
-    print(f"model {model.path.name}, {threads} threads, medians of {ns.reps} runs; {mach['cpu']}, "
-          f"kernels {mach['kernels']}")
+    build = next((r.build for r in rows if r.build), "")
+    print(f"model {model.path.name}, {threads} threads, medians of {ns.reps} rounds (engines and types in turn); "
+          f"{mach['cpu']}, kernels {mach['kernels']}" + (f"; llama.cpp built with {build}" if build else ""))
     if ns.json:
         name = Path(ns.model).name if ns.model else "gemma3:270m"
         doc = {"model": str(model.path), "model_name": name, "threads": threads, "reps": ns.reps, "machine": mach,
-               "llama_settings": LLAMA_SETTINGS, "rows": [r.as_dict() for r in rows]}
+               "llama_settings": LLAMA_SETTINGS, "llama_build": build, "rows": [r.as_dict() for r in rows]}
         Path(ns.json).write_text(json.dumps(doc, indent=1))
     return 0

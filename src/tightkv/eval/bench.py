@@ -36,6 +36,7 @@ class Row:
     kv_bytes: int = 0
     peak_rss: int = 0
     gb_s: float = 0.0
+    build: str = ""  # llama.cpp rows: the instruction sets its library was built with
 
     def summary(self) -> str:
         """One line, as llama-bench prints a row when it finishes."""
@@ -44,7 +45,8 @@ class Row:
     def as_dict(self) -> dict:
         return {"engine": self.engine, "kv": self.kv, "test": self.test, "depth": self.depth,
                 "tok_s": round(self.tok_s, 2), "tok_s_runs": [round(x, 2) for x in self.tok_s_runs],
-                "kv_bytes": self.kv_bytes, "peak_rss": self.peak_rss, "gb_s": round(self.gb_s, 2)}
+                "kv_bytes": self.kv_bytes, "peak_rss": self.peak_rss, "gb_s": round(self.gb_s, 2),
+                **({"build": self.build} if self.build else {})}
 
 
 def bench_tokens(n: int, vocab: int, seed: int = 0) -> list[int]:
@@ -164,6 +166,7 @@ def _llama_child(path, kv, depths, n_prompt, n_gen, reps, threads, queue):
 
 
 def _llama_measure(path, kv, depths, n_prompt, n_gen, reps, threads):
+    import llama_cpp
     from llama_cpp import Llama
 
     ctx = max(depths + [n_prompt]) + n_gen + 8
@@ -192,7 +195,7 @@ def _llama_measure(path, kv, depths, n_prompt, n_gen, reps, threads):
                 m.eval([tok])
             runs.append((len(steps) - 1) / (time.perf_counter() - t))
         out.append(("tg", n_gen, depth, runs))
-    return out, peak_rss()
+    return out, peak_rss(), llama_build(llama_cpp.llama_print_system_info().decode())
 
 
 def run_llamacpp(path, kv: str, depths: list[int], n_prompt: int, n_gen: int, reps: int, threads: int,
@@ -214,12 +217,43 @@ def run_llamacpp(path, kv: str, depths: list[int], n_prompt: int, n_gen: int, re
     proc.join()
     if status != "ok":
         raise TightKVError(f"llama.cpp failed: {payload}")
-    measured, rss = payload
+    measured, rss, build = payload
     rows = []
     for kind, n, depth, runs in measured:
         rows.append(_report(Row("llama.cpp", kv, test_name(kind, n, depth), depth, statistics.median(runs), runs,
-                                peak_rss=rss), on_row))
+                                peak_rss=rss, build=build), on_row))
     return rows
+
+
+def llama_build(info: str) -> str:
+    """The x86 instruction sets in llama.cpp's system info ("CPU : SSE3 = 1 | AVX2 = 1 | ..."), as
+    "AVX2 FMA F16C AVX512 ..." (those set to 1), so a table says which build ran."""
+    flags = []
+    for part in info.replace("|", " | ").split("|"):
+        name, _, value = part.partition("=")
+        name = name.split(":")[-1].strip()
+        if value.strip() == "1" and name and name not in flags:
+            flags.append(name)
+    return " ".join(flags)
+
+
+def merge_runs(rows: list[Row]) -> list[Row]:
+    """One row per engine, KV type and test from rows measured in separate rounds: the runs
+    pooled, their median the figure (bandwidth scaled with it), in first-seen order."""
+    merged: dict[tuple, Row] = {}
+    for r in rows:
+        key = (r.engine, r.kv, r.test)
+        if key not in merged:
+            merged[key] = Row(**{**r.__dict__, "tok_s_runs": list(r.tok_s_runs)})
+            continue
+        m = merged[key]
+        m.tok_s_runs += r.tok_s_runs
+        m.kv_bytes, m.peak_rss = r.kv_bytes or m.kv_bytes, max(m.peak_rss, r.peak_rss)
+    for m in merged.values():
+        tps = statistics.median(m.tok_s_runs)
+        m.gb_s = m.gb_s / m.tok_s * tps if m.tok_s else 0.0
+        m.tok_s = tps
+    return list(merged.values())
 
 
 def format_table(rows: list[Row], bandwidth: float | None = None) -> str:
