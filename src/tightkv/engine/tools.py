@@ -2,20 +2,18 @@
 that forces a call (tool_choice "required" or a named function), and the parser that
 turns a reply back into (content, calls).
 
-Formats, by what the template says:
+Formats, by what the template says (`engine.tool_parse` reads them all back):
 - ``hermes``: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Qwen2.5, Qwen3, Hermes).
 - ``mistral``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}]``.
 - ``llama3``: a bare JSON object ``{"name": ..., "parameters": {...}}`` (Llama 3.1-3.3).
-The parser reads any of them, and the JSON object small models often write instead (bare
-or in a ```json fence), when its name is one of the request's tools.
 """
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 
 from ..errors import TightKVError
+from .tool_parse import parse_reply
 
 
 @dataclass
@@ -60,56 +58,19 @@ def call_grammar(fmt: str, tools: list[dict], name: str | None = None, parallel:
     return f"start: one{more}\none: call\n{call}"
 
 
-_TAG = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
-_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.S)
-
-
 def parse_tool_calls(text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
-    """(the content outside calls, the calls) of a reply; [] when it calls nothing."""
-    if "<tool_call>" in text:
-        calls = [c for body in _TAG.findall(text) for c in _calls(body, names)]
-        return _TAG.sub("", text).strip(), calls
-    if "[TOOL_CALLS]" in text:
-        head, _, body = text.partition("[TOOL_CALLS]")
-        return head.strip(), _calls(body, names)
-    for m in _FENCE.finditer(text):
-        calls = _calls(m.group(1), names)
-        if calls:
-            return (text[: m.start()] + text[m.end():]).strip(), calls
-    stripped = text.strip()
-    if stripped[:1] in "{[":
-        calls = _calls(stripped, names)
-        if calls:
-            return "", calls
-    return text, []
-
-
-def _calls(body: str, names: set[str]) -> list[ToolCall]:
-    """The calls in a JSON text: one object, a list of them, or objects one per line."""
-    try:
-        docs = [json.loads(body)]
-    except ValueError:
-        docs = []
-        for line in body.splitlines():
-            try:
-                docs.append(json.loads(line))
-            except ValueError:
-                continue
-    out = []
-    for doc in docs:
-        for item in doc if isinstance(doc, list) else [doc]:
-            if not isinstance(item, dict):
-                continue
-            item = item.get("function", item)
-            args = item.get("arguments", item.get("parameters", {}))
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args)
-                except ValueError:
-                    continue
-            if item.get("name") in names and isinstance(args, dict):
-                out.append(ToolCall(item["name"], args))
-    return out
+    """(the content outside calls, the calls) of a whole reply; [] when it calls nothing
+    (`engine.tool_parse` reads it, as it reads a streaming one)."""
+    parsed = parse_reply(text, names, final=True)
+    calls = []
+    for call in parsed.calls:
+        try:
+            arguments = json.loads(call.arguments)
+        except ValueError:
+            continue
+        if isinstance(arguments, dict):
+            calls.append(ToolCall(call.name, arguments))
+    return (parsed.content.strip(), calls) if calls else (text, [])
 
 
 def template_messages(messages: list[dict]) -> list[dict]:
