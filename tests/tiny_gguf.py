@@ -443,3 +443,32 @@ def write_phi3(path: str | Path, seed: int = 0, qtype: str = "F32", qtypes: Mapp
         t["rope_factors_short.weight"] = np.asarray(longrope["short_factor"], dtype=np.float32)
     vocab = llama_vocab(c["vocab"])
     return write_gguf(path, "phi3", metadata, t, vocab, qtype=qtype, qtypes=qtypes)
+
+
+def write_scripted_qwen3(path: str | Path, chain: list[str], template: str, extra_tokens: tuple[str, ...] = (),
+                         seed: int = 0) -> Path:
+    """A tiny Qwen3 whose greedy reply is written in advance: a bigram model. Attention and
+    MLP write nothing (their output matrices are zero), so each step's logits depend on the
+    last token alone, and the output matrix sends chain[i] to chain[i + 1]. chain[0] is the
+    prompt's last token (e.g. "Ċ", the byte-level newline a ChatML generation prompt ends
+    with), the rest is the reply, token by token, as vocabulary strings; `extra_tokens` are
+    added to the vocabulary (normal tokens no merge makes: the tokenizer never writes them,
+    the model may), e.g. a tag cut in two ("<th", "ink>")."""
+    c = {**FAMILY_DEFAULTS["qwen3"], "hidden": 128, "head_dim": 32, "vocab": 256 + 26 + 26 * 26 + 3, "tied": False}
+    vocab = bpe_vocab(c["vocab"], pre="qwen2", chat_template=template)
+    vocab.tokens += list(extra_tokens)
+    vocab.types += [NORMAL] * len(extra_tokens)
+    c["vocab"] = len(vocab.tokens)
+    t = hf_layout_tensors(seed, c, qk_norm=True)
+    rng = np.random.default_rng(seed + 1)
+    for i in range(c["layers"]):
+        t[f"blk.{i}.attn_output.weight"][:] = 0.0
+        t[f"blk.{i}.ffn_down.weight"][:] = 0.0
+    t["output_norm.weight"][:] = 1.0
+    emb = t["token_embd.weight"]
+    out = rng.normal(0.0, 0.01, size=emb.shape).astype(np.float32)
+    for a, b in zip(chain, chain[1:]):
+        row = emb[vocab.id(a)]
+        out[vocab.id(b)] += 10.0 * row / np.linalg.norm(row)
+    t["output.weight"] = out
+    return write_gguf(path, "qwen3", _family_metadata(c), t, vocab)

@@ -293,17 +293,42 @@ class Model:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         return stops if self.chat_template else stops + PLAIN_CHAT_STOPS
 
-    def chat_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    def chat_ids(self, messages: list[dict], tools: list[dict] | None = None, **options) -> list[int]:
         """Prompt token ids for a conversation; `tools` (OpenAI function specs) are rendered
-        by the chat template (`engine.tools.tool_format` says whether it takes them)."""
-        from .engine.chat import plain_prompt, render_chat
+        by the chat template (`engine.tools.tool_format` says whether it takes them). Options
+        as for `chat_text`."""
+        return self.chat_tokens(self.chat_text(messages, tools, **options))
 
-        if self.chat_template:
-            bos, eos = self._token_text(self.tokenizer.bos_id), self._token_text(self.tokenizer.eos_id)
-            extra = {"tools": tools} if tools else {}
-            text = render_chat(self.chat_template, messages, bos_token=bos, eos_token=eos, **extra)
-            return self.tokenize(text, add_bos=not (bos and text.startswith(bos)), special=True)
-        return self.tokenize(plain_prompt(messages))
+    def chat_text(self, messages: list[dict], tools: list[dict] | None = None, *,
+                  continue_final: bool | None = None, add_generation_prompt: bool = True,
+                  template_vars: dict | None = None) -> str:
+        """The prompt text of a conversation: through the chat template, or as plain text
+        for a model without one. A last message from the assistant is continued, not
+        answered in a new turn (`continue_final` None: whenever the assistant speaks last;
+        False: a new turn all the same). `add_generation_prompt=False` ends the text with
+        the last message's turn. `template_vars`: more template variables, e.g.
+        ``{"enable_thinking": False}`` (Qwen3)."""
+        from .engine.chat import continues, plain_prompt, render_chat, render_continuation
+
+        cont = continues(messages, continue_final)
+        if not self.chat_template:
+            return plain_prompt(messages, cont, add_generation_prompt)
+        bos, eos = self._token_text(self.tokenizer.bos_id), self._token_text(self.tokenizer.eos_id)
+        extra = dict(template_vars or {})
+        if tools:
+            extra["tools"] = tools
+        if cont:
+            return render_continuation(self.chat_template, messages, bos_token=bos, eos_token=eos, **extra)
+        return render_chat(self.chat_template, messages, bos_token=bos, eos_token=eos,
+                           add_generation_prompt=add_generation_prompt, **extra)
+
+    def chat_tokens(self, text: str) -> list[int]:
+        """The token ids of a prompt `chat_text` made (control tokens parsed in a template's
+        text; the BOS added unless the template wrote it)."""
+        if not self.chat_template:
+            return self.tokenize(text)
+        bos = self._token_text(self.tokenizer.bos_id)
+        return self.tokenize(text, add_bos=not (bos and text.startswith(bos)), special=True)
 
     def turn_cuts(self, ids: list[int]) -> list[int]:
         """Where the chat turns of a prompt begin (the positions of the token that opens

@@ -68,10 +68,31 @@ def render_chat(template: str, messages: list[dict], bos_token: str = "", eos_to
         raise TightKVError(f"chat template failed: {err}") from None
 
 
+def render_continuation(template: str, messages: list[dict], bos_token: str = "", eos_token: str = "",
+                        **extra) -> str:
+    """The prompt that continues the last message, an assistant's, instead of opening a new
+    turn (llama.cpp's server does it so): the conversation before it with the generation
+    prompt, then its content as written, with no end of turn."""
+    head = render_chat(template, messages[:-1], bos_token, eos_token, add_generation_prompt=True, **extra)
+    return head + messages[-1]["content"]
+
+
+def continues(messages: list[dict], continue_final: bool | None = None) -> bool:
+    """Whether a prompt continues the last message: by default when it is an assistant's;
+    asked for on any other, it is an error."""
+    last = messages[-1]["role"] if messages else None
+    if continue_final and last != "assistant":
+        raise TightKVError("continuing the final message needs an assistant message last")
+    return last == "assistant" if continue_final is None else continue_final
+
+
 PLAIN_CHAT_STOPS = ["\nUser:"]  # where a model without a template would write the next user turn
 
 
-def plain_prompt(messages: list[dict]) -> str:
-    """A model without a template (a base model) sees the conversation as plain text."""
-    lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
-    return "\n".join(lines) + "\nAssistant:"
+def plain_prompt(messages: list[dict], continue_final: bool = False, add_generation_prompt: bool = True) -> str:
+    """A model without a template (a base model) sees the conversation as plain text; a
+    continued last message ends the text as written."""
+    text = "\n".join(f"{m['role'].capitalize()}: {m['content']}" for m in messages)
+    if continue_final:
+        return text if messages[-1]["content"] else text.rstrip()
+    return text + "\nAssistant:" if add_generation_prompt else text

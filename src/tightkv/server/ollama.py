@@ -15,9 +15,11 @@ from .. import __version__
 from ..kernels import library
 from .common import (ApiError, JobStream, OllamaJSON, as_api_error, collect, events, finite, go_dumps, parse_body,
                      request_body, start_job, stop_list)
-from ..engine.tools import parse_tool_calls, template_messages, tool_format
-from .outputs import check_constraint, constraint_options
-from .scheduler import DONE, ERROR, PIECE, Prepared
+from ..engine.reasoning import thinking_tags
+from ..engine.tools import template_messages, tool_format
+from .outputs import check_constraint, constraint_options, ollama_logprobs
+from .replies import Delta, new_reply, ollama_calls, thinking_plan
+from .scheduler import DONE, ERROR, LOGPROB, PIECE, Prepared
 from .schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaPullRequest, OllamaShowRequest
 
 router = APIRouter(prefix="/api", tags=["Ollama"])
@@ -40,10 +42,34 @@ def _check(req, state) -> None:
         raise ApiError(404, f'model "{req.model}" not found (this server serves "{state.served.id}")')
 
 
-def _check_think(req, model_id: str, template: str | None) -> None:
-    """Ollama answers `think` for a model that does not think with a 400."""
-    if getattr(req, "think", None) and "<think>" not in (template or ""):
+THINK_LEVELS = ("high", "medium", "low", "max")
+
+
+def _think(req) -> bool | None:
+    """Ollama's `think`: a boolean, or a level (which means true); None when not given."""
+    if req.think is None or isinstance(req.think, bool):
+        return req.think
+    if req.think not in THINK_LEVELS:
+        raise ApiError(400, f'invalid think value: "{req.think}" (must be "high", "medium", "low", "max", true, '
+                            'or false)')
+    return True
+
+
+def _thinking(model, model_id: str, think: bool | None, options: dict) -> tuple[dict, bool]:
+    """Template variables and whether to split the reasoning off; `think` on a model that
+    does not think is Ollama's 400."""
+    if think and thinking_tags(model.chat_template) is None:
         raise ApiError(400, f'"{model_id}" does not support thinking')
+    return thinking_plan(model.chat_template, think, "json_schema" in options or "grammar" in options)
+
+
+def _logprobs(req, options: dict) -> None:
+    """Ollama's `logprobs` and `top_logprobs` (0-20) into the generation options."""
+    top = req.top_logprobs or 0
+    if not 0 <= top <= 20:
+        raise ApiError(400, "top_logprobs must be between 0 and 20")
+    if req.logprobs:
+        options["logprobs"] = top
 
 
 def _ready(state) -> None:
@@ -85,18 +111,26 @@ def _fit(model, ids: list[int], max_tokens: int | None, req) -> int:
     return room if max_tokens is None else min(max_tokens, room)
 
 
-def _final(job, stats) -> dict:
-    """The timing fields of Ollama's last record, durations in nanoseconds."""
+def _final(job, stats, logprobs: list | None = None, context: list[int] | None = None) -> dict:
+    """The fields of Ollama's last record after `done`: the reason, the logprobs still to
+    send (chat) or the context (generate), and the durations in nanoseconds."""
     total = time.perf_counter() - job.created
-    return {
-        "done_reason": stats.finish_reason,
+    out = {"done_reason": stats.finish_reason}
+    if context is not None:
+        out["context"] = context
+    elif logprobs:
+        out["logprobs"] = logprobs
+    out.update({
         "total_duration": int(total * 1e9),
         "load_duration": 0,
         "prompt_eval_count": stats.prompt_tokens - stats.cached_tokens,  # evaluated: the stored prefix is not
         "prompt_eval_duration": int(stats.prompt_seconds * 1e9),
         "eval_count": stats.generated_tokens,
         "eval_duration": int(stats.generation_seconds * 1e9),
-    }
+    })
+    if context is not None and logprobs:
+        out["logprobs"] = logprobs
+    return out
 
 
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -142,18 +176,65 @@ def _load_reply(state, model_id: str, req, chat: bool) -> OllamaJSON:
     return OllamaJSON(body)
 
 
-def _stream(job, model_id: str, piece, final) -> JobStream:
-    async def ndjson():
-        async for kind, value in events(job):
-            if kind == PIECE:
-                yield go_dumps({"model": model_id, "created_at": created_at(), **piece(value), "done": False}) + "\n"
-            elif kind == DONE:
-                yield go_dumps({"model": model_id, "created_at": created_at(), **piece(""), "done": True,
-                                **final(value)}) + "\n"
-            elif kind == ERROR:
-                yield go_dumps({"error": as_api_error(value).message}) + "\n"
+class Answer:
+    """How one chat or generate request answers: the `Reply` its text is read through, the
+    record fields a piece of it makes (`message` for chat, `response` for generate), and its
+    logprobs in Ollama's shape."""
 
-    return JobStream(job, ndjson(), "application/x-ndjson")
+    def __init__(self, job, model_id: str, chat: bool, shared: dict):
+        self.job, self.model_id, self.chat = job, model_id, chat
+        self.reply = new_reply(shared.get("names"), shared["template"], shared["prompt"], shared["split"])
+        self.tokenizer = shared["tokenizer"]
+
+    def fields(self, delta: Delta) -> dict:
+        if not self.chat:
+            return {"response": delta.content, **({"thinking": delta.reasoning} if delta.reasoning else {})}
+        message = {"role": "assistant", "content": delta.content}
+        if delta.reasoning:
+            message["thinking"] = delta.reasoning
+        if delta.done:
+            message["tool_calls"] = ollama_calls(delta.done)
+        return {"message": message}
+
+    def logprobs(self, lps: list) -> list | None:
+        return ollama_logprobs(self.tokenizer, lps) if lps else None
+
+    def final(self, stats, lps: list) -> dict:
+        context = None if self.chat else self.job.prompt + stats.ids
+        return _final(self.job, stats, self.logprobs(lps), context)
+
+    def record(self, fields: dict, done: bool, tail: dict | None = None) -> str:
+        return go_dumps({"model": self.model_id, "created_at": created_at(), **fields, "done": done,
+                         **(tail or {})}) + "\n"
+
+    async def whole(self, request: Request) -> OllamaJSON:
+        text, stats, lps = await collect(request, self.job)
+        reply = self.reply.whole(text)
+        delta = Delta(reasoning=reply.reasoning, content=reply.content, done=reply.complete_calls())
+        return OllamaJSON({"model": self.model_id, "created_at": created_at(), **self.fields(delta), "done": True,
+                           **self.final(stats, lps)})
+
+    def stream(self) -> JobStream:
+        async def ndjson():
+            held = []  # logprobs of tokens whose text is not out yet
+            async for kind, value in events(self.job):
+                if kind == LOGPROB:
+                    held.append(value)
+                elif kind == PIECE:
+                    delta = self.reply.feed(value)
+                    if delta:
+                        lp = self.logprobs(held)
+                        yield self.record(self.fields(delta), False, {"logprobs": lp} if lp else None)
+                        held = []
+                elif kind == DONE:
+                    delta = self.reply.finish()
+                    if delta:
+                        yield self.record(self.fields(delta), False)
+                    yield self.record(self.fields(Delta()), True, self.final(value, held))
+                elif kind == ERROR:
+                    yield go_dumps({"error": as_api_error(value).message}) + "\n"
+
+        return JobStream(self.job, ndjson(), "application/x-ndjson")
 
 
 @router.post("/chat", summary="Chat, streamed as NDJSON (default) or one JSON", openapi_extra=request_body(OllamaChatRequest))
@@ -171,42 +252,32 @@ async def chat(request: Request):
     if any(m.images for m in req.messages):
         raise ApiError(400, "images are not supported by this model")
     max_tokens, options = _options(req)
-    messages = [m.model_dump(exclude_none=True) for m in req.messages]
+    _logprobs(req, options)
+    think = _think(req)
+    messages = [_template_message(m.model_dump(exclude_none=True)) for m in req.messages]
     tools = req.tools or None
-    names = {t.get("function", {}).get("name") for t in tools or ()}
+    shared = {"names": {t.get("function", {}).get("name") for t in tools or ()}}
 
     def prepare(model) -> Prepared:
         check_constraint(model, options)
-        _check_think(req, model_id, model.chat_template)
+        template_vars, split = _thinking(model, model_id, think, options)
         if tools and tool_format(model.chat_template) is None:
             raise ApiError(400, f'registry.ollama.ai/library/{model_id} does not support tools')
         opts = dict(options, stop=model.chat_stops(options.get("stop")))
-        ids = model.chat_ids(template_messages(messages), tools)
+        text = model.chat_text(template_messages(messages), tools, template_vars=template_vars)
+        ids = model.chat_tokens(text)
+        shared.update(template=model.chat_template, prompt=text, split=split, tokenizer=model.tokenizer)
         return Prepared(ids, _fit(model, ids, max_tokens, req), opts)
 
-    job = await start_job(request, prepare)
+    answer = Answer(await start_job(request, prepare), model_id, True, shared)
+    return await answer.whole(request) if not req.stream else answer.stream()
 
-    def final(stats) -> dict:
-        return _final(job, stats)
 
-    def message(text: str) -> dict:
-        content, calls = parse_tool_calls(text, names) if names else (text, [])
-        out = {"role": "assistant", "content": content if calls else text}
-        if calls:
-            out["tool_calls"] = [{"function": {"index": i, "name": c.name, "arguments": c.arguments}}
-                                 for i, c in enumerate(calls)]
-        return out
-
-    if not req.stream or tools:  # a reply that may hold calls is parsed whole (one record, then the last)
-        text, stats, _ = await collect(request, job)
-        if not req.stream:
-            return OllamaJSON({"model": model_id, "created_at": created_at(), "message": message(text),
-                               "done": True, **final(stats)})
-        head = {"model": model_id, "created_at": created_at()}
-        lines = [go_dumps({**head, "message": message(text), "done": False}),
-                 go_dumps({**head, "message": {"role": "assistant", "content": ""}, "done": True, **final(stats)})]
-        return Response("".join(line + "\n" for line in lines), media_type="application/x-ndjson")
-    return _stream(job, model_id, lambda text: {"message": {"role": "assistant", "content": text}}, final)
+def _template_message(m: dict) -> dict:
+    """An Ollama message as chat templates read it: its `thinking` as `reasoning_content`."""
+    if "thinking" in m:
+        m["reasoning_content"] = m.pop("thinking")
+    return m
 
 
 @router.post("/generate", summary="Completion, streamed as NDJSON (default) or one JSON",
@@ -226,11 +297,14 @@ async def generate(request: Request):
         _ready(state)
         return _load_reply(state, model_id, req, chat=False)
     max_tokens, options = _options(req)
+    _logprobs(req, options)
+    think = _think(req)
     context = list(req.context or [])
+    shared: dict = {}
 
     def prepare(model) -> Prepared:
         check_constraint(model, options)
-        _check_think(req, model_id, model.chat_template)
+        template_vars, split = _thinking(model, model_id, think, options)
         vocab = model.tokenizer.vocab_size
         if any(not 0 <= t < vocab for t in context):
             raise ApiError(400, f"'context' token ids must be in [0, {vocab})")
@@ -239,23 +313,15 @@ async def generate(request: Request):
             ids = model.tokenize(text, add_bos=not context)
         else:
             messages = ([{"role": "system", "content": req.system}] if req.system else [])
-            ids = model.chat_ids(messages + [{"role": "user", "content": req.prompt}])
+            text = model.chat_text(messages + [{"role": "user", "content": req.prompt}], template_vars=template_vars)
+            ids = model.chat_tokens(text)
             if context and ids and ids[0] == model.tokenizer.bos_id:
                 ids = ids[1:]
+        shared.update(template=model.chat_template, prompt=text, split=split, tokenizer=model.tokenizer)
         return Prepared(context + ids, _fit(model, context + ids, max_tokens, req), options)
 
-    job = await start_job(request, prepare)
-
-    def final(stats) -> dict:
-        out = _final(job, stats)
-        out = {"done_reason": out.pop("done_reason"), "context": job.prompt + stats.ids, **out}
-        return out
-
-    if not req.stream:
-        text, stats, _ = await collect(request, job)
-        return OllamaJSON({"model": model_id, "created_at": created_at(), "response": text, "done": True,
-                           **final(stats)})
-    return _stream(job, model_id, lambda text: {"response": text}, final)
+    answer = Answer(await start_job(request, prepare), model_id, False, shared)
+    return await answer.whole(request) if not req.stream else answer.stream()
 
 
 def _listing(served, digest: str) -> dict:
@@ -308,7 +374,8 @@ async def show(request: Request):
         "template": served.chat_template or "{{ .Prompt }}",
         "details": served.details(),
         "model_info": info,
-        "capabilities": ["completion"] + (["tools"] if tool_format(served.chat_template) else []),
+        "capabilities": (["completion"] + (["tools"] if tool_format(served.chat_template) else [])
+                         + (["thinking"] if thinking_tags(served.chat_template) else [])),
         "modified_at": served.modified_at(),
         "tightkv": {"kv_cache_type": served.kv, "context_length": served.context_length, "kv_auto": served.kv_auto},
     })

@@ -2,7 +2,6 @@
 /v1/chat/completions, /v1/completions, /v1/models."""
 from __future__ import annotations
 
-import json
 import time
 import uuid
 
@@ -11,8 +10,9 @@ from starlette.responses import JSONResponse
 
 from .common import (ApiError, JobStream, as_api_error, collect_all, dumps, finite, parse_body, request_body,
                      start_choices, stop_list)
-from ..engine.tools import call_grammar, parse_tool_calls, template_messages, tool_format
+from ..engine.tools import call_grammar, template_messages, tool_format
 from .outputs import chat_logprobs, check_constraint, completion_logprobs, constraint_options
+from .replies import new_reply, openai_call_delta, thinking_plan
 from .scheduler import DONE, ERROR, LOGPROB, PIECE, Prepared
 from .schemas import ChatCompletionRequest, CompletionRequest
 
@@ -70,17 +70,28 @@ def _forced_call(choice) -> str | None:
                    param="tool_choice")
 
 
-def _reply(text: str, names: set[str], finish: str) -> tuple[dict, str]:
-    """The assistant message of a reply (its tool calls parsed out) and its finish reason."""
-    if not names:
-        return {"role": "assistant", "content": text}, finish
-    content, calls = parse_tool_calls(text, names)
-    if not calls:
-        return {"role": "assistant", "content": text}, finish
-    tool_calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                   "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
-                  for c in calls]
-    return {"role": "assistant", "content": content or None, "tool_calls": tool_calls}, "tool_calls"
+RESERVED_TEMPLATE_VARS = {"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"}
+
+
+def _template_vars(req) -> dict:
+    """chat_template_kwargs, checked; `reasoning_effort: "none"` asks a thinking model not to think."""
+    extra = dict(req.chat_template_kwargs or {})
+    taken = sorted(RESERVED_TEMPLATE_VARS & set(extra))
+    if taken:
+        raise ApiError(400, f"'chat_template_kwargs' may not set {', '.join(taken)}", param="chat_template_kwargs")
+    if req.reasoning_effort == "none":
+        extra.setdefault("enable_thinking", False)
+    return extra
+
+
+def _prompt_options(req) -> dict:
+    """How the prompt ends: vLLM's continue_final_message and add_generation_prompt."""
+    if req.continue_final_message and req.add_generation_prompt:
+        raise ApiError(400, "'continue_final_message' and 'add_generation_prompt' cannot both be true",
+                       param="continue_final_message")
+    if req.continue_final_message and req.messages[-1].role != "assistant":
+        raise ApiError(400, "'continue_final_message' needs an assistant message last", param="continue_final_message")
+    return {"continue_final": req.continue_final_message, "add_generation_prompt": req.add_generation_prompt is not False}
 
 
 def _choices(req, state) -> int:
@@ -133,6 +144,8 @@ async def chat_completions(request: Request):
                  "content": _text(m.content)} for m in req.messages]
     tools = _tools(req)
     names = {t["function"]["name"] for t in tools or ()}
+    template_vars, prompt_options = _template_vars(req), _prompt_options(req)
+    shared: dict = {}  # what the worker's prepare learns for the answer: the template, the prompt, the split
 
     def prepare(model) -> Prepared:
         opts = dict(options, stop=model.chat_stops(options["stop"]))
@@ -145,19 +158,30 @@ async def chat_completions(request: Request):
                 opts.pop("json_schema", None)
                 opts["grammar"] = call_grammar(fmt, tools, forced or None, req.parallel_tool_calls is not False)
         check_constraint(model, opts)
-        return Prepared(model.chat_ids(template_messages(messages), tools), max_tokens, opts)
+        think = template_vars.get("enable_thinking")
+        plan_vars, split = thinking_plan(model.chat_template, None if think is None else bool(think),
+                                         "json_schema" in opts or "grammar" in opts)
+        text = model.chat_text(template_messages(messages), tools, template_vars={**template_vars, **plan_vars},
+                               **prompt_options)
+        shared.update(template=model.chat_template, prompt=text, tokenizer=model.tokenizer,
+                      split=split and req.reasoning_format != "none")
+        return Prepared(model.chat_tokens(text), max_tokens, opts)
 
     n = _choices(req, state)
     group = await start_choices(request, lambda model, i: _seeded(prepare(model), i), n)
-    tokenizer = state.scheduler.model.tokenizer
+    tokenizer = shared["tokenizer"]
     cid, created, model_id = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()), state.served.id
+
+    def reply():
+        return new_reply(names, shared["template"], shared["prompt"], shared["split"])
+
     if not req.stream:
         choices, all_stats = [], []
         for i, (text, stats, lps) in enumerate(await collect_all(request, group)):
-            message, finish = _reply(text, names, stats.finish_reason)
-            choices.append({"index": i, "message": message,
+            answer = reply().whole(text)
+            choices.append({"index": i, "message": answer.openai_message(),
                             "logprobs": chat_logprobs(tokenizer, lps) if req.logprobs else None,
-                            "finish_reason": finish})
+                            "finish_reason": answer.finish_reason(stats.finish_reason)})
             all_stats.append(stats)
         return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": model_id,
                              "choices": choices, "usage": _usage(*all_stats)})
@@ -171,31 +195,28 @@ async def chat_completions(request: Request):
             body["usage"] = None
         return f"data: {dumps(body)}\n\n"
 
+    def deltas(answer, d) -> list[dict]:
+        """The chunks' deltas of what a piece added: reasoning, content, then call deltas."""
+        out = [{"reasoning_content": d.reasoning}] if d.reasoning else []
+        out += [{"content": d.content}] if d.content else []
+        return out + [{"tool_calls": [openai_call_delta(answer, e)]} for e in d.calls]
+
     async def sse():
         for i in range(n):
             yield chunk(i, {"role": "assistant", "content": ""})
-        # per choice: logprobs of tokens whose text is not out yet; with tools, the reply so far
-        held, text, finals = [[] for _ in range(n)], [[] for _ in range(n)], []
+        # per choice: its reply, and the logprobs of tokens whose text is not out yet
+        answers, held, finals = [reply() for _ in range(n)], [[] for _ in range(n)], []
         async for i, kind, value in group.events():
             if kind == LOGPROB:
                 held[i].append(value)
-            elif kind == PIECE and names:
-                text[i].append(value)  # a reply that may hold calls is parsed whole, then sent as deltas
-            elif kind == PIECE:
-                yield chunk(i, {"content": value}, lps=held[i])
-                held[i] = []
-            elif kind == DONE:
-                finish = value.finish_reason
-                if names:
-                    message, finish = _reply("".join(text[i]), names, finish)
-                    if message["content"]:
-                        yield chunk(i, {"content": message["content"]}, lps=held[i])
-                        held[i] = []
-                    for k, call in enumerate(message.get("tool_calls", [])):
-                        yield chunk(i, {"tool_calls": [{"index": k, **call}]})
+            elif kind in (PIECE, DONE):
+                for delta in deltas(answers[i], answers[i].feed(value) if kind == PIECE else answers[i].finish()):
+                    yield chunk(i, delta, lps=held[i])
+                    held[i] = []
+            if kind == DONE:
                 if held[i]:
                     yield chunk(i, {"content": ""}, lps=held[i])
-                yield chunk(i, {}, finish)
+                yield chunk(i, {}, answers[i].finish_reason(value.finish_reason))
                 finals.append(value)
                 if include_usage and len(finals) == n:
                     yield f"data: {dumps({**head, 'choices': [], 'usage': _usage(*finals)})}\n\n"

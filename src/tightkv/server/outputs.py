@@ -1,5 +1,5 @@
 """What the OpenAI and Ollama routes share about outputs beyond text: the grammar a
-request constrains its output to, and log-probabilities in OpenAI's two shapes."""
+request constrains its output to, and log-probabilities in OpenAI's two shapes and Ollama's."""
 from __future__ import annotations
 
 from .common import ApiError
@@ -76,3 +76,14 @@ def completion_logprobs(tokenizer, lps: list, offset: int = 0) -> dict:
         out["token_logprobs"].append(None if t is None else t.logprob)
         out["top_logprobs"].append(None if t is None else {_piece(tokenizer, i)[0]: v for i, v in t.top})
     return out
+
+
+def ollama_logprobs(tokenizer, lps: list) -> list[dict]:
+    """Ollama's `logprobs`: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}],
+    empty fields left out as Go's omitempty leaves them."""
+    def entry(token: int, logprob: float) -> dict:
+        text, raw = _piece(tokenizer, token)
+        return {"token": text, "logprob": logprob, **({"bytes": raw} if raw else {})}
+
+    return [{**entry(t.token, t.logprob), **({"top_logprobs": [entry(i, v) for i, v in t.top]} if t.top else {})}
+            for t in lps]

@@ -26,6 +26,7 @@ class ChatMessage(_Body):
     tool_calls: list[dict] | None = Field(None, description="an assistant's calls, arguments as JSON strings")
     tool_call_id: str | None = Field(None, description="the call a tool message answers")
     name: str | None = None
+    reasoning_content: str | None = Field(None, description="an assistant's reasoning, for templates that render it")
 
 
 class StreamOptions(_Body):
@@ -64,6 +65,15 @@ class ChatCompletionRequest(_OpenAISampling):
     parallel_tool_calls: bool | None = Field(None, description="more than one call per reply (default true)")
     logprobs: bool | None = Field(None, description="each output token's log-probability")
     top_logprobs: int | None = Field(None, ge=0, le=20, description="alternatives per token (needs logprobs)")
+    reasoning_format: Literal["auto", "deepseek", "none"] | None = Field(
+        None, description="llama.cpp's: a thinking model's reasoning in reasoning_content (auto, deepseek; the "
+                          "default) or left in the content (none)")
+    reasoning_effort: str | None = Field(None, description="'none' asks a thinking model not to think")
+    chat_template_kwargs: dict | None = Field(None, description="more chat template variables, e.g. "
+                                                                "{'enable_thinking': false} (Qwen3)")
+    continue_final_message: bool | None = Field(
+        None, description="continue the last message, an assistant's (default: whenever the assistant speaks last)")
+    add_generation_prompt: bool | None = Field(None, description="false: end the prompt with the last message's turn")
 
 
 class CompletionRequest(_OpenAISampling):
@@ -95,6 +105,7 @@ class OllamaMessage(_Body):
     images: list[str] | None = None
     tool_calls: list[dict] | None = Field(None, description="an assistant's calls, arguments as objects")
     tool_name: str | None = None
+    thinking: str | None = Field(None, description="an assistant's reasoning, for templates that render it")
 
 
 class _OllamaRequest(_Body):
@@ -102,8 +113,11 @@ class _OllamaRequest(_Body):
     stream: bool = True
     options: OllamaOptions | None = None
     format: str | dict | None = Field(None, description='"json" or a JSON schema: the output constrained to it')
-    think: bool | str | None = Field(None, description="a 400 for models whose template does not think")
+    think: bool | str | None = Field(None, description="true, false, or high/medium/low/max (true); a model that "
+                                                         "thinks does by default; a 400 for one that does not")
     keep_alive: str | int | float | None = None
+    logprobs: bool | None = Field(None, description="each output token's log-probability")
+    top_logprobs: int | None = Field(None, description="alternatives per token, 0-20 (with logprobs)")
 
 
 class OllamaChatRequest(_OllamaRequest):
