@@ -201,3 +201,66 @@ def test_langchain_with_structured_output(client, server):
     got = lo.ChatOllama(base_url=server.url, model=MODEL, temperature=0, num_predict=100).with_structured_output(
         Person, method="json_schema").invoke("Invent a person.")
     assert isinstance(got, Person)
+
+
+# --- Ollama's logprobs -------------------------------------------------------------------------
+GREEDY = {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 6}  # Ollama's default penalty would steer
+
+
+def test_ollama_chat_logprobs_match_the_model(server, embedded):
+    ollama = pytest.importorskip("ollama")
+    ask = [{"role": "user", "content": "Count to five."}]
+    r = ollama.Client(host=server.url).chat(model=MODEL, messages=ask, logprobs=True, top_logprobs=3, options=GREEDY)
+    ids = embedded.chat_ids(ask)
+    out = embedded.generate(ids, max_tokens=6, stop=embedded.chat_stops()).ids
+    steps = [s.logprob for s in embedded.generate(ids, max_tokens=6, logprobs=3, stream=True) if s.logprob]
+    logits = embedded.logits(ids + out[:-1])[len(ids) - 1:]
+    assert len(r.logprobs) == r.eval_count == len(out)
+    assert "".join(e.token for e in r.logprobs) == r.message.content
+    for i, entry in enumerate(r.logprobs):
+        assert entry.logprob == pytest.approx(steps[i].logprob, abs=1e-4)
+        assert np.exp(entry.logprob) == pytest.approx(np.exp(log_softmax(logits[i])[out[i]]), abs=0.02)
+        assert [t.logprob for t in entry.top_logprobs] == pytest.approx([v for _, v in steps[i].top], abs=1e-4)
+        assert entry.top_logprobs[0].token == entry.token  # greedy: the best token was taken
+
+
+def test_ollama_generate_logprobs_streamed_and_whole(server):
+    from test_server_helpers import ndjson_records, request
+
+    body = {"model": MODEL, "prompt": "One, two, three,", "raw": True, "logprobs": True, "options": GREEDY}
+    status, whole = post(server, "/api/generate", {**body, "stream": False})
+    assert status == 200 and len(whole["logprobs"]) == whole["eval_count"] == 6
+    assert all(set(e) == {"token", "logprob", "bytes"} for e in whole["logprobs"])  # no top_logprobs asked
+    assert all(bytes(e["bytes"]).decode() == e["token"] for e in whole["logprobs"])
+    assert list(whole).index("logprobs") == len(whole) - 1  # Go's field order: last on generate
+    status, _, raw = request(server, "POST", "/api/generate", body)
+    records = ndjson_records(raw)
+    streamed = [e for rec in records for e in rec.get("logprobs", [])]
+    assert [e["logprob"] for e in streamed] == pytest.approx([e["logprob"] for e in whole["logprobs"]], abs=1e-5)
+    for rec in records[:-1]:  # each record carries the logprobs of the tokens whose text it brings
+        assert "".join(e["token"] for e in rec.get("logprobs", [])) == rec["response"]
+    status, plain = post(server, "/api/generate", {**body, "logprobs": False, "stream": False})
+    assert "logprobs" not in plain
+    status, err = post(server, "/api/chat", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                                             "logprobs": True, "top_logprobs": 21})
+    assert status == 400 and err == {"error": "top_logprobs must be between 0 and 20"}
+
+
+# --- an assistant message last is continued --------------------------------------------------------
+def test_plain_continuation_without_a_template(client, server, embedded):
+    """The embedded Gemma has no chat template: the conversation is plain text, and a last
+    assistant message ends it as written (no "Assistant:" turn opened after it)."""
+    ollama = pytest.importorskip("ollama")
+    history = [{"role": "user", "content": "Count from one to ten."}, {"role": "assistant", "content": "one, two,"}]
+    text = "User: Count from one to ten.\nAssistant: one, two,"
+    ids = embedded.tokenize(text)
+    want = embedded.generate(ids, max_tokens=8, stop=embedded.chat_stops())
+    r = client.chat.completions.create(model=MODEL, messages=history, temperature=0, max_tokens=8)
+    assert r.choices[0].message.content == want.text and r.usage.prompt_tokens == len(ids)
+    r = ollama.Client(host=server.url).chat(model=MODEL, messages=history,
+                                            options={**GREEDY, "num_predict": 8})
+    assert r.message.content == want.text
+    # vLLM's way of asking for a new turn instead
+    turn = client.chat.completions.create(model=MODEL, messages=history, temperature=0, max_tokens=2,
+                                          extra_body={"continue_final_message": False})
+    assert turn.usage.prompt_tokens == len(embedded.tokenize(text + "\nAssistant:"))

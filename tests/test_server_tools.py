@@ -71,15 +71,38 @@ def test_named_call_then_the_result_answered(client):
     assert "21" in text
 
 
-def test_required_call_streamed_as_deltas(client):
+def test_required_call_streamed_as_fragments(client):
+    """OpenAI's stream of a call: a first delta with id, type, name and empty arguments, then
+    the arguments in fragments as the model writes them; the client's own accumulation
+    (`chat.completions.stream`) puts the call back together."""
     parts = list(client.chat.completions.create(model=model_id(client), messages=ASK, tools=[WEATHER, TIME],
                                                 tool_choice="required", temperature=0, max_tokens=80, stream=True,
                                                 parallel_tool_calls=False))
     deltas = [d for p in parts if p.choices for d in (p.choices[0].delta.tool_calls or [])]
     assert parts[-1].choices[0].finish_reason == "tool_calls"
-    assert len(deltas) == 1 and deltas[0].index == 0 and deltas[0].id.startswith("call_")
-    assert deltas[0].function.name in ("get_weather", "get_time")
-    assert isinstance(json.loads(deltas[0].function.arguments), dict)
+    first, *rest = deltas
+    assert first.index == 0 and first.id.startswith("call_") and first.type == "function"
+    assert first.function.name in ("get_weather", "get_time") and first.function.arguments == ""
+    assert len(rest) >= 3  # the arguments come in fragments
+    assert all(d.index == 0 and d.id is None and d.function.name is None and d.function.arguments for d in rest)
+    arguments = "".join(d.function.arguments for d in rest)
+    assert isinstance(json.loads(arguments), dict)
+
+    whole = client.chat.completions.create(model=model_id(client), messages=ASK, tools=[WEATHER, TIME],
+                                           tool_choice="required", temperature=0, max_tokens=80,
+                                           parallel_tool_calls=False)
+    (call,) = whole.choices[0].message.tool_calls
+    assert (call.function.name, call.function.arguments) == (first.function.name, arguments)
+
+    with client.chat.completions.stream(model=model_id(client), messages=ASK, tools=[WEATHER, TIME],
+                                        tool_choice="required", temperature=0, max_tokens=80,
+                                        parallel_tool_calls=False) as stream:
+        events = [e.type for e in stream]
+        final = stream.get_final_completion()
+    assert "tool_calls.function.arguments.delta" in events and "tool_calls.function.arguments.done" in events
+    (got,) = final.choices[0].message.tool_calls
+    assert (got.function.name, got.function.arguments) == (call.function.name, call.function.arguments)
+    assert final.choices[0].finish_reason == "tool_calls"
 
 
 def test_auto_and_none(client):
@@ -142,3 +165,56 @@ def test_langchain_ollama_bind_tools(server, client):
     msg = llm.bind_tools([WEATHER]).invoke(ASK[0]["content"])
     for call in msg.tool_calls:  # the model chooses (Ollama has no tool_choice); what it calls parses
         assert call["name"] == "get_weather" and isinstance(call["args"], dict)
+
+
+def test_langchain_streamed_call_chunks_merge(client):
+    """LangChain merges streamed tool-call chunks by index (name from the first, arguments
+    concatenated): the merged message holds the call with valid arguments."""
+    import functools
+    import operator
+
+    lc = pytest.importorskip("langchain_openai")
+    llm = lc.ChatOpenAI(base_url=str(client.base_url), api_key="unused", model=model_id(client), temperature=0,
+                        max_tokens=80)
+    chunks = list(llm.bind_tools([WEATHER], tool_choice="get_weather").stream(ASK[0]["content"]))
+    assert sum(1 for c in chunks if c.tool_call_chunks) >= 3
+    merged = functools.reduce(operator.add, chunks)
+    (call,) = merged.tool_calls
+    assert call["name"] == "get_weather" and "paris" in call["args"]["city"].lower()
+    jsonschema.validate(call["args"], WEATHER["function"]["parameters"])
+
+
+def test_ollama_streamed_calls_match_the_whole_reply(server, client):
+    """Ollama streams each call once complete (arguments as an object); the stream adds up to
+    the whole answer."""
+    ollama = pytest.importorskip("ollama")
+    c = ollama.Client(host=server.url)
+    options = {"temperature": 0, "num_predict": 80}
+    whole = c.chat(model=model_id(client), messages=ASK, tools=[WEATHER, TIME], options=options)
+    parts = list(c.chat(model=model_id(client), messages=ASK, tools=[WEATHER, TIME], options=options, stream=True))
+    calls = [(t.function.name, dict(t.function.arguments)) for p in parts for t in p.message.tool_calls or []]
+    assert calls == [(t.function.name, dict(t.function.arguments)) for t in whole.message.tool_calls or []]
+    assert "".join(p.message.content for p in parts) == whole.message.content
+
+
+def test_assistant_message_last_is_continued(server, client, qwen):
+    """An assistant message last is continued as llama.cpp's server does: the conversation
+    before it with the generation prompt, then its content as written, no end of turn."""
+    from tightkv import Model
+
+    history = [{"role": "user", "content": "Write a Python function that adds two numbers."},
+               {"role": "assistant", "content": "```python\ndef add("}]
+    m = Model(str(qwen), kv="kvarn4")
+    text = m.chat_text(history[:1]) + history[1]["content"]
+    assert m.chat_text(history) == text and text.endswith("<|im_start|>assistant\n```python\ndef add(")
+    ids = m.chat_tokens(text)
+    want = m.generate(ids, max_tokens=8, stop=m.chat_stops()).text
+    r = client.chat.completions.create(model=model_id(client), messages=history, temperature=0, max_tokens=8)
+    assert r.usage.prompt_tokens == len(ids) and r.choices[0].message.content == want
+    assert "a" in want and "<|im_start|>" not in want  # the signature goes on: no new turn
+    o = pytest.importorskip("ollama").Client(host=server.url).chat(
+        model=model_id(client), messages=history, options={"temperature": 0, "num_predict": 8, "repeat_penalty": 1.0})
+    assert o.message.content == want and o.prompt_eval_count <= len(ids)
+    vllm = client.chat.completions.create(model=model_id(client), messages=history, temperature=0, max_tokens=8,
+                                          extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    assert vllm.choices[0].message.content == want

@@ -78,12 +78,15 @@ def render_continuation(template: str, messages: list[dict], bos_token: str = ""
 
 
 def continues(messages: list[dict], continue_final: bool | None = None) -> bool:
-    """Whether a prompt continues the last message: by default when it is an assistant's;
-    asked for on any other, it is an error."""
-    last = messages[-1]["role"] if messages else None
-    if continue_final and last != "assistant":
+    """Whether a prompt continues the last message: by default when it is an assistant's
+    text (one that calls tools is answered, as its calls are rendered whole); asked for on
+    any other, it is an error."""
+    last = messages[-1] if messages else {}
+    if continue_final and last.get("role") != "assistant":
         raise TightKVError("continuing the final message needs an assistant message last")
-    return last == "assistant" if continue_final is None else continue_final
+    if continue_final is None:
+        return last.get("role") == "assistant" and not last.get("tool_calls")
+    return continue_final
 
 
 PLAIN_CHAT_STOPS = ["\nUser:"]  # where a model without a template would write the next user turn
