@@ -210,11 +210,13 @@ def ggml_block_dot(qtype: str, raw: np.ndarray, x: np.ndarray) -> tuple[np.ndarr
 
 def llamacpp_reference(path: Path, prompts: list[str] = PROMPTS, n_gen: int = N_GEN) -> dict:
     """llama.cpp on the GGUF at `path` (llama-cpp-python, 2 threads, f16 KV cache): for each
-    prompt, its tokens, `n_gen` greedy tokens with the top-2 margin at each step, and the top-20
-    logits after the prompt. Cached as JSON beside the file."""
+    prompt, its tokens, `n_gen` greedy tokens with the top-2 margin at each step, the top-20
+    logits after the prompt, and the same logits with the prompt fed one token at a time
+    (llama.cpp's batch and single-token kernels differ: its own spread). Cached as JSON
+    beside the file."""
     import json
 
-    cache = path.with_suffix(f".ref{len(prompts)}x{n_gen}.json")
+    cache = path.with_suffix(f".ref{len(prompts)}x{n_gen}b.json")
     if cache.exists():
         return json.loads(cache.read_text())
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from requantized import _run_llamacpp; "
@@ -244,8 +246,13 @@ def _run_llamacpp(path: str, prompts: list[str], n_gen: int) -> dict:
             gen.append(int(order[0]))
             margins.append(float(logits[order[0]] - logits[order[1]]))
             m.eval([gen[-1]])
+        m.reset()  # the prompt again, one token at a time: llama.cpp's own spread across its kernels
+        for t in ids:
+            m.eval([t])
+        again = np.array(m.scores[m.n_tokens - 1], dtype=np.float32)[top20["ids"]]
         cases.append({"prompt": prompt, "ids": ids, "generated_ids": gen, "top2_margins": margins,
-                      "top20_ids": top20["ids"], "top20_logits": top20["logits"]})
+                      "top20_ids": top20["ids"], "top20_logits": top20["logits"],
+                      "top20_logits_token_by_token": [float(v) for v in again]})
     return {"engine": "llama.cpp (llama-cpp-python), CPU, 2 threads, f16 KV", "cases": cases}
 
 
@@ -253,7 +260,8 @@ def compare(model, ref: dict, near_tie: float = 0.5) -> dict:
     """Our engine (`model`, a tightkv.Model on the same GGUF) against `llamacpp_reference`:
     per prompt, the first greedy step that differs (None if none) and whether llama.cpp's
     margin there was a near tie; the top-20 logit differences' max and mean; top-1 agreement
-    where llama.cpp's top-2 margin is at least `near_tie`."""
+    where llama.cpp's top-2 margin is at least `near_tie`; llama.cpp's own spread (its logits
+    from the batched prompt against those from one token at a time)."""
     rows, diffs = [], []
     for case in ref["cases"]:
         assert model.tokenize(case["prompt"]) == case["ids"], case["prompt"]
@@ -268,6 +276,9 @@ def compare(model, ref: dict, near_tie: float = 0.5) -> dict:
                      "top1_agrees": int(np.argmax(logits)) == case["top20_ids"][0] or not clear,
                      "top20_max": float(diff.max()), "text": model.detokenize(ours)})
     all_diffs = np.concatenate(diffs)
+    spread = np.concatenate([np.abs(np.array(c["top20_logits"]) - c["top20_logits_token_by_token"])
+                             for c in ref["cases"]])
     return {"cases": rows, "top20_max": float(all_diffs.max()), "top20_mean": float(all_diffs.mean()),
+            "llamacpp_self_max": float(spread.max()), "llamacpp_self_mean": float(spread.mean()),
             "greedy_ok": all(r["first_difference"] is None or r["near_tie_there"] for r in rows),
             "top1_ok": all(r["top1_agrees"] for r in rows)}
