@@ -497,3 +497,25 @@ def test_no_generation_prompt_same_as_transformers(family):
     extra = {"date_string": "26 Jul 2024"}
     ours = render_chat(template, messages, bos_token=bos, eos_token=eos, add_generation_prompt=False, **extra)
     assert ours == hf_render(family, messages, add_generation_prompt=False, **extra)
+
+
+def test_continuing_the_assistant_message():
+    """llama.cpp's prefill: the conversation before the last (assistant) message with the
+    generation prompt, then its content as written; a conversation of that message alone is
+    cut after its content (vLLM's continue_final_message)."""
+    from tightkv.engine.chat import continues, render_continuation
+
+    template, bos, eos = FAMILIES["qwen3"]
+    msgs = NO_SYSTEM + [{"role": "assistant", "content": "<think>\nFour"}]
+    text = render_continuation(template, msgs, bos, eos)
+    assert text == render_chat(template, msgs[:-1], bos, eos, add_generation_prompt=True) + "<think>\nFour"
+    assert text == CHATML_TURNS + "<think>\nFour"
+    gemma = FAMILIES["gemma3"]
+    assert render_continuation(gemma[0], [NO_SYSTEM[0], {"role": "assistant", "content": "Hel "}], *gemma[1:]) \
+        == "<bos><start_of_turn>user\nHi!<end_of_turn>\n<start_of_turn>model\nHel "  # not trimmed
+    assert render_continuation(template, [{"role": "assistant", "content": "Hello th"}], bos, eos) \
+        == "<|im_start|>assistant\nHello th"
+    assert continues(msgs) and not continues(NO_SYSTEM) and not continues(msgs, continue_final=False)
+    assert not continues([{"role": "assistant", "content": "", "tool_calls": [{}]}])
+    with pytest.raises(TightKVError):
+        continues(NO_SYSTEM, continue_final=True)

@@ -72,9 +72,17 @@ def render_continuation(template: str, messages: list[dict], bos_token: str = ""
                         **extra) -> str:
     """The prompt that continues the last message, an assistant's, instead of opening a new
     turn (llama.cpp's server does it so): the conversation before it with the generation
-    prompt, then its content as written, with no end of turn."""
-    head = render_chat(template, messages[:-1], bos_token, eos_token, add_generation_prompt=True, **extra)
-    return head + messages[-1]["content"]
+    prompt, then its content as written, with no end of turn. A conversation of that one
+    message (which many templates cannot render without it) is cut after its content, as
+    vLLM's continue_final_message does."""
+    content = messages[-1]["content"]
+    if len(messages) > 1:
+        return render_chat(template, messages[:-1], bos_token, eos_token, add_generation_prompt=True, **extra) + content
+    full = render_chat(template, messages, bos_token, eos_token, add_generation_prompt=False, **extra)
+    end = full.rfind(content) if content else -1
+    if end < 0:
+        raise TightKVError("cannot continue the assistant's message: the chat template does not write it as given")
+    return full[: end + len(content)]
 
 
 def continues(messages: list[dict], continue_final: bool | None = None) -> bool:
