@@ -31,7 +31,7 @@ struct Tables {
 static Tables tab;
 static unsigned loaded;       // bit i: table i was given
 static uint64_t sign8[256];   // a sign byte -> 8 bytes, 0xFF where its bit is set
-static uint64_t ksign8[128];  // a 7-bit sign index (ksigns_iq2xs: even parity) -> the same
+static uint8_t ksign[128];    // a 7-bit sign index -> 8 sign bits, the 8th giving even parity (ksigns_iq2xs)
 static uint32_t crumbs[256];  // a byte -> its 4 2-bit fields as bytes, low bits first
 
 static void init_derived() {
@@ -42,7 +42,7 @@ static void init_derived() {
     sign8[b] = m;
     crumbs[b] = (b & 3) | (b >> 2 & 3) << 8 | (b >> 4 & 3) << 16 | (uint32_t)(b >> 6) << 24;
   }
-  for (int i = 0; i < 128; i++) ksign8[i] = sign8[i | (__builtin_popcount(i) & 1) << 7];
+  for (int i = 0; i < 128; i++) ksign[i] = (uint8_t)(i | (__builtin_popcount(i) & 1) << 7);
 }
 
 // Table `which` from Python: 0 iq2xxs .. 5 iq1s grids as int8 (entries, width), 6 iq4,
@@ -68,8 +68,17 @@ static ALWAYS_INLINE B16 from64(uint64_t lo, uint64_t hi) { return (B16)(W2){lo,
 static ALWAYS_INLINE B16 from32(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return (B16)(W4){a, b, c, d}; }
 static ALWAYS_INLINE B16 load16(const uint8_t *p) { B16 v; memcpy(&v, p, 16); return v; }
 static ALWAYS_INLINE B16 splat(int8_t c) { return B16{c, c, c, c, c, c, c, c, c, c, c, c, c, c, c, c}; }
-// g with the lanes under mask m (0 or -1 per lane) negated
-static ALWAYS_INLINE B16 apply_signs(B16 g, B16 m) { return (g ^ m) - m; }
+// g with lane i negated where bit i of `bits` is set
+static ALWAYS_INLINE B16 negate_where(B16 g, unsigned bits) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+  return (B16)_mm_mask_sub_epi8((__m128i)g, (__mmask16)bits, _mm_setzero_si128(), (__m128i)g);
+#else
+  const B16 m = from64(sign8[bits & 255], sign8[(bits >> 8) & 255]);  // -1 in negated lanes
+  return (g ^ m) - m;
+#endif
+}
+// the sign bits of two 7-bit sign indices
+static ALWAYS_INLINE unsigned ksigns(unsigned a, unsigned b) { return ksign[a & 127] | ksign[b & 127] << 8; }
 
 // 16 codes 0..15 -> lut[code]
 static ALWAYS_INLINE B16 lut16(B16 idx, const int8_t *lut) {
@@ -94,10 +103,9 @@ struct Q1_0 {
   template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
     const float d = h2f(b);
     const B16 one = splat(1);
-    UNROLL for (int e = 0; e < 128; e += 32) {  // bit set: +1, else -1: 1 - 2 * (bit clear)
+    UNROLL for (int e = 0; e < 128; e += 32) {  // bit set: +1, else -1
       const uint8_t *p = b + 2 + e / 8;
-      const B16 c0 = ~from64(sign8[p[0]], sign8[p[1]]), c1 = ~from64(sign8[p[2]], sign8[p[3]]);
-      f(e, one + c0 + c0, one + c1 + c1, d, d);
+      f(e, negate_where(one, ~(p[0] | p[1] << 8)), negate_where(one, ~(p[2] | p[3] << 8)), d, d);
     }
   }
 };
@@ -195,10 +203,8 @@ struct NVFP4 {
     f(32, sub(b + 20), sub(b + 28), tab.ue4m3[b[2]], tab.ue4m3[b[3]]);
   }
 };
-// IQ2/IQ3: two groups of 8 magnitudes (g0, g1) with sign masks (m0, m1) -> 16 codes
-static ALWAYS_INLINE B16 signed16(uint64_t g0, uint64_t g1, uint64_t m0, uint64_t m1) {
-  return apply_signs(from64(g0, g1), from64(m0, m1));
-}
+// IQ2: two groups of 8 magnitudes (g0, g1) with their 16 sign bits -> 16 codes
+static ALWAYS_INLINE B16 signed16(uint64_t g0, uint64_t g1, unsigned bits) { return negate_where(from64(g0, g1), bits); }
 struct IQ2_XXS {
   enum { QK = 256, TS = 66, NEED = 1 << 0 };
   template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
@@ -208,8 +214,8 @@ struct IQ2_XXS {
       const uint32_t aux = u32(p + 4);
       const float s = d * (0.5f + (float)(aux >> 28)) * 0.25f;
       const uint64_t *g = tab.iq2xxs;
-      f(32 * ib, signed16(g[p[0]], g[p[1]], ksign8[aux & 127], ksign8[(aux >> 7) & 127]),
-        signed16(g[p[2]], g[p[3]], ksign8[(aux >> 14) & 127], ksign8[(aux >> 21) & 127]), s, s);
+      f(32 * ib, signed16(g[p[0]], g[p[1]], ksigns(aux, aux >> 7)), signed16(g[p[2]], g[p[3]], ksigns(aux >> 14, aux >> 21)),
+        s, s);
     }
   }
 };
@@ -223,8 +229,8 @@ struct IQ2_XS {
     UNROLL for (int ib = 0; ib < 8; ib++) {
       const int sc = b[66 + ib];
       const uint16_t *w = v + 4 * ib;
-      f(32 * ib, signed16(g[w[0] & 511], g[w[1] & 511], ksign8[w[0] >> 9], ksign8[w[1] >> 9]),
-        signed16(g[w[2] & 511], g[w[3] & 511], ksign8[w[2] >> 9], ksign8[w[3] >> 9]),
+      f(32 * ib, signed16(g[w[0] & 511], g[w[1] & 511], ksigns(w[0] >> 9, w[1] >> 9)),
+        signed16(g[w[2] & 511], g[w[3] & 511], ksigns(w[2] >> 9, w[3] >> 9)),
         d * (0.5f + (float)(sc & 15)) * 0.25f, d * (0.5f + (float)(sc >> 4)) * 0.25f);
     }
   }
@@ -238,8 +244,8 @@ struct IQ2_S {
     UNROLL for (int ib = 0; ib < 8; ib++) {
       const uint8_t *i = qs + 4 * ib, *m = sg + 4 * ib;
       const int h = qh[ib];  // 2 high index bits per group of 8
-      f(32 * ib, signed16(g[i[0] | (h & 3) << 8], g[i[1] | (h & 12) << 6], sign8[m[0]], sign8[m[1]]),
-        signed16(g[i[2] | (h & 48) << 4], g[i[3] | (h & 192) << 2], sign8[m[2]], sign8[m[3]]),
+      f(32 * ib, signed16(g[i[0] | (h & 3) << 8], g[i[1] | (h & 12) << 6], m[0] | m[1] << 8),
+        signed16(g[i[2] | (h & 48) << 4], g[i[3] | (h & 192) << 2], m[2] | m[3] << 8),
         d * (0.5f + (float)(sc[ib] & 15)) * 0.25f, d * (0.5f + (float)(sc[ib] >> 4)) * 0.25f);
     }
   }
@@ -254,9 +260,8 @@ struct IQ3_XXS {
       const uint32_t aux = u32(b + 66 + 4 * ib);  // 4 x 7 sign bits, 4 scale bits
       const float s = d * (0.5f + (float)(aux >> 28)) * 0.5f;
       f(32 * ib,
-        apply_signs(from32(g[i[0]], g[i[1]], g[i[2]], g[i[3]]), from64(ksign8[aux & 127], ksign8[(aux >> 7) & 127])),
-        apply_signs(from32(g[i[4]], g[i[5]], g[i[6]], g[i[7]]),
-                    from64(ksign8[(aux >> 14) & 127], ksign8[(aux >> 21) & 127])),
+        negate_where(from32(g[i[0]], g[i[1]], g[i[2]], g[i[3]]), ksigns(aux, aux >> 7)),
+        negate_where(from32(g[i[4]], g[i[5]], g[i[6]], g[i[7]]), ksigns(aux >> 14, aux >> 21)),
         s, s);
     }
   }
@@ -272,10 +277,11 @@ struct IQ3_S {
       const int h = qh[ib];  // the 9th index bit of each of the 8 entries
       const float s = d * (float)(1 + 2 * ((sc[ib / 2] >> (4 * (ib % 2))) & 15));
       f(32 * ib,
-        apply_signs(from32(g[i[0] | (h & 1) << 8], g[i[1] | (h & 2) << 7], g[i[2] | (h & 4) << 6], g[i[3] | (h & 8) << 5]),
-                    from64(sign8[m[0]], sign8[m[1]])),
-        apply_signs(from32(g[i[4] | (h & 16) << 4], g[i[5] | (h & 32) << 3], g[i[6] | (h & 64) << 2], g[i[7] | (h & 128) << 1]),
-                    from64(sign8[m[2]], sign8[m[3]])),
+        negate_where(from32(g[i[0] | (h & 1) << 8], g[i[1] | (h & 2) << 7], g[i[2] | (h & 4) << 6], g[i[3] | (h & 8) << 5]),
+                     m[0] | m[1] << 8),
+        negate_where(from32(g[i[4] | (h & 16) << 4], g[i[5] | (h & 32) << 3], g[i[6] | (h & 64) << 2],
+                            g[i[7] | (h & 128) << 1]),
+                     m[2] | m[3] << 8),
         s, s);
     }
   }
