@@ -2,6 +2,7 @@
 
     python bench/bench_qmatmul.py            # real weights from the embedded GGUF
     python bench/bench_qmatmul.py --random   # random blocks, no GGUF read
+    python bench/bench_qmatmul.py --types Q4_0,IQ4_XS,Q1_0 [--target avx2]  # every block type, one row
 
 Prints ms and GB/s (weight bytes read per call / time) for 1-row (decode) and
 64-row (prefill) inputs, then one decode step over every linear layer of the model.
@@ -56,12 +57,40 @@ def random_raw(qtype: str, rows: int, cols: int) -> torch.Tensor:
     return raw.reshape(rows, -1)
 
 
+def per_type(types: list[str], target: str | None, n: int = 2048, k: int = 2048, runs: int = 150) -> None:
+    """One row times an n x k matrix of random blocks of each type, on one thread, best of `runs`
+    (the best, not the median: the box is shared): the block dots' own speed, in cache."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_quants import random_blocks
+
+    lib = library.load(target) if target else library.library()
+    print(f"kernel: {library.simd_name(lib)}, {n}x{k}, 1 row, 1 thread, best of {runs}")
+    for qtype in types:
+        raw = torch.from_numpy(random_blocks(qtype, n, k, seed=1))
+        x, y = torch.randn(1, k), torch.empty(1, n)
+        args = (qm.TYPE_IDS[qtype], raw.data_ptr(), raw.stride(0), n, k, x.data_ptr(), 1, y.data_ptr(), 1)
+        best = float("inf")
+        for _ in range(runs):
+            t = time.perf_counter()
+            lib.tk_gemv(*args)
+            best = min(best, time.perf_counter() - t)
+        print(f"{qtype:8s} {best * 1e6:7.0f} us {n * k / best / 1e9:6.2f} Gweights/s {raw.numel() / best / 1e9:6.2f} GB/s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--types", default=None, help="comma-separated block types: the per-type kernel speed only")
+    ap.add_argument("--target", default=None, help="with --types: the kernel build (avx512, avx2, portable)")
     ap.add_argument("--random", action="store_true", help="random blocks instead of the embedded GGUF")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-reference", action="store_true")
     args = ap.parse_args()
+    if args.types:
+        per_type(args.types.split(","), args.target)
+        return
     torch.set_num_threads(args.threads)
 
     g = None
