@@ -168,7 +168,7 @@ def test_other_simd_builds(target, simd):
         pytest.skip("this CPU has no AVX-512")
     lib = library.load(target)
     assert lib.tk_simd() == simd
-    assert lib.tk_gemv_int8() == (simd == 256)  # AVX2 multiplies int8 activations, as llama.cpp does
+    assert lib.tk_gemv_int8() == (simd > 0)  # AVX2 and AVX-512 multiply int8 activations, as llama.cpp does
     for qtype in BLOCK_TYPES:
         lin = make_linear(qtype, seed=2)
         w = quants.dequantize(lin.raw, qtype, (OUT, IN))

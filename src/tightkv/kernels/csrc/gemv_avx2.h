@@ -12,7 +12,7 @@
 
 #include "blocks.h"
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#if defined(__AVX2__) && defined(__FMA__)
 #define TK_GEMV_I8 1
 
 namespace i8 {
@@ -175,6 +175,17 @@ struct XQ {
   int64_t K;
 };
 
+// Sums of four adjacent u8 x s8 products per int32 lane: one VNNI instruction where the
+// CPU has it (AVX-512 VNNI, on 256-bit registers), else maddubs and madd.
+static inline __m256i dot4(__m256i u8, __m256i s8, __m256i ones) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  (void)ones;
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u8, s8);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), ones);
+#endif
+}
+
 static inline int32_t hsum8i(__m256i v) {
   __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
@@ -229,7 +240,7 @@ static void rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ
         for (int m = 0; m < M; m++) {
           __m256i xv = ld256((const uint8_t *)(x.q + m * K + 32 * g));
           if (T::SIGNED) xv = _mm256_sign_epi8(xv, q);
-          const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, xv), ones);
+          const __m256i p = dot4(qa, xv, ones);
           acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(sv, _mm256_broadcast_ss(x.d + m * G + g)), acc[m]);
           if (T::MIN) mins[m] += m0 * x.hs[m * 2 * G + 2 * g] + m1 * x.hs[m * 2 * G + 2 * g + 1];
         }
