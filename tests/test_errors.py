@@ -67,12 +67,13 @@ def test_unsupported_architecture(tmp_path):
 
 
 def test_unsupported_tensor_type(tmp_path):
-    p = write_gemma3(tmp_path / "tq.gguf", qtypes={"blk.0.attn_q.weight": "MXFP4"})
+    """A block type no model file uses for weights (llama.cpp's activation type Q8_1)."""
+    p = write_gemma3(tmp_path / "q8_1.gguf", qtypes={"blk.0.attn_q.weight": "Q8_1"})
     from tightkv import Model
 
     with pytest.raises(GGUFError) as err:
         Model(p)
-    assert "MXFP4" in _one_line(err) and "blk.0.attn_q.weight" in str(err.value)
+    assert "Q8_1" in _one_line(err) and "blk.0.attn_q.weight" in str(err.value)
 
 
 def test_unknown_model_name():

@@ -133,6 +133,8 @@ def write_gguf(path: str | Path, arch: str, metadata: Mapping[str, Any], tensors
         gtype = GGMLQuantizationType[kind]
         if gtype == GGMLQuantizationType.F32:
             w.add_tensor(tname, t)
+        elif gtype.name in ("Q8_1", "Q8_K"):  # llama.cpp's activation types, no gguf-py codec: zero blocks
+            w.add_tensor(tname, np.zeros(gq.quant_shape_to_byte_shape(t.shape, gtype), np.uint8), raw_dtype=gtype)
         else:
             w.add_tensor(tname, gq.quantize(t, gtype), raw_dtype=gtype)
     w.write_header_to_file()
