@@ -282,3 +282,43 @@ def compare(model, ref: dict, near_tie: float = 0.5) -> dict:
             "llamacpp_self_max": float(spread.max()), "llamacpp_self_mean": float(spread.mean()),
             "greedy_ok": all(r["first_difference"] is None or r["near_tie_there"] for r in rows),
             "top1_ok": all(r["top1_agrees"] for r in rows)}
+
+
+def llamacpp_ppl(path: Path, text_file: Path, ctx: int, n_chunks: int) -> dict:
+    """llama.cpp's perplexity on `text_file` by tests/reference/mkppl.py's protocol (llama-perplexity's:
+    chunks of [BOS] + ctx-1 tokens, the second half of each scored), f16 KV, 2 threads. Cached beside
+    the file."""
+    import json
+
+    cache = path.with_suffix(f".ppl-{text_file.stem}-{ctx}x{n_chunks}.json")
+    if cache.exists():
+        return json.loads(cache.read_text())
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from requantized import _run_llamacpp_ppl; "
+            "print(json.dumps(_run_llamacpp_ppl(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))))")
+    proc = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent), str(path), str(text_file), str(ctx),
+                           str(n_chunks)], capture_output=True, text=True, check=True)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    cache.write_text(json.dumps(out))
+    return out
+
+
+def _run_llamacpp_ppl(path: str, text_file: str, ctx: int, n_chunks: int) -> dict:
+    import math
+
+    from llama_cpp import Llama
+
+    m = Llama(path, n_ctx=ctx, n_threads=2, n_batch=512, verbose=False, logits_all=True)
+    toks = m.tokenize(Path(text_file).read_text().encode(), add_bos=False)
+    nll = []
+    for i in range(n_chunks):
+        ids = [m.token_bos()] + toks[i * (ctx - 1):(i + 1) * (ctx - 1)]
+        m.reset()
+        m.eval(ids)
+        scores = np.array(m.scores[:len(ids)], dtype=np.float64)
+        for j in range(ctx // 2, len(ids) - 1):
+            row = scores[j]
+            top = row.max()
+            nll.append(top + math.log(np.exp(row - top).sum()) - row[ids[j + 1]])
+    nll = np.array(nll)
+    ppl = float(np.exp(nll.mean()))
+    return {"ppl": ppl, "stderr": float(ppl * nll.std() / math.sqrt(len(nll))), "n_scored": len(nll)}
