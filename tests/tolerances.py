@@ -11,6 +11,15 @@ def steps_rtol() -> float:
     return 5e-2 if lib is not None and lib.tk_gemv_int8() else 1e-2
 
 
+def prob_points() -> float:
+    """How far a decode step's token probability may sit from the same token's in one prefill
+    (`Model.logits`): 0.02 where the block dots take float32 activations, 0.03 where they take
+    int8 ones (AVX2, AVX-512 VNNI) while the prefill's tiles stay float32 (measured 0.022 on the
+    embedded Gemma's "Count to five.")."""
+    lib = library.library()
+    return 0.03 if lib is not None and lib.tk_gemv_int8() else 0.02
+
+
 def reference_mean_bound() -> float:
     """Mean top-20 logit distance allowed from llama.cpp: 0.2 where our block dots take
     float32 activations; 0.26 where they take int8 ones (AVX2 builds,
