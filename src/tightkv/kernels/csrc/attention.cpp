@@ -537,7 +537,37 @@ static inline __attribute__((always_inline)) void dot_key(const float *q, const 
       for (int i = 0; i < 4; i++)
         acc[u][i & 1] = _mm256_fmadd_ps(_mm256_loadu_ps(q + u * D + 32 * b + 8 * i), x[i], acc[u][i & 1]);
   }
-  for (int u = 0; u < NR; u++) dots[u] = hsum8(_mm256_add_ps(acc[u][0], acc[u][1]));
+  for (int u = 0; u < NR; u++) _mm256_storeu_ps(dots + 64 * u, _mm256_add_ps(acc[u][0], acc[u][1]));
+}
+
+// out rows (NR, W apart) += sum_j w[u][j] * vt_j over n decoded value vectors (vt: n, Dv), 32
+// channels at a time with the NR rows' sums in registers.
+template <int NR>
+static inline void add_decoded(float *o, int64_t W, const float *w, const float *vt, int64_t n, int64_t Dv) {
+  for (int64_t b = 0; b < Dv; b += 32) {
+    __m256 acc[NR][4];
+    for (int u = 0; u < NR; u++)
+      for (int i = 0; i < 4; i++) acc[u][i] = _mm256_loadu_ps(o + u * W + b + 8 * i);
+    for (int64_t j = 0; j < n; j++) {
+      const float *v = vt + j * Dv + b;
+      for (int u = 0; u < NR; u++) {
+        const __m256 pw = _mm256_broadcast_ss(w + u * BT + j);
+        for (int i = 0; i < 4; i++) acc[u][i] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(v + 8 * i), acc[u][i]);
+      }
+    }
+    for (int u = 0; u < NR; u++)
+      for (int i = 0; i < 4; i++) _mm256_storeu_ps(o + u * W + b + 8 * i, acc[u][i]);
+  }
+}
+
+// Lane k of the result: the sum of the 8 lanes of v[k] (8 keys' dots reduced at once).
+static inline __m256 lane_sums8(const float *v) {
+  const __m256 h0 = _mm256_hadd_ps(_mm256_loadu_ps(v), _mm256_loadu_ps(v + 8));
+  const __m256 h1 = _mm256_hadd_ps(_mm256_loadu_ps(v + 16), _mm256_loadu_ps(v + 24));
+  const __m256 h2 = _mm256_hadd_ps(_mm256_loadu_ps(v + 32), _mm256_loadu_ps(v + 40));
+  const __m256 h3 = _mm256_hadd_ps(_mm256_loadu_ps(v + 48), _mm256_loadu_ps(v + 56));
+  const __m256 h4 = _mm256_hadd_ps(h0, h1), h5 = _mm256_hadd_ps(h2, h3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(h4, h5, 0x20), _mm256_permute2f128_ps(h4, h5, 0x31));
 }
 
 template <int KIND, int NR>
@@ -800,6 +830,46 @@ static void score_block(Work &w, int64_t j0, int64_t n) {
       }
     return;
   }
+#if TK_AVX2
+  // few rows (decode), AVX2: each key decoded once per 4 rows; each row's dots with 8 keys
+  // stay in 8 lanes until one transposed sum reduces them together
+  alignas(32) float lanes[PRE_ROWS * 64];  // (rows, 8 keys, 8 lanes)
+  for (int64_t g = 0; g < n; g += 8) {
+    const int ng = n - g < 8 ? (int)(n - g) : 8;
+    alignas(32) float ks[8] = {};
+    for (int k = 0; k < 8; k++) {
+      const int64_t tok = j0 + g + k;
+      float *lk = lanes + 8 * k;
+      if (k >= ng) {
+        for (int64_t r = 0; r < nrows; r++) memset(lk + 64 * r, 0, 32);
+        continue;
+      }
+      const uint8_t *k0 = kb0 + tok * s.kt0, *k1 = kb1 ? kb1 + tok * s.kt1 : nullptr;
+      ks[k] = vec_scale<KK>(k1);
+      for (int64_t r0 = 0; r0 < nrows; r0 += 4) {
+        const int nr = nrows - r0 < 4 ? (int)(nrows - r0) : 4;
+        switch (nr) {
+          case 1: dot_key<KK, 1>(q + r0 * D, k0, k1, D, x->kcb, lk + 64 * r0); break;
+          case 2: dot_key<KK, 2>(q + r0 * D, k0, k1, D, x->kcb, lk + 64 * r0); break;
+          case 3: dot_key<KK, 3>(q + r0 * D, k0, k1, D, x->kcb, lk + 64 * r0); break;
+          default: dot_key<KK, 4>(q + r0 * D, k0, k1, D, x->kcb, lk + 64 * r0); break;
+        }
+      }
+    }
+    const __m256 ksv = _mm256_load_ps(ks), ninf = _mm256_set1_ps(-INFINITY);
+    const __m256i tokv = _mm256_add_epi32(_mm256_set1_epi32((int)(j0 + g)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int64_t r = 0; r < nrows; r++) {
+      __m256 v = lane_sums8(lanes + 64 * r);
+      if (kb) v = _mm256_add_ps(v, _mm256_set1_ps(kb[r]));
+      v = _mm256_mul_ps(v, ksv);
+      if (bias) v = _mm256_add_ps(v, _mm256_set1_ps(bias[r]));
+      const __m256i seen = _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)lo[r]), tokv),
+                                               _mm256_cmpgt_epi32(_mm256_set1_epi32((int)hi[r]), tokv));
+      _mm256_storeu_ps(sc + r * BT + g, _mm256_blendv_ps(ninf, v, _mm256_castsi256_ps(seen)));
+    }
+  }
+  (void)alive;
+#else
   for (int64_t j = 0; j < n; j++) {  // few rows (decode): each key decoded once per 4 rows
     const int64_t tok = j0 + j;
     const uint8_t *k0 = kb0 + tok * s.kt0, *k1 = kb1 ? kb1 + tok * s.kt1 : nullptr;
@@ -824,6 +894,7 @@ static void score_block(Work &w, int64_t j0, int64_t n) {
       }
     }
   }
+#endif
 }
 
 // The rows' states += their softmax weights (w.sc) times the values of tokens j0 .. j0+n-1.
@@ -881,6 +952,24 @@ static void value_block(Work &w, int64_t j0, int64_t n) {
       const float *a = pv + r * Dv;
       for (int64_t i = 0; i < Dv; i++) o[i] += a[i];
     }
+#if TK_AVX2
+  } else if constexpr (VK != F32 && VK != F16 && VK != BF16) {  // codes: each token decoded once, for all rows
+    float *vt = w.vt;
+    for (int64_t j = 0; j < n; j++)
+      decode_vec<VK>(v0 + j * s.vt0, v1 ? v1 + j * s.vt1 : nullptr, v2 ? v2 + j * s.vt2 : nullptr, Dv, x->vcb,
+                     vt + j * Dv);
+    for (int64_t r0 = 0; r0 < nrows; r0 += 3) {
+      const int nr = nrows - r0 < 3 ? (int)(nrows - r0) : 3;
+      if (!(alive[r0] | alive[r0 + 1] | alive[r0 + 2])) continue;
+      float *o = out + r0 * W;
+      const float *wr = sc + r0 * BT;
+      switch (nr) {
+        case 1: add_decoded<1>(o, W, wr, vt, n, Dv); break;
+        case 2: add_decoded<2>(o, W, wr, vt, n, Dv); break;
+        default: add_decoded<3>(o, W, wr, vt, n, Dv); break;
+      }
+    }
+#endif
   } else {
     for (int64_t r0 = 0; r0 < nrows; r0 += VROWS) {
       const int nr = nrows - r0 < VROWS ? (int)(nrows - r0) : VROWS;
@@ -937,7 +1026,7 @@ static void chunk_fn_attn(const void *p, int64_t c) {
     o[Dv] = -INFINITY; o[Dv + 1] = 0.f;
   }
   const bool many = nrows >= PRE_ROWS;
-  std::vector<float> sc(nrows * BT), kT(many ? D * BT : 0), kscl(BT), vt(many ? BT * (D > Dv ? D : Dv) : 0),
+  std::vector<float> sc(nrows * BT), kT(many ? D * BT : 0), kscl(BT), vt(many || TK_AVX2 ? BT * (D > Dv ? D : Dv) : 0),
       pv(many ? nrows * Dv : 0), qt(is_ak(s.kkind) ? nrows * D : 0), kb(nrows), tmp(is_av(s.vkind) ? nrows * W : 0),
       z(nrows);
   std::vector<int64_t> lo(nrows), hi(nrows);
