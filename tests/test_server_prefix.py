@@ -1,7 +1,8 @@
 """Prefix reuse in `tightkv serve`, through the official `openai` client and Ollama's
 API on loopback: a request reuses the longest stored prefix of its prompt that ends
-where a cold prefill ends a chunk (the 512-token grid, the start of a chat turn), or
-the whole prompt with its logits. Reuse is exact: greedy output equals a server that
+where a cold prefill ends a chunk with the same chunks before it (the 512-token grid,
+the start of a chat turn, after a turn's last paragraph break), or the whole prompt
+with its logits. Reuse is exact: greedy output equals a server that
 stores nothing (`--cache-ram 0`), and usage says what was reused. Prefixes of 1,024
 tokens or more are also kept on disk, so a restarted server starts warm."""
 from __future__ import annotations
@@ -49,6 +50,14 @@ def _chat(server, content, model=MODEL, max_tokens=12):
     return r.choices[0].message.content, r.usage
 
 
+def _paragraph_cut(content: str) -> int:
+    """Where a prompt's last paragraph break ends: the document before the question."""
+    from tightkv import Model
+
+    model = Model(MODEL)
+    return model.prompt_cuts(model.chat_ids([{"role": "user", "content": content}]))[-1]
+
+
 def test_repeat_and_new_question_reuse_the_document_exactly(gemma, document):
     warm, cold = gemma
     q1 = document + "\n\nQuestion: What is the first essay about?\nAnswer:"
@@ -57,8 +66,8 @@ def test_repeat_and_new_question_reuse_the_document_exactly(gemma, document):
     assert u1.prompt_tokens > 1100 and u1.prompt_tokens_details.cached_tokens == 0
     again, u = _chat(warm, q1)  # the whole prompt, and its logits, come from the store
     assert again == text1 and u.prompt_tokens_details.cached_tokens == u.prompt_tokens
-    text2, u2 = _chat(warm, q2)  # the document's first 1,024 tokens (the prefill grid) are reused
-    assert u2.prompt_tokens_details.cached_tokens == 1024
+    text2, u2 = _chat(warm, q2)  # the document, up to the blank line before the question, is reused
+    assert u2.prompt_tokens_details.cached_tokens == _paragraph_cut(q2) > 1024
     assert (text1, text2) == (_chat(cold, q1)[0], _chat(cold, q2)[0])  # what a server storing nothing says
     # Ollama counts the evaluated tokens only
     status, doc = post(warm, "/api/chat", {"model": MODEL, "messages": [{"role": "user", "content": q2}],
@@ -137,16 +146,17 @@ def test_a_restarted_server_starts_warm_from_disk(tmp_path, document):
     text1, u1 = served(lambda srv: _chat(srv, q1))
     listed = cli("cache", "--json", env=env)
     rows = [r for r in json.loads(listed.stdout) if r["kind"] == "prompt"]
-    assert sorted(r["tokens"] for r in rows) == [1024, u1.prompt_tokens], rows
+    cut = _paragraph_cut(q1)
+    assert sorted(r["tokens"] for r in rows) == [1024, cut, u1.prompt_tokens], rows
     (again, u), (text2, u2) = served(lambda srv: (_chat(srv, q1), _chat(srv, q2)))
     assert again == text1 and u.prompt_tokens_details.cached_tokens == u.prompt_tokens
-    assert u2.prompt_tokens_details.cached_tokens == 1024
+    assert u2.prompt_tokens_details.cached_tokens == cut
     whole = next(r["path"] for r in rows if r["tokens"] == u1.prompt_tokens)
     with open(whole, "r+b") as f:  # damage the stored tensors
         f.seek(-64, 2)
         f.write(b"\0" * 64)
     damaged, u3, log = served(lambda srv: (*_chat(srv, q1), srv.output()))
-    assert damaged == text1 and u3.prompt_tokens_details.cached_tokens == 1024  # rebuilt from the 1,024 prefix
+    assert damaged == text1 and u3.prompt_tokens_details.cached_tokens == cut  # rebuilt from the document's file
     assert "checksum mismatch" in log and "rebuilding" in log
     gone = cli("cache", "rm", "--all", env=env)
     assert gone.returncode == 0 and "deleted" in gone.stdout and "no cached" in cli("cache", env=env).stdout

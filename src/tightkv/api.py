@@ -251,7 +251,7 @@ class Model:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         cache = cache if cache is not None else self.new_cache()
         if prompt_cache is None:
-            prompt_cache = PromptCache(cuts=tuple(self.turn_cuts(ids)))  # chunks end where chat turns begin
+            prompt_cache = PromptCache(cuts=tuple(self.prompt_cuts(ids)))  # chunks end where chat turns begin
         constraint = self.constraint(json_schema, grammar)
         return Sequence(self.net, self.tokenizer, ids, cache, Sampler(params), limit, stops, progress, prompt_cache,
                         constraint, logprobs)
@@ -339,6 +339,29 @@ class Model:
             self._turn_token = self._find_turn_token()
         t = self._turn_token
         return [] if t is None else [i for i, x in enumerate(ids) if x == t and i > 0]
+
+    def prompt_cuts(self, ids: list[int]) -> list[int]:
+        """The extra prefill chunk ends of a prompt: where its chat turns begin
+        (`turn_cuts`), and just after each turn's last paragraph break ("\\n\\n"; in the
+        last turn, only past the prompt's last prefill grid point). A question asked after
+        a document in the same message then finds that document stored up to the break,
+        whatever the question; a conversation's next turn has the same cuts in its
+        earlier turns, and its grid points stay stored."""
+        from .engine.generate import PREFILL_CHUNK
+
+        turns = self.turn_cuts(ids)
+        grid = len(ids) // PREFILL_CHUNK * PREFILL_CHUNK
+        cuts = set(turns)
+        for start, end in zip([0, *turns], [*turns, len(ids)]):
+            last = next((i for i in range(end - 1, start, -1) if self._paragraph_ends(ids, i)), None)
+            if last is not None and last + 1 < end and (end < len(ids) or last + 1 > grid):
+                cuts.add(last + 1)
+        return sorted(cuts)
+
+    def _paragraph_ends(self, ids: list[int], i: int) -> bool:
+        """Whether the text up to token i ends with a blank line."""
+        piece = self.tokenizer.token_bytes(ids[i])
+        return piece.endswith(b"\n\n") or (piece == b"\n" and self.tokenizer.token_bytes(ids[i - 1]).endswith(b"\n"))
 
     def _find_turn_token(self) -> int | None:
         from .engine.chat import render_chat

@@ -10,9 +10,10 @@ prompt row computes still depends on the prefill chunk it falls in (the weight
 kernels' path for a few rows or many, the attention sums), which is why entries
 are taken and used only at chunk ends.
 
-Entries are found by exact token ids at the lengths a caller names (`best`), in
-RAM and then on disk: an RLV read names where each of its sections ends; the
-server names the new prompt's chunk ends (`engine.generate.chunk_ends`), so the
+Entries are found by exact token ids, and the chunk ends off the grid they were
+filled with, at the lengths a caller names (`best`), in RAM and then on disk: an RLV read names where each of its sections ends; the
+server names the new prompt's chunk ends (`engine.generate.chunk_ends`: the grid,
+chat turns, a turn's last paragraph break), so the
 rest is computed exactly as a cold prefill computes it, and the prompt's own
 length, whose entry brings the logits after it (nothing is prefilled then). A store belongs to one model and one KV spec; the
 disk files carry the same checks as the document cache (`store.cache_key`).
@@ -39,6 +40,11 @@ def default_ram_budget() -> int:
     return available_ram() // 4
 
 
+def _key(ids: list[int], cuts: tuple) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """An entry's key: its token ids, and the chunk ends off the grid before its end."""
+    return tuple(ids), tuple(c for c in cuts if c < len(ids))
+
+
 def _state_bytes(states: list[dict]) -> int:
     return sum(t.numel() * t.element_size() for s in states for t in s.values())
 
@@ -62,8 +68,8 @@ class PrefixStore:
         self.disk, self.disk_tokens, self.disk_bytes = disk, disk_tokens, disk_bytes
         self.doc, self.kind = doc, kind  # named in the disk files' headers
         self.notice = notice
-        # ids -> (each layer's state, bytes, the logits after the last token or None)
-        self._ram: collections.OrderedDict[tuple[int, ...], tuple[list[dict], int, torch.Tensor | None]] = \
+        # (ids, cuts: `_key`) -> (each layer's state, bytes, the logits after the last token or None)
+        self._ram: collections.OrderedDict[tuple, tuple[list[dict], int, torch.Tensor | None]] = \
             collections.OrderedDict()
         self.bytes = 0
         self.hits = self.misses = self.reused_tokens = 0
@@ -72,31 +78,34 @@ class PrefixStore:
         return len(self._ram)
 
     # --- lookup ---------------------------------------------------------------------
-    def _entry(self, ids: list[int]) -> tuple[list, torch.Tensor | None] | None:
-        """(a fresh cache holding exactly `ids`, the logits after them or None), from RAM,
-        else from disk (then remembered in RAM), or None."""
-        key = tuple(ids)
+    def _entry(self, ids: list[int], cuts: tuple) -> tuple[list, torch.Tensor | None] | None:
+        """(a fresh cache holding exactly `ids`, filled with chunk ends at `cuts` off the
+        grid, the logits after them or None), from RAM, else from disk (then remembered
+        in RAM), or None."""
+        key = _key(ids, cuts)
         if key in self._ram:
             self._ram.move_to_end(key)
             states, _, logits = self._ram[key]
             return self._restore(states), logits
         if self.disk is None or len(ids) < self.disk_tokens:
             return None
-        cache, extras = self.disk.load_entry(self.model, self.kv, list(ids), notice=self.notice)
+        cache, extras = self.disk.load_entry(self.model, self.kv, list(ids), notice=self.notice, cuts=key[1])
         if cache is None:
             return None
         logits = extras.get("logits")
         self._remember(key, [c.state() for c in cache], logits)
         return cache, logits
 
-    def best(self, ids: list[int], ends: list[int], complete: bool = False
+    def best(self, ids: list[int], ends: list[int], complete: bool = False, cuts: tuple = ()
              ) -> tuple[int, list | None, torch.Tensor | None]:
         """The longest stored prefix of `ids` among the lengths `ends`: (its length, a fresh
-        cache holding it, the logits after it or None), or (0, None, None). With
-        `complete` (ids is a whole prompt, and something must predict its next token) an
-        entry of all of `ids` counts only with its logits."""
+        cache holding it, the logits after it or None), or (0, None, None). Only an entry
+        filled with the same chunk ends counts (`cuts`: those off the grid; what a row
+        computes depends on its chunk). With `complete` (ids is a whole prompt, and
+        something must predict its next token) an entry of all of `ids` counts only with
+        its logits."""
         for n in sorted({e for e in ends if 0 < e <= len(ids)}, reverse=True):
-            found = self._entry(ids[:n])
+            found = self._entry(ids[:n], cuts)
             if found is not None and not (complete and n == len(ids) and found[1] is None):
                 return self._hit(n), found[0], found[1]
         self.misses += 1
@@ -127,11 +136,12 @@ class PrefixStore:
                     after=lambda e: self.put(ids[:e], cache) if e in keep else None)
         return reused, cache
 
-    def put(self, ids: list[int], cache: list, logits: torch.Tensor | None = None) -> None:
-        """Store a copy of `cache` (which holds exactly `ids`; `logits`, if given, are those
-        after its last token) in RAM, and on disk when long enough (then the disk's
-        files of this kind are pruned to `disk_bytes`). The cache stays the caller's."""
-        key = tuple(ids)
+    def put(self, ids: list[int], cache: list, logits: torch.Tensor | None = None, cuts: tuple = ()) -> None:
+        """Store a copy of `cache` (which holds exactly `ids`, filled with chunk ends at
+        `cuts` off the grid; `logits`, if given, are those after its last token) in RAM,
+        and on disk when long enough (then the disk's files of this kind are pruned to
+        `disk_bytes`). The cache stays the caller's."""
+        key = _key(ids, cuts)
         if key in self._ram:
             self._ram.move_to_end(key)
             states, size, held = self._ram[key]
@@ -141,7 +151,8 @@ class PrefixStore:
         self._remember(key, [c.state() for c in cache], None if logits is None else logits.clone())
         if self.disk is not None and len(ids) >= self.disk_tokens:
             extras = {"logits": logits} if logits is not None else None
-            path = self.disk.save(self.model, self.doc, self.kv, list(ids), cache, kind=self.kind, extras=extras)
+            path = self.disk.save(self.model, self.doc, self.kv, list(ids), cache, kind=self.kind, extras=extras,
+                                  cuts=key[1])
             if self.disk_bytes is not None:
                 self.disk.prune(self.disk_bytes, self.kind, keep=path)
 

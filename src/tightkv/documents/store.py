@@ -92,10 +92,14 @@ def _spec_text(kv) -> str:
     return json.dumps([s.k, s.v, s.sink, s.recent, list(map(list, s.overrides)), s.seed])
 
 
-def cache_key(model, kv, ids: list[int]) -> dict:
-    """The fields that must all match for a file to be used."""
-    return {"format": FORMAT, "model": model_identity(model), "ids_sha256": ids_digest(ids),
-            "tokens": str(len(ids)), "kv": _spec_text(kv), "code": code_fingerprint()}
+def cache_key(model, kv, ids: list[int], cuts: tuple = ()) -> dict:
+    """The fields that must all match for a file to be used. `cuts`: the prefill chunk
+    ends off the grid that the cache was filled with (`engine.generate.chunk_ends`)."""
+    key = {"format": FORMAT, "model": model_identity(model), "ids_sha256": ids_digest(ids),
+           "tokens": str(len(ids)), "kv": _spec_text(kv), "code": code_fingerprint()}
+    if cuts:
+        key["cuts"] = ",".join(map(str, cuts))
+    return key
 
 
 def _key_hash(fields: dict) -> str:
@@ -112,16 +116,16 @@ class DocumentStore:
     def __init__(self, root: str | os.PathLike | None = None):
         self.root = Path(root) if root is not None else documents_dir()
 
-    def path_for(self, model, doc, kv, ids: list[int]) -> Path:
-        return self.root / f"{_key_hash(cache_key(model, kv, ids))}.safetensors"
+    def path_for(self, model, doc, kv, ids: list[int], cuts: tuple = ()) -> Path:
+        return self.root / f"{_key_hash(cache_key(model, kv, ids, cuts))}.safetensors"
 
     # --- save -------------------------------------------------------------------------
     def save(self, model, doc, kv, ids: list[int], cache: list, kind: str = "document",
-             extras: dict[str, torch.Tensor] | None = None) -> Path:
+             extras: dict[str, torch.Tensor] | None = None, cuts: tuple = ()) -> Path:
         """Write the cache's per-layer states (atomically: a temp file, then rename).
         `kind` says what the prefix is (a whole document, an RLV read, a server prompt),
         for listings and pruning; `extras` are more tensors kept beside it (the logits
-        after a server prompt), under checksum like the rest."""
+        after a server prompt), under checksum like the rest; `cuts`, as `cache_key` says."""
         from safetensors.torch import save_file
 
         from ..kv.spec import parse_kv
@@ -132,7 +136,7 @@ class DocumentStore:
             for name, t in c.state().items():
                 tensors[f"{i}.{name}"] = t.contiguous()
             classes.append(type(c).__name__)
-        meta = dict(cache_key(model, kv, ids))
+        meta = dict(cache_key(model, kv, ids, cuts))
         meta.update({
             "checksum": tensors_digest(tensors), "layers": str(len(cache)), "classes": json.dumps(classes),
             "kv_bytes": str(sum(c.nbytes for c in cache)), "kv_spec": str(parse_kv(kv)),
@@ -143,7 +147,7 @@ class DocumentStore:
         if choice is not None and choice.kv == str(parse_kv(kv)):  # `--kv auto` chose this type: why
             meta["kv_auto"] = json.dumps(choice.as_dict())
         self.root.mkdir(parents=True, exist_ok=True)
-        path = self.path_for(model, doc, kv, ids)
+        path = self.path_for(model, doc, kv, ids, cuts)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             save_file(tensors, str(tmp), metadata=meta)
@@ -159,15 +163,15 @@ class DocumentStore:
         line through `notice` and deleted, so the caller prefills and saves afresh)."""
         return self.load_entry(model, kv, ids, notice)[0]
 
-    def load_entry(self, model, kv, ids: list[int], notice: Callable[[str], None] | None = None
-                   ) -> tuple[list | None, dict[str, torch.Tensor]]:
+    def load_entry(self, model, kv, ids: list[int], notice: Callable[[str], None] | None = None,
+                   cuts: tuple = ()) -> tuple[list | None, dict[str, torch.Tensor]]:
         """(the cache, its extras) from disk, or (None, {}) as `load` says. A file read is
         touched, so pruning takes the least recently used first."""
-        path = self.path_for(model, None, kv, ids)
+        path = self.path_for(model, None, kv, ids, cuts)
         if not path.exists():
             return None, {}
         try:
-            out = self._read(path, model, kv, ids)
+            out = self._read(path, model, kv, ids, cuts)
         except CacheRejected as err:
             if notice:
                 notice(f"document cache {path.name}: {err}; rebuilding it")
@@ -182,7 +186,7 @@ class DocumentStore:
             pass
         return out
 
-    def _read(self, path: Path, model, kv, ids: list[int]) -> tuple[list, dict[str, torch.Tensor]]:
+    def _read(self, path: Path, model, kv, ids: list[int], cuts: tuple = ()) -> tuple[list, dict[str, torch.Tensor]]:
         from safetensors import safe_open
 
         try:
@@ -191,7 +195,7 @@ class DocumentStore:
                 tensors = {k: f.get_tensor(k) for k in f.keys()}
         except Exception as err:  # a truncated or garbled file fails to parse
             raise CacheRejected(f"unreadable ({type(err).__name__})") from None
-        want = cache_key(model, kv, ids)
+        want = cache_key(model, kv, ids, cuts)
         for field, value in want.items():
             if meta.get(field) != value:
                 raise CacheRejected(f"written for another {field if field != 'ids_sha256' else 'document'}")

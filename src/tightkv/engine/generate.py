@@ -239,12 +239,13 @@ class PromptCache:
 
 def keep_points(ends: list[int], cuts=(), chunk: int = PREFILL_CHUNK) -> set[int]:
     """Where a prompt with these chunk ends is stored besides its end: its last grid
-    point (a later prompt sharing the text so far, with another question after it) and
-    its last cut (a conversation's next turn)."""
+    point and its last two cuts (`Model.prompt_cuts`: the start of its last turn, for a
+    conversation's next turn; the last paragraph break of the turn before, for another
+    question after the same document)."""
     inner = ends[:-1]
     grid = [e for e in inner if e % chunk == 0]
     cut = [e for e in inner if e in set(cuts)]
-    return {x[-1] for x in (grid, cut) if x}
+    return set(grid[-1:] + cut[-2:])
 
 
 class Sequence:

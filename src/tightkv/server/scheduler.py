@@ -414,16 +414,17 @@ class Scheduler:
 
     def _cache_for(self, ids: list[int]):
         """A job's cache and how its prompt meets the prefix store: the longest stored
-        prefix that ends on one of the prompt's chunk ends (the prefill grid, the chat
-        turns' starts: so the rest is computed exactly as a cold prefill computes it), or
-        the whole prompt with its logits; the prompt is stored at its `keep_points` and end."""
+        prefix that ends on one of the prompt's chunk ends and was filled with the same
+        ones (the prefill grid, `Model.prompt_cuts`: so the rest is computed exactly as a
+        cold prefill computes it), or the whole prompt with its logits; the prompt is
+        stored at its `keep_points` and end."""
         from ..engine.generate import PromptCache, chunk_ends
 
-        cuts = tuple(self.model.turn_cuts(ids))
+        cuts = tuple(self.model.prompt_cuts(ids))
         if self.prefixes is None:
             return self.model.new_cache(), PromptCache(cuts=cuts)
-        _, cache, logits = self.prefixes.best(ids, chunk_ends(0, len(ids), cuts=cuts), complete=True)
-        keep = lambda end, c, lg: self.prefixes.put(ids[:end], c, lg)  # noqa: E731
+        _, cache, logits = self.prefixes.best(ids, chunk_ends(0, len(ids), cuts=cuts), complete=True, cuts=cuts)
+        keep = lambda end, c, lg: self.prefixes.put(ids[:end], c, lg, cuts)  # noqa: E731
         return (cache if cache is not None else self.model.new_cache()), PromptCache(logits, cuts, keep)
 
     def prefix_stats(self) -> dict:
