@@ -265,6 +265,10 @@ def machine() -> dict:
             "python": platform.python_version()}
 
 
+def _machine_text(m: dict) -> str:
+    return f"{m['cpu']}, {m['cores']} cores, {'AVX-512' if m['avx512'] else 'AVX2, no AVX-512'}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=None, help="comma-separated (default: gemma3:270m, and Qwen2.5-Coder-0.5B "
@@ -301,7 +305,10 @@ def main() -> int:
                 counts = [int(x) for x in ns.streams.split(",")]
                 entry["streams"] = streams_section(model, name, home, counts, ns.gen, ns.threads)
             shutil.rmtree(home / "documents", ignore_errors=True)
-        result["models"][name] = {**old.get("models", {}).get(name, {}), **entry}  # sections not rerun stay
+        before = old.get("models", {}).get(name, {})
+        entry["measured_on"] = {**{k: _machine_text(old["machine"]) for k in before if k != "measured_on"},
+                                **before.get("measured_on", {}), **{k: _machine_text(result["machine"]) for k in entry}}
+        result["models"][name] = {**before, **entry}  # sections not rerun stay, with the machine they ran on
     if ns.json:
         Path(ns.json).write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {ns.json}")
