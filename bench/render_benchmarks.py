@@ -164,10 +164,13 @@ def render_speed(speed: dict, name: str, m: dict | None) -> list[str]:
     model = speed.get("model_name", "gemma3:270m")
     bw = (m or {}).get("read_gb_s_2_threads") if not mach else None
     types = ",".join(dict.fromkeys(r["kv"] for r in speed["rows"] if r["engine"] == "tightkv"))
+    command = speed.get("command") or (f"tightkv bench {'' if model == 'gemma3:270m' else model + ' '}--depths "
+                                       f"16,2048,8192 --n-gen 64 -r 3 -p 512 -c 8448 --compare {types} --vs-llamacpp")
+    forced = (f" with TIGHTKV_SIMD={speed['simd_forced']}, llama.cpp from `bench/build_llama_avx2.sh` on PYTHONPATH "
+              f"(built with {speed.get('llama_build', '?')})" if speed.get("simd_forced") else "")
     parts = [f"## Speed beside llama.cpp: {model} ({name})", "",
-             f"`tightkv bench {'' if model == 'gemma3:270m' else model + ' '}--depths 16,2048,8192 --n-gen 64 -r 3 "
-             f"-p 512 -c 8448 --compare {types} --vs-llamacpp` ({speed['threads']} threads, medians of "
-             f"{speed['reps']} runs, same GGUF and token ids), {where}. {llama_s}"
+             f"`{command}` ({speed['threads']} threads, medians of "
+             f"{speed['reps']} runs, same GGUF and token ids), {where}{forced}. {llama_s}"
              "GB/s counts weights plus the KV cache read per token" + (f", against the measured {bw} GB/s." if bw else "."),
              "", "| engine | kv | test | t/s | vs llama.cpp f16 | vs llama.cpp q8_0 | GB/s |",
              "|---|---|---|---:|---:|---:|---:|"]

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 
 from ..errors import TightKVError
@@ -64,7 +66,9 @@ def run(ns: argparse.Namespace) -> int:
           f"{mach['cpu']}, kernels {mach['kernels']}" + (f"; llama.cpp built with {build}" if build else ""))
     if ns.json:
         name = Path(ns.model).name if ns.model else "gemma3:270m"
-        doc = {"model": str(model.path), "model_name": name, "threads": threads, "reps": ns.reps, "machine": mach,
+        command = "tightkv " + shlex.join(sys.argv[1:])  # as typed (an in-process call records its own argv)
+        doc = {"command": command, "model": str(model.path), "model_name": name, "threads": threads, "reps": ns.reps,
+               "machine": mach, "simd_forced": os.environ.get("TIGHTKV_SIMD", ""),
                "llama_settings": LLAMA_SETTINGS, "llama_build": build, "rows": [r.as_dict() for r in rows]}
         Path(ns.json).write_text(json.dumps(doc, indent=1))
     return 0
