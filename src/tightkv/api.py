@@ -342,21 +342,25 @@ class Model:
 
     def prompt_cuts(self, ids: list[int]) -> list[int]:
         """The extra prefill chunk ends of a prompt: where its chat turns begin
-        (`turn_cuts`), and just after each turn's last paragraph break ("\\n\\n"; in the
-        last turn, only past the prompt's last prefill grid point). A question asked after
-        a document in the same message then finds that document stored up to the break,
-        whatever the question; a conversation's next turn has the same cuts in its
-        earlier turns, and its grid points stay stored."""
+        (`turn_cuts`) and its `paragraph_cuts`."""
+        turns = self.turn_cuts(ids)
+        return sorted({*turns, *self.paragraph_cuts(ids, turns)})
+
+    def paragraph_cuts(self, ids: list[int], turns: list[int]) -> list[int]:
+        """Just after each turn's last paragraph break ("\\n\\n"; in the last turn, only
+        past the prompt's last prefill grid point). A question asked after a document in
+        the same message then finds that document stored up to the break, whatever the
+        question; a conversation's next turn has the same cuts in its earlier turns, and
+        its grid points stay stored. `turns`: the prompt's `turn_cuts`."""
         from .engine.generate import PREFILL_CHUNK
 
-        turns = self.turn_cuts(ids)
         grid = len(ids) // PREFILL_CHUNK * PREFILL_CHUNK
-        cuts = set(turns)
+        cuts = []
         for start, end in zip([0, *turns], [*turns, len(ids)]):
             last = next((i for i in range(end - 1, start, -1) if self._paragraph_ends(ids, i)), None)
             if last is not None and last + 1 < end and (end < len(ids) or last + 1 > grid):
-                cuts.add(last + 1)
-        return sorted(cuts)
+                cuts.append(last + 1)
+        return cuts
 
     def _paragraph_ends(self, ids: list[int], i: int) -> bool:
         """Whether the text up to token i ends with a blank line."""

@@ -235,17 +235,18 @@ class PromptCache:
     logits: torch.Tensor | None = None
     cuts: tuple = ()
     keep: Callable[[int, list, torch.Tensor | None], None] | None = None
+    breaks: tuple = ()  # the cuts that are paragraph breaks (`Model.paragraph_cuts`)
 
 
-def keep_points(ends: list[int], cuts=(), chunk: int = PREFILL_CHUNK) -> set[int]:
+def keep_points(ends: list[int], cuts=(), chunk: int = PREFILL_CHUNK, breaks=()) -> set[int]:
     """Where a prompt with these chunk ends is stored besides its end: its last grid
-    point and its last two cuts (`Model.prompt_cuts`: the start of its last turn, for a
-    conversation's next turn; the last paragraph break of the turn before, for another
-    question after the same document)."""
+    point, its last cut (the start of its last turn, for a conversation's next turn)
+    and its last paragraph break (`Model.paragraph_cuts`, for another question after
+    the same document)."""
     inner = ends[:-1]
-    grid = [e for e in inner if e % chunk == 0]
-    cut = [e for e in inner if e in set(cuts)]
-    return set(grid[-1:] + cut[-2:])
+    marks = [[e for e in inner if e % chunk == 0], [e for e in inner if e in set(cuts)],
+             [e for e in inner if e in set(breaks)]]
+    return {m[-1] for m in marks if m}
 
 
 class Sequence:
@@ -297,7 +298,7 @@ class Sequence:
                 self._ends, self.logits = [], self.pc.logits
             else:
                 self._ends = chunk_ends(held, n, cuts=self.pc.cuts)
-                self._marks = keep_points(self._ends, self.pc.cuts)
+                self._marks = keep_points(self._ends, self.pc.cuts, breaks=self.pc.breaks)
         ran = 0
         while self._ends and (chunks is None or ran < chunks):
             e, start = self._ends[0], self.cache[0].offset

@@ -420,12 +420,14 @@ class Scheduler:
         stored at its `keep_points` and end."""
         from ..engine.generate import PromptCache, chunk_ends
 
-        cuts = tuple(self.model.prompt_cuts(ids))
+        turns = self.model.turn_cuts(ids)
+        breaks = tuple(self.model.paragraph_cuts(ids, turns))
+        cuts = tuple(sorted({*turns, *breaks}))
         if self.prefixes is None:
             return self.model.new_cache(), PromptCache(cuts=cuts)
         _, cache, logits = self.prefixes.best(ids, chunk_ends(0, len(ids), cuts=cuts), complete=True, cuts=cuts)
         keep = lambda end, c, lg: self.prefixes.put(ids[:end], c, lg, cuts)  # noqa: E731
-        return (cache if cache is not None else self.model.new_cache()), PromptCache(logits, cuts, keep)
+        return (cache if cache is not None else self.model.new_cache()), PromptCache(logits, cuts, keep, breaks)
 
     def prefix_stats(self) -> dict:
         """The prefix store's entries, bytes, budget and hits (zeros when it is off)."""
