@@ -102,6 +102,26 @@ def chatml(chatml_path):
     yield from _pair(str(chatml_path))
 
 
+def test_paragraph_cuts_hold_as_a_conversation_grows(chatml_path):
+    """A turn's last blank line is a chunk end, the same in every later prompt of the
+    conversation (so their stored prefixes match); the first turn's cut lands between
+    the document and the question."""
+    from tightkv import Model
+
+    model = Model(str(chatml_path))
+    first = [{"role": "user", "content": "One paragraph.\n\nAnother one.\n\nQuestion: which?"}]
+    ids1 = model.chat_ids(first)
+    ids2 = model.chat_ids(first + [{"role": "assistant", "content": "The first."},
+                                   {"role": "user", "content": "More text.\n\nAnd now?"}])
+    turn = model.turn_cuts(ids1)[-1]  # the assistant's turn opens here in both prompts
+    assert ids2[:turn] == ids1[:turn]
+    cuts1, cuts2 = model.prompt_cuts(ids1), model.prompt_cuts(ids2)
+    assert [c for c in cuts2 if c <= turn] == cuts1 and len(cuts2) > len(cuts1)
+    breaks = model.paragraph_cuts(ids1, model.turn_cuts(ids1))
+    assert len(breaks) == 1 and model.tokenizer.decode(ids1[breaks[0]:turn]).startswith("Question: which?")
+    assert model.tokenizer.decode(ids1[:breaks[0]]).endswith("Another one.\n\n")
+
+
 def test_a_conversation_prefills_only_its_new_turn(chatml, chatml_path):
     """Turn 2 reuses turn 1 up to the start of the assistant's turn (a chunk end of both
     prompts), and answers as a server that stores nothing does."""

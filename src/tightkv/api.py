@@ -251,7 +251,7 @@ class Model:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         cache = cache if cache is not None else self.new_cache()
         if prompt_cache is None:
-            prompt_cache = PromptCache(cuts=tuple(self.prompt_cuts(ids)))  # chunks end where chat turns begin
+            prompt_cache = PromptCache(cuts=tuple(self.prompt_cuts(ids)))  # chunks end at chat turns, blank lines
         constraint = self.constraint(json_schema, grammar)
         return Sequence(self.net, self.tokenizer, ids, cache, Sampler(params), limit, stops, progress, prompt_cache,
                         constraint, logprobs)
