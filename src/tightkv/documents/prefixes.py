@@ -11,12 +11,13 @@ kernels' path for a few rows or many, the attention sums), which is why entries
 are taken and used only at chunk ends.
 
 Entries are found by exact token ids, and the chunk ends off the grid they were
-filled with, at the lengths a caller names (`best`), in RAM and then on disk: an RLV read names where each of its sections ends; the
-server names the new prompt's chunk ends (`engine.generate.chunk_ends`: the grid,
-chat turns, a turn's last paragraph break), so the
-rest is computed exactly as a cold prefill computes it, and the prompt's own
-length, whose entry brings the logits after it (nothing is prefilled then). A store belongs to one model and one KV spec; the
-disk files carry the same checks as the document cache (`store.cache_key`).
+filled with, at the lengths a caller names (`best`), in RAM and then on disk: an
+RLV read names where each of its sections ends; the server names the new prompt's
+chunk ends (`engine.generate.chunk_ends`: the grid, chat turns, a turn's last
+paragraph break), so the rest is computed exactly as a cold prefill computes it,
+and the prompt's own length, whose entry brings the logits after it (nothing is
+prefilled then). A store belongs to one model and one KV spec; the disk files
+carry the same checks as the document cache (`store.cache_key`).
 """
 from __future__ import annotations
 

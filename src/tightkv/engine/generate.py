@@ -244,8 +244,8 @@ def keep_points(ends: list[int], cuts=(), chunk: int = PREFILL_CHUNK, breaks=())
     and its last paragraph break (`Model.paragraph_cuts`, for another question after
     the same document)."""
     inner = ends[:-1]
-    marks = [[e for e in inner if e % chunk == 0], [e for e in inner if e in set(cuts)],
-             [e for e in inner if e in set(breaks)]]
+    cuts, breaks = set(cuts), set(breaks)
+    marks = [[e for e in inner if e % chunk == 0], [e for e in inner if e in cuts], [e for e in inner if e in breaks]]
     return {m[-1] for m in marks if m}
 
 
