@@ -146,7 +146,7 @@ class Model:
         best-quality type whose bytes at `context` (default this model's) for `slots`
         sequences fit `memory` bytes (default: the RAM available less 1 GiB) and whose
         KLD against f16, probed on `text` (default, or when shorter than 1K tokens: the
-        essays), is within 0.01 (`eval.auto`). Prints the decision in one line on stderr
+        essays), is within 0.005, the +0.5% ΔPPL bar as a log-loss (`eval.auto`). Prints the decision in one line on stderr
         unless `quiet`; returns it (a `KVChoice`), also kept as `kv_choice`. Raises
         TightKVError saying how long a context would fit when no type does."""
         import sys
