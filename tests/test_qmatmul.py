@@ -1,4 +1,5 @@
 """QuantLinear: the fast path matches the reference, rows dequantize exactly."""
+import ctypes
 import warnings
 
 import numpy as np
@@ -176,6 +177,44 @@ def test_other_simd_builds(target, simd):
         out = torch.empty(OUT, IN)
         assert lib.tk_dequant(qm.TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), OUT, IN, out.data_ptr(), 2) == 0
         assert torch.equal(out.view(torch.int32), w.view(torch.int32))
+    check_stacked(lib)
+
+
+def check_stacked(lib, types=("Q5_0", "Q8_0", "Q4_K", "IQ4_XS"), rows=(1, 3, 6)) -> None:
+    """tk_gemv_parts of mixed types side by side equals each part's tk_gemv exactly."""
+    parts = [make_linear(t, out=OUT + 16 * i, seed=i) for i, t in enumerate(types)]
+    n = len(parts)
+    args = [(ctypes.c_int * n)(*(qm.TYPE_IDS[t] for t in types)),
+            (ctypes.c_void_p * n)(*(p.raw.data_ptr() for p in parts)),
+            (ctypes.c_int64 * n)(*(p.raw.stride(0) for p in parts)),
+            (ctypes.c_int64 * n)(*(p.out_features for p in parts))]
+    width = sum(p.out_features for p in parts)
+    for m in rows:
+        x = torch.randn(m, IN)
+        y = torch.empty(m, width)
+        assert lib.tk_gemv_parts(n, *args, IN, x.data_ptr(), m, y.data_ptr(), 2) == 0
+        col = 0
+        for t, p in zip(types, parts):
+            alone = torch.empty(m, p.out_features)
+            assert lib.tk_gemv(qm.TYPE_IDS[t], p.raw.data_ptr(), p.raw.stride(0), p.out_features, IN, x.data_ptr(),
+                               m, alone.data_ptr(), 1) == 0
+            assert torch.equal(y[:, col : col + p.out_features], alone), (t, m)
+            col += p.out_features
+
+
+@pytest.mark.parametrize("rows", [1, 5, 30])
+def test_stacked_linear_equals_its_parts(rows):
+    """q, k and v (or gate and up) in one call: the same numbers as the parts one by one,
+    on the kernel (up to GEMV_MAX_ROWS rows) and above it; a bad part count is refused."""
+    check_stacked(library.library())
+    parts = [make_linear(t, out=OUT + 8 * i, seed=i) for i, t in enumerate(("Q5_0", "Q8_0", "Q6_K"))]
+    stacked = qm.StackedLinear(parts)
+    x = torch.randn(rows, IN)
+    assert stacked.sizes == [p.out_features for p in parts] and stacked.nbytes == sum(p.nbytes for p in parts)
+    assert torch.equal(stacked(x), torch.cat([p(x) for p in parts], dim=-1))
+    assert stacked(x[None]).shape == (1, rows, stacked.out_features)
+    with pytest.raises(ValueError):
+        qm.StackedLinear([make_linear("Q8_0"), make_linear("Q8_0", inp=2 * IN)])
 
 
 def test_the_avx512_path_builds_on_any_machine():

@@ -210,6 +210,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     lib.tk_gemv.argtypes = [i32, p, i64, i64, i64, p, i64, p, i32]
     lib.tk_dequant.argtypes = [i32, p, i64, i64, i64, p, i32]
+    lib.tk_gemv_parts.argtypes, lib.tk_gemv_parts.restype = [i32, p, p, p, p, i64, p, i64, p, i32], i32
     lib.tk_gemv.restype = lib.tk_dequant.restype = lib.tk_simd.restype = lib.tk_gemv_int8.restype = i32
     lib.tk_attn.argtypes = [p, i64, i64, i64, i64, i64, f32, p, i64, p, p, p, i64, p, p, i64, p, p, p, p, i64, p, i32]
     lib.tk_attn.restype = i32

@@ -38,6 +38,7 @@ See bench/bench_qmatmul.py.
 """
 from __future__ import annotations
 
+import ctypes
 import threading
 import warnings
 
@@ -221,6 +222,53 @@ class QuantLinear(torch.nn.Module):
         if lib.tk_dequant(self._tid, ptr, self.raw.stride(0), r1 - r0, k, buf.data_ptr(), nth):
             raise self._error(k)
         return buf
+
+
+class StackedLinear(torch.nn.Module):
+    """Several `QuantLinear`s over the same input, their outputs side by side:
+    y (..., sum of out_features) = [x @ W_1.T, x @ W_2.T, ...] (q, k and v; gate and up).
+
+    Each part keeps its own blocks and type. Up to `GEMV_MAX_ROWS` rows, one kernel call
+    quantizes the activations once and runs every part's rows in one pass of the pool,
+    with the same arithmetic per row as the parts alone; above it, the parts run one
+    by one. `sizes` splits the result: ``q, k, v = y.split(stacked.sizes, -1)``.
+    """
+
+    def __init__(self, parts: list[QuantLinear]):
+        super().__init__()
+        if len({p.in_features for p in parts}) != 1 or not 1 <= len(parts) <= 8:
+            raise ValueError("stacked linears need 1 to 8 parts with the same in_features")
+        self.parts = parts  # a plain list: the parts are views of the file, not parameters
+        self.in_features = parts[0].in_features
+        self.sizes = [p.out_features for p in parts]
+        self.out_features = sum(self.sizes)
+        self._nbytes = sum(p.nbytes for p in parts)
+        blocks = all(p._tid >= 0 for p in parts)
+        self._args = None if not blocks else [
+            (ctypes.c_int * len(parts))(*(p._tid for p in parts)),
+            (ctypes.c_void_p * len(parts))(*(p._ptr for p in parts)),
+            (ctypes.c_int64 * len(parts))(*(p._ld for p in parts)),
+            (ctypes.c_int64 * len(parts))(*self.sizes)]
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x float32 (..., in_features) -> float32 (..., out_features)."""
+        lib = library.library() if self._args is not None and _BACKEND == "fast" else None
+        x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # (M, in)
+        if lib is None or x2.shape[0] > GEMV_MAX_ROWS or x2.dtype != torch.float32 or not x2.is_contiguous():
+            y = torch.cat([p(x2) for p in self.parts], dim=-1)
+        else:
+            m = x2.shape[0]
+            y = torch.empty(m, self.out_features)  # (M, out)
+            nth = library.threads() if self._nbytes * m >= PARALLEL_MIN_BYTES else 1
+            if lib.tk_gemv_parts(len(self.parts), *self._args, self.in_features, x2.data_ptr(), m, y.data_ptr(), nth):
+                raise RuntimeError(f"tightkv kernel: stacked {[p.qtype for p in self.parts]} failed")
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
+
+    __call__ = forward
 
 
 def _onednn_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -110,6 +110,13 @@ class Weights:
         out_features, in_features = t.shape
         return QuantLinear(_as_torch(t.data), t.qtype, in_features, out_features)
 
+    def stacked(self, names: list[str]):
+        """A `StackedLinear`: the named matrices over one input, outputs side by side
+        (one kernel call for q, k and v, or gate and up)."""
+        from ..kernels.qmatmul import StackedLinear
+
+        return StackedLinear([self.linear(n) for n in names])
+
     def _get(self, name: str):
         try:
             return self.g.tensors[name]

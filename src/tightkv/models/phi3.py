@@ -47,18 +47,14 @@ class Attention(torch.nn.Module):
         if w.has(p + "attn_qkv.weight"):
             self.wqkv = w.linear(p + "attn_qkv.weight")  # ((H + 2 Hkv) * D, hidden)
         else:
-            self.wq, self.wk, self.wv = (w.linear(p + f"attn_{n}.weight") for n in "qkv")
-            self.wqkv = None
+            self.wqkv = w.stacked([p + f"attn_{n}.weight" for n in "qkv"])
         self.wo = w.linear(p + "attn_output.weight")
         self.scale = 1.0 / math.sqrt(args.head_dim)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache) -> torch.Tensor:
         a = self.args
         T, D, H, Hkv = x.shape[0], a.head_dim, a.num_heads, a.num_kv_heads
-        if self.wqkv is not None:
-            q, k, v = self.wqkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
-        else:
-            q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        q, k, v = self.wqkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
         q = q.reshape(T, H, D).transpose(0, 1)  # (H, T, D)
         k = k.reshape(T, Hkv, D).transpose(0, 1)  # (Hkv, T, D)
         v = v.reshape(T, Hkv, D).transpose(0, 1)  # (Hkv, T, D)

@@ -29,17 +29,18 @@ class Attention(torch.nn.Module):
         super().__init__()
         p = f"blk.{i}."
         self.args = args
-        self.wq, self.wk, self.wv = w.linear(p + "attn_q.weight"), w.linear(p + "attn_k.weight"), w.linear(p + "attn_v.weight")
-        self.bq, self.bk, self.bv = (w.vector(p + f"attn_{n}.bias") for n in "qkv")  # (H*D,), (Hkv*D,), (Hkv*D,)
+        self.wqkv = w.stacked([p + f"attn_{n}.weight" for n in "qkv"])  # ((H + 2 Hkv) * D, hidden)
+        self.bqkv = torch.cat([w.vector(p + f"attn_{n}.bias") for n in "qkv"])  # ((H + 2 Hkv) * D,)
         self.wo = w.linear(p + "attn_output.weight")
         self.scale = 1.0 / math.sqrt(args.head_dim)
 
     def forward(self, x: torch.Tensor, rope: RopeTables, cache) -> torch.Tensor:
         a = self.args
         T, D = x.shape[0], a.head_dim
-        q = (self.wq(x) + self.bq).view(T, a.num_heads, D).transpose(0, 1)  # (H, T, D)
-        k = (self.wk(x) + self.bk).view(T, a.num_kv_heads, D).transpose(0, 1)  # (Hkv, T, D)
-        v = (self.wv(x) + self.bv).view(T, a.num_kv_heads, D).transpose(0, 1)  # (Hkv, T, D)
+        q, k, v = (self.wqkv(x) + self.bqkv).split(self.wqkv.sizes, dim=-1)
+        q = q.view(T, a.num_heads, D).transpose(0, 1)  # (H, T, D)
+        k = k.view(T, a.num_kv_heads, D).transpose(0, 1)  # (Hkv, T, D)
+        v = v.view(T, a.num_kv_heads, D).transpose(0, 1)  # (Hkv, T, D)
         cos, sin = rope.get(a.rope_theta, a.rope_scale)
         q, k = apply_rope_neox(q, cos, sin), apply_rope_neox(k, cos, sin)
         out = cache.attend(q, k, v, self.scale)  # (H, T, D)
@@ -50,10 +51,12 @@ class MLP(torch.nn.Module):
     def __init__(self, w: Weights, i: int):
         super().__init__()
         p = f"blk.{i}."
-        self.gate, self.up, self.down = (w.linear(p + f"ffn_{n}.weight") for n in ("gate", "up", "down"))
+        self.gate_up = w.stacked([p + "ffn_gate.weight", p + "ffn_up.weight"])  # (2 * ff, hidden)
+        self.down = w.linear(p + "ffn_down.weight")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+        gate, up = self.gate_up(x).split(self.gate_up.sizes, dim=-1)
+        return self.down(F.silu(gate) * up)
 
 
 class Block(torch.nn.Module):

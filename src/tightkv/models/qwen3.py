@@ -30,7 +30,7 @@ class Attention(torch.nn.Module):
         super().__init__()
         p = f"blk.{i}."
         self.args = args
-        self.wq, self.wk, self.wv = w.linear(p + "attn_q.weight"), w.linear(p + "attn_k.weight"), w.linear(p + "attn_v.weight")
+        self.wqkv = w.stacked([p + f"attn_{n}.weight" for n in "qkv"])  # ((H + 2 Hkv) * D, hidden)
         self.q_norm = w.vector(p + "attn_q_norm.weight")  # (head_dim,)
         self.k_norm = w.vector(p + "attn_k_norm.weight")  # (head_dim,)
         self.wo = w.linear(p + "attn_output.weight")
@@ -39,9 +39,10 @@ class Attention(torch.nn.Module):
     def forward(self, x: torch.Tensor, rope: RopeTables, cache) -> torch.Tensor:
         a = self.args
         T, D = x.shape[0], a.head_dim
-        q = self.wq(x).view(T, a.num_heads, D).transpose(0, 1)  # (H, T, D)
-        k = self.wk(x).view(T, a.num_kv_heads, D).transpose(0, 1)  # (Hkv, T, D)
-        v = self.wv(x).view(T, a.num_kv_heads, D).transpose(0, 1)  # (Hkv, T, D)
+        q, k, v = self.wqkv(x).split(self.wqkv.sizes, dim=-1)
+        q = q.view(T, a.num_heads, D).transpose(0, 1)  # (H, T, D)
+        k = k.view(T, a.num_kv_heads, D).transpose(0, 1)  # (Hkv, T, D)
+        v = v.view(T, a.num_kv_heads, D).transpose(0, 1)  # (Hkv, T, D)
         q = rms_norm(q, self.q_norm, a.rms_norm_eps)
         k = rms_norm(k, self.k_norm, a.rms_norm_eps)
         cos, sin = rope.get(a.rope_theta, a.rope_scale)
@@ -54,10 +55,12 @@ class MLP(torch.nn.Module):
     def __init__(self, w: Weights, i: int):
         super().__init__()
         p = f"blk.{i}."
-        self.gate, self.up, self.down = (w.linear(p + f"ffn_{n}.weight") for n in ("gate", "up", "down"))
+        self.gate_up = w.stacked([p + "ffn_gate.weight", p + "ffn_up.weight"])  # (2 * ff, hidden)
+        self.down = w.linear(p + "ffn_down.weight")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+        gate, up = self.gate_up(x).split(self.gate_up.sizes, dim=-1)
+        return self.down(F.silu(gate) * up)
 
 
 class Block(torch.nn.Module):

@@ -223,7 +223,7 @@ static inline void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *q
 }
 
 template <class T, int M>
-static void rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ &x, float *y, int64_t N) {
+static void rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ &x, float *y, int64_t ldy) {
   const int64_t K = x.K, nb = K / T::QK, G = K / 32;
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t r = r0; r < r1; r++) {
@@ -246,7 +246,7 @@ static void rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ
         }
       });
     }
-    for (int m = 0; m < M; m++) y[m * N + r] = hsum8(acc[m]) - mins[m];
+    for (int m = 0; m < M; m++) y[m * ldy + r] = hsum8(acc[m]) - mins[m];
   }
 }
 
@@ -255,13 +255,14 @@ struct Ctx {
   int64_t ldw, N, rows;
   XQ x;
   float *y;
+  int64_t ldy;  // y's row stride: the columns of every part of the product
 };
 
 template <class T, int M>
 static void chunk(const void *p, int64_t c) {
   const Ctx *g = (const Ctx *)p;
   int64_t r0 = c * g->rows, r1 = r0 + g->rows < g->N ? r0 + g->rows : g->N;
-  rows<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->N);
+  rows<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
 }
 }  // namespace i8
 #else

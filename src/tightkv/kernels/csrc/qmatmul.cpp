@@ -6,7 +6,7 @@
 // y[m, r] = sum_k W[r, k] x[m, k] for rows r0..r1 and M activation rows: each
 // 16-element unit of W is decoded once (s*q - mn) and multiplied into all M rows.
 template <class T, int M>
-static void gemv_rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, int64_t K, const float *x, float *y, int64_t N) {
+static void gemv_rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, int64_t K, const float *x, float *y, int64_t ldy) {
   const int64_t nb = K / T::QK;
   for (int64_t r = r0; r < r1; r++) {
     const uint8_t *b = w + r * ldw;
@@ -20,7 +20,7 @@ static void gemv_rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, int
         for (int m = 0; m < M; m++) acc[m][p] = vfma(wv, vld(xb + m * K + e), acc[m][p]);
       });
     }
-    for (int m = 0; m < M; m++) y[m * N + r] = vsum(vadd(acc[m][0], acc[m][1]));
+    for (int m = 0; m < M; m++) y[m * ldy + r] = vsum(vadd(acc[m][0], acc[m][1]));
   }
 }
 
@@ -29,13 +29,14 @@ struct GemvCtx {
   int64_t ldw, N, K, rows;
   const float *x;
   float *y;
+  int64_t ldy;  // y's row stride: the columns of every part of the product
 };
 
 template <class T, int M>
 static void gemv_chunk(const void *p, int64_t c) {
   const GemvCtx *g = (const GemvCtx *)p;
   int64_t r0 = c * g->rows, r1 = r0 + g->rows < g->N ? r0 + g->rows : g->N;
-  gemv_rows<T, M>(g->w, g->ldw, r0, r1, g->K, g->x, g->y, g->N);
+  gemv_rows<T, M>(g->w, g->ldw, r0, r1, g->K, g->x, g->y, g->ldy);
 }
 
 // Rows per claimed chunk: about CHUNK_BYTES of weights, at most 64 chunks per thread.
@@ -47,43 +48,48 @@ static int64_t chunk_rows(int64_t N, int64_t row_bytes, int nth) {
   return (N + n - 1) / n;
 }
 
-template <class T>
-static int gemv(const uint8_t *w, int64_t ldw, int64_t N, int64_t K, const float *x, int64_t M, float *y, int nth) {
-  if (K % T::QK || ldw < K / T::QK * T::TS) return 1;
-  const int64_t rows = chunk_rows(N, ldw, nth), nchunks = (N + rows - 1) / rows;
-  for (int64_t m0 = 0; m0 < M; m0 += MB) {
-    GemvCtx g = {w, ldw, N, K, rows, x + m0 * K, y + m0 * N};
-    switch (M - m0 < MB ? M - m0 : MB) {
-      case 1: run_chunks(gemv_chunk<T, 1>, &g, nchunks, nth); break;
-      case 2: run_chunks(gemv_chunk<T, 2>, &g, nchunks, nth); break;
-      case 3: run_chunks(gemv_chunk<T, 3>, &g, nchunks, nth); break;
-      default: run_chunks(gemv_chunk<T, 4>, &g, nchunks, nth); break;
-    }
-  }
-  return 0;
-}
+// The activations of one call: float rows, and on the integer path their int8 groups.
+struct Act {
+  const float *x;
+  const int8_t *q;
+  const float *d, *hs;
+  int64_t K;
+};
 
+// One weight matrix of a product whose output columns may hold several (q, k and v
+// side by side): its chunk function and context for activation rows m0..m0+mb.
 #if TK_GEMV_I8
-// The integer path: activations quantized once per call, then the same chunking.
+typedef i8::Ctx PartCtx;
 template <class T>
-static int gemv_i8(const uint8_t *w, int64_t ldw, int64_t N, int64_t K, const float *x, int64_t M, float *y, int nth) {
-  if (K % T::QK || ldw < K / T::QK * T::TS) return 1;
-  thread_local std::vector<int8_t> q;
-  thread_local std::vector<float> d, hs;
-  q.resize(M * K); d.resize(M * K / 32); hs.resize(M * K / 16);
-  i8::quantize_rows(x, M, K, q.data(), d.data(), hs.data());
-  const int64_t rows = chunk_rows(N, ldw, nth), nchunks = (N + rows - 1) / rows;
-  for (int64_t m0 = 0; m0 < M; m0 += MB) {
-    i8::Ctx g = {w, ldw, N, rows, {q.data() + m0 * K, d.data() + m0 * K / 32, hs.data() + m0 * K / 16, K}, y + m0 * N};
-    switch (M - m0 < MB ? M - m0 : MB) {
-      case 1: run_chunks(i8::chunk<T, 1>, &g, nchunks, nth); break;
-      case 2: run_chunks(i8::chunk<T, 2>, &g, nchunks, nth); break;
-      case 3: run_chunks(i8::chunk<T, 3>, &g, nchunks, nth); break;
-      default: run_chunks(i8::chunk<T, 4>, &g, nchunks, nth); break;
-    }
+static chunk_fn bind(PartCtx &g, const uint8_t *w, int64_t ldw, int64_t N, const Act &a, int64_t m0, int mb,
+                     float *y, int64_t ldy, int nth) {
+  const int64_t K = a.K;
+  if (K % T::QK || ldw < K / T::QK * T::TS) return nullptr;
+  g = {w, ldw, N, chunk_rows(N, ldw, nth), {a.q + m0 * K, a.d + m0 * K / 32, a.hs + m0 * K / 16, K}, y + m0 * ldy, ldy};
+  switch (mb) {
+    case 1: return i8::chunk<T, 1>;
+    case 2: return i8::chunk<T, 2>;
+    case 3: return i8::chunk<T, 3>;
+    default: return i8::chunk<T, 4>;
   }
-  return 0;
 }
+#define BIND(T) bind<i8::T>(g, w, ldw, N, a, m0, mb, y, ldy, nth)
+#else
+typedef GemvCtx PartCtx;
+template <class T>
+static chunk_fn bind(PartCtx &g, const uint8_t *w, int64_t ldw, int64_t N, const Act &a, int64_t m0, int mb,
+                     float *y, int64_t ldy, int nth) {
+  const int64_t K = a.K;
+  if (K % T::QK || ldw < K / T::QK * T::TS) return nullptr;
+  g = {w, ldw, N, K, chunk_rows(N, ldw, nth), a.x + m0 * K, y + m0 * ldy, ldy};
+  switch (mb) {
+    case 1: return gemv_chunk<T, 1>;
+    case 2: return gemv_chunk<T, 2>;
+    case 3: return gemv_chunk<T, 3>;
+    default: return gemv_chunk<T, 4>;
+  }
+}
+#define BIND(T) bind<T>(g, w, ldw, N, a, m0, mb, y, ldy, nth)
 #endif
 
 struct DequantCtx {
@@ -115,7 +121,7 @@ static int dequant(const uint8_t *w, int64_t ldw, int64_t N, int64_t K, float *o
   return 0;
 }
 
-#define DISPATCH(CALL)                                                                   \
+#define DISPATCH(CALL, NONE)                                                                 \
   switch (type) {                                                                        \
     case 0: return CALL(Q4_0); case 1: return CALL(Q4_1); case 2: return CALL(Q5_0);    \
     case 3: return CALL(Q5_1); case 4: return CALL(Q8_0); case 5: return CALL(Q2_K);    \
@@ -125,7 +131,7 @@ static int dequant(const uint8_t *w, int64_t ldw, int64_t N, int64_t K, float *o
     case 15: return CALL(TQ2_0); case 16: return CALL(IQ2_XXS); case 17: return CALL(IQ2_XS); \
     case 18: return CALL(IQ2_S); case 19: return CALL(IQ3_XXS); case 20: return CALL(IQ3_S); \
     case 21: return CALL(IQ1_S); case 22: return CALL(IQ1_M); case 23: return CALL(MXFP4); \
-    case 24: return CALL(NVFP4); default: return 2;                                      \
+    case 24: return CALL(NVFP4); default: return NONE;                                   \
   }
 
 // The tables a type needs (lowbit.h); 0 for the types that need none.
@@ -158,14 +164,68 @@ extern "C" int tk_simd() {
 // 1 where tk_gemv quantizes the activations to int8 (groups of 32), 0 for float32.
 extern "C" int tk_gemv_int8() { return TK_GEMV_I8; }
 
-extern "C" int tk_gemv(int type, const uint8_t *w, int64_t ldw, int64_t N, int64_t K, const float *x, int64_t M, float *y, int nth) {
-  if (!tk_lowbit_ready(type)) return 3;
+static chunk_fn bind_type(int type, PartCtx &g, const uint8_t *w, int64_t ldw, int64_t N, const Act &a, int64_t m0,
+                          int mb, float *y, int64_t ldy, int nth) {
+  DISPATCH(BIND, nullptr)
+}
+
+// Chunks of the parts of one product, numbered one after another.
+static const int MAX_PARTS = 8;
+struct Parts {
+  int n;
+  chunk_fn fn[MAX_PARTS];
+  const PartCtx *ctx;
+  int64_t nchunks[MAX_PARTS];
+};
+static void parts_chunk(const void *p, int64_t c) {
+  const Parts *s = (const Parts *)p;
+  int i = 0;
+  while (c >= s->nchunks[i]) c -= s->nchunks[i++];
+  s->fn[i](&s->ctx[i], c);
+}
+
+// y (M, sum N) = x (M, K) times the n weight matrices (N_i, K) side by side: the
+// activations are quantized once and every part's rows share one pass of the pool.
+// 0 on success; 1 a bad shape, 2 an unknown type, 3 a type's tables not loaded.
+extern "C" int tk_gemv_parts(int n, const int *types, const uint8_t *const *ws, const int64_t *ldws, const int64_t *Ns,
+                             int64_t K, const float *x, int64_t M, float *y, int nth) {
+  if (n < 1 || n > MAX_PARTS || K % 32) return 1;
+  int64_t ldy = 0;
+  for (int i = 0; i < n; i++) {
+    if (types[i] < 0 || types[i] > 24) return 2;
+    if (!tk_lowbit_ready(types[i])) return 3;
+    ldy += Ns[i];
+  }
+  Act a = {x, nullptr, nullptr, nullptr, K};
 #if TK_GEMV_I8
-#define GEMV(T) gemv_i8<i8::T>(w, ldw, N, K, x, M, y, nth)
-#else
-#define GEMV(T) gemv<T>(w, ldw, N, K, x, M, y, nth)
+  thread_local std::vector<int8_t> q;
+  thread_local std::vector<float> d, hs;
+  q.resize(M * K); d.resize(M * K / 32); hs.resize(M * K / 16);
+  i8::quantize_rows(x, M, K, q.data(), d.data(), hs.data());
+  a.q = q.data(); a.d = d.data(); a.hs = hs.data();
 #endif
-  DISPATCH(GEMV)
+  PartCtx ctx[MAX_PARTS];
+  Parts s = {n, {}, ctx, {}};
+  for (int64_t m0 = 0; m0 < M; m0 += MB) {
+    const int mb = (int)(M - m0 < MB ? M - m0 : MB);
+    int64_t col = 0, total = 0;
+    for (int i = 0; i < n; i++) {
+      s.fn[i] = bind_type(types[i], ctx[i], ws[i], ldws[i], Ns[i], a, m0, mb, y + col, ldy, nth);
+      if (!s.fn[i]) return 1;
+      s.nchunks[i] = (Ns[i] + ctx[i].rows - 1) / ctx[i].rows;
+      col += Ns[i];
+      total += s.nchunks[i];
+    }
+    if (n == 1)
+      run_chunks(s.fn[0], &ctx[0], total, nth);
+    else
+      run_chunks(parts_chunk, &s, total, nth);
+  }
+  return 0;
+}
+
+extern "C" int tk_gemv(int type, const uint8_t *w, int64_t ldw, int64_t N, int64_t K, const float *x, int64_t M, float *y, int nth) {
+  return tk_gemv_parts(1, &type, &w, &ldw, &N, K, x, M, y, nth);
 }
 
 // Per-token ops, for every row count (a row computes the same alone, in a batch or in a
@@ -203,5 +263,5 @@ extern "C" void tk_rope_neox(const float *x, const float *cs, const float *sn, i
 extern "C" int tk_dequant(int type, const uint8_t *w, int64_t ldw, int64_t N, int64_t K, float *out, int nth) {
   if (!tk_lowbit_ready(type)) return 3;
 #define DEQUANT(T) dequant<T>(w, ldw, N, K, out, nth)
-  DISPATCH(DEQUANT)
+  DISPATCH(DEQUANT, 2)
 }
