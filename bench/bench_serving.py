@@ -10,7 +10,11 @@ files on disk), then the first question again: time to first token of each, and
 the cached tokens the server reports.
 
 streams: N concurrent streaming chats (short prompts, --gen tokens each) at N = 1, 2,
-4, 8: aggregate decode rate, p50/p95 time to first token and inter-token latency.
+4, 8: aggregate decode rate, p50/p95 time to first token and inter-token latency;
+slots of SLOT_CTX tokens.
+
+llama-server: the same streams against llama.cpp's own server (-np 8, the same GGUF,
+threads and context per slot; bench/build_llama_server.sh builds it).
 
 memory: 8 concurrent conversations of 4,096 tokens: the server's peak KV bytes
 (/metrics) and peak RSS, beside the computed bytes of the same slots in f16.
@@ -38,6 +42,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+SLOT_CTX = 4096  # context per slot in the streams sections (tightkv serve's default)
 QWEN = Path(os.environ.get("TIGHTKV_HOME") or Path.home() / ".cache" / "tightkv") / "models" / \
     "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 
@@ -60,16 +65,21 @@ def private_home(root: Path) -> Path:
 
 
 class Server:
+    """`tightkv serve` on loopback, under a private TIGHTKV_HOME."""
+
     def __init__(self, model: str, home: Path, *args: str):
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile(prefix="bench-serve-", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "tightkv.cli", "serve", model, "--port", str(self.port),
                "--log-level", "warning", *args]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, "TIGHTKV_HOME": str(home)})
+        self._start(cmd, {**os.environ, "TIGHTKV_HOME": str(home)})
+
+    def _start(self, cmd: list[str], env: dict) -> None:
+        """Run cmd and wait until GET /health answers 200 (5 minutes at most)."""
         import urllib.request
 
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(prefix="bench-serve-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -78,7 +88,7 @@ class Server:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
                     if r.status == 200:
                         return
-            except OSError:
+            except OSError:  # refused, or 503 while the model loads
                 time.sleep(0.3)
         raise RuntimeError("server did not start")
 
@@ -94,6 +104,17 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         Path(self.log.name).unlink(missing_ok=True)
+
+
+class LlamaServer(Server):
+    """llama.cpp's own `llama-server` (bench/build_llama_server.sh) on loopback, as its users
+    run it (its defaults: flash attention auto, f16 KV, prompt cache and continuous
+    batching on), with `parallel` slots of `ctx` tokens each and `threads` threads."""
+
+    def __init__(self, binary: str, model_path: str, parallel: int, ctx: int, threads: int):
+        self.port = free_port()
+        self._start([binary, "-m", model_path, "--host", "127.0.0.1", "--port", str(self.port), "-np", str(parallel),
+                     "-c", str(ctx * parallel), "-t", str(threads), "--no-webui"], dict(os.environ))
 
 
 def timed_chat(client, model: str, content: str, max_tokens: int) -> dict:
@@ -152,36 +173,56 @@ def prefix_section(model: str, name: str, home: Path, doc_tokens: int, ctx: int,
 
 
 def streams_section(model: str, name: str, home: Path, counts: list[int], gen: int, threads: int) -> list[dict]:
-    out = []
-    srv = Server(model, home, "--threads", str(threads), "--parallel", str(max(counts)), "--cache-ram", "0")
+    srv = Server(model, home, "--threads", str(threads), "--parallel", str(max(counts)), "--cache-ram", "0",
+                 "--ctx", str(SLOT_CTX))
     try:
-        for n in counts:
-            results: list[dict] = [None] * n  # type: ignore[list-item]
-            prompts = [f"Write a short story about a lighthouse keeper number {i}." for i in range(n)]
-
-            def run(i: int) -> None:
-                results[i] = timed_chat(srv.client(), name, prompts[i], gen)
-
-            t0 = time.perf_counter()
-            threads_ = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-            for t in threads_:
-                t.start()
-            for t in threads_:
-                t.join()
-            wall = time.perf_counter() - t0
-            ttft = sorted(r["ttft_s"] for r in results)
-            gaps = sorted(g for r in results for g in r["gaps"])
-            tokens = sum(r["completion_tokens"] for r in results)
-            row = {"streams": n, "tokens": tokens, "wall_s": round(wall, 3),
-                   "aggregate_tok_s": round(tokens / wall, 2),
-                   "ttft_p50_s": round(_pct(ttft, 50), 3), "ttft_p95_s": round(_pct(ttft, 95), 3),
-                   "itl_p50_ms": round(1e3 * _pct(gaps, 50), 1) if gaps else None,
-                   "itl_p95_ms": round(1e3 * _pct(gaps, 95), 1) if gaps else None}
-            out.append(row)
-            print(f"  {n} streams: {row['aggregate_tok_s']:6.1f} tok/s aggregate, ttft p50 {row['ttft_p50_s']}s "
-                  f"p95 {row['ttft_p95_s']}s, itl p50 {row['itl_p50_ms']} ms p95 {row['itl_p95_ms']} ms", flush=True)
+        return run_streams(srv, name, counts, gen)
     finally:
         srv.stop()
+
+
+def llama_server_section(binary: str, model: str, name: str, counts: list[int], gen: int, threads: int) -> list[dict]:
+    """The streams of `streams_section`, against llama-server on the same GGUF, threads and
+    context per slot."""
+    from tightkv import registry
+
+    path = str(registry.resolve(model, quiet=True)) if not model.endswith(".gguf") else model
+    srv = LlamaServer(binary, path, max(counts), SLOT_CTX, threads)
+    try:
+        return run_streams(srv, name, counts, gen)
+    finally:
+        srv.stop()
+
+
+def run_streams(srv, name: str, counts: list[int], gen: int) -> list[dict]:
+    """N concurrent streaming chats for each N in counts: aggregate tokens per second of
+    wall time, p50/p95 time to first token and inter-token latency."""
+    out = []
+    for n in counts:
+        results: list[dict] = [None] * n  # type: ignore[list-item]
+        prompts = [f"Write a short story about a lighthouse keeper number {i}." for i in range(n)]
+
+        def run(i: int) -> None:
+            results[i] = timed_chat(srv.client(), name, prompts[i], gen)
+
+        t0 = time.perf_counter()
+        threads_ = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+        for t in threads_:
+            t.start()
+        for t in threads_:
+            t.join()
+        wall = time.perf_counter() - t0
+        ttft = sorted(r["ttft_s"] for r in results)
+        gaps = sorted(g for r in results for g in r["gaps"])
+        tokens = sum(r["completion_tokens"] for r in results)
+        row = {"streams": n, "tokens": tokens, "wall_s": round(wall, 3),
+               "aggregate_tok_s": round(tokens / wall, 2),
+               "ttft_p50_s": round(_pct(ttft, 50), 3), "ttft_p95_s": round(_pct(ttft, 95), 3),
+               "itl_p50_ms": round(1e3 * _pct(gaps, 50), 1) if gaps else None,
+               "itl_p95_ms": round(1e3 * _pct(gaps, 95), 1) if gaps else None}
+        out.append(row)
+        print(f"  {n} streams: {row['aggregate_tok_s']:6.1f} tok/s aggregate, ttft p50 {row['ttft_p50_s']}s "
+              f"p95 {row['ttft_p95_s']}s, itl p50 {row['itl_p50_ms']} ms p95 {row['itl_p95_ms']} ms", flush=True)
     return out
 
 
@@ -278,7 +319,9 @@ def main() -> int:
     ap.add_argument("--gen", type=int, default=64, help="tokens per stream (default 64)")
     ap.add_argument("--threads", type=int, default=2, help="server threads (default 2)")
     ap.add_argument("--sections", default="prefix,streams,memory,llamacpp-kv",
-                    help="any of prefix, streams, memory, llamacpp-kv (default: all)")
+                    help="any of prefix, streams, memory, llamacpp-kv, llama-server (default: all but llama-server)")
+    ap.add_argument("--llama-server", default=str(Path.home() / ".cache/tightkv/llama-server/build/bin/llama-server"),
+                    help="llama-server binary for the llama-server section (bench/build_llama_server.sh)")
     ap.add_argument("--json", default=None, metavar="FILE", help="write the results here")
     ns = ap.parse_args()
     models = ns.models.split(",") if ns.models else ["gemma3:270m"] + ([str(QWEN)] if QWEN.exists() else [])
@@ -304,6 +347,11 @@ def main() -> int:
             if "streams" in sections:
                 counts = [int(x) for x in ns.streams.split(",")]
                 entry["streams"] = streams_section(model, name, home, counts, ns.gen, ns.threads)
+            if "llama-server" in sections:
+                print("  llama-server:", flush=True)
+                counts = [int(x) for x in ns.streams.split(",")]
+                entry["llama_server_streams"] = llama_server_section(ns.llama_server, model, name, counts, ns.gen,
+                                                                     ns.threads)
             shutil.rmtree(home / "documents", ignore_errors=True)
         before = old.get("models", {}).get(name, {})
         entry["measured_on"] = {**{k: _machine_text(old["machine"]) for k in before if k != "measured_on"},

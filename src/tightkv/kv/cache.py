@@ -145,6 +145,7 @@ class DenseCache:
         self.length = 0  # tokens stored
         self.keys = torch.empty(num_kv_heads, 0, head_dim, dtype=self.dtype)  # (Hkv, capacity, D)
         self.values = torch.empty(num_kv_heads, 0, value_dim or head_dim, dtype=self.dtype)  # (Hkv, capacity, Dv)
+        self._packed = None  # the fused kernel's segment for these stores (`fused.dense_attend`)
 
     def attend(self, q, k, v, scale):
         self._append(k, v)

@@ -119,8 +119,8 @@ class CompressedCache:
         if q is not None and self.kc.balance and self.kscale is None:
             lo, hi = max(start, self.sink), min(end, self.sink + self.recent + self.flush)
             if hi > lo:
-                qs = q[:, lo - start : hi - start].double().reshape(self.hkv, -1, self.dk)
-                self._qsq += (qs * qs).sum(1)
+                qs = q[:, lo - start : hi - start].reshape(self.hkv, -1, self.dk)  # (Hkv, rows, D)
+                self._qsq += torch.linalg.vecdot(qs, qs, dim=1)  # float32 sums of a few hundred squares
                 self._qn += qs.shape[1]
         self._append_exact(k, v)
         self._compress(max(self.body_end, boundary(end - 1, self.sink, self.recent, self.flush)))

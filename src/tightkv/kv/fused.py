@@ -33,16 +33,18 @@ def dense_attend(cache, q: torch.Tensor, scale: float) -> torch.Tensor | None:
     lib = kernel.lib()
     if lib is None:
         return None
-    kind = kernel.DENSE_KINDS[cache.dtype]
     keys, values = cache.keys, cache.values
-    seg = kernel.segment(kind, kind, False, (keys,), (values,))
+    held = cache._packed  # the packed segment, kept while the stores stay
+    if held is None or held[0] is not keys or held[1] is not values:
+        kind = kernel.DENSE_KINDS[cache.dtype]
+        held = cache._packed = (keys, values, kernel.pack([kernel.segment(kind, kind, False, (keys,), (values,))]))
     ranges = []
     start, win = cache.start, cache.window
     for t in range(T):
         p = cache.offset - T + t
         lo = max(start, p - win + 1) if win is not None else start
         ranges += [lo - start, min(p + 1, start + cache.length) - start]
-    return kernel.run(lib, q, keys.shape[0], values.shape[2], scale, [seg], ranges)
+    return kernel.run(lib, q, keys.shape[0], values.shape[2], scale, held[2], ranges)
 
 
 # --- compressed cache -------------------------------------------------------------
