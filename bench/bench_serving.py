@@ -10,8 +10,9 @@ files on disk), then the first question again: time to first token of each, and
 the cached tokens the server reports.
 
 streams: N concurrent streaming chats (short prompts, --gen tokens each) at N = 1, 2,
-4, 8: aggregate decode rate, p50/p95 time to first token and inter-token latency;
-slots of SLOT_CTX tokens.
+4, 8, after one untimed chat: aggregate decode rate, p50/p95 time to first token and
+inter-token latency; slots of SLOT_CTX tokens, each server with its prompt cache as it
+comes (ours: the prefix store; llama-server: its slots' and host-memory prompt caches).
 
 llama-server: the same streams against llama.cpp's own server (-np 8, the same GGUF,
 threads and context per slot; bench/build_llama_server.sh builds it).
@@ -173,8 +174,7 @@ def prefix_section(model: str, name: str, home: Path, doc_tokens: int, ctx: int,
 
 
 def streams_section(model: str, name: str, home: Path, counts: list[int], gen: int, threads: int) -> list[dict]:
-    srv = Server(model, home, "--threads", str(threads), "--parallel", str(max(counts)), "--cache-ram", "0",
-                 "--ctx", str(SLOT_CTX))
+    srv = Server(model, home, "--threads", str(threads), "--parallel", str(max(counts)), "--ctx", str(SLOT_CTX))
     try:
         return run_streams(srv, name, counts, gen)
     finally:
@@ -196,7 +196,9 @@ def llama_server_section(binary: str, model: str, name: str, counts: list[int], 
 
 def run_streams(srv, name: str, counts: list[int], gen: int) -> list[dict]:
     """N concurrent streaming chats for each N in counts: aggregate tokens per second of
-    wall time, p50/p95 time to first token and inter-token latency."""
+    wall time, p50/p95 time to first token and inter-token latency. One untimed chat first:
+    a server's first request pays its warm-up (allocations, template compilation)."""
+    timed_chat(srv.client(), name, "Say hello.", 4)
     out = []
     for n in counts:
         results: list[dict] = [None] * n  # type: ignore[list-item]
