@@ -1199,7 +1199,7 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
                        const float *kcb, const float *vcb, int64_t chunk_tokens, float *out, int nth) {
   using namespace attn;
   if (D % 32 || Dv % 32 || D > 1024 || Dv > 1024 || R < 1 || T < 1 || R % T) return 1;
-  const int64_t ROW_TILE = 64;
+  const int64_t ROW_TILE = 64, PARALLEL_MACS = 1 << 18;
   Ctx cx = {};
   if ((ksigns && (khb < 1 || (khb & (khb - 1)) || D % khb)) || (vsigns && (vhb < 1 || (vhb & (vhb - 1)) || Dv % vhb)))
     return 1;
@@ -1245,7 +1245,7 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
   const bool split = ntiles == 1;
   std::vector<int64_t> chunks, poff;
   std::vector<std::vector<int64_t>> per_tile(Hkv * ntiles);
-  int64_t total = 0;
+  int64_t total = 0, work = 0;  // work: token-row pairs scored
   for (int64_t sgi = 0; sgi < nseg; sgi++)
     for (int64_t ti = 0; ti < ntiles; ti++) {
       const int64_t r0 = ti * rt, r1 = r0 + rt < R ? r0 + rt : R;
@@ -1263,6 +1263,7 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
           chunks.insert(chunks.end(), v, v + CH);
           poff.push_back(total);
           total += (r1 - r0) * (Dv + 2);
+          work += ((c0 + step < e ? c0 + step : e) - c0) * (r1 - r0);
         }
     }
   const int64_t nch = (int64_t)chunks.size() / CH;
@@ -1279,7 +1280,9 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
   }
   cx.chunks = chunks.data(); cx.poff = poff.data(); cx.part = part.data();
   cx.row_chunks = row_chunks.data(); cx.row_first = row_first.data(); cx.rt = rt; cx.out = out;
-  run_chunks(chunk_fn_attn, &cx, nch, nch > 1 ? nth : 1);
+  // a short history (a decode step at small depth) is scored on this thread: the pool's
+  // round-trip would cost more than the split saves
+  run_chunks(chunk_fn_attn, &cx, nch, nch > 1 && work * (D + Dv) >= PARALLEL_MACS ? nth : 1);
   run_chunks(merge_rows, &cx, nprep, nth_rows);
   return 0;
 }
