@@ -59,10 +59,10 @@ def check_gemv(lib, qtype: str, rows: int, threads: int = 2) -> None:
 
 @pytest.mark.parametrize("qtype", BLOCK_TYPES + FLOAT_TYPES)
 def test_fast_matches_reference(qtype, monkeypatch):
-    monkeypatch.setattr(qm, "GEMV_MAX_ROWS", 8)
+    monkeypatch.setattr(qm, "GEMV_MAX_ROWS", 16)
     lin = make_linear(qtype)
     w = quants.dequantize(lin.raw, qtype, (OUT, IN))
-    for rows in (1, 7, 20):  # 1 and 7 rows: block-dot kernel; 20 (> GEMV_MAX_ROWS): dequantized tiles
+    for rows in (1, 7, 13, 20):  # up to 13 rows: block-dot kernel (8 rows a pass, then 5); 20: dequantized tiles
         x = torch.randn(rows, IN)
         qm.set_backend("reference")
         ref = lin(x)
@@ -173,7 +173,7 @@ def test_other_simd_builds(target, simd):
     for qtype in BLOCK_TYPES:
         lin = make_linear(qtype, seed=2)
         w = quants.dequantize(lin.raw, qtype, (OUT, IN))
-        check_gemv(lib, qtype, 7)
+        check_gemv(lib, qtype, 13)  # a pass of 8 rows, then 5
         out = torch.empty(OUT, IN)
         assert lib.tk_dequant(qm.TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), OUT, IN, out.data_ptr(), 2) == 0
         assert torch.equal(out.view(torch.int32), w.view(torch.int32))

@@ -41,7 +41,7 @@ static void gemv_chunk(const void *p, int64_t c) {
 
 // Rows per claimed chunk: about CHUNK_BYTES of weights, at most 64 chunks per thread.
 static const int64_t CHUNK_BYTES = 1 << 15;
-static const int64_t MB = 4;  // activation rows per pass over the weights
+static const int64_t MB = 8;  // activation rows per pass over the weights
 static int64_t chunk_rows(int64_t N, int64_t row_bytes, int nth) {
   int64_t n = N * row_bytes / CHUNK_BYTES, most = 64 * (int64_t)(nth > 1 ? nth : 1);
   n = n < 1 ? 1 : n > most ? most : n;
@@ -70,7 +70,11 @@ static chunk_fn bind(PartCtx &g, const uint8_t *w, int64_t ldw, int64_t N, const
     case 1: return i8::chunk<T, 1>;
     case 2: return i8::chunk<T, 2>;
     case 3: return i8::chunk<T, 3>;
-    default: return i8::chunk<T, 4>;
+    case 4: return i8::chunk<T, 4>;
+    case 5: return i8::chunk<T, 5>;
+    case 6: return i8::chunk<T, 6>;
+    case 7: return i8::chunk<T, 7>;
+    default: return i8::chunk<T, 8>;
   }
 }
 #define BIND(T) bind<i8::T>(g, w, ldw, N, a, m0, mb, y, ldy, nth)
@@ -86,7 +90,11 @@ static chunk_fn bind(PartCtx &g, const uint8_t *w, int64_t ldw, int64_t N, const
     case 1: return gemv_chunk<T, 1>;
     case 2: return gemv_chunk<T, 2>;
     case 3: return gemv_chunk<T, 3>;
-    default: return gemv_chunk<T, 4>;
+    case 4: return gemv_chunk<T, 4>;
+    case 5: return gemv_chunk<T, 5>;
+    case 6: return gemv_chunk<T, 6>;
+    case 7: return gemv_chunk<T, 7>;
+    default: return gemv_chunk<T, 8>;
   }
 }
 #define BIND(T) bind<T>(g, w, ldw, N, a, m0, mb, y, ldy, nth)
