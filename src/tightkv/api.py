@@ -146,8 +146,9 @@ class Model:
         best-quality type whose bytes at `context` (default this model's) for `slots`
         sequences fit `memory` bytes (default: the RAM available less 1 GiB) and whose
         KLD against f16, probed on `text` (default, or when shorter than 1K tokens: the
-        essays), is within 0.005, the +0.5% ΔPPL bar as a log-loss (`eval.auto`). Prints the decision in one line on stderr
-        unless `quiet`; returns it (a `KVChoice`), also kept as `kv_choice`. Raises
+        essays), is within 0.005, the +0.5% ΔPPL bar as a log-loss (`eval.auto`). Prints
+        the decision in one line on stderr unless `quiet`; returns it (a `KVChoice`), also
+        kept as `kv_choice`. Raises
         TightKVError saying how long a context would fit when no type does."""
         import sys
 
@@ -343,8 +344,13 @@ class Model:
     def prompt_cuts(self, ids: list[int]) -> list[int]:
         """The extra prefill chunk ends of a prompt: where its chat turns begin
         (`turn_cuts`) and its `paragraph_cuts`."""
+        return self.cut_points(ids)[0]
+
+    def cut_points(self, ids: list[int]) -> tuple[list[int], list[int]]:
+        """`prompt_cuts`, and the `paragraph_cuts` among them."""
         turns = self.turn_cuts(ids)
-        return sorted({*turns, *self.paragraph_cuts(ids, turns)})
+        breaks = self.paragraph_cuts(ids, turns)
+        return sorted({*turns, *breaks}), breaks
 
     def paragraph_cuts(self, ids: list[int], turns: list[int]) -> list[int]:
         """Just after each turn's last paragraph break ("\\n\\n"; in the last turn, only

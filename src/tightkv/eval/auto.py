@@ -9,8 +9,9 @@ other type is probed: the KLD of its next-token distributions against f16's over
 the last `SCORED` positions of a `PROBE_TOKENS`-token span of the text (the
 document being loaded, the prompt, or the essays when the prompt is shorter than
 `MIN_TEXT_TOKENS`). The first type that fits and whose KLD is within `KLD_BAR`
-is chosen (KLD_BAR is the +0.5% ΔPPL bar as a mean log-loss). When none fits, the error says how long a context the best type holds
-and which weight quantization would make the room.
+(the +0.5% ΔPPL bar as a mean log-loss) is chosen. When none fits, the error says
+how long a context the smallest type that holds the bar holds, and which weight
+quantization would make the room.
 
 Probes are cached per model file, type and text span in `$TIGHTKV_HOME/kv_probes.json`.
 """

@@ -420,9 +420,7 @@ class Scheduler:
         stored at its `keep_points` and end."""
         from ..engine.generate import PromptCache, chunk_ends
 
-        turns = self.model.turn_cuts(ids)
-        breaks = tuple(self.model.paragraph_cuts(ids, turns))
-        cuts = tuple(sorted({*turns, *breaks}))
+        cuts, breaks = (tuple(c) for c in self.model.cut_points(ids))
         if self.prefixes is None:
             return self.model.new_cache(), PromptCache(cuts=cuts)
         _, cache, logits = self.prefixes.best(ids, chunk_ends(0, len(ids), cuts=cuts), complete=True, cuts=cuts)

@@ -60,45 +60,40 @@ struct Act {
 // side by side): its chunk function and context for activation rows m0..m0+mb.
 #if TK_GEMV_I8
 typedef i8::Ctx PartCtx;
-template <class T>
-static chunk_fn bind(PartCtx &g, const uint8_t *w, int64_t ldw, int64_t N, const Act &a, int64_t m0, int mb,
-                     float *y, int64_t ldy, int nth) {
+#define PART_TYPE(T) i8::T
+#define PART_CHUNK i8::chunk
+static PartCtx part_ctx(const uint8_t *w, int64_t ldw, int64_t N, int64_t rows, const Act &a, int64_t m0, float *y,
+                        int64_t ldy) {
   const int64_t K = a.K;
-  if (K % T::QK || ldw < K / T::QK * T::TS) return nullptr;
-  g = {w, ldw, N, chunk_rows(N, ldw, nth), {a.q + m0 * K, a.d + m0 * K / 32, a.hs + m0 * K / 16, K}, y + m0 * ldy, ldy};
-  switch (mb) {
-    case 1: return i8::chunk<T, 1>;
-    case 2: return i8::chunk<T, 2>;
-    case 3: return i8::chunk<T, 3>;
-    case 4: return i8::chunk<T, 4>;
-    case 5: return i8::chunk<T, 5>;
-    case 6: return i8::chunk<T, 6>;
-    case 7: return i8::chunk<T, 7>;
-    default: return i8::chunk<T, 8>;
-  }
+  return {w, ldw, N, rows, {a.q + m0 * K, a.d + m0 * K / 32, a.hs + m0 * K / 16, K}, y + m0 * ldy, ldy};
 }
-#define BIND(T) bind<i8::T>(g, w, ldw, N, a, m0, mb, y, ldy, nth)
 #else
 typedef GemvCtx PartCtx;
+#define PART_TYPE(T) T
+#define PART_CHUNK gemv_chunk
+static PartCtx part_ctx(const uint8_t *w, int64_t ldw, int64_t N, int64_t rows, const Act &a, int64_t m0, float *y,
+                        int64_t ldy) {
+  return {w, ldw, N, a.K, rows, a.x + m0 * a.K, y + m0 * ldy, ldy};
+}
+#endif
+
 template <class T>
 static chunk_fn bind(PartCtx &g, const uint8_t *w, int64_t ldw, int64_t N, const Act &a, int64_t m0, int mb,
                      float *y, int64_t ldy, int nth) {
-  const int64_t K = a.K;
-  if (K % T::QK || ldw < K / T::QK * T::TS) return nullptr;
-  g = {w, ldw, N, K, chunk_rows(N, ldw, nth), a.x + m0 * K, y + m0 * ldy, ldy};
+  if (a.K % T::QK || ldw < a.K / T::QK * T::TS) return nullptr;
+  g = part_ctx(w, ldw, N, chunk_rows(N, ldw, nth), a, m0, y, ldy);
   switch (mb) {
-    case 1: return gemv_chunk<T, 1>;
-    case 2: return gemv_chunk<T, 2>;
-    case 3: return gemv_chunk<T, 3>;
-    case 4: return gemv_chunk<T, 4>;
-    case 5: return gemv_chunk<T, 5>;
-    case 6: return gemv_chunk<T, 6>;
-    case 7: return gemv_chunk<T, 7>;
-    default: return gemv_chunk<T, 8>;
+    case 1: return PART_CHUNK<T, 1>;
+    case 2: return PART_CHUNK<T, 2>;
+    case 3: return PART_CHUNK<T, 3>;
+    case 4: return PART_CHUNK<T, 4>;
+    case 5: return PART_CHUNK<T, 5>;
+    case 6: return PART_CHUNK<T, 6>;
+    case 7: return PART_CHUNK<T, 7>;
+    default: return PART_CHUNK<T, 8>;
   }
 }
-#define BIND(T) bind<T>(g, w, ldw, N, a, m0, mb, y, ldy, nth)
-#endif
+#define BIND(T) bind<PART_TYPE(T)>(g, w, ldw, N, a, m0, mb, y, ldy, nth)
 
 struct DequantCtx {
   const uint8_t *w;
