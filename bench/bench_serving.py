@@ -328,6 +328,8 @@ def main() -> int:
     ns = ap.parse_args()
     models = ns.models.split(",") if ns.models else ["gemma3:270m"] + ([str(QWEN)] if QWEN.exists() else [])
     sections = ns.sections.split(",")
+    if "llama-server" in sections and not os.access(ns.llama_server, os.X_OK):
+        ap.error(f"no llama-server at {ns.llama_server}: bash bench/build_llama_server.sh DIR builds it")
     old = json.loads(Path(ns.json).read_text()) if ns.json and Path(ns.json).exists() else {}
     command = "python bench/bench_serving.py " + " ".join(sys.argv[1:])
     result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"),
