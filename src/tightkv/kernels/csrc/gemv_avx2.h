@@ -168,10 +168,11 @@ struct Q6_K {
 };
 
 // Activation rows quantized in groups of 32: q (M, K) int8, d (M, K/32) scales,
-// hs (M, K/16) the dequantized sums of each 16 (for the mins).
+// hs (M, K/16) the dequantized sums of each 16 (for the mins); on AVX-512 also
+// d8 (M, K/32, 8), each scale spread over 8 lanes (two groups fill a register).
 struct XQ {
   const int8_t *q;
-  const float *d, *hs;
+  const float *d, *hs, *d8;
   int64_t K;
 };
 
@@ -193,7 +194,7 @@ static inline int32_t hsum8i(__m256i v) {
 }
 
 // Quantize M rows of x (M, K), K % 32 == 0, into the buffers of xq.
-static inline void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *q, float *d, float *hs) {
+static inline void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *q, float *d, float *hs, float *d8) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   const __m256i ones = _mm256_set1_epi16(1);
@@ -214,6 +215,7 @@ static inline void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *q
     const __m256i qv = _mm256_permutevar8x32_epi32(p, order);
     _mm256_storeu_si256((__m256i *)(q + 32 * g), qv);
     d[g] = dd;
+    if (d8) _mm256_storeu_ps(d8 + 8 * g, _mm256_set1_ps(dd));
     // sums of each 16: bytes widened to int16 and added in pairs
     const __m256i lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(qv));
     const __m256i hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(qv, 1));
@@ -250,6 +252,73 @@ static void rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ
   }
 }
 
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+#define TK_GEMV_512 1
+// Sums of four adjacent u8 x s8 products per int32 lane, on 512-bit registers.
+static inline __m512i dot4x(__m512i u8, __m512i s8) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u8, s8);
+#else
+  return _mm512_madd_epi16(_mm512_maddubs_epi16(u8, s8), _mm512_set1_epi16(1));
+#endif
+}
+static inline __m256 halves(float a, float b) { return _mm256_set_m128(_mm_set1_ps(b), _mm_set1_ps(a)); }
+
+// `rows` with two groups of 32 per 512-bit register (K % 64 == 0): a type's groups are
+// gathered a block at a time (two blocks of a 32-weight type), then multiplied in pairs
+// into every activation row; the mins of 16 halves take one vector product.
+template <class T, int M>
+static void rows512(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ &x, float *y, int64_t ldy) {
+  constexpr int NG = T::QK / 32, BPI = NG == 1 ? 2 : 1, NGI = NG * BPI;  // groups per block, per iteration
+  const int64_t K = x.K, nb = K / T::QK, G = K / 32;
+  for (int64_t r = r0; r < r1; r++) {
+    const uint8_t *b = w + r * ldw;
+    __m512 acc[M], macc[M];
+    float mins[M];
+    for (int m = 0; m < M; m++) { acc[m] = macc[m] = _mm512_setzero_ps(); mins[m] = 0.f; }
+    for (int64_t j = 0; j < nb; j += BPI, b += BPI * T::TS) {
+      __m256i q[NGI];
+      __m256 sv[NGI];
+      alignas(64) float mv[2 * NGI];
+      UNROLL for (int k = 0; k < BPI; k++)
+        T::visit(b + k * T::TS, [&](int e, __m256i qq, float s0, float s1, float m0, float m1) ALWAYS_INLINE_LAMBDA {
+          const int i = k * NG + e / 32;
+          q[i] = qq;
+          sv[i] = halves(s0, s1);
+          mv[2 * i] = m0;
+          mv[2 * i + 1] = m1;
+        });
+      const int64_t g0 = j * NG;
+      UNROLL for (int i = 0; i < NGI; i += 2) {
+        const __m512i qq = _mm512_inserti64x4(_mm512_castsi256_si512(q[i]), q[i + 1], 1);
+        const __m512i qa = T::SIGNED ? _mm512_abs_epi8(qq) : qq;
+        const __mmask64 neg = T::SIGNED ? _mm512_movepi8_mask(qq) : 0;
+        const __m512 s = _mm512_insertf32x8(_mm512_castps256_ps512(sv[i]), sv[i + 1], 1);
+        for (int m = 0; m < M; m++) {
+          __m512i xv = _mm512_loadu_si512((const void *)(x.q + m * K + 32 * (g0 + i)));
+          if (T::SIGNED) xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+          const __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(dot4x(qa, xv)), s);
+          acc[m] = _mm512_fmadd_ps(p, _mm512_loadu_ps(x.d8 + 8 * (m * G + g0 + i)), acc[m]);
+        }
+      }
+      if (T::MIN) {
+        if (2 * NGI == 16) {
+          const __m512 mvv = _mm512_load_ps(mv);
+          for (int m = 0; m < M; m++) macc[m] = _mm512_fmadd_ps(mvv, _mm512_loadu_ps(x.hs + m * 2 * G + 2 * g0), macc[m]);
+        } else {
+          for (int m = 0; m < M; m++)
+            for (int i = 0; i < 2 * NGI; i++) mins[m] += mv[i] * x.hs[m * 2 * G + 2 * g0 + i];
+        }
+      }
+    }
+    for (int m = 0; m < M; m++)
+      y[m * ldy + r] = _mm512_reduce_add_ps(acc[m]) - (T::MIN ? _mm512_reduce_add_ps(macc[m]) + mins[m] : 0.f);
+  }
+}
+#else
+#define TK_GEMV_512 0
+#endif
+
 struct Ctx {
   const uint8_t *w;
   int64_t ldw, N, rows;
@@ -262,6 +331,9 @@ template <class T, int M>
 static void chunk(const void *p, int64_t c) {
   const Ctx *g = (const Ctx *)p;
   int64_t r0 = c * g->rows, r1 = r0 + g->rows < g->N ? r0 + g->rows : g->N;
+#if TK_GEMV_512
+  if (g->x.K % 64 == 0) return rows512<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
+#endif
   rows<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
 }
 }  // namespace i8
