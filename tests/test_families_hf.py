@@ -206,8 +206,10 @@ def test_tied_output(gguf_dir):
 @pytest.mark.parametrize("case", FAMILIES)
 def test_quantized(gguf_dir, case, qtype, backend):
     """Quantized blocks: our reference backend equals transformers on the same blocks
-    (two dequantizers, float-equal results), and the fast backend is within 1e-2 of
-    the reference, for a whole prefill and for token-by-token decode."""
+    (two dequantizers, float-equal results), and the fast backend is within `steps_rtol`
+    of the reference, for a whole prefill and for token-by-token decode (a prefill of T
+    rows takes the block-dot kernel, int8 activations where the build has them, on
+    AVX-512 builds: `qmatmul.gemv_max_rows`)."""
 
     ids = random_ids()
     m = Model(str(gguf_dir / f"{case}-{qtype}.gguf"), kv="f32", threads=1)
@@ -216,7 +218,7 @@ def test_quantized(gguf_dir, case, qtype, backend):
     assert_close(ref_prefill, hf_logits(gguf_dir, case, qtype, ids))
     backend("fast")
     fast_prefill, fast_steps = m.logits(ids), step_logits(m, ids)
-    assert_rel_close(fast_prefill, ref_prefill)
+    assert_rel_close(fast_prefill, ref_prefill, steps_rtol())
     assert_rel_close(fast_steps, ref_steps, steps_rtol())
     if library.status().startswith("loaded") and not library.library().tk_gemv_int8():  # float32 both: far tighter
         assert_close(fast_steps, ref_steps)
