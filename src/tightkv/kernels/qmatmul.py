@@ -21,9 +21,8 @@ Two backends, switched by `set_backend`:
   decode step on the 2-core AVX2 EPYC: 16.3 ms -> 11.1 ms,
   `bench/bench_qmatmul.py`; on the AVX-512 VNNI EPYC, one thread, busy box:
   20.5 -> 15.6 ms against float32 dots). AVX-512 builds put two groups of 32 in
-  one 512-bit register where K % 64 == 0 (Qwen2.5-Coder-0.5B, every layer's weights
-  once, AVX-512 VNNI EPYC, alternating builds 3x: 1 row 14.2 -> 11.3 ms, 8 rows
-  50 -> 38 ms; /tmp microbench). Portable builds decode 16 weights at a
+  one 512-bit register where K % 64 == 0 (`bench/gemv_crossover.py` times every
+  layer's weights per row count). Portable builds decode 16 weights at a
   time to float32 (no activation quantization). Above
   `GEMV_MAX_ROWS` rows it dequantizes row tiles (bit-exact with the reference)
   for torch's float32 matmul (oneDNN's, see `_pick_linear`). Threads:
@@ -64,9 +63,8 @@ GEMV_MAX_ROWS = None  # above this many input rows: dequantized tiles + float32 
 
 def gemv_max_rows(lib) -> int:
     """The most input rows the block-dot kernel takes (`GEMV_MAX_ROWS` where set): the
-    measured crossover with dequantized tiles, 40 on AVX-512 builds (Qwen2.5-Coder-0.5B
-    about 40, Gemma 3 270M about 64-80: every layer's weights once, AVX-512 VNNI EPYC),
-    24 on the others."""
+    crossover with dequantized tiles, 40 on AVX-512 builds, 24 on the others
+    (`bench/gemv_crossover.py`; README, "Weight kernel crossover")."""
     if GEMV_MAX_ROWS is not None:
         return GEMV_MAX_ROWS
     if id(lib) not in _MAX_ROWS:
