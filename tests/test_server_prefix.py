@@ -146,6 +146,23 @@ def test_a_conversation_prefills_only_its_new_turn(chatml, chatml_path):
     assert second == turn(cold, history)[0]
 
 
+def test_a_new_conversation_reuses_the_system_prompt(chatml, chatml_path):
+    """Another conversation under the same system prompt reuses it (stored at the first
+    turn cut of the earlier prompt), and answers as a server that stores nothing does."""
+    warm, cold = chatml
+    system = {"role": "system", "content": "You are a terse assistant who names things."}
+    ask = lambda server, q: _client(server).chat.completions.create(  # noqa: E731
+        model="tiny-chatml", messages=[system, {"role": "user", "content": q}], temperature=0, max_tokens=6)
+    ask(warm, "Name a bird.")
+    r = ask(warm, "Name a tree that grows by rivers.")
+    from tightkv import Model
+
+    model = Model(chatml_path)
+    first_turn = model.turn_cuts(model.chat_ids([system, {"role": "user", "content": "x"}]))[0]
+    assert r.usage.prompt_tokens_details.cached_tokens == first_turn
+    assert r.choices[0].message.content == ask(cold, "Name a tree that grows by rivers.").choices[0].message.content
+
+
 def test_a_restarted_server_starts_warm_from_disk(tmp_path, document):
     """The prompt files outlive the server; `tightkv cache` lists and removes them; a
     damaged file is dropped and rebuilt, never served."""

@@ -9,6 +9,7 @@ sequences in one forward pass (the server's batch); `stream` runs one sequence.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -161,8 +162,32 @@ def run_chunk(model, ids: list[int], cache: list, last: bool) -> torch.Tensor | 
     """One prefill chunk; the logits (vocab,) after it when it is the `last`, else None."""
     part = torch.tensor(ids, dtype=torch.long)
     at = torch.tensor([part.numel() - 1]) if last else torch.tensor([], dtype=torch.long)
-    out = model(part, cache, logits_at=at)
+    with torch_threads_for(part.numel()):
+        out = model(part, cache, logits_at=at)
     return out[0] if last else None
+
+
+@contextlib.contextmanager
+def torch_threads_for(rows: int):
+    """Torch's own ops on one thread for a forward of at most `qmatmul.kernel_rows()` rows.
+
+    There the weights go through the block-dot kernel, on its own thread pool, and
+    torch's ops are too small to gain from a parallel region; but OpenMP's threads
+    spin after each one and take the cores from the kernel's threads (Qwen2.5-Coder-0.5B,
+    a 32-token chunk on the 2-core AVX-512 EPYC: 200-260 ms with torch on 2 threads,
+    130 ms on one; `bench/prefill_chunks.py`). Larger forwards keep torch's threads
+    for the float32 matmul of the dequantized tiles."""
+    from ..kernels import qmatmul
+
+    if rows > max(1, qmatmul.kernel_rows()):
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def reuse_prefix(cache: list, held: list[int], ids: list[int]) -> bool:
@@ -179,18 +204,9 @@ def reuse_prefix(cache: list, held: list[int], ids: list[int]) -> bool:
 
 @torch.inference_mode()
 def decode_step(model, token: int, cache: list) -> torch.Tensor:
-    """Logits (vocab,) after one more token.
-
-    Torch's own ops run on one thread here: at one token they are too small to
-    gain from a parallel region, and OpenMP's barriers stall badly when a core
-    is busy. The weight kernels, where decode time goes, keep their own threads.
-    """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    """Logits (vocab,) after one more token (torch's ops on one thread: `torch_threads_for`)."""
+    with torch_threads_for(1):
         return model(torch.tensor([token]), cache)[0]
-    finally:
-        torch.set_num_threads(threads)
 
 
 @torch.inference_mode()
@@ -201,12 +217,8 @@ def decode_batch(model, tokens: list[int], caches: list[list]) -> torch.Tensor:
     (the kernels' per-row sums do not depend on the other rows; tested)."""
     if len(tokens) == 1:
         return decode_step(model, tokens[0], caches[0])[None]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads_for(len(tokens)):
         return model(torch.tensor(tokens), batch_layers(caches))
-    finally:
-        torch.set_num_threads(threads)
 
 
 def check_context(prompt_len: int, max_tokens: int | None, context_length: int) -> int:
@@ -240,12 +252,14 @@ class PromptCache:
 
 def keep_points(ends: list[int], cuts=(), chunk: int = PREFILL_CHUNK, breaks=()) -> set[int]:
     """Where a prompt with these chunk ends is stored besides its end: its last grid
-    point, its last cut (the start of its last turn, for a conversation's next turn)
+    point, its first and last cuts (the end of its system prompt, for a new conversation
+    under the same one; the start of its last turn, for this conversation's next turn)
     and its last paragraph break (`Model.paragraph_cuts`, for another question after
     the same document)."""
     inner = ends[:-1]
     cuts, breaks = set(cuts), set(breaks)
-    marks = [[e for e in inner if e % chunk == 0], [e for e in inner if e in cuts], [e for e in inner if e in breaks]]
+    turns = [e for e in inner if e in cuts]
+    marks = [[e for e in inner if e % chunk == 0], turns[:1], turns, [e for e in inner if e in breaks]]
     return {m[-1] for m in marks if m}
 
 

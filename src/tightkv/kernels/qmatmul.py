@@ -73,6 +73,13 @@ def gemv_max_rows(lib) -> int:
 
 
 _MAX_ROWS: dict[int, int] = {}  # per loaded library
+
+
+def kernel_rows() -> int:
+    """The most input rows a forward sends through the block-dot kernel (0 where the
+    reference backend or no compiled library runs)."""
+    lib = library.library() if _BACKEND == "fast" else None
+    return 0 if lib is None else gemv_max_rows(lib)
 TILE_ELEMS = 1 << 22  # weight elements per dequantized tile (16 MB of float32)
 PARALLEL_MIN_BYTES = 1 << 16  # smaller weights run the block-dot kernel on one thread
 
