@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 log = logging.getLogger("tightkv.server")
 
+RELEASE_AFTER_S = 2.0  # idle this long, the worker hands freed heap pages back to the OS
 # event kinds posted to a job
 ACCEPTED, PIECE, LOGPROB, DONE, ERROR = "accepted", "piece", "logprob", "done", "error"
 
@@ -295,15 +296,22 @@ class Scheduler:
         _release_memory()
         log.warning("model unloaded (keep_alive); the next request loads it again")
 
+    def _has_work(self) -> bool:
+        return bool(self._inbox or self._waiting or self._active or self._tasks or self._stop or self._want_load)
+
     def _serve(self) -> None:
+        released = True
         while True:
+            if not released:  # idle for RELEASE_AFTER_S: give freed memory back (never in a request's way)
+                with self._cv:
+                    if not self._has_work():
+                        self._cv.wait(RELEASE_AFTER_S)
+                    idle = not self._has_work()
+                if idle:
+                    _release_memory()
+                    released = True
             with self._cv:
-                idle = not (self._inbox or self._waiting or self._active or self._tasks or self._stop)
-            if idle:
-                _release_memory()
-            with self._cv:
-                while not (self._inbox or self._waiting or self._active or self._tasks or self._stop
-                           or self._want_load):
+                while not self._has_work():
                     if self.loaded and self.expires_in() == 0:
                         self._unload()
                     left = self.expires_in() if self.loaded else None
@@ -317,6 +325,7 @@ class Scheduler:
                 if not self.loaded:
                     continue
             self._tick()
+            released = False
             with self._cv:
                 task = self._tasks.popleft() if self._tasks else None
             if task is not None:
