@@ -13,17 +13,18 @@ from the essays). For each file type:
 - `vs_llamacpp`: on 10 prompts, our greedy continuations (24 tokens) against llama.cpp's up
   to its first near tie (top-2 margin < 0.5), and the top-20 logits after each prompt
   (max and mean absolute difference; the issue's bars are 0.75 and 0.2), for this
-  machine's kernels (`native`: float32 activations on AVX-512) and for the AVX2 build's
-  (`avx2`: int8 activations, as llama.cpp's own block dots take them, though grouped by 32
-  where llama.cpp groups k-quant and IQ activations by 256);
+  machine's kernels (`native`: on AVX-512, int8 activations in groups of 32, two groups
+  per 512-bit register) and for the AVX2 build's (`avx2`: int8 activations in groups of
+  32, as llama.cpp's own block dots take them, though it groups k-quant and IQ
+  activations by 256);
 - `llamacpp_self_*` (in each `vs_llamacpp` entry): llama.cpp against itself, its top-20
   logits from the batched prompt against those from the prompt fed one token at a time
   (its batch kernels differ from its single-token ones for several block types);
-- `noise_floor`: the same top-20 logits, our float32-activation path against our int8 one:
-  how far the rounding of the activations alone moves the logits on that file. Where a
-  file's weights are destroyed (1-2 bits on a 270M model) this is as large as the
-  distance to llama.cpp, and no engine that rounds activations differently from llama.cpp
-  can meet the bars there;
+- `noise_floor`: the same top-20 logits, our native path against the portable build's
+  float32 activations: how far the rounding of the activations alone moves the logits on
+  that file. Where a file's weights are destroyed (1-2 bits on a 270M model) this is as
+  large as the distance to llama.cpp, and no engine that rounds activations differently
+  from llama.cpp can meet the bars there;
 - with --ppl N: perplexity on the essays by the standard protocol (N chunks of 2048, f16 KV),
   ours against llama.cpp's on the same file (tests/reference/mkppl.py's way);
 - with --speed: decode at depth 16 (f16 KV, 2 threads, median of --reps) against
@@ -95,8 +96,10 @@ def quality(path: Path) -> dict:
         for name, target in (("native", None), ("avx2", "avx2")):
             r = with_kernels(target, lambda: (compare(model, ref), top20(model, ref)))
             out[name], out[f"_{name}_top20"] = r
-    a, b = out.pop("_native_top20"), out.pop("_avx2_top20")
-    floor = np.abs(np.concatenate(a) - np.concatenate(b))
+        exact = with_kernels("portable", lambda: top20(model, ref))  # float32 activations
+    a = out.pop("_native_top20")
+    out.pop("_avx2_top20")
+    floor = np.abs(np.concatenate(a) - np.concatenate(exact))
     for r in (out["native"], out["avx2"]):
         for c in r["cases"]:
             c.pop("text")
@@ -155,8 +158,8 @@ def render(doc: dict) -> str:
              "quantizer (tests/requantized.py); Q4_K_M is the embedded file itself. Top-20: |our logit - llama.cpp's| at llama.cpp's 20 best tokens after "
              f"each of {len(doc['prompts'])} prompts (the issue's bars: max 0.75, mean 0.2); greedy: "
              f"{doc['n_gen']} tokens agree up to llama.cpp's first near tie (margin < 0.5). llama.cpp self: its "
-             "batched-prompt logits against its token-by-token ones. Noise floor: our float32-activation path "
-             "against our int8 one (AVX2 build). Decode: tg64 at depth 16, f16 KV, "
+             "batched-prompt logits against its token-by-token ones. Noise floor: our native (int8-activation) "
+             "path against the portable build's float32 activations. Decode: tg64 at depth 16, f16 KV, "
              f"{_speed_threads(doc)} thread(s) each, medians of 3, against llama.cpp on the same file in the same "
              "run (the 1-minute load average before and after: the box is shared, and at 2 threads llama.cpp's "
              "OpenMP threads fell to 3-7 tok/s whenever other work ran, 38 when it did not; one thread each keeps "
