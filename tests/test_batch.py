@@ -67,3 +67,47 @@ def test_prefill_a_chunk_at_a_time_is_the_whole_prefill(embedded):
     assert chunks >= 2
     list(steps(parts))
     assert parts.ids == whole.ids and torch.equal(rec_parts.rows[0], rec_whole.rows[0])
+
+
+@pytest.mark.parametrize("kv", ["f16", "progressive"])
+def test_prompt_chunks_beside_decode_rows_equal_each_sequence_alone(embedded, kv):
+    """`decode_sequences(..., filling=seq)`: a sequence's prompt chunks ride in the decode
+    passes of the running ones (the server's step); every logits row equals, bit for bit,
+    the one each sequence computes alone, with the same chunk ends."""
+    from tightkv.engine.generate import PromptCache
+
+    def make(p):
+        rec = Recorder()
+        ids = embedded.tokenize(p)
+        seq = Sequence(embedded.net, embedded.tokenizer, ids, embedded.new_cache(kv), rec, 8,
+                       prompt_cache=PromptCache(cuts=(3,)))  # two chunks: [0, 3) and the rest
+        return seq, rec
+
+    alone = []
+    for p in PROMPTS:
+        seq, rec = make(p)
+        list(steps(seq))
+        alone.append((seq.ids, rec.rows))
+    batch = [make(p) for p in PROMPTS]
+    seqs = [s for s, _ in batch]
+    seqs[0].prefill()
+    running, waiting, merged = [seqs[0]], seqs[1:], 0
+    while running or waiting:
+        for s in list(running):
+            if s.step().stats:
+                running.remove(s)
+        filling = waiting[0] if waiting else None
+        decoding = [s for s in running if s.pending is not None]
+        if filling is not None and decoding:
+            decode_sequences(embedded.net, decoding, filling=filling)
+            merged += 1
+        elif filling is not None:
+            decode_sequences(embedded.net, [], filling=filling)  # nothing to decode: the chunk alone
+        else:
+            decode_sequences(embedded.net, decoding)
+        if filling is not None and filling.prefilled:
+            running.append(waiting.pop(0))
+    assert merged >= 6  # both chunks of each later prompt
+    for (seq, rec), (ids, rows) in zip(batch, alone):
+        assert seq.ids == ids
+        assert len(rec.rows) == len(rows) and all(torch.equal(a, b) for a, b in zip(rec.rows, rows))

@@ -13,6 +13,8 @@ import numpy as np
 from .errors import ContextOverflowError, TightKVError
 from .registry import resolve
 
+MIN_TURN_CUT = 8  # turns that open before this position are no prefill cut (`Model.turn_cuts`)
+
 
 def default_threads() -> int:
     """Physical cores, as llama.cpp defaults to."""
@@ -336,11 +338,13 @@ class Model:
         """Where the chat turns of a prompt begin (the positions of the token that opens
         each turn), for the server's prefill chunks: a conversation's earlier turns then
         end on a chunk, and are a stored prefix of its next request. [] without a chat
-        template, or when its turns open with no special token."""
+        template, or when its turns open with no special token. A turn that opens within
+        the first `MIN_TURN_CUT` tokens (after the BOS, say) is no cut: so short a prefix
+        saves nothing and would cost a forward pass of its own."""
         if not hasattr(self, "_turn_token"):
             self._turn_token = self._find_turn_token()
         t = self._turn_token
-        return [] if t is None else [i for i, x in enumerate(ids) if x == t and i > 0]
+        return [] if t is None else [i for i, x in enumerate(ids) if x == t and i >= MIN_TURN_CUT]
 
     def prompt_cuts(self, ids: list[int]) -> list[int]:
         """The extra prefill chunk ends of a prompt: where its chat turns begin

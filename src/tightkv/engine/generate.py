@@ -210,6 +210,18 @@ def decode_step(model, token: int, cache: list) -> torch.Tensor:
 
 
 @torch.inference_mode()
+def forward_rows(model, parts: list[list[int]], caches: list[list], logits_at: list[int]) -> torch.Tensor:
+    """One forward pass over N sequences: parts[i] (a decode step's one token, or a prompt
+    chunk) into caches[i]; logits (len(logits_at), vocab) at those rows of the parts laid
+    end to end. Each row computes what it computes alone, as long as the rows stay within
+    `qmatmul.kernel_rows()` and every part would take the block-dot kernel alone."""
+    tokens = [t for p in parts for t in p]
+    with torch_threads_for(len(tokens)):
+        return model(torch.tensor(tokens), batch_layers(caches, [len(p) for p in parts]),
+                     logits_at=torch.tensor(logits_at, dtype=torch.long))
+
+
+@torch.inference_mode()
 def decode_batch(model, tokens: list[int], caches: list[list]) -> torch.Tensor:
     """Logits (N, vocab) after one more token of each of N sequences, in one forward pass:
     the weight kernels read each weight once for all N rows, attention runs per sequence
@@ -305,6 +317,16 @@ class Sequence:
     @torch.inference_mode()
     def prefill(self, chunks: int | None = None) -> bool:
         """Run the prompt's next `chunks` chunks (None: all); True once the prompt is in."""
+        ran = 0
+        while self.next_chunk() and (chunks is None or ran < chunks):
+            self.chunk_done(run_chunk(self.model, self.next_chunk(), self.cache, self.last_chunk))
+            ran += 1
+        self._prefill_end()
+        return self.prefilled
+
+    def next_chunk(self) -> list[int]:
+        """The prompt ids of the next prefill chunk ([] once the prompt is in); a caller that
+        runs it itself (`decode_sequences`) then hands its logits to `chunk_done`."""
         if self._ends is None:
             self._t0 = time.perf_counter()
             held, n = self.cached, len(self.prompt)
@@ -313,17 +335,25 @@ class Sequence:
             else:
                 self._ends = chunk_ends(held, n, cuts=self.pc.cuts)
                 self._marks = keep_points(self._ends, self.pc.cuts, breaks=self.pc.breaks)
-        ran = 0
-        while self._ends and (chunks is None or ran < chunks):
-            e, start = self._ends[0], self.cache[0].offset
-            last = len(self._ends) == 1
-            self.logits = run_chunk(self.model, self.prompt[start:e], self.cache, last)
-            self._ends.pop(0)
-            ran += 1
-            if self.progress:
-                self.progress(e - self.cached, len(self.prompt) - self.cached)
-            if self.pc.keep and (e in self._marks or last):
-                self.pc.keep(e, self.cache, self.logits if last else None)
+        return self.prompt[self.cache[0].offset : self._ends[0]] if self._ends else []
+
+    @property
+    def last_chunk(self) -> bool:
+        """Whether the next chunk ends the prompt (its logits are then needed)."""
+        return bool(self._ends) and len(self._ends) == 1
+
+    def chunk_done(self, logits: torch.Tensor | None) -> None:
+        """The next chunk has run into the cache; `logits` (vocab,) after it when it was the last."""
+        e = self._ends.pop(0)
+        last = not self._ends
+        self.logits = logits if last else None
+        if self.progress:
+            self.progress(e - self.cached, len(self.prompt) - self.cached)
+        if self.pc.keep and (e in self._marks or last):
+            self.pc.keep(e, self.cache, self.logits if last else None)
+        self._prefill_end()
+
+    def _prefill_end(self) -> None:
         if self.prefilled and not self._t1:
             if self.logits is None:
                 raise ValueError("the cache already holds the whole prompt; nothing to predict from")
@@ -383,12 +413,24 @@ class Sequence:
             cached_tokens=self.cached, ids=self.ids))
 
 
-def decode_sequences(model, seqs: list[Sequence]) -> None:
-    """Run the pending token of each sequence, all in one forward pass."""
-    if not seqs:
+def decode_sequences(model, seqs: list[Sequence], filling: Sequence | None = None) -> None:
+    """Run the pending token of each sequence, all in one forward pass; with `filling`, its
+    next prompt chunk in the same pass (rows within `qmatmul.kernel_rows()`: then each
+    row computes what it would alone, and a stored prefix stays exact)."""
+    if filling is not None and not seqs:
+        filling.prefill(chunks=1)
         return
-    logits = decode_batch(model, [s.pending for s in seqs], [s.cache for s in seqs])
-    for s, row in zip(seqs, logits):
+    if filling is None or not filling.next_chunk():
+        if seqs:
+            logits = decode_batch(model, [s.pending for s in seqs], [s.cache for s in seqs])
+            for s, row in zip(seqs, logits):
+                s.advance(row)
+        return
+    chunk, last = filling.next_chunk(), filling.last_chunk
+    at = ([len(chunk) - 1] if last else []) + [len(chunk) + i for i in range(len(seqs))]
+    logits = forward_rows(model, [chunk] + [[s.pending] for s in seqs], [filling.cache] + [s.cache for s in seqs], at)
+    filling.chunk_done(logits[0] if last else None)
+    for s, row in zip(seqs, logits[1:] if last else logits):
         s.advance(row)
 
 

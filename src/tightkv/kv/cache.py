@@ -77,16 +77,19 @@ def positions(cache: list, T: int) -> torch.Tensor:
 
 
 class BatchLayer:
-    """One layer of N sequences' caches, fed one new token each (a batched decode step):
-    `attend` gives each row to its own sequence's cache."""
+    """One layer of N sequences' caches in one forward pass: sequence i takes the next
+    `rows[i]` rows (one token of a decode step, or a prompt chunk) into its own cache."""
 
-    def __init__(self, layers: list):
-        self.layers = layers
+    def __init__(self, layers: list, rows: list[int]):
+        self.layers, self.rows = layers, rows
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-        """q (H, N, D), k and v (Hkv, N, D): row i is sequence i's next token -> (H, N, Dv)."""
-        return torch.cat([c.attend(q[:, i : i + 1], k[:, i : i + 1], v[:, i : i + 1], scale)
-                          for i, c in enumerate(self.layers)], dim=1)
+        """q (H, R, D), k and v (Hkv, R, D), R = sum(rows): each sequence's rows in turn -> (H, R, Dv)."""
+        outs, s = [], 0
+        for c, n in zip(self.layers, self.rows):
+            outs.append(c.attend(q[:, s : s + n], k[:, s : s + n], v[:, s : s + n], scale))
+            s += n
+        return torch.cat(outs, dim=1)
 
 
 class Batch(list):
@@ -95,10 +98,15 @@ class Batch(list):
     positions: torch.Tensor
 
 
-def batch_layers(caches: list[list]) -> Batch:
-    """N sequences' caches as one cache list for a forward of N rows, one per sequence."""
-    batch = Batch(BatchLayer([c[i] for c in caches]) for i in range(len(caches[0])))
-    batch.positions = torch.tensor([c[0].offset for c in caches])
+def batch_layers(caches: list[list], rows: list[int] | None = None) -> Batch:
+    """N sequences' caches as one cache list for a forward of their next rows: one token
+    each, or `rows[i]` tokens of sequence i."""
+    rows = rows or [1] * len(caches)
+    batch = Batch(BatchLayer([c[i] for c in caches], rows) for i in range(len(caches[0])))
+    if all(n == 1 for n in rows):
+        batch.positions = torch.tensor([c[0].offset for c in caches])
+    else:
+        batch.positions = torch.cat([torch.arange(c[0].offset, c[0].offset + n) for c, n in zip(caches, rows)])
     return batch
 
 

@@ -3,10 +3,11 @@
 The model is not thread-safe, so everything that touches it (loading,
 tokenizing, prefill, decode) runs on the worker thread. Up to `parallel`
 requests are active at once, batched continuously: each step of the worker
-runs one prefill chunk of the oldest request still reading its prompt, then
-one token of every other active request, all of them in one forward pass
-(`engine.generate.decode_sequences`: the weights are read once for the batch,
-attention runs per request over its own cache). A new prompt is thus read a
+runs one prefill chunk of the oldest request still reading its prompt and one
+token of every other active request, in one forward pass where their rows fit
+the block-dot kernel (`engine.generate.decode_sequences`: the weights are read
+once for the batch, attention runs per request over its own cache), else the
+chunk first and the tokens in one pass after it. A new prompt is thus read a
 chunk at a time between decode steps, and running streams keep flowing. The
 rest wait in arrival order. When `max_queue` requests are already waiting,
 `submit` refuses (the HTTP layer answers 503 with Retry-After).
@@ -444,9 +445,11 @@ class Scheduler:
         return self.prefixes.stats()
 
     def _step(self) -> None:
-        """One prefill chunk of the oldest job still reading its prompt, then one token of
-        every other active job, their decodes in one batch."""
+        """One prefill chunk of the oldest job still reading its prompt and one token of
+        every other active job: in one forward pass where their rows fit the block-dot
+        kernel (`_merged_step`), else the chunk first, then the decodes in one batch."""
         from ..engine.generate import decode_sequences
+        from ..kernels.qmatmul import kernel_rows
 
         live = []
         for job in list(self._active):
@@ -457,25 +460,56 @@ class Scheduler:
             else:
                 live.append(job)
         filling = next((j for j in live if not j.seq.prefilled), None)
+        ready = [j for j in live if j.seq.prefilled]
+        chunk = len(filling.seq.next_chunk()) if filling is not None else 0
+        if chunk and ready and chunk + len(ready) <= kernel_rows():
+            return self._merged_step(filling, ready)
         if filling is not None:
             try:
                 if filling.seq.prefill(chunks=1):
                     filling.mark_prefilled()
+                    ready.append(filling)
             except Exception as err:  # noqa: BLE001 - the request's error (logged on its stream)
                 self._fail(filling, err)
-        ready = [j for j in live if j.seq is not None and j.seq.prefilled]
-        for job in ready:
-            try:
-                self._emit(job, job.seq.step())
-            except Exception as err:  # noqa: BLE001
-                self._fail(job, err)
-        batch = [j for j in ready if j.seq is not None and j.seq.pending is not None]
+        batch = self._sample(ready)
         if batch:
             try:
                 decode_sequences(self.model.net, [j.seq for j in batch])
             except Exception as err:  # noqa: BLE001 - a failed batch fails each of its jobs
                 for job in batch:
                     self._fail(job, err)
+        self._count(batch)
+
+    def _merged_step(self, filling: Job, ready: list[Job]) -> None:
+        """The filling job's next chunk beside one token of each ready job, in one forward
+        pass; a job whose prompt is then in takes its first token at once."""
+        from ..engine.generate import decode_sequences
+
+        batch = self._sample(ready)
+        try:
+            decode_sequences(self.model.net, [j.seq for j in batch], filling=filling.seq)
+        except Exception as err:  # noqa: BLE001 - a failed pass fails each of its jobs
+            for job in [filling, *batch]:
+                self._fail(job, err)
+            batch = []
+        self._count(batch)
+        if filling.seq is not None and filling.seq.prefilled:
+            filling.mark_prefilled()
+            self._sample([filling])
+
+    def _sample(self, jobs: list[Job]) -> list[Job]:
+        """Each job's next step (its token, or its end), unless its last token is still to
+        run (a first token sampled after a merged pass); those with a token to run."""
+        for job in jobs:
+            if job.seq.pending is not None:
+                continue
+            try:
+                self._emit(job, job.seq.step())
+            except Exception as err:  # noqa: BLE001
+                self._fail(job, err)
+        return [j for j in jobs if j.seq is not None and j.seq.pending is not None]
+
+    def _count(self, batch: list[Job]) -> None:
         self.batch_size = len(batch)
         if batch:
             self.decode_steps += 1
