@@ -169,7 +169,9 @@ struct Q6_K {
 
 // Activation rows quantized in groups of 32: q (M, K) int8, d (M, K/32) scales,
 // hs (M, K/16) the dequantized sums of each 16 (for the mins); on AVX-512 also
-// d8 (M, K/32, 8), each scale spread over 8 lanes (two groups fill a register).
+// d8 (M, K/64, 32): per pair of groups, each scale spread over 8 lanes (two groups
+// fill a register), then 32 * scale * the sum of each 16 over its 4 lanes (the
+// offset of weights taken as unsigned w + 128, `rows512`).
 struct XQ {
   const int8_t *q;
   const float *d, *hs, *d8;
@@ -215,12 +217,17 @@ static inline void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *q
     const __m256i qv = _mm256_permutevar8x32_epi32(p, order);
     _mm256_storeu_si256((__m256i *)(q + 32 * g), qv);
     d[g] = dd;
-    if (d8) _mm256_storeu_ps(d8 + 8 * g, _mm256_set1_ps(dd));
     // sums of each 16: bytes widened to int16 and added in pairs
     const __m256i lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(qv));
     const __m256i hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(qv, 1));
-    hs[2 * g] = dd * (float)hsum8i(_mm256_madd_epi16(lo, ones));
-    hs[2 * g + 1] = dd * (float)hsum8i(_mm256_madd_epi16(hi, ones));
+    const int32_t s0 = hsum8i(_mm256_madd_epi16(lo, ones)), s1 = hsum8i(_mm256_madd_epi16(hi, ones));
+    hs[2 * g] = dd * (float)s0;
+    hs[2 * g + 1] = dd * (float)s1;
+    if (d8) {
+      float *pair = d8 + 32 * (g / 2) + 8 * (g % 2);
+      _mm256_storeu_ps(pair, _mm256_set1_ps(dd));
+      _mm256_storeu_ps(pair + 16, _mm256_set_m128(_mm_set1_ps(32.f * dd * (float)s1), _mm_set1_ps(32.f * dd * (float)s0)));
+    }
   }
 }
 
@@ -266,7 +273,10 @@ static inline __m256 halves(float a, float b) { return _mm256_set_m128(_mm_set1_
 
 // `rows` with two groups of 32 per 512-bit register (K % 64 == 0): a type's groups are
 // gathered a block at a time (two blocks of a 32-weight type), then multiplied in pairs
-// into every activation row; the mins of 16 halves take one vector product.
+// into every activation row; the mins of 16 halves take one vector product. With VNNI,
+// signed weights go in as unsigned w + 128 (one xor for all rows, where the sign trick
+// takes an abs and a mask, and a masked negation per row), and each lane takes off
+// 32 * d * its 16's sum (d8's second half): sum (w + 128) x - 128 sum x = sum w x.
 template <class T, int M>
 static void rows512(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ &x, float *y, int64_t ldy) {
   constexpr int NG = T::QK / 32, BPI = NG == 1 ? 2 : 1, NGI = NG * BPI;  // groups per block, per iteration
@@ -291,14 +301,27 @@ static void rows512(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const
       const int64_t g0 = j * NG;
       UNROLL for (int i = 0; i < NGI; i += 2) {
         const __m512i qq = _mm512_inserti64x4(_mm512_castsi256_si512(q[i]), q[i + 1], 1);
+        const __m512 s = _mm512_insertf32x8(_mm512_castps256_ps512(sv[i]), sv[i + 1], 1);
+#if defined(__AVX512VNNI__)
+        if (T::SIGNED) {
+          const __m512i qu = _mm512_xor_si512(qq, _mm512_set1_epi8((char)0x80));
+          for (int m = 0; m < M; m++) {
+            const __m512i xv = _mm512_loadu_si512((const void *)(x.q + m * K + 32 * (g0 + i)));
+            const float *dc = x.d8 + 16 * (m * G + g0 + i);
+            const __m512 p = _mm512_fmsub_ps(_mm512_cvtepi32_ps(dot4x(qu, xv)), _mm512_loadu_ps(dc),
+                                             _mm512_loadu_ps(dc + 16));
+            acc[m] = _mm512_fmadd_ps(p, s, acc[m]);
+          }
+          continue;
+        }
+#endif
         const __m512i qa = T::SIGNED ? _mm512_abs_epi8(qq) : qq;
         const __mmask64 neg = T::SIGNED ? _mm512_movepi8_mask(qq) : 0;
-        const __m512 s = _mm512_insertf32x8(_mm512_castps256_ps512(sv[i]), sv[i + 1], 1);
         for (int m = 0; m < M; m++) {
           __m512i xv = _mm512_loadu_si512((const void *)(x.q + m * K + 32 * (g0 + i)));
           if (T::SIGNED) xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
           const __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(dot4x(qa, xv)), s);
-          acc[m] = _mm512_fmadd_ps(p, _mm512_loadu_ps(x.d8 + 8 * (m * G + g0 + i)), acc[m]);
+          acc[m] = _mm512_fmadd_ps(p, _mm512_loadu_ps(x.d8 + 16 * (m * G + g0 + i)), acc[m]);
         }
       }
       if (T::MIN) {

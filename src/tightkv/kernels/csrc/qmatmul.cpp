@@ -65,7 +65,7 @@ typedef i8::Ctx PartCtx;
 static PartCtx part_ctx(const uint8_t *w, int64_t ldw, int64_t N, int64_t rows, const Act &a, int64_t m0, float *y,
                         int64_t ldy) {
   const int64_t K = a.K;
-  return {w, ldw, N, rows, {a.q + m0 * K, a.d + m0 * K / 32, a.hs + m0 * K / 16, a.d8 ? a.d8 + m0 * K / 4 : nullptr, K}, y + m0 * ldy, ldy};
+  return {w, ldw, N, rows, {a.q + m0 * K, a.d + m0 * K / 32, a.hs + m0 * K / 16, a.d8 ? a.d8 + m0 * K / 2 : nullptr, K}, y + m0 * ldy, ldy};
 }
 #else
 typedef GemvCtx PartCtx;
@@ -204,7 +204,7 @@ extern "C" int tk_gemv_parts(int n, const int *types, const uint8_t *const *ws, 
   thread_local std::vector<int8_t> q;
   thread_local std::vector<float> d, hs, d8;
   q.resize(M * K); d.resize(M * K / 32); hs.resize(M * K / 16);
-  if (TK_GEMV_512) d8.resize(M * K / 4);
+  if (TK_GEMV_512) d8.resize((M * K / 64 + 1) * 32);  // whole pairs of groups
   i8::quantize_rows(x, M, K, q.data(), d.data(), hs.data(), TK_GEMV_512 ? d8.data() : nullptr);
   a.q = q.data(); a.d = d.data(); a.hs = hs.data(); a.d8 = TK_GEMV_512 ? d8.data() : nullptr;
 #endif
