@@ -4,7 +4,8 @@ Layers, from the bottom: `prefill` runs a prompt into a cache in chunks
 (`chunk_ends`); a `Sequence` is one generation as explicit steps (prefill chunks,
 then one token at a time: its UTF-8-safe text and id, and a last step that
 carries the `GenerationStats`); `decode_sequences` runs the next token of many
-sequences in one forward pass (the server's batch); `stream` runs one sequence.
+sequences in one forward pass, and beside them the next prompt chunk of one more
+(the server's step); `stream` runs one sequence.
 """
 from __future__ import annotations
 
