@@ -175,8 +175,8 @@ def torch_threads_for(rows: int):
     There the weights go through the block-dot kernel, on its own thread pool, and
     torch's ops are too small to gain from a parallel region; but OpenMP's threads
     spin after each one and take the cores from the kernel's threads (Qwen2.5-Coder-0.5B,
-    a 32-token chunk on the 2-core AVX-512 EPYC: 200-260 ms with torch on 2 threads,
-    130 ms on one; `bench/prefill_chunks.py`). Larger forwards keep torch's threads
+    a 32-token chunk on the 2-core AVX-512 VNNI EPYC: 187 ms with torch on 2 threads,
+    129 ms on one; `python bench/prefill_chunks.py MODEL`). Larger forwards keep torch's threads
     for the float32 matmul of the dequantized tiles."""
     from ..kernels import qmatmul
 
@@ -319,8 +319,8 @@ class Sequence:
     def prefill(self, chunks: int | None = None) -> bool:
         """Run the prompt's next `chunks` chunks (None: all); True once the prompt is in."""
         ran = 0
-        while self.next_chunk() and (chunks is None or ran < chunks):
-            self.chunk_done(run_chunk(self.model, self.next_chunk(), self.cache, self.last_chunk))
+        while (chunks is None or ran < chunks) and (ids := self.next_chunk()):
+            self.chunk_done(run_chunk(self.model, ids, self.cache, self.last_chunk))
             ran += 1
         self._prefill_end()
         return self.prefilled
