@@ -1,11 +1,11 @@
-"""The kernel's per-token ops (RMS norm, NeoX RoPE) equal torch's."""
+"""The kernel's per-token ops (RMS norm, NeoX RoPE, q/k/v heads) equal torch's."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from tightkv.kernels import qmatmul as qm
 from tightkv.kernels import library
-from tightkv.models.base import apply_rope_neox, rms_norm, rope_cos_sin
+from tightkv.models.base import apply_rope_neox, qkv_heads, rms_norm, rope_cos_sin
 
 
 @pytest.fixture(autouse=True)
@@ -35,3 +35,27 @@ def test_rope_matches_torch(H, T, D, rot):
         qm.set_backend("fast")
     torch.testing.assert_close(fast, ref, rtol=1e-6, atol=1e-6)
     assert not torch.equal(fast, x)
+
+
+@pytest.mark.parametrize("H,Hkv,T,D,rot,norms", [(4, 1, 1, 256, 256, True), (14, 2, 5, 64, 64, False), (2, 2, 3, 96, 64, True)])
+def test_qkv_heads_equals_the_ops_one_by_one(H, Hkv, T, D, rot, norms):
+    """The fused split, per-head norms and RoPE give exactly what the separate kernel ops give
+    (a row must compute the same in any path), and torch's ops within rounding."""
+    g = torch.Generator().manual_seed(2)
+    qkv = torch.randn(T, (H + 2 * Hkv) * D, generator=g) * 2
+    qw, kw = (torch.randn(D, generator=g), torch.randn(D, generator=g)) if norms else (None, None)
+    cos, sin = rope_cos_sin(torch.arange(7, 7 + T), rot, 10000.0)
+    q, k, v = qkv_heads(qkv, H, Hkv, D, cos, sin, qw, kw, 1e-6)
+    q0, k0, v0 = (t.view(T, -1, D).transpose(0, 1) for t in qkv.split([H * D, Hkv * D, Hkv * D], dim=-1))
+    if norms:
+        q0, k0 = rms_norm(q0, qw, 1e-6), rms_norm(k0, kw, 1e-6)
+    assert q.shape == (H, T, D) and k.shape == v.shape == (Hkv, T, D)
+    assert torch.equal(q, apply_rope_neox(q0, cos, sin)) and torch.equal(k, apply_rope_neox(k0, cos, sin))
+    assert torch.equal(v, v0)
+    qm.set_backend("reference")
+    try:
+        ref = qkv_heads(qkv, H, Hkv, D, cos, sin, qw, kw, 1e-6)
+    finally:
+        qm.set_backend("fast")
+    for a, b in zip((q, k, v), ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -6,6 +6,7 @@ found by the GGUF's ``general.architecture``.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import warnings
 from dataclasses import dataclass, fields
@@ -150,11 +151,17 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, scale: fl
     llama.cpp's per-frequency divisors: Llama 3 `rope_freqs`, Phi-3 long/short
     factors); cos and sin are multiplied by mscale (Phi-3's attention factor).
     """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    inv_freq = _inv_freq(head_dim, theta)
     if factors is not None:
         inv_freq = inv_freq / factors.to(torch.float64)
     angles = (positions.to(torch.float64)[:, None] * scale) * inv_freq[None, :]
     return (angles.cos() * mscale).float(), (angles.sin() * mscale).float()
+
+
+@functools.lru_cache(maxsize=32)
+def _inv_freq(head_dim: int, theta: float) -> torch.Tensor:
+    """theta^(-2i/head_dim), float64 (head_dim/2,): the same every forward, so computed once."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
 
 
 class RopeTables:
@@ -189,6 +196,31 @@ def apply_rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
     half = rot // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def qkv_heads(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, cos: torch.Tensor,
+              sin: torch.Tensor, q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
+              eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q (H, T, D), k and v (Hkv, T, D) from a fused projection qkv (T, (H + 2 Hkv) D):
+    q and k RMS-normed per head by q_norm / k_norm where given, then NeoX-rotated
+    (`apply_rope_neox`); one kernel call where the library is loaded, the same numbers."""
+    T, D = qkv.shape[0], head_dim
+    lib = qm.small_ops(qkv)
+    norms = [w for w in (q_norm, k_norm) if w is not None]
+    if lib is None or D > 512 or any(w.dtype != torch.float32 for w in norms) or len(norms) == 1:
+        q, k, v = qkv.split([num_heads * D, num_kv_heads * D, num_kv_heads * D], dim=-1)
+        q = q.view(T, num_heads, D).transpose(0, 1)  # (H, T, D)
+        k = k.view(T, num_kv_heads, D).transpose(0, 1)  # (Hkv, T, D)
+        v = v.view(T, num_kv_heads, D).transpose(0, 1)  # (Hkv, T, D)
+        if norms:
+            q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
+        return apply_rope_neox(q, cos, sin), apply_rope_neox(k, cos, sin), v
+    qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
+    q, k, v = torch.empty(num_heads, T, D), torch.empty(num_kv_heads, T, D), torch.empty(num_kv_heads, T, D)
+    lib.tk_qkv_heads(qkv.data_ptr(), T, num_heads, num_kv_heads, D, q_norm.data_ptr() if norms else None,
+                     k_norm.data_ptr() if norms else None, eps, cos.data_ptr(), sin.data_ptr(), 2 * cos.shape[-1],
+                     q.data_ptr(), k.data_ptr(), v.data_ptr())
+    return q, k, v
 
 
 def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kv.cache import positions
-from .base import BaseModelArgs, RopeTables, Weights, apply_rope_neox, linear_rope_scale, rms_norm
+from .base import BaseModelArgs, RopeTables, Weights, linear_rope_scale, qkv_heads, rms_norm
 
 
 @dataclass
@@ -39,14 +39,9 @@ class Attention(torch.nn.Module):
     def forward(self, x: torch.Tensor, rope: RopeTables, cache) -> torch.Tensor:
         a = self.args
         T, D = x.shape[0], a.head_dim
-        q, k, v = self.wqkv(x).split(self.wqkv.sizes, dim=-1)
-        q = q.view(T, a.num_heads, D).transpose(0, 1)  # (H, T, D)
-        k = k.view(T, a.num_kv_heads, D).transpose(0, 1)  # (Hkv, T, D)
-        v = v.view(T, a.num_kv_heads, D).transpose(0, 1)  # (Hkv, T, D)
-        q = rms_norm(q, self.q_norm, a.rms_norm_eps)
-        k = rms_norm(k, self.k_norm, a.rms_norm_eps)
         cos, sin = rope.get(a.rope_theta, a.rope_scale)
-        q, k = apply_rope_neox(q, cos, sin), apply_rope_neox(k, cos, sin)
+        q, k, v = qkv_heads(self.wqkv(x), a.num_heads, a.num_kv_heads, D, cos, sin, self.q_norm, self.k_norm,
+                            a.rms_norm_eps)  # (H, T, D), (Hkv, T, D) x 2
         out = cache.attend(q, k, v, self.scale)  # (H, T, D)
         return self.wo(out.transpose(0, 1).reshape(T, a.num_heads * D))
 

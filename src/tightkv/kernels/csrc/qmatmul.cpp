@@ -264,6 +264,33 @@ extern "C" void tk_rope_neox(const float *x, const float *cs, const float *sn, i
     }
 }
 
+// q, k and v of T rows of a fused projection qkv (T, (H + 2 Hkv) D) as heads: q (H, T, D)
+// and k (Hkv, T, D), each head RMS-normed by qw / kw where given (Gemma 3, Qwen 3) and then
+// NeoX-rotated over its first `rot` dims (cos, sin (T, rot/2)); v (Hkv, T, D) as it is. The
+// float operations of tk_rms_norm and tk_rope_neox, in one call instead of a dozen small ops.
+extern "C" void tk_qkv_heads(const float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const float *qw,
+                             const float *kw, float eps, const float *cs, const float *sn, int64_t rot, float *q,
+                             float *k, float *v) {
+  float tmp[512];
+  const int64_t W = (H + 2 * Hkv) * D;
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t h = 0; h < H + 2 * Hkv; h++) {
+      const float *src = qkv + t * W + h * D;
+      if (h >= H + Hkv) {
+        memcpy(v + ((h - H - Hkv) * T + t) * D, src, D * sizeof(float));
+        continue;
+      }
+      const bool isq = h < H;
+      const float *w = isq ? qw : kw;
+      float *dst = isq ? q + (h * T + t) * D : k + ((h - H) * T + t) * D;
+      if (w) {
+        tk_rms_norm(src, w, 1, D, eps, tmp);
+        src = tmp;
+      }
+      tk_rope_neox(src, cs + t * (rot / 2), sn + t * (rot / 2), 1, 1, D, rot, dst);
+    }
+}
+
 extern "C" int tk_dequant(int type, const uint8_t *w, int64_t ldw, int64_t N, int64_t K, float *out, int nth) {
   if (!tk_lowbit_ready(type)) return 3;
 #define DEQUANT(T) dequant<T>(w, ldw, N, K, out, nth)
