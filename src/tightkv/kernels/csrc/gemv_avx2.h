@@ -271,6 +271,52 @@ static inline __m512i dot4x(__m512i u8, __m512i s8) {
 }
 static inline __m256 halves(float a, float b) { return _mm256_set_m128(_mm_set1_ps(b), _mm_set1_ps(a)); }
 
+// Two consecutive 32-weight blocks in one step, for the VNNI offset path: their 64 codes as
+// unsigned bytes w + 128 (qu) and their scales [d_a x 8, d_b x 8] (s), built on 512-bit
+// registers (one mask for Q5_0's 64 high bits, one shuffle for IQ4_NL's table) where the
+// generic visitor takes each block's 32 codes on their own. Pair<T>::OK says a type has one.
+template <class T>
+struct Pair {
+  enum { OK = 0 };
+  static void load(const uint8_t *, __m512i &, __m512 &) {}
+};
+static ALWAYS_INLINE __m512 scales2(const uint8_t *da, const uint8_t *db) {
+  return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(h2f(da)), _mm512_set1_ps(h2f(db)));
+}
+// The 16 nibble bytes at pa and at pb -> 64 bytes: pa's low nibbles, its high ones, pb's low, pb's high.
+static ALWAYS_INLINE __m512i nibbles2(const uint8_t *pa, const uint8_t *pb) {
+  const __m256i ab = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)pb), _mm_loadu_si128((const __m128i *)pa));
+  const __m512i t = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), _mm512_castsi256_si512(ab));
+  return _mm512_and_si512(_mm512_mask_srli_epi16(t, (__mmask32)0xFF00FF00u, t, 4), _mm512_set1_epi8(15));  // lanes 1, 3
+}
+template <>
+struct Pair<Q8_0> {
+  enum { OK = 1 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i &qu, __m512 &s) {
+    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(ld256(b + 2)), ld256(b + 36), 1);
+    qu = _mm512_xor_si512(q, _mm512_set1_epi8((char)0x80));
+    s = scales2(b, b + 34);
+  }
+};
+template <>
+struct Pair<Q4_0> {
+  enum { OK = 1 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i &qu, __m512 &s) {
+    qu = _mm512_add_epi8(nibbles2(b + 2, b + 20), _mm512_set1_epi8(120));  // q - 8 + 128
+    s = scales2(b, b + 18);
+  }
+};
+template <>
+struct Pair<Q5_0> {
+  enum { OK = 1 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i &qu, __m512 &s) {
+    const __mmask64 hi = (uint64_t)u32(b + 2) | (uint64_t)u32(b + 24) << 32;  // bit i: 16 for byte i
+    const __m512i lo = _mm512_add_epi8(nibbles2(b + 6, b + 28), _mm512_set1_epi8(112));  // q - 16 + 128
+    qu = _mm512_mask_add_epi8(lo, hi, lo, _mm512_set1_epi8(16));
+    s = scales2(b, b + 22);
+  }
+};
+
 // `rows` with two groups of 32 per 512-bit register (K % 64 == 0): a type's groups are
 // gathered a block at a time (two blocks of a 32-weight type), then multiplied in pairs
 // into every activation row; the mins of 16 halves take one vector product. With VNNI,
@@ -287,6 +333,20 @@ static void rows512(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const
     float mins[M];
     for (int m = 0; m < M; m++) { acc[m] = macc[m] = _mm512_setzero_ps(); mins[m] = 0.f; }
     for (int64_t j = 0; j < nb; j += BPI, b += BPI * T::TS) {
+#if defined(__AVX512VNNI__)
+      if constexpr (Pair<T>::OK) {  // two 32-weight blocks: one pair of groups
+        __m512i qu;
+        __m512 s;
+        Pair<T>::load(b, qu, s);
+        for (int m = 0; m < M; m++) {
+          const __m512i xv = _mm512_loadu_si512((const void *)(x.q + m * K + 32 * j));
+          const float *dc = x.d8 + 16 * (m * G + j);
+          const __m512 p = _mm512_fmsub_ps(_mm512_cvtepi32_ps(dot4x(qu, xv)), _mm512_loadu_ps(dc), _mm512_loadu_ps(dc + 16));
+          acc[m] = _mm512_fmadd_ps(p, s, acc[m]);
+        }
+        continue;
+      }
+#endif
       __m256i q[NGI];
       __m256 sv[NGI];
       alignas(64) float mv[2 * NGI];

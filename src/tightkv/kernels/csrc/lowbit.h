@@ -366,5 +366,35 @@ struct Lowbit {
 };
 #define LOWBIT_I8(T) struct T : Lowbit<lowbit::T> {};
 LOWBIT_TYPES(LOWBIT_I8)
+#if TK_GEMV_512
+// Two blocks of a 4-bit table type at once (gemv_avx2.h's Pair): one shuffle through the
+// table taken as unsigned t + 128.
+static ALWAYS_INLINE __m512i table_pair(const int8_t *t, const uint8_t *pa, const uint8_t *pb) {
+  const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t));
+  return _mm512_shuffle_epi8(_mm512_xor_si512(lut, _mm512_set1_epi8((char)0x80)), nibbles2(pa, pb));
+}
+template <>
+struct Pair<IQ4_NL> {
+  enum { OK = 1 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i &qu, __m512 &s) {
+    qu = table_pair(lowbit::tab.iq4, b + 2, b + 20);
+    s = scales2(b, b + 18);
+  }
+};
+template <>
+struct Pair<MXFP4> {
+  enum { OK = 1 };
+  static ALWAYS_INLINE float e8m0(uint8_t e) {  // 2^(e - 128), as MXFP4::visit
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float d;
+    memcpy(&d, &bits, 4);
+    return d;
+  }
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i &qu, __m512 &s) {
+    qu = table_pair(lowbit::tab.fp4, b + 1, b + 18);
+    s = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(e8m0(b[0])), _mm512_set1_ps(e8m0(b[17])));
+  }
+};
+#endif
 }  // namespace i8
 #endif
