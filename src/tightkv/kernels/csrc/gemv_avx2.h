@@ -271,14 +271,18 @@ static inline __m512i dot4x(__m512i u8, __m512i s8) {
 }
 static inline __m256 halves(float a, float b) { return _mm256_set_m128(_mm_set1_ps(b), _mm_set1_ps(a)); }
 
-// Two consecutive 32-weight blocks in one step, for the VNNI offset path: their 64 codes as
-// unsigned bytes w + 128 (qu) and their scales [d_a x 8, d_b x 8] (s), built on 512-bit
-// registers (one mask for Q5_0's 64 high bits, one shuffle for IQ4_NL's table) where the
-// generic visitor takes each block's 32 codes on their own. Pair<T>::OK says a type has one.
+// A type's codes a 512-bit register (a pair of 32-weight groups) at a time, for rows512 on
+// VNNI: Wide<T>::load(b, qu, s, mn) gives the NP pairs of one step (two blocks of a 32-weight
+// type, else one block) as bytes qu[i] and each lane's scale s[i] (lanes 0-7 the first group,
+// 8-15 the second, per 16 weights where a type's scales are); the weights are s * (qu - 128)
+// where SIGNED, else s * qu - mn, mn (QK 256 only) the min of each 16. Built on whole
+// registers (one permute for two blocks' nibbles, one mask for 64 high bits, one shuffle
+// through a table, the k-quants' scales decoded as vectors), where the generic visitor
+// takes 32 codes and two scalar scales at a time. Wide<T>::OK says a type has one.
 template <class T>
-struct Pair {
-  enum { OK = 0 };
-  static void load(const uint8_t *, __m512i &, __m512 &) {}
+struct Wide {
+  enum { OK = 0, NP = 1, SIGNED = 0, MIN = 0 };
+  static void load(const uint8_t *, __m512i *, __m512 *, __m512 &) {}
 };
 static ALWAYS_INLINE __m512 scales2(const uint8_t *da, const uint8_t *db) {
   return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(h2f(da)), _mm512_set1_ps(h2f(db)));
@@ -289,31 +293,129 @@ static ALWAYS_INLINE __m512i nibbles2(const uint8_t *pa, const uint8_t *pb) {
   const __m512i t = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), _mm512_castsi256_si512(ab));
   return _mm512_and_si512(_mm512_mask_srli_epi16(t, (__mmask32)0xFF00FF00u, t, 4), _mm512_set1_epi8(15));  // lanes 1, 3
 }
+// 32 bytes twice, the copy in the upper half shifted right by `hi` bits per 64-bit lane, the lower by `lo`,
+// then masked: 2-bit (mask 3) or 1-bit fields of the same bytes for two groups.
+static ALWAYS_INLINE __m512i fields2(const uint8_t *p, int lo, int hi, int mask) {
+  const __m512i v = _mm512_broadcast_i64x4(ld256(p));
+  const __m512i n = _mm512_setr_epi64(lo, lo, lo, lo, hi, hi, hi, hi);
+  return _mm512_and_si512(_mm512_srlv_epi64(v, n), _mm512_set1_epi8((char)mask));
+}
+// lanes 0-15 of v, each repeated: lane l of pair i takes v[4i + l/4] (scales per 16 weights)
+static ALWAYS_INLINE __m512 per16(__m512 v, int i) {
+  const __m512i idx = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2);
+  return _mm512_permutexvar_ps(_mm512_add_epi32(idx, _mm512_set1_epi32(4 * i)), v);
+}
+// ... or v[2i + l/8] (scales per 32 weights)
+static ALWAYS_INLINE __m512 per32(__m512 v, int i) {
+  const __m512i idx = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 3);
+  return _mm512_permutexvar_ps(_mm512_add_epi32(idx, _mm512_set1_epi32(2 * i)), v);
+}
+static ALWAYS_INLINE __m512 bytes_ps(const void *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
+static ALWAYS_INLINE __m512 ubytes_ps(const void *p) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p))); }
+
 template <>
-struct Pair<Q8_0> {
-  enum { OK = 1 };
-  static ALWAYS_INLINE void load(const uint8_t *b, __m512i &qu, __m512 &s) {
-    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(ld256(b + 2)), ld256(b + 36), 1);
-    qu = _mm512_xor_si512(q, _mm512_set1_epi8((char)0x80));
-    s = scales2(b, b + 34);
+struct Wide<Q4_0> {
+  enum { OK = 1, NP = 1, SIGNED = 1, MIN = 0 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &) {
+    qu[0] = _mm512_add_epi8(nibbles2(b + 2, b + 20), _mm512_set1_epi8(120));  // q - 8 + 128
+    s[0] = scales2(b, b + 18);
   }
 };
 template <>
-struct Pair<Q4_0> {
-  enum { OK = 1 };
-  static ALWAYS_INLINE void load(const uint8_t *b, __m512i &qu, __m512 &s) {
-    qu = _mm512_add_epi8(nibbles2(b + 2, b + 20), _mm512_set1_epi8(120));  // q - 8 + 128
-    s = scales2(b, b + 18);
-  }
-};
-template <>
-struct Pair<Q5_0> {
-  enum { OK = 1 };
-  static ALWAYS_INLINE void load(const uint8_t *b, __m512i &qu, __m512 &s) {
+struct Wide<Q5_0> {
+  enum { OK = 1, NP = 1, SIGNED = 1, MIN = 0 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &) {
     const __mmask64 hi = (uint64_t)u32(b + 2) | (uint64_t)u32(b + 24) << 32;  // bit i: 16 for byte i
     const __m512i lo = _mm512_add_epi8(nibbles2(b + 6, b + 28), _mm512_set1_epi8(112));  // q - 16 + 128
-    qu = _mm512_mask_add_epi8(lo, hi, lo, _mm512_set1_epi8(16));
-    s = scales2(b, b + 22);
+    qu[0] = _mm512_mask_add_epi8(lo, hi, lo, _mm512_set1_epi8(16));
+    s[0] = scales2(b, b + 22);
+  }
+};
+// Q4_K and Q5_K's 12 bytes of 6-bit scales and mins -> per 16 weights: d * scale, dmin * min
+static ALWAYS_INLINE void k_scales16(const uint8_t *q, float d, float dmin, __m512 &sc, __m512 &mn) {
+  uint32_t u[4];
+  memcpy(u, q, 12);
+  const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+  u[3] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);  // mins 4-7
+  const uint32_t mins03 = u[1] & m6;
+  u[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4);  // scales 4-7
+  u[2] = mins03;
+  u[0] &= m6;  // scales 0-3
+  const __m512 v = ubytes_ps(u);  // 8 scales (per 32), then 8 mins
+  const __m512i idx = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 1);
+  sc = _mm512_mul_ps(_mm512_permutexvar_ps(idx, v), _mm512_set1_ps(d));
+  mn = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_add_epi32(idx, _mm512_set1_epi32(8)), v), _mm512_set1_ps(dmin));
+}
+template <>
+struct Wide<Q4_K> {
+  enum { OK = 1, NP = 4, SIGNED = 0, MIN = 1 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &mn) {
+    __m512 sc;
+    k_scales16(b + 4, h2f(b), h2f(b + 2), sc, mn);
+    UNROLL for (int j = 0; j < 4; j++) {  // weights 64j..: the low nibbles of 32 bytes, then the high ones
+      qu[j] = fields2(b + 16 + 32 * j, 0, 4, 15);
+      s[j] = per16(sc, j);
+    }
+  }
+};
+template <>
+struct Wide<Q5_K> {
+  enum { OK = 1, NP = 4, SIGNED = 0, MIN = 1 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &mn) {
+    __m512 sc;
+    k_scales16(b + 4, h2f(b), h2f(b + 2), sc, mn);
+    UNROLL for (int j = 0; j < 4; j++) {  // the 5th bit: bits 2j and 2j + 1 of the 32 qh bytes
+      qu[j] = _mm512_or_si512(fields2(b + 48 + 32 * j, 0, 4, 15), _mm512_slli_epi16(fields2(b + 16, 2 * j, 2 * j + 1, 1), 4));
+      s[j] = per16(sc, j);
+    }
+  }
+};
+template <>
+struct Wide<Q6_K> {
+  enum { OK = 1, NP = 4, SIGNED = 0, MIN = 1 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &mn) {
+    const __m512 sc = _mm512_mul_ps(bytes_ps(b + 192), _mm512_set1_ps(h2f(b + 208)));
+    mn = _mm512_mul_ps(sc, _mm512_set1_ps(32.f));  // codes 0..63 for q + 32
+    UNROLL for (int h = 0; h < 2; h++) {
+      const __m512i a = _mm512_loadu_si512((const void *)(b + 64 * h)), m4 = _mm512_set1_epi8(15);
+      qu[2 * h] = _mm512_or_si512(_mm512_and_si512(a, m4), _mm512_slli_epi16(fields2(b + 128 + 32 * h, 0, 2, 3), 4));
+      qu[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m4),
+                                      _mm512_slli_epi16(fields2(b + 128 + 32 * h, 4, 6, 3), 4));
+    }
+    UNROLL for (int i = 0; i < 4; i++) s[i] = per16(sc, i);
+  }
+};
+template <>
+struct Wide<Q2_K> {
+  enum { OK = 1, NP = 4, SIGNED = 0, MIN = 1 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &mn) {
+    const __m512i sm = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b));  // scale | min << 4, per 16
+    const __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(sm, _mm512_set1_epi32(15))), _mm512_set1_ps(h2f(b + 80)));
+    mn = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(sm, 4)), _mm512_set1_ps(h2f(b + 82)));
+    UNROLL for (int p = 0; p < 4; p++) {  // weights 128h + 32j + l: bits 2j of byte 32h + l
+      qu[p] = fields2(b + 16 + 32 * (p / 2), 4 * (p % 2), 4 * (p % 2) + 2, 3);
+      s[p] = per16(sc, p);
+    }
+  }
+};
+template <>
+struct Wide<Q3_K> {
+  enum { OK = 1, NP = 4, SIGNED = 0, MIN = 1 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &mn) {
+    uint64_t ls;  // scale k: the low 4 bits from nibble k of these 8 bytes (low nibbles first), 2 high bits from hs
+    memcpy(&ls, b + 96, 8);
+    const uint32_t hs = u32(b + 104);
+    const uint64_t m4 = 0x0F0F0F0F0F0F0F0Full, m2 = 0x03030303u;
+    const uint64_t h0 = (hs & m2) | (uint64_t)((hs >> 2) & m2) << 32, h1 = ((hs >> 4) & m2) | (uint64_t)((hs >> 6) & m2) << 32;
+    const __m128i v = _mm_set_epi64x((long long)(((ls >> 4) & m4) | h1 << 4), (long long)((ls & m4) | h0 << 4));
+    const __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(v, _mm_set1_epi8(32)))),
+                                    _mm512_set1_ps(h2f(b + 108)));
+    mn = _mm512_mul_ps(sc, _mm512_set1_ps(4.f));  // codes 0..7 for q + 4
+    UNROLL for (int p = 0; p < 4; p++) {  // weights 128h + 32j + l: bits 2j of qs[32h + l], bit 4h + j of hmask[l]
+      const int h = p / 2, j = 2 * (p % 2);
+      qu[p] = _mm512_or_si512(fields2(b + 32 + 32 * h, 2 * j, 2 * j + 2, 3), _mm512_slli_epi16(fields2(b, 4 * h + j, 4 * h + j + 1, 1), 2));
+      s[p] = per16(sc, p);
+    }
   }
 };
 
@@ -334,15 +436,22 @@ static void rows512(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const
     for (int m = 0; m < M; m++) { acc[m] = macc[m] = _mm512_setzero_ps(); mins[m] = 0.f; }
     for (int64_t j = 0; j < nb; j += BPI, b += BPI * T::TS) {
 #if defined(__AVX512VNNI__)
-      if constexpr (Pair<T>::OK) {  // two 32-weight blocks: one pair of groups
-        __m512i qu;
-        __m512 s;
-        Pair<T>::load(b, qu, s);
+      if constexpr (Wide<T>::OK) {
+        typedef Wide<T> W;
+        __m512i qu[W::NP];
+        __m512 s[W::NP], mn;
+        W::load(b, qu, s, mn);
+        const int64_t g0 = j * NG;
         for (int m = 0; m < M; m++) {
-          const __m512i xv = _mm512_loadu_si512((const void *)(x.q + m * K + 32 * j));
-          const float *dc = x.d8 + 16 * (m * G + j);
-          const __m512 p = _mm512_fmsub_ps(_mm512_cvtepi32_ps(dot4x(qu, xv)), _mm512_loadu_ps(dc), _mm512_loadu_ps(dc + 16));
-          acc[m] = _mm512_fmadd_ps(p, s, acc[m]);
+          UNROLL for (int i = 0; i < W::NP; i++) {
+            const __m512i xv = _mm512_loadu_si512((const void *)(x.q + m * K + 32 * (g0 + 2 * i)));
+            const float *dc = x.d8 + 16 * (m * G + g0 + 2 * i);
+            const __m512 dot = _mm512_cvtepi32_ps(dot4x(qu[i], xv));
+            const __m512 p = W::SIGNED ? _mm512_fmsub_ps(dot, _mm512_loadu_ps(dc), _mm512_loadu_ps(dc + 16))
+                                       : _mm512_mul_ps(dot, _mm512_loadu_ps(dc));
+            acc[m] = _mm512_fmadd_ps(p, s[i], acc[m]);
+          }
+          if (W::MIN) macc[m] = _mm512_fmadd_ps(mn, _mm512_loadu_ps(x.hs + m * 2 * G + 2 * g0), macc[m]);
         }
         continue;
       }
@@ -395,7 +504,7 @@ static void rows512(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const
       }
     }
     for (int m = 0; m < M; m++)
-      y[m * ldy + r] = _mm512_reduce_add_ps(acc[m]) - (T::MIN ? _mm512_reduce_add_ps(macc[m]) + mins[m] : 0.f);
+      y[m * ldy + r] = _mm512_reduce_add_ps(acc[m]) - (T::MIN || Wide<T>::MIN ? _mm512_reduce_add_ps(macc[m]) + mins[m] : 0.f);
   }
 }
 #else

@@ -367,32 +367,71 @@ struct Lowbit {
 #define LOWBIT_I8(T) struct T : Lowbit<lowbit::T> {};
 LOWBIT_TYPES(LOWBIT_I8)
 #if TK_GEMV_512
-// Two blocks of a 4-bit table type at once (gemv_avx2.h's Pair): one shuffle through the
-// table taken as unsigned t + 128.
+// gemv_avx2.h's Wide loads. 4-bit table types: one shuffle through the table taken as t + 128.
 static ALWAYS_INLINE __m512i table_pair(const int8_t *t, const uint8_t *pa, const uint8_t *pb) {
   const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t));
   return _mm512_shuffle_epi8(_mm512_xor_si512(lut, _mm512_set1_epi8((char)0x80)), nibbles2(pa, pb));
 }
 template <>
-struct Pair<IQ4_NL> {
-  enum { OK = 1 };
-  static ALWAYS_INLINE void load(const uint8_t *b, __m512i &qu, __m512 &s) {
-    qu = table_pair(lowbit::tab.iq4, b + 2, b + 20);
-    s = scales2(b, b + 18);
+struct Wide<IQ4_NL> {
+  enum { OK = 1, NP = 1, SIGNED = 1, MIN = 0 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &) {
+    qu[0] = table_pair(lowbit::tab.iq4, b + 2, b + 20);
+    s[0] = scales2(b, b + 18);
   }
 };
 template <>
-struct Pair<MXFP4> {
-  enum { OK = 1 };
+struct Wide<MXFP4> {
+  enum { OK = 1, NP = 1, SIGNED = 1, MIN = 0 };
   static ALWAYS_INLINE float e8m0(uint8_t e) {  // 2^(e - 128), as MXFP4::visit
     const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
     float d;
     memcpy(&d, &bits, 4);
     return d;
   }
-  static ALWAYS_INLINE void load(const uint8_t *b, __m512i &qu, __m512 &s) {
-    qu = table_pair(lowbit::tab.fp4, b + 1, b + 18);
-    s = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(e8m0(b[0])), _mm512_set1_ps(e8m0(b[17])));
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &) {
+    qu[0] = table_pair(lowbit::tab.fp4, b + 1, b + 18);
+    s[0] = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(e8m0(b[0])), _mm512_set1_ps(e8m0(b[17])));
+  }
+};
+template <>
+struct Wide<IQ4_XS> {
+  enum { OK = 1, NP = 4, SIGNED = 1, MIN = 0 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &) {
+    uint32_t lo4;  // scale ib: the low 4 bits from nibble ib of these 4 bytes, 2 high bits from sh
+    memcpy(&lo4, b + 4, 4);
+    const uint64_t lo = _pdep_u64(lo4, 0x0F0F0F0F0F0F0F0Full), hi = _pdep_u64(b[2] | b[3] << 8, 0x3030303030303030ull);
+    const __m128i ls = _mm_sub_epi8(_mm_cvtsi64_si128((long long)(lo | hi)), _mm_set1_epi8(32));
+    const __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(ls)), _mm512_set1_ps(h2f(b)));  // per 32 (lanes 0-7)
+    UNROLL for (int p = 0; p < 4; p++) {
+      qu[p] = table_pair(lowbit::tab.iq4, b + 8 + 32 * p, b + 24 + 32 * p);
+      s[p] = per32(sc, p);
+    }
+  }
+};
+template <>
+struct Wide<Q1_0> {
+  enum { OK = 1, NP = 2, SIGNED = 1, MIN = 0 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &) {
+    const __m512 d = _mm512_set1_ps(h2f(b));
+    UNROLL for (int p = 0; p < 2; p++) {  // bit set: +1 (129), else -1 (127)
+      uint64_t bits;
+      memcpy(&bits, b + 2 + 8 * p, 8);
+      qu[p] = _mm512_mask_blend_epi8(bits, _mm512_set1_epi8(127), _mm512_set1_epi8((char)129));
+      s[p] = d;
+    }
+  }
+};
+template <>
+struct Wide<TQ2_0> {
+  enum { OK = 1, NP = 4, SIGNED = 0, MIN = 1 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &mn) {
+    const __m512 d = _mm512_set1_ps(h2f(b + 64));
+    mn = d;  // codes 0..2 for q + 1
+    UNROLL for (int p = 0; p < 4; p++) {  // weight 128h + 32k + j: bits 2k of byte 32h + j
+      qu[p] = fields2(b + 32 * (p / 2), 4 * (p % 2), 4 * (p % 2) + 2, 3);
+      s[p] = d;
+    }
   }
 };
 #endif
