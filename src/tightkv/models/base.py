@@ -207,18 +207,18 @@ def qkv_heads(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: in
     T, D = qkv.shape[0], head_dim
     lib = qm.small_ops(qkv)
     norms = [w for w in (q_norm, k_norm) if w is not None]
-    if lib is None or D > 512 or any(w.dtype != torch.float32 for w in norms) or len(norms) == 1:
+    if lib is None or D > 512 or any(w.dtype != torch.float32 for w in norms):
         q, k, v = qkv.split([num_heads * D, num_kv_heads * D, num_kv_heads * D], dim=-1)
         q = q.view(T, num_heads, D).transpose(0, 1)  # (H, T, D)
         k = k.view(T, num_kv_heads, D).transpose(0, 1)  # (Hkv, T, D)
         v = v.view(T, num_kv_heads, D).transpose(0, 1)  # (Hkv, T, D)
-        if norms:
-            q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
+        q = q if q_norm is None else rms_norm(q, q_norm, eps)
+        k = k if k_norm is None else rms_norm(k, k_norm, eps)
         return apply_rope_neox(q, cos, sin), apply_rope_neox(k, cos, sin), v
     qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
     q, k, v = torch.empty(num_heads, T, D), torch.empty(num_kv_heads, T, D), torch.empty(num_kv_heads, T, D)
-    lib.tk_qkv_heads(qkv.data_ptr(), T, num_heads, num_kv_heads, D, q_norm.data_ptr() if norms else None,
-                     k_norm.data_ptr() if norms else None, eps, cos.data_ptr(), sin.data_ptr(), 2 * cos.shape[-1],
+    lib.tk_qkv_heads(qkv.data_ptr(), T, num_heads, num_kv_heads, D, None if q_norm is None else q_norm.data_ptr(),
+                     None if k_norm is None else k_norm.data_ptr(), eps, cos.data_ptr(), sin.data_ptr(), 2 * cos.shape[-1],
                      q.data_ptr(), k.data_ptr(), v.data_ptr())
     return q, k, v
 

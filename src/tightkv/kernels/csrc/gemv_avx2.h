@@ -300,15 +300,12 @@ static ALWAYS_INLINE __m512i fields2(const uint8_t *p, int lo, int hi, int mask)
   const __m512i n = _mm512_setr_epi64(lo, lo, lo, lo, hi, hi, hi, hi);
   return _mm512_and_si512(_mm512_srlv_epi64(v, n), _mm512_set1_epi8((char)mask));
 }
-// lanes 0-15 of v, each repeated: lane l of pair i takes v[4i + l/4] (scales per 16 weights)
-static ALWAYS_INLINE __m512 per16(__m512 v, int i) {
-  const __m512i idx = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2);
-  return _mm512_permutexvar_ps(_mm512_add_epi32(idx, _mm512_set1_epi32(4 * i)), v);
-}
-// ... or v[2i + l/8] (scales per 32 weights)
-static ALWAYS_INLINE __m512 per32(__m512 v, int i) {
-  const __m512i idx = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 3);
-  return _mm512_permutexvar_ps(_mm512_add_epi32(idx, _mm512_set1_epi32(2 * i)), v);
+// v's scales spread over pair i's lanes: lane l takes v[4i + l/4] for scales per 16 weights
+// (sh 2), v[2i + l/8] for scales per 32 (sh 3)
+template <int sh>
+static ALWAYS_INLINE __m512 spread(__m512 v, int i) {
+  const __m512i idx = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), sh);
+  return _mm512_permutexvar_ps(_mm512_add_epi32(idx, _mm512_set1_epi32((16 >> sh) * i)), v);
 }
 static ALWAYS_INLINE __m512 bytes_ps(const void *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 static ALWAYS_INLINE __m512 ubytes_ps(const void *p) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p))); }
@@ -346,29 +343,27 @@ static ALWAYS_INLINE void k_scales16(const uint8_t *q, float d, float dmin, __m5
   sc = _mm512_mul_ps(_mm512_permutexvar_ps(idx, v), _mm512_set1_ps(d));
   mn = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_add_epi32(idx, _mm512_set1_epi32(8)), v), _mm512_set1_ps(dmin));
 }
+// Q4_K and Q5_K: the 4-bit codes at qs (weights 64j..: the low nibbles of 32 bytes, then the
+// high ones), Q5_K's 5th bits at qh (bits 2j and 2j + 1 of its 32 bytes; none for Q4_K)
+static ALWAYS_INLINE void k_load(const uint8_t *b, const uint8_t *qs, const uint8_t *qh, __m512i *qu, __m512 *s,
+                                 __m512 &mn) {
+  __m512 sc;
+  k_scales16(b + 4, h2f(b), h2f(b + 2), sc, mn);
+  UNROLL for (int j = 0; j < 4; j++) {
+    qu[j] = fields2(qs + 32 * j, 0, 4, 15);
+    if (qh) qu[j] = _mm512_or_si512(qu[j], _mm512_slli_epi16(fields2(qh, 2 * j, 2 * j + 1, 1), 4));
+    s[j] = spread<2>(sc, j);
+  }
+}
 template <>
 struct Wide<Q4_K> {
   enum { OK = 1, NP = 4, SIGNED = 0, MIN = 1 };
-  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &mn) {
-    __m512 sc;
-    k_scales16(b + 4, h2f(b), h2f(b + 2), sc, mn);
-    UNROLL for (int j = 0; j < 4; j++) {  // weights 64j..: the low nibbles of 32 bytes, then the high ones
-      qu[j] = fields2(b + 16 + 32 * j, 0, 4, 15);
-      s[j] = per16(sc, j);
-    }
-  }
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &mn) { k_load(b, b + 16, nullptr, qu, s, mn); }
 };
 template <>
 struct Wide<Q5_K> {
   enum { OK = 1, NP = 4, SIGNED = 0, MIN = 1 };
-  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &mn) {
-    __m512 sc;
-    k_scales16(b + 4, h2f(b), h2f(b + 2), sc, mn);
-    UNROLL for (int j = 0; j < 4; j++) {  // the 5th bit: bits 2j and 2j + 1 of the 32 qh bytes
-      qu[j] = _mm512_or_si512(fields2(b + 48 + 32 * j, 0, 4, 15), _mm512_slli_epi16(fields2(b + 16, 2 * j, 2 * j + 1, 1), 4));
-      s[j] = per16(sc, j);
-    }
-  }
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &mn) { k_load(b, b + 48, b + 16, qu, s, mn); }
 };
 template <>
 struct Wide<Q6_K> {
@@ -382,7 +377,7 @@ struct Wide<Q6_K> {
       qu[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m4),
                                       _mm512_slli_epi16(fields2(b + 128 + 32 * h, 4, 6, 3), 4));
     }
-    UNROLL for (int i = 0; i < 4; i++) s[i] = per16(sc, i);
+    UNROLL for (int i = 0; i < 4; i++) s[i] = spread<2>(sc, i);
   }
 };
 template <>
@@ -394,7 +389,7 @@ struct Wide<Q2_K> {
     mn = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(sm, 4)), _mm512_set1_ps(h2f(b + 82)));
     UNROLL for (int p = 0; p < 4; p++) {  // weights 128h + 32j + l: bits 2j of byte 32h + l
       qu[p] = fields2(b + 16 + 32 * (p / 2), 4 * (p % 2), 4 * (p % 2) + 2, 3);
-      s[p] = per16(sc, p);
+      s[p] = spread<2>(sc, p);
     }
   }
 };
@@ -414,7 +409,7 @@ struct Wide<Q3_K> {
     UNROLL for (int p = 0; p < 4; p++) {  // weights 128h + 32j + l: bits 2j of qs[32h + l], bit 4h + j of hmask[l]
       const int h = p / 2, j = 2 * (p % 2);
       qu[p] = _mm512_or_si512(fields2(b + 32 + 32 * h, 2 * j, 2 * j + 2, 3), _mm512_slli_epi16(fields2(b, 4 * h + j, 4 * h + j + 1, 1), 2));
-      s[p] = per16(sc, p);
+      s[p] = spread<2>(sc, p);
     }
   }
 };

@@ -180,10 +180,14 @@ struct IQ4_XS {
 };
 struct MXFP4 {
   enum { QK = 32, TS = 17, NEED = 1 << 7 };
-  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
-    const uint32_t bits = b[0] < 2 ? 0x00200000u << b[0] : (uint32_t)(b[0] - 1) << 23;  // 2^(e - 128)
+  static ALWAYS_INLINE float e8m0(uint8_t e) {  // 2^(e - 128)
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
     float d;
     memcpy(&d, &bits, 4);
+    return d;
+  }
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
+    const float d = e8m0(b[0]);
     B16 lo, hi;
     nibbles(b + 1, tab.fp4, &lo, &hi);
     f(0, lo, hi, d, d);
@@ -383,15 +387,9 @@ struct Wide<IQ4_NL> {
 template <>
 struct Wide<MXFP4> {
   enum { OK = 1, NP = 1, SIGNED = 1, MIN = 0 };
-  static ALWAYS_INLINE float e8m0(uint8_t e) {  // 2^(e - 128), as MXFP4::visit
-    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
-    float d;
-    memcpy(&d, &bits, 4);
-    return d;
-  }
   static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &) {
     qu[0] = table_pair(lowbit::tab.fp4, b + 1, b + 18);
-    s[0] = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(e8m0(b[0])), _mm512_set1_ps(e8m0(b[17])));
+    s[0] = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(lowbit::MXFP4::e8m0(b[0])), _mm512_set1_ps(lowbit::MXFP4::e8m0(b[17])));
   }
 };
 template <>
@@ -405,7 +403,7 @@ struct Wide<IQ4_XS> {
     const __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(ls)), _mm512_set1_ps(h2f(b)));  // per 32 (lanes 0-7)
     UNROLL for (int p = 0; p < 4; p++) {
       qu[p] = table_pair(lowbit::tab.iq4, b + 8 + 32 * p, b + 24 + 32 * p);
-      s[p] = per32(sc, p);
+      s[p] = spread<3>(sc, p);
     }
   }
 };
