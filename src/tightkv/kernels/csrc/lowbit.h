@@ -420,6 +420,196 @@ struct Wide<Q1_0> {
     }
   }
 };
+// The grid types: a pair's grid entries gathered by index, their signs as one 64-bit mask
+// (q + 128 = 128 - |q| where set), IQ1's +-1 delta added per 8 or 32 weights.
+static ALWAYS_INLINE __m512i signed_pair(__m512i mag, uint64_t neg) {
+  const __m512i base = _mm512_set1_epi8((char)0x80);
+  return _mm512_mask_sub_epi8(_mm512_add_epi8(base, mag), neg, base, mag);
+}
+// four 7-bit sign indices in each of a and b (bits 0..27) -> 64 sign bits, each byte's 8th bit
+// its even parity (ksigns_iq2xs)
+static ALWAYS_INLINE uint64_t ksigns64(uint32_t a, uint32_t b) {
+  const uint64_t v = _pdep_u64(a, 0x7F7F7F7Full) | _pdep_u64(b, 0x7F7F7F7Full) << 32;
+  uint64_t t = v ^ (v >> 4);
+  t ^= t >> 2;
+  t ^= t >> 1;
+  return v | (t & 0x0101010101010101ull) << 7;
+}
+// grid entries g[ix(0)], g[ix(1)], ... in 128-bit pieces (faster here than a gather, or than one 512-bit set)
+static ALWAYS_INLINE __m512i join4(__m128i a, __m128i b, __m128i c, __m128i d) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(b, a)), _mm256_set_m128i(d, c), 1);
+}
+template <class I>
+static ALWAYS_INLINE __m512i grid8(const uint64_t *g, I &&ix) {
+  __m128i v[4];
+  UNROLL for (int k = 0; k < 4; k++) v[k] = _mm_set_epi64x((long long)g[ix(2 * k + 1)], (long long)g[ix(2 * k)]);
+  return join4(v[0], v[1], v[2], v[3]);
+}
+// entry j: g[i[j] | (bit j of h) << 8]
+static ALWAYS_INLINE __m512i grid16(const uint32_t *g, const uint8_t *i, int h) {
+  __m128i v[4];
+  UNROLL for (int k = 0; k < 4; k++) {
+    const int j = 4 * k;
+    v[k] = _mm_setr_epi32(g[i[j] | (h >> j & 1) << 8], g[i[j + 1] | (h >> (j + 1) & 1) << 8],
+                          g[i[j + 2] | (h >> (j + 2) & 1) << 8], g[i[j + 3] | (h >> (j + 3) & 1) << 8]);
+  }
+  return join4(v[0], v[1], v[2], v[3]);
+}
+// the IQ2 scales of a block, per 16 weights: d * (0.5 + the nibbles of 8 bytes at p, low first) / 4
+static ALWAYS_INLINE __m512 iq2_scales16(const uint8_t *p, float d) {
+  const __m128i v = _mm_loadl_epi64((const __m128i *)p), m4 = _mm_set1_epi8(15);
+  const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(v, m4), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+  return _mm512_mul_ps(_mm512_add_ps(ubytes_ps(&nib), _mm512_set1_ps(0.5f)), _mm512_set1_ps(0.25f * d));
+}
+static ALWAYS_INLINE __m512 blend_halves(float a, float b) { return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(a), _mm512_set1_ps(b)); }
+template <>
+struct Wide<IQ2_XXS> {
+  enum { OK = 1, NP = 4, SIGNED = 1, MIN = 0 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &) {
+    const float d = 0.25f * h2f(b);
+    UNROLL for (int p = 0; p < 4; p++) {  // sub-blocks 2p, 2p + 1: 4 grid indices, then 4 x 7 sign bits and 4 scale bits
+      const uint8_t *pa = b + 2 + 16 * p, *pb = pa + 8;
+      const uint32_t aa = u32(pa + 4), ab = u32(pb + 4);
+      qu[p] = signed_pair(grid8(lowbit::tab.iq2xxs, [&](int j) ALWAYS_INLINE_LAMBDA { return j < 4 ? pa[j] : pb[j - 4]; }), ksigns64(aa, ab));
+      s[p] = blend_halves(d * (0.5f + (float)(aa >> 28)), d * (0.5f + (float)(ab >> 28)));
+    }
+  }
+};
+template <>
+struct Wide<IQ2_XS> {
+  enum { OK = 1, NP = 4, SIGNED = 1, MIN = 0 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &) {
+    const __m512 sc = iq2_scales16(b + 66, h2f(b));
+    UNROLL for (int p = 0; p < 4; p++) {  // 8 words: a 9-bit grid index, a 7-bit sign index
+      const uint8_t *w = b + 2 + 16 * p;
+      uint64_t lo, hi;
+      memcpy(&lo, w, 8);
+      memcpy(&hi, w + 8, 8);
+      const uint64_t m = 0xFE00FE00FE00FE00ull;
+      const auto ix = [&](int j) ALWAYS_INLINE_LAMBDA { return (int)((j < 4 ? lo : hi) >> (16 * (j % 4)) & 511); };
+      qu[p] = signed_pair(grid8(lowbit::tab.iq2xs, ix), ksigns64((uint32_t)_pext_u64(lo, m), (uint32_t)_pext_u64(hi, m)));
+      s[p] = spread<2>(sc, p);
+    }
+  }
+};
+template <>
+struct Wide<IQ2_S> {
+  enum { OK = 1, NP = 4, SIGNED = 1, MIN = 0 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &) {
+    const __m512 sc = iq2_scales16(b + 74, h2f(b));
+    UNROLL for (int p = 0; p < 4; p++) {  // entry j: index byte j | 2 high bits from qh, then 64 sign bits
+      const int h = b[66 + 2 * p] | b[67 + 2 * p] << 8;
+      const uint8_t *i = b + 2 + 8 * p;
+      uint64_t sg;
+      memcpy(&sg, b + 34 + 8 * p, 8);
+      qu[p] = signed_pair(grid8(lowbit::tab.iq2s, [&](int j) ALWAYS_INLINE_LAMBDA { return i[j] | (h >> (2 * j) & 3) << 8; }), sg);
+      s[p] = spread<2>(sc, p);
+    }
+  }
+};
+template <>
+struct Wide<IQ3_XXS> {
+  enum { OK = 1, NP = 4, SIGNED = 1, MIN = 0 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &) {
+    const float d = 0.5f * h2f(b);
+    UNROLL for (int p = 0; p < 4; p++) {  // 16 grid indices, then per 32: 4 x 7 sign bits and 4 scale bits
+      const uint32_t aa = u32(b + 66 + 8 * p), ab = u32(b + 70 + 8 * p);
+      const uint8_t *i = b + 2 + 16 * p;
+      const uint32_t *g = lowbit::tab.iq3xxs;  // (written out: grid16(g, i, 0) and join4 measured 40% slower, GCC spills)
+      __m128i q4[4];
+      UNROLL for (int k = 0; k < 4; k++) q4[k] = _mm_setr_epi32(g[i[4 * k]], g[i[4 * k + 1]], g[i[4 * k + 2]], g[i[4 * k + 3]]);
+      const __m512i mag = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(q4[1], q4[0])), _mm256_set_m128i(q4[3], q4[2]), 1);
+      qu[p] = signed_pair(mag, ksigns64(aa, ab));
+      s[p] = blend_halves(d * (0.5f + (float)(aa >> 28)), d * (0.5f + (float)(ab >> 28)));
+    }
+  }
+};
+template <>
+struct Wide<IQ3_S> {
+  enum { OK = 1, NP = 4, SIGNED = 1, MIN = 0 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &) {
+    const float d = h2f(b);
+    UNROLL for (int p = 0; p < 4; p++) {  // entry j: index byte j | bit j of qh << 8; 64 sign bits; a scale nibble per 32
+      const int h = b[66 + 2 * p] | b[67 + 2 * p] << 8;
+      const uint8_t *i = b + 2 + 16 * p;
+      uint64_t sg;
+      memcpy(&sg, b + 74 + 8 * p, 8);
+      qu[p] = signed_pair(grid16(lowbit::tab.iq3s, i, h), sg);
+      const int sc = b[106 + p];
+      s[p] = blend_halves(d * (float)(1 + 2 * (sc & 15)), d * (float)(1 + 2 * (sc >> 4)));
+    }
+  }
+};
+// IQ1: entry j's index byte | 3 high bits (h >> 4j' for the shifts given), its grid (times 8) + 128 +- 1
+template <class I>
+static ALWAYS_INLINE __m512i iq1_pair(I &&ix, __mmask8 neg) {
+  const __m512i delta = _mm512_mask_blend_epi64(neg, _mm512_set1_epi8((char)129), _mm512_set1_epi8(127));
+  return _mm512_add_epi8(grid8(lowbit::tab.iq1s, ix), delta);
+}
+template <>
+struct Wide<IQ1_S> {
+  enum { OK = 1, NP = 4, SIGNED = 1, MIN = 0 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &) {
+    const float d = 0.125f * h2f(b);
+    UNROLL for (int p = 0; p < 4; p++) {  // per 32: a word of 4 x 3 high index bits, 3 scale bits, the delta's sign
+      const uint32_t h = u32(b + 34 + 4 * p);
+      const uint8_t *i = b + 2 + 8 * p;
+      const __mmask8 neg = (__mmask8)((h >> 15 & 1 ? 0x0F : 0) | (h >> 31 ? 0xF0 : 0));
+      qu[p] = iq1_pair([&](int j) ALWAYS_INLINE_LAMBDA { return i[j] | (h >> (3 * (j % 4) + 16 * (j / 4)) & 7) << 8; }, neg);
+      s[p] = blend_halves(d * (float)(2 * ((h >> 12) & 7) + 1), d * (float)(2 * ((h >> 28) & 7) + 1));
+    }
+  }
+};
+template <>
+struct Wide<IQ1_M> {
+  enum { OK = 1, NP = 4, SIGNED = 1, MIN = 0 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &) {
+    uint64_t w;  // 16 3-bit scales (per 16 weights) in the low 12 bits of each word; the top nibbles hold d
+    memcpy(&w, b + 48, 8);
+    const uint16_t dh = (uint16_t)_pext_u64(w, 0xF000F000F000F000ull);
+    const uint64_t s3 = _pext_u64(w, 0x0FFF0FFF0FFF0FFFull);
+    const __m128i sv = _mm_set_epi64x((long long)_pdep_u64(s3 >> 24, 0x0707070707070707ull),
+                                      (long long)_pdep_u64(s3, 0x0707070707070707ull));
+    const __m512 sc = _mm512_mul_ps(_mm512_add_ps(_mm512_mul_ps(ubytes_ps(&sv), _mm512_set1_ps(2.f)), _mm512_set1_ps(1.f)),
+                                    _mm512_set1_ps(0.125f * h2f((const uint8_t *)&dh)));
+    UNROLL for (int p = 0; p < 4; p++) {  // a nibble per entry: 3 high index bits, the delta's sign
+      const uint32_t h = u32(b + 32 + 4 * p);
+      const uint8_t *i = b + 8 * p;
+      qu[p] = iq1_pair([&](int j) ALWAYS_INLINE_LAMBDA { return i[j] | (h >> (4 * j) & 7) << 8; }, (__mmask8)_pext_u32(h, 0x88888888u));
+      s[p] = spread<2>(sc, p);
+    }
+  }
+};
+// TQ1_0: base-3 digits of bytes x, (x * 3^k mod 256) * 3 >> 8, for 64 bytes with a power per word
+static ALWAYS_INLINE __m512i trits(__m512i x, __m512i pw) {
+  const __m512i three = _mm512_set1_epi16(3);
+  const __m512i lo = _mm512_mulhi_epu16(_mm512_mullo_epi16(_mm512_slli_epi16(x, 8), pw), three);
+  const __m512i hi = _mm512_mulhi_epu16(_mm512_mullo_epi16(_mm512_and_si512(x, _mm512_set1_epi16((short)0xFF00)), pw), three);
+  return _mm512_or_si512(lo, _mm512_slli_epi16(hi, 8));
+}
+static ALWAYS_INLINE __m512i words4(short a, short b, short c, short d) {  // a per 128 bits
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(b), _mm_set1_epi16(a))),
+                            _mm256_set_m128i(_mm_set1_epi16(d), _mm_set1_epi16(c)), 1);
+}
+template <>
+struct Wide<TQ1_0> {
+  enum { OK = 1, NP = 4, SIGNED = 0, MIN = 1 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &mn) {
+    const __m512 d = _mm512_set1_ps(h2f(b + 52));
+    mn = d;  // codes 0..2 for q + 1
+    // weights 32k + j: digit k of byte j (k < 5); 160 + 16k + j: digit k of byte 32 + j; 240 + 4k + j: of byte 48 + j
+    const __m256i a = ld256(b);
+    const __m128i c = _mm_loadu_si128((const __m128i *)(b + 32)), h = _mm_set1_epi32((int)u32(b + 48));
+    const __m512i aa = _mm512_broadcast_i64x4(a);
+    qu[0] = trits(aa, words4(1, 1, 3, 3));
+    qu[1] = trits(aa, words4(9, 9, 27, 27));
+    qu[2] = trits(_mm512_inserti64x4(_mm512_castsi256_si512(a), _mm256_set_m128i(c, c), 1), words4(81, 81, 1, 3));
+    const __m512i hp = _mm512_inserti64x4(words4(9, 27, 81, 1),
+                                          _mm256_setr_epi16(81, 81, 81, 81, 81, 81, 81, 81, 1, 1, 3, 3, 9, 9, 27, 27), 1);
+    qu[3] = trits(_mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(c, c)), _mm256_set_m128i(h, c), 1), hp);
+    UNROLL for (int p = 0; p < 4; p++) s[p] = d;
+  }
+};
 template <>
 struct Wide<TQ2_0> {
   enum { OK = 1, NP = 4, SIGNED = 0, MIN = 1 };
