@@ -27,7 +27,7 @@ from the essays). For each file type:
   from llama.cpp can meet the bars there;
 - with --ppl N: perplexity on the essays by the standard protocol (N chunks of 2048, f16 KV),
   ours against llama.cpp's on the same file (tests/reference/mkppl.py's way);
-- with --speed: decode at depth 16 (f16 KV, 2 threads, median of --reps) against
+- with --speed: decode at depth 16 (f16 KV, 2 threads, median of --reps rounds, the two engines alternating round by round) against
   llama.cpp's on the same file (flash attention, as `tightkv bench --vs-llamacpp`), and
   the RSS that loading the file adds (`bench/load_memory.py`'s bound: 1.3 x file + 100 MB).
 
@@ -115,12 +115,15 @@ print(json.dumps({"rise_bytes": psutil.Process().memory_info().rss - base}))
 
 def speed(path: Path, reps: int, threads: int) -> dict:
     from tightkv import Model
-    from tightkv.eval.bench import run_llamacpp, run_tightkv
+    from tightkv.eval.bench import merge_runs, run_llamacpp, run_tightkv
 
     load_before = os.getloadavg()[0]
+    ours, theirs = [], []
     with Model(str(path), threads=threads, kv="f16", context_length=512) as model:
-        ours = run_tightkv(model, "f16", [16], 64, 64, reps)[-1]
-    theirs = run_llamacpp(path, "f16", [16], 64, 64, reps, threads)[-1]
+        for _ in range(reps):  # rounds alternate the engines: a neighbour's load weighs on both alike
+            ours.append(run_tightkv(model, "f16", [16], 64, 64, 1)[-1])
+            theirs.append(run_llamacpp(path, "f16", [16], 64, 64, 1, threads)[-1])
+    ours, theirs = merge_runs(ours)[0], merge_runs(theirs)[0]
     load = json.loads(subprocess.run([sys.executable, "-c", _LOAD, str(path)], capture_output=True, text=True,
                                      check=True).stdout.strip().splitlines()[-1])
     size = path.stat().st_size

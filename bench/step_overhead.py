@@ -1,0 +1,72 @@
+"""How a decode step's time splits between the C kernels and the Python/torch between them.
+
+    python bench/step_overhead.py [--model PATH] [--kv f16] [--threads 1] [--steps 30] [--rounds 3]
+
+Wraps each kernel entry point the model calls with a timer, runs decode steps at
+depth 16, and prints per round: the step, the time inside the kernel calls, the rest
+(Python, torch ops, caches gone cold after the weights streamed through), and each
+entry point's share with its calls per step.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+import torch
+
+from tightkv import Model
+from tightkv.engine.generate import decode_step, prefill
+from tightkv.kernels import library
+
+ENTRY_POINTS = ["tk_gemv", "tk_gemv_parts", "tk_attn", "tk_rms_norm", "tk_qkv_heads", "tk_rope_neox",
+                "tk_tq_encode", "tk_kvarn_encode"]
+
+
+class Timed:
+    """A kernel entry point that adds its wall time and calls to shared counters."""
+
+    def __init__(self, name, fn, spent, calls):
+        self.name, self.fn, self.spent, self.calls = name, fn, spent, calls
+
+    def __call__(self, *args):
+        t = time.perf_counter()
+        out = self.fn(*args)
+        self.spent[self.name] += time.perf_counter() - t
+        self.calls[self.name] += 1
+        return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None, help="a GGUF path (default: the embedded Gemma 3 270M)")
+    ap.add_argument("--kv", default="f16")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    model = Model(args.model, kv=args.kv, threads=args.threads, context_length=4096)
+    torch.set_num_threads(args.threads)
+    lib = library.library()
+    spent, calls = collections.defaultdict(float), collections.Counter()
+    for name in ENTRY_POINTS:
+        setattr(lib, name, Timed(name, getattr(lib, name), spent, calls))
+    cache = model.new_cache()
+    prefill(model.net, model.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 3)[:16], cache)
+    for _ in range(5):
+        decode_step(model.net, 100, cache)
+    print(f"{library.status()}, {args.threads} thread(s), KV {args.kv}, {args.steps} steps per round")
+    for _ in range(args.rounds):
+        spent.clear()
+        calls.clear()
+        t = time.perf_counter()
+        for _ in range(args.steps):
+            decode_step(model.net, 100, cache)
+        step = (time.perf_counter() - t) / args.steps
+        inside = sum(spent.values()) / args.steps
+        parts = ", ".join(f"{k} {v / args.steps * 1e3:.2f} ms ({calls[k] // args.steps})" for k, v in spent.items())
+        print(f"step {step * 1e3:.2f} ms = in kernels {inside * 1e3:.2f} + outside {(step - inside) * 1e3:.2f} | {parts}")
+
+
+if __name__ == "__main__":
+    main()
