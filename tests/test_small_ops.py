@@ -1,11 +1,11 @@
-"""The kernel's per-token ops (RMS norm, NeoX RoPE, q/k/v heads) equal torch's."""
+"""The kernel's per-token ops (RMS norm, residual add and norm, NeoX RoPE, q/k/v heads) equal torch's."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from tightkv.kernels import qmatmul as qm
 from tightkv.kernels import library
-from tightkv.models.base import apply_rope_neox, qkv_heads, rms_norm, rope_cos_sin
+from tightkv.models.base import add_rms_norm, apply_rope_neox, qkv_heads, rms_norm, rope_cos_sin
 
 
 @pytest.fixture(autouse=True)
@@ -58,4 +58,24 @@ def test_qkv_heads_equals_the_ops_one_by_one(H, Hkv, T, D, rot, norms):
     finally:
         qm.set_backend("fast")
     for a, b in zip((q, k, v), ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows,d,post", [(1, 640, True), (5, 896, False), (3, 64, True)])
+def test_add_rms_norm_equals_the_ops_one_by_one(rows, d, post):
+    """The fused residual add and next norm give exactly the separate kernel ops (a row
+    computes the same in any path), and torch's ops within rounding."""
+    g = torch.Generator().manual_seed(3)
+    x, h = torch.randn(rows, d, generator=g) * 4, torch.randn(rows, d, generator=g) * 2
+    hw = torch.randn(d, generator=g) if post else None
+    nw = torch.randn(d, generator=g)
+    xo, y = add_rms_norm(x, h, hw, nw, 1e-6)
+    x0 = x + (rms_norm(h, hw, 1e-6) if post else h)
+    assert torch.equal(xo, x0) and torch.equal(y, rms_norm(x0, nw, 1e-6))
+    qm.set_backend("reference")
+    try:
+        ref = add_rms_norm(x, h, hw, nw, 1e-6)
+    finally:
+        qm.set_backend("fast")
+    for a, b in zip((xo, y), ref):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -143,6 +143,46 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
+def add_rms_norm(x: torch.Tensor, h: torch.Tensor, h_norm: torch.Tensor | None, norm: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual step between sublayers: x + rms_norm(h, h_norm) (x + h where h_norm is
+    None), and that sum normed by `norm` for the next sublayer: (x, y), both (T, d). One
+    kernel call where the library is loaded, the same numbers as the ops one by one."""
+    lib = qm.small_ops(x)
+    weights = [w for w in (h_norm, norm) if w is not None]
+    if lib is None or h.dtype != torch.float32 or any(w.dtype != torch.float32 for w in weights):
+        x = x + (h if h_norm is None else rms_norm(h, h_norm, eps))
+        return x, rms_norm(x, norm, eps)
+    x, h = x.contiguous(), h.contiguous()
+    xo, y = torch.empty_like(x), torch.empty_like(x)
+    d = x.shape[-1]
+    lib.tk_add_rms_norm(x.data_ptr(), h.data_ptr(), None if h_norm is None else h_norm.data_ptr(), norm.data_ptr(),
+                        x.numel() // d, d, eps, xo.data_ptr(), y.data_ptr())
+    return xo, y
+
+
+class PreNormBlock(torch.nn.Module):
+    """A decoder block x + attn(norm(x)), then + mlp(norm(x)): a family's Block sets attn,
+    mlp, attn_norm, ffn_norm and eps. `forward` takes the stream and its attn_norm already
+    applied, and returns the new stream and its next_norm (`run_layers`), so each residual
+    add and the norm after it are one kernel call (`add_rms_norm`)."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, rope, cache,
+                next_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = add_rms_norm(x, self.attn(y, rope, cache), None, self.ffn_norm, self.eps)
+        return add_rms_norm(x, self.mlp(y), None, next_norm, self.eps)
+
+
+def run_layers(layers, x: torch.Tensor, rope, cache: list, norm: torch.Tensor, eps: float) -> torch.Tensor:
+    """The residual stream x (T, hidden) through every block -> the output norm of the last
+    (T, hidden): each block gets its input normed and hands over the next one's."""
+    y = rms_norm(x, layers[0].attn_norm, eps)
+    next_norms = [layer.attn_norm for layer in layers[1:]] + [norm]
+    for layer, c, next_norm in zip(layers, cache, next_norms):
+        x, y = layer(x, y, rope, c, next_norm)
+    return y
+
+
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, scale: float = 1.0,
                  factors: torch.Tensor | None = None, mscale: float = 1.0):
     """cos, sin (T, head_dim/2) at the given positions (T,).

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kv.cache import positions
-from .base import BaseModelArgs, RopeTables, Weights, gelu_tanh, qkv_heads, rms_norm
+from .base import BaseModelArgs, RopeTables, Weights, add_rms_norm, gelu_tanh, qkv_heads, run_layers
 
 
 @dataclass
@@ -94,11 +94,14 @@ class Block(torch.nn.Module):
         self.attn_norm, self.post_attn_norm, self.ffn_norm, self.post_ffn_norm = (
             w.vector(p + n + ".weight") for n in names)
 
-    def forward(self, x: torch.Tensor, rope: RopeTables, cache) -> torch.Tensor:
-        h = self.attn(rms_norm(x, self.attn_norm, self.eps), rope, cache)
-        x = x + rms_norm(h, self.post_attn_norm, self.eps)
-        h = self.mlp(rms_norm(x, self.ffn_norm, self.eps))
-        return x + rms_norm(h, self.post_ffn_norm, self.eps)
+    def forward(self, x: torch.Tensor, y: torch.Tensor, rope: RopeTables, cache,
+                next_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (T, hidden) the residual stream, y its attn_norm; -> the new stream and its
+        next_norm (the next block's attn_norm, or the output norm)."""
+        h = self.attn(y, rope, cache)
+        x, y = add_rms_norm(x, h, self.post_attn_norm, self.ffn_norm, self.eps)
+        h = self.mlp(y)
+        return add_rms_norm(x, h, self.post_ffn_norm, next_norm, self.eps)
 
 
 class Model(torch.nn.Module):
@@ -123,11 +126,9 @@ class Model(torch.nn.Module):
         `self.output` turns them into logits."""
         rope = RopeTables(positions(cache, ids.shape[0]), self.args.head_dim)
         x = self.embed.embed_rows(ids) * math.sqrt(self.args.hidden_size)  # (T, hidden)
-        for layer, c in zip(self.layers, cache):
-            x = layer(x, rope, c)
+        y = run_layers(self.layers, x, rope, cache, self.norm, self.args.rms_norm_eps)  # (T, hidden)
         if logits_at is not None and logits_at.numel() == 0:
             return None
         if logits_at is not None:
-            x = x[logits_at]
-        x = rms_norm(x, self.norm, self.args.rms_norm_eps)
-        return x if hidden else self.output(x)
+            y = y[logits_at]
+        return y if hidden else self.output(y)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kv.cache import positions
-from .base import BaseModelArgs, RopeTables, Weights, apply_rope_neox, linear_rope_scale, rms_norm
+from .base import BaseModelArgs, PreNormBlock, RopeTables, Weights, apply_rope_neox, linear_rope_scale, run_layers
 
 
 @dataclass
@@ -77,7 +77,7 @@ class MLP(torch.nn.Module):
         return self.down(F.silu(gate) * up)
 
 
-class Block(torch.nn.Module):
+class Block(PreNormBlock):
     def __init__(self, args: ModelArgs, w: Weights, i: int):
         super().__init__()
         p = f"blk.{i}."
@@ -86,10 +86,6 @@ class Block(torch.nn.Module):
         self.mlp = MLP(args, w, i)
         self.attn_norm = w.vector(p + "attn_norm.weight")  # (hidden,)
         self.ffn_norm = w.vector(p + "ffn_norm.weight")  # (hidden,)
-
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache) -> torch.Tensor:
-        x = x + self.attn(rms_norm(x, self.attn_norm, self.eps), rope, cache)
-        return x + self.mlp(rms_norm(x, self.ffn_norm, self.eps))
 
 
 class Model(torch.nn.Module):
@@ -125,11 +121,9 @@ class Model(torch.nn.Module):
         rope = RopeTables(positions(cache, ids.shape[0]), a.rope_dim or a.head_dim).get(
             a.rope_theta, a.rope_scale, self.rope_factors, a.rope_attn_factor)  # cos, sin (T, rope_dim/2)
         x = self.embed.embed_rows(ids)  # (T, hidden)
-        for layer, c in zip(self.layers, cache):
-            x = layer(x, rope, c)
+        y = run_layers(self.layers, x, rope, cache, self.norm, self.args.rms_norm_eps)  # (T, hidden)
         if logits_at is not None and logits_at.numel() == 0:
             return None
         if logits_at is not None:
-            x = x[logits_at]
-        x = rms_norm(x, self.norm, self.args.rms_norm_eps)
-        return x if hidden else self.output(x)
+            y = y[logits_at]
+        return y if hidden else self.output(y)

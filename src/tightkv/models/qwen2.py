@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kv.cache import positions
-from .base import BaseModelArgs, RopeTables, Weights, linear_rope_scale, qkv_heads, rms_norm
+from .base import BaseModelArgs, PreNormBlock, RopeTables, Weights, linear_rope_scale, qkv_heads, run_layers
 
 
 @dataclass
@@ -56,7 +56,7 @@ class MLP(torch.nn.Module):
         return self.down(F.silu(gate) * up)
 
 
-class Block(torch.nn.Module):
+class Block(PreNormBlock):
     def __init__(self, args: ModelArgs, w: Weights, i: int):
         super().__init__()
         p = f"blk.{i}."
@@ -65,10 +65,6 @@ class Block(torch.nn.Module):
         self.mlp = MLP(w, i)
         self.attn_norm = w.vector(p + "attn_norm.weight")  # (hidden,)
         self.ffn_norm = w.vector(p + "ffn_norm.weight")  # (hidden,)
-
-    def forward(self, x: torch.Tensor, rope: RopeTables, cache) -> torch.Tensor:
-        x = x + self.attn(rms_norm(x, self.attn_norm, self.eps), rope, cache)
-        return x + self.mlp(rms_norm(x, self.ffn_norm, self.eps))
 
 
 class Model(torch.nn.Module):
@@ -92,11 +88,9 @@ class Model(torch.nn.Module):
         hidden=True, the final-normed hidden states (rows, hidden_size) instead."""
         rope = RopeTables(positions(cache, ids.shape[0]), self.args.head_dim)
         x = self.embed.embed_rows(ids)  # (T, hidden)
-        for layer, c in zip(self.layers, cache):
-            x = layer(x, rope, c)
+        y = run_layers(self.layers, x, rope, cache, self.norm, self.args.rms_norm_eps)  # (T, hidden)
         if logits_at is not None and logits_at.numel() == 0:
             return None
         if logits_at is not None:
-            x = x[logits_at]
-        x = rms_norm(x, self.norm, self.args.rms_norm_eps)
-        return x if hidden else self.output(x)
+            y = y[logits_at]
+        return y if hidden else self.output(y)

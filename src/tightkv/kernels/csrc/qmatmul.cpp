@@ -246,6 +246,24 @@ extern "C" void tk_rms_norm(const float *x, const float *w, int64_t rows, int64_
   }
 }
 
+// The residual step between sublayers: xo = x + rms_norm(h) * hw (x + h where hw is null),
+// then y = rms_norm(xo) * nw, the next sublayer's input; rows of d, the float operations of
+// tk_rms_norm and one add each, in one call.
+extern "C" void tk_add_rms_norm(const float *x, const float *h, const float *hw, const float *nw, int64_t rows,
+                                int64_t d, float eps, float *xo, float *y) {
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * d, *hr = h + r * d;
+    float *o = xo + r * d;
+    if (hw) {
+      tk_rms_norm(hr, hw, 1, d, eps, o);
+      for (int64_t i = 0; i < d; i++) o[i] = xr[i] + o[i];
+    } else {
+      for (int64_t i = 0; i < d; i++) o[i] = xr[i] + hr[i];
+    }
+    tk_rms_norm(o, nw, 1, d, eps, y + r * d);
+  }
+}
+
 // NeoX RoPE of x (H, T, D) contiguous over the first `rot` dims: pairs (i, i + rot/2);
 // cos, sin (T, rot/2).
 extern "C" void tk_rope_neox(const float *x, const float *cs, const float *sn, int64_t H, int64_t T, int64_t D,
