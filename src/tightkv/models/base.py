@@ -288,6 +288,32 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
+ACTIVATIONS = {"gelu": gelu_tanh, "silu": F.silu}
+
+
+def glu(gate_up: torch.Tensor, act: str) -> torch.Tensor:
+    """act(gate) * up of a fused projection gate_up (T, 2 ff), each row [gate | up]; act "gelu"
+    (tanh form) or "silu" -> (T, ff). (torch's ops: a kernel of our own, within 2e-6 of them,
+    moved the logits by up to 0.76, the int8 activation rounding amplifying it, and took the
+    top-20 distance to llama.cpp's to the edge of its bar.)"""
+    gate, up = gate_up.split(gate_up.shape[-1] // 2, dim=-1)
+    return ACTIVATIONS[act](gate) * up
+
+
+class GatedMLP(torch.nn.Module):
+    """down(act(gate(x)) * up(x)), gate and up stacked into one kernel call."""
+
+    def __init__(self, w: Weights, i: int, act: str):
+        super().__init__()
+        p = f"blk.{i}."
+        self.act = act
+        self.gate_up = w.stacked([p + "ffn_gate.weight", p + "ffn_up.weight"])  # (2 * ff, hidden)
+        self.down = w.linear(p + "ffn_down.weight")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(glu(self.gate_up(x), self.act))
+
+
 def load_family(g: GGUFFile):
     """The family module for a GGUF's architecture, or a one-line error."""
     arch = g.architecture
@@ -314,6 +340,6 @@ def build_model(g: GGUFFile):
 
 __all__ = [
     "BaseModelArgs", "Weights", "rms_norm", "rope_cos_sin", "RopeTables", "apply_rope_neox", "apply_rope_interleaved",
-    "linear_rope_scale", "gelu_tanh",
+    "linear_rope_scale", "gelu_tanh", "glu", "GatedMLP",
     "load_family", "build_model",
 ]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kv.cache import positions
-from .base import BaseModelArgs, RopeTables, Weights, add_rms_norm, gelu_tanh, qkv_heads, run_layers
+from .base import BaseModelArgs, GatedMLP, RopeTables, Weights, add_rms_norm, qkv_heads, run_layers
 
 
 @dataclass
@@ -71,25 +71,13 @@ class Attention(torch.nn.Module):
         return self.wo(out.transpose(0, 1).reshape(T, a.num_heads * D))
 
 
-class MLP(torch.nn.Module):
-    def __init__(self, w: Weights, i: int):
-        super().__init__()
-        p = f"blk.{i}."
-        self.gate_up = w.stacked([p + "ffn_gate.weight", p + "ffn_up.weight"])  # (2 * ff, hidden)
-        self.down = w.linear(p + "ffn_down.weight")
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).split(self.gate_up.sizes, dim=-1)
-        return self.down(gelu_tanh(gate) * up)
-
-
 class Block(torch.nn.Module):
     def __init__(self, args: ModelArgs, w: Weights, i: int):
         super().__init__()
         p = f"blk.{i}."
         self.eps = args.rms_norm_eps
         self.attn = Attention(args, w, i)
-        self.mlp = MLP(w, i)
+        self.mlp = GatedMLP(w, i, "gelu")
         names = ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
         self.attn_norm, self.post_attn_norm, self.ffn_norm, self.post_ffn_norm = (
             w.vector(p + n + ".weight") for n in names)

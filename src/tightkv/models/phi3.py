@@ -16,10 +16,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ..kv.cache import positions
-from .base import BaseModelArgs, PreNormBlock, RopeTables, Weights, apply_rope_neox, linear_rope_scale, run_layers
+from .base import BaseModelArgs, PreNormBlock, RopeTables, Weights, apply_rope_neox, glu, linear_rope_scale, run_layers
 
 
 @dataclass
@@ -68,13 +67,11 @@ class MLP(torch.nn.Module):
     def __init__(self, args: ModelArgs, w: Weights, i: int):
         super().__init__()
         p = f"blk.{i}."
-        self.ff = args.intermediate_size
         self.gate_up = w.linear(p + "ffn_up.weight")  # (2 * ff, hidden): gate rows, then up rows
         self.down = w.linear(p + "ffn_down.weight")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).split(self.ff, dim=-1)
-        return self.down(F.silu(gate) * up)
+        return self.down(glu(self.gate_up(x), "silu"))
 
 
 class Block(PreNormBlock):

@@ -8,10 +8,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ..kv.cache import positions
-from .base import BaseModelArgs, PreNormBlock, RopeTables, Weights, linear_rope_scale, qkv_heads, run_layers
+from .base import BaseModelArgs, GatedMLP, PreNormBlock, RopeTables, Weights, linear_rope_scale, qkv_heads, run_layers
 
 
 @dataclass
@@ -44,25 +43,13 @@ class Attention(torch.nn.Module):
         return self.wo(out.transpose(0, 1).reshape(T, a.num_heads * D))
 
 
-class MLP(torch.nn.Module):
-    def __init__(self, w: Weights, i: int):
-        super().__init__()
-        p = f"blk.{i}."
-        self.gate_up = w.stacked([p + "ffn_gate.weight", p + "ffn_up.weight"])  # (2 * ff, hidden)
-        self.down = w.linear(p + "ffn_down.weight")
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).split(self.gate_up.sizes, dim=-1)
-        return self.down(F.silu(gate) * up)
-
-
 class Block(PreNormBlock):
     def __init__(self, args: ModelArgs, w: Weights, i: int):
         super().__init__()
         p = f"blk.{i}."
         self.eps = args.rms_norm_eps
         self.attn = Attention(args, w, i)
-        self.mlp = MLP(w, i)
+        self.mlp = GatedMLP(w, i, "silu")
         self.attn_norm = w.vector(p + "attn_norm.weight")  # (hidden,)
         self.ffn_norm = w.vector(p + "ffn_norm.weight")  # (hidden,)
 
