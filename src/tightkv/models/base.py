@@ -339,7 +339,7 @@ def build_model(g: GGUFFile):
 
 
 __all__ = [
-    "BaseModelArgs", "Weights", "rms_norm", "rope_cos_sin", "RopeTables", "apply_rope_neox", "apply_rope_interleaved",
-    "linear_rope_scale", "gelu_tanh", "glu", "GatedMLP",
+    "BaseModelArgs", "Weights", "rms_norm", "add_rms_norm", "PreNormBlock", "run_layers", "rope_cos_sin", "RopeTables",
+    "apply_rope_neox", "apply_rope_interleaved", "linear_rope_scale", "gelu_tanh", "glu", "GatedMLP",
     "load_family", "build_model",
 ]
