@@ -27,8 +27,8 @@ from the essays). For each file type:
   from llama.cpp can meet the bars there;
 - with --ppl N: perplexity on the essays by the standard protocol (N chunks of 2048, f16 KV),
   ours against llama.cpp's on the same file (tests/reference/mkppl.py's way);
-- with --speed: decode at depth 16 (f16 KV, 2 threads, median of --reps rounds, the two engines alternating round by round) against
-  llama.cpp's on the same file (flash attention, as `tightkv bench --vs-llamacpp`), and
+- with --speed: decode at depth 16 (f16 KV, --threads threads, median of --reps rounds, the two
+  engines alternating round by round) against llama.cpp's on the same file (flash attention, as `tightkv bench --vs-llamacpp`), and
   the RSS that loading the file adds (`bench/load_memory.py`'s bound: 1.3 x file + 100 MB).
 
 The machine and kernel builds are named in the JSON.

@@ -183,6 +183,16 @@ def run_layers(layers, x: torch.Tensor, rope, cache: list, norm: torch.Tensor, e
     return y
 
 
+def output_rows(y: torch.Tensor, logits_at: torch.Tensor | None, hidden: bool, output) -> torch.Tensor | None:
+    """A Model.forward's result from the output-normed rows y (T, hidden): logits (by `output`)
+    or the hidden rows themselves, at the rows logits_at (all if None); None if it is empty."""
+    if logits_at is not None and logits_at.numel() == 0:
+        return None
+    if logits_at is not None:
+        y = y[logits_at]
+    return y if hidden else output(y)
+
+
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, scale: float = 1.0,
                  factors: torch.Tensor | None = None, mscale: float = 1.0):
     """cos, sin (T, head_dim/2) at the given positions (T,).
@@ -339,7 +349,7 @@ def build_model(g: GGUFFile):
 
 
 __all__ = [
-    "BaseModelArgs", "Weights", "rms_norm", "add_rms_norm", "PreNormBlock", "run_layers", "rope_cos_sin", "RopeTables",
+    "BaseModelArgs", "Weights", "rms_norm", "add_rms_norm", "PreNormBlock", "run_layers", "output_rows", "rope_cos_sin", "RopeTables",
     "apply_rope_neox", "apply_rope_interleaved", "linear_rope_scale", "gelu_tanh", "glu", "GatedMLP",
     "load_family", "build_model",
 ]

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from ..kv.cache import positions
-from .base import BaseModelArgs, PreNormBlock, RopeTables, Weights, apply_rope_neox, glu, linear_rope_scale, run_layers
+from .base import (
+    BaseModelArgs, PreNormBlock, RopeTables, Weights, apply_rope_neox, glu, linear_rope_scale, output_rows,
+    run_layers)
 
 
 @dataclass
@@ -119,8 +121,4 @@ class Model(torch.nn.Module):
             a.rope_theta, a.rope_scale, self.rope_factors, a.rope_attn_factor)  # cos, sin (T, rope_dim/2)
         x = self.embed.embed_rows(ids)  # (T, hidden)
         y = run_layers(self.layers, x, rope, cache, self.norm, self.args.rms_norm_eps)  # (T, hidden)
-        if logits_at is not None and logits_at.numel() == 0:
-            return None
-        if logits_at is not None:
-            y = y[logits_at]
-        return y if hidden else self.output(y)
+        return output_rows(y, logits_at, hidden, self.output)

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from ..kv.cache import positions
-from .base import BaseModelArgs, GatedMLP, PreNormBlock, RopeTables, Weights, linear_rope_scale, qkv_heads, run_layers
+from .base import (
+    BaseModelArgs, GatedMLP, PreNormBlock, RopeTables, Weights, linear_rope_scale, output_rows, qkv_heads, run_layers)
 
 
 @dataclass
@@ -76,8 +77,4 @@ class Model(torch.nn.Module):
         rope = RopeTables(positions(cache, ids.shape[0]), self.args.head_dim)
         x = self.embed.embed_rows(ids)  # (T, hidden)
         y = run_layers(self.layers, x, rope, cache, self.norm, self.args.rms_norm_eps)  # (T, hidden)
-        if logits_at is not None and logits_at.numel() == 0:
-            return None
-        if logits_at is not None:
-            y = y[logits_at]
-        return y if hidden else self.output(y)
+        return output_rows(y, logits_at, hidden, self.output)
