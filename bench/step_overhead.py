@@ -1,9 +1,9 @@
 """How a decode step's time splits between the C kernels and the Python/torch between them.
 
-    python bench/step_overhead.py [--model PATH] [--kv f16] [--threads 1] [--steps 30] [--rounds 3]
+    python bench/step_overhead.py [--model PATH] [--kv f16] [--threads 1] [--streams 1] [--steps 30] [--rounds 3]
 
 Wraps each kernel entry point the model calls with a timer, runs decode steps at
-depth 16, and prints per round: the step, the time inside the kernel calls, the rest
+depth 16 (with --streams N, batched steps of N sequences, as the server runs them), and prints per round: the step, the time inside the kernel calls, the rest
 (Python, torch ops, caches gone cold after the weights streamed through), and each
 entry point's share with its calls per step.
 """
@@ -16,7 +16,7 @@ import time
 import torch
 
 from tightkv import Model
-from tightkv.engine.generate import decode_step, prefill
+from tightkv.engine.generate import decode_batch, prefill
 from tightkv.kernels import library
 
 ENTRY_POINTS = ["tk_gemv", "tk_gemv_parts", "tk_attn", "tk_rms_norm", "tk_add_rms_norm", "tk_qkv_heads", "tk_rope_neox",
@@ -42,6 +42,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="a GGUF path (default: the embedded Gemma 3 270M)")
     ap.add_argument("--kv", default="f16")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--streams", type=int, default=1, help="sequences decoded together per step")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
@@ -51,17 +52,21 @@ def main() -> None:
     spent, calls = collections.defaultdict(float), collections.Counter()
     for name in ENTRY_POINTS:
         setattr(lib, name, Timed(name, getattr(lib, name), spent, calls))
-    cache = model.new_cache()
-    prefill(model.net, model.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 3)[:16], cache)
+    prompt = model.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 3)[:16]
+    caches = [model.new_cache() for _ in range(args.streams)]
+    for cache in caches:
+        prefill(model.net, prompt, cache)
+    tokens = [100 + i for i in range(args.streams)]
     for _ in range(5):
-        decode_step(model.net, 100, cache)
-    print(f"{library.status()}, {args.threads} thread(s), KV {args.kv}, {args.steps} steps per round")
+        decode_batch(model.net, tokens, caches)
+    print(f"{library.status()}, {args.threads} thread(s), KV {args.kv}, {args.streams} stream(s), "
+          f"{args.steps} steps per round")
     for _ in range(args.rounds):
         spent.clear()
         calls.clear()
         t = time.perf_counter()
         for _ in range(args.steps):
-            decode_step(model.net, 100, cache)
+            decode_batch(model.net, tokens, caches)
         step = (time.perf_counter() - t) / args.steps
         inside = sum(spent.values()) / args.steps
         parts = ", ".join(f"{k} {v / args.steps * 1e3:.2f} ms ({calls[k] // args.steps})" for k, v in spent.items())

@@ -1026,7 +1026,7 @@ static void chunk_fn_attn(const void *p, int64_t c) {
     o[Dv] = -INFINITY; o[Dv + 1] = 0.f;
   }
   const bool many = nrows >= PRE_ROWS;
-  std::vector<float> sc(nrows * BT), kT(many ? D * BT : 0), kscl(BT), vt(many || TK_AVX2 ? BT * (D > Dv ? D : Dv) : 0),
+  avec<float> sc(nrows * BT), kT(many ? D * BT : 0), kscl(BT), vt(many || TK_AVX2 ? BT * (D > Dv ? D : Dv) : 0),
       pv(many ? nrows * Dv : 0), qt(is_ak(s.kkind) ? nrows * D : 0), kb(nrows), tmp(is_av(s.vkind) ? nrows * W : 0),
       z(nrows);
   std::vector<int64_t> lo(nrows), hi(nrows);
@@ -1095,7 +1095,7 @@ static void prep_rows(const void *p, int64_t c) {
   const Ctx *x = (const Ctx *)p;
   const int64_t D = x->D, n = x->Hkv * x->R, h0 = c * PREP_ROWS;
   const int64_t nb = n - h0 < PREP_ROWS ? n - h0 : PREP_ROWS;
-  std::vector<float> a(PREP_ROWS * D), rot(PREP_ROWS * D);
+  avec<float> a(PREP_ROWS * D), rot(PREP_ROWS * D);
   for (int64_t k = 0; k < nb; k++) {
     const int64_t hr = h0 + k, h = hr / x->R;
     const float *qr = x->q + hr * D;
@@ -1139,7 +1139,7 @@ static void merge_rows(const void *p, int64_t c) {
   const Ctx *x = (const Ctx *)p;
   const int64_t Dv = x->Dv, W = Dv + 2, n = x->Hkv * x->R, h0 = c * PREP_ROWS;
   const int64_t nb = n - h0 < PREP_ROWS ? n - h0 : PREP_ROWS;
-  std::vector<float> accs(PREP_ROWS * Dv), accc(Dv), cperm(PREP_ROWS * Dv, 0.f), y(PREP_ROWS * Dv), ls(2 * PREP_ROWS);
+  avec<float> accs(PREP_ROWS * Dv), accc(Dv), cperm(PREP_ROWS * Dv, 0.f), y(PREP_ROWS * Dv), ls(2 * PREP_ROWS);
   // pass 1: each row's exact-domain sum (accs), its code-domain sum un-permuted (cperm), l and l_c
   for (int64_t k = 0; k < nb; k++) {
     const int64_t hr = h0 + k;
@@ -1225,8 +1225,8 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
   for (int64_t i = 0; i < Dv; i++)
     vsrc[i] = cx.i8v ? i8v_pos(i) : cx.vperm ? (i / 32) * 32 + ((i % 2) ? 16 + (i % 32) / 2 : (i % 32) / 2) : i;
   cx.ksrc = ksrc.data(); cx.q8src = q8src.data(); cx.vsrc = vsrc.data();
-  std::vector<float> qx(rows * D), qb(cx.any_body ? rows * D : 0), bias(rows, 0.f), q8mul(rows, 0.f);
-  std::vector<int8_t> q8(cx.i8k ? rows * D : 0);
+  avec<float> qx(rows * D), qb(cx.any_body ? rows * D : 0), bias(rows, 0.f), q8mul(rows, 0.f);
+  avec<int8_t> q8(cx.i8k ? rows * D : 0);
   std::vector<int32_t> q8sum(rows, 0);
   float kstep = 0.f, vstep = 0.f;
   for (int i = 0; i < 16 && kcb; i++) kstep = fabsf(kcb[i]) > kstep ? fabsf(kcb[i]) : kstep;
@@ -1269,7 +1269,7 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
   const int64_t nch = (int64_t)chunks.size() / CH;
   std::vector<int64_t> row_chunks, row_first(1, 0);
   for (auto &v : per_tile) { row_chunks.insert(row_chunks.end(), v.begin(), v.end()); row_first.push_back(row_chunks.size()); }
-  std::vector<float> part(total);
+  avec<float> part(total);
   memset(&cx.kcb, 0, 64); memset(&cx.vcb, 0, 64);
   if (kcb) memcpy(&cx.kcb, kcb, 64);
   if (vcb) memcpy(&cx.vcb, vcb, 64);

@@ -4,6 +4,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <new>
+#include <vector>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -11,6 +14,21 @@
 // Run fn(ctx, c) for c in [0, nchunks) on up to nth threads (pool.cpp).
 typedef void (*chunk_fn)(const void *ctx, int64_t chunk);
 void run_chunks(chunk_fn fn, const void *ctx, int64_t nchunks, int nth);
+
+// Scratch buffers start on a 64-byte boundary, so a kernel's 64-byte loads of a row never
+// straddle two cache lines (such loads run at half rate; which buffers did was chance).
+template <class T>
+struct Aligned64 {
+  typedef T value_type;
+  Aligned64() = default;
+  template <class U> Aligned64(const Aligned64<U> &) {}
+  T *allocate(size_t n) { return static_cast<T *>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T *p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  template <class U> bool operator==(const Aligned64<U> &) const { return true; }
+  template <class U> bool operator!=(const Aligned64<U> &) const { return false; }
+};
+template <class T>
+using avec = std::vector<T, Aligned64<T>>;
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 8")

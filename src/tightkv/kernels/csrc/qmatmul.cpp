@@ -201,8 +201,8 @@ extern "C" int tk_gemv_parts(int n, const int *types, const uint8_t *const *ws, 
   }
   Act a = {x, nullptr, nullptr, nullptr, nullptr, K};
 #if TK_GEMV_I8
-  thread_local std::vector<int8_t> q;
-  thread_local std::vector<float> d, hs, d8;
+  thread_local avec<int8_t> q;
+  thread_local avec<float> d, hs, d8;
   q.resize(M * K); d.resize(M * K / 32); hs.resize(M * K / 16);
   if (TK_GEMV_512) d8.resize((M * K / 64 + 1) * 32);  // whole pairs of groups
   i8::quantize_rows(x, M, K, q.data(), d.data(), hs.data(), TK_GEMV_512 ? d8.data() : nullptr);
