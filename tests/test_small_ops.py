@@ -1,8 +1,9 @@
-"""The kernel's per-token ops (RMS norm, residual add and norm, NeoX RoPE, q/k/v heads) equal torch's."""
+"""The kernel's per-token ops (RMS norm, residual add and norm, NeoX RoPE, q/k/v heads, greedy argmax) equal torch's."""
 import pytest
 import torch
 import torch.nn.functional as F
 
+from tightkv.engine.sampling import argmax
 from tightkv.kernels import qmatmul as qm
 from tightkv.kernels import library
 from tightkv.models.base import add_rms_norm, apply_rope_neox, qkv_heads, rms_norm, rope_cos_sin
@@ -79,3 +80,20 @@ def test_add_rms_norm_equals_the_ops_one_by_one(rows, d, post):
         qm.set_backend("fast")
     for a, b in zip((xo, y), ref):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n", [1, 15, 64, 1000, 262144])
+def test_argmax_is_torchs(n):
+    """The first largest logit, as torch.argmax picks it: random rows, ties (the first
+    wins), a maximum in the tail past the last whole block, all -inf."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=g)
+    cases = [x, x.round(), torch.full((n,), float("-inf"))]
+    if n > 1:
+        tail = x.clone()
+        tail[-1] = 100.0
+        tie = x.clone()
+        tie[n // 3] = tie[n - 1] = 50.0
+        cases += [tail, tie]
+    for v in cases:
+        assert argmax(v) == int(torch.argmax(v))

@@ -5,9 +5,12 @@ temperature, then a draw.
 """
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import torch
+
+from ..kernels.qmatmul import small_ops
 
 FLT_MAX = torch.finfo(torch.float32).max
 
@@ -54,11 +57,23 @@ class Sampler:
         if p.repeat_penalty != 1.0 and history:  # an extreme penalty stays finite
             logits = _penalize(logits, history[-p.repeat_last_n:], p.repeat_penalty).clamp(-FLT_MAX, FLT_MAX)
         if p.temperature <= 0:
-            return int(torch.argmax(logits))
+            return argmax(logits)
         logits, ids = _truncate(logits, p)
         probs = torch.softmax((logits - logits[0]) / p.temperature, dim=-1)  # sorted: [0] is the max; tiny T is finite
         choice = torch.multinomial(probs, 1, generator=self.generator)
         return int(ids[choice])
+
+
+def argmax(logits: torch.Tensor) -> int:
+    """The index of the first largest of a 1-D float tensor, as torch.argmax gives it, in
+    one kernel call (torch's takes 0.3-0.6 ms over a 262,144-token vocabulary, a twentieth
+    of a small model's step)."""
+    lib = small_ops(logits)
+    if lib is None or logits.dim() != 1 or not logits.is_contiguous():
+        return int(torch.argmax(logits))
+    out = ctypes.c_int64()
+    lib.tk_argmax(logits.data_ptr(), 1, logits.numel(), logits.numel(), ctypes.byref(out))
+    return out.value
 
 
 def _penalize(logits: torch.Tensor, recent: list[int], penalty: float) -> torch.Tensor:

@@ -223,7 +223,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.tk_rope_neox.argtypes = [p, p, p, i64, i64, i64, i64, p]
     lib.tk_qkv_heads.argtypes = [p, i64, i64, i64, i64, p, p, f32, p, p, i64, p, p, p]
     lib.tk_add_rms_norm.argtypes = [p, p, p, p, i64, i64, f32, p, p]
+    lib.tk_argmax.argtypes = [p, i64, i64, i64, p]
     lib.tk_rms_norm.restype = lib.tk_rope_neox.restype = lib.tk_qkv_heads.restype = lib.tk_add_rms_norm.restype = None
+    lib.tk_argmax.restype = None
     lib.tk_lowbit_table.argtypes, lib.tk_lowbit_table.restype = [i32, p, i64], i32
     lib.tk_lowbit_ready.argtypes, lib.tk_lowbit_ready.restype = [i32], i32
     from ..gguf.quants import kernel_tables  # the IQ grids and FP4 tables, handed over once

@@ -264,6 +264,32 @@ extern "C" void tk_add_rms_norm(const float *x, const float *h, const float *hw,
   }
 }
 
+// out[r] = the index of the first largest of the n floats of row r (rows ld apart), as
+// torch.argmax gives it (a NaN is never the largest here): 16 running maxima, then a scan
+// for the first equal one, blocks of 64 compared at once. Both loops vectorize.
+extern "C" void tk_argmax(const float *x, int64_t rows, int64_t n, int64_t ld, int64_t *out) {
+  for (int64_t r = 0; r < rows; r++) {
+    const float *v = x + r * ld;
+    float lane[16];
+    for (int j = 0; j < 16; j++) lane[j] = -INFINITY;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+      for (int j = 0; j < 16; j++) lane[j] = v[i + j] > lane[j] ? v[i + j] : lane[j];
+    float mx = -INFINITY;
+    for (int j = 0; j < 16; j++) mx = lane[j] > mx ? lane[j] : mx;
+    for (; i < n; i++) mx = v[i] > mx ? v[i] : mx;
+    int64_t at = 0;
+    for (i = 0; i + 64 <= n; i += 64) {
+      int hit = 0;
+      for (int j = 0; j < 64; j++) hit |= v[i + j] == mx;
+      if (hit) break;
+    }
+    while (i < n && v[i] != mx) i++;
+    at = i < n ? i : 0;
+    out[r] = at;
+  }
+}
+
 // NeoX RoPE of x (H, T, D) contiguous over the first `rot` dims: pairs (i, i + rot/2);
 // cos, sin (T, rot/2).
 extern "C" void tk_rope_neox(const float *x, const float *cs, const float *sn, int64_t H, int64_t T, int64_t D,
