@@ -63,12 +63,12 @@ GEMV_MAX_ROWS = None  # above this many input rows: dequantized tiles + float32 
 
 def gemv_max_rows(lib) -> int:
     """The most input rows the block-dot kernel takes (`GEMV_MAX_ROWS` where set): the
-    crossover with dequantized tiles, 64 on AVX-512 builds, 24 on the others
+    crossover with dequantized tiles, 40 on AVX-512 builds, 24 on the others
     (`bench/gemv_crossover.py`; README, "Weight kernel crossover")."""
     if GEMV_MAX_ROWS is not None:
         return GEMV_MAX_ROWS
     if id(lib) not in _MAX_ROWS:
-        _MAX_ROWS[id(lib)] = 64 if lib.tk_simd() == 512 else 24
+        _MAX_ROWS[id(lib)] = 40 if lib.tk_simd() == 512 else 24
     return _MAX_ROWS[id(lib)]
 
 
