@@ -186,9 +186,9 @@ def run_layers(layers, x: torch.Tensor, rope, cache: list, norm: torch.Tensor, e
 def output_rows(y: torch.Tensor, logits_at: torch.Tensor | None, hidden: bool, output) -> torch.Tensor | None:
     """A Model.forward's result from the output-normed rows y (T, hidden): logits (by `output`)
     or the hidden rows themselves, at the rows logits_at (all if None); None if it is empty."""
-    if logits_at is not None and logits_at.numel() == 0:
-        return None
     if logits_at is not None:
+        if logits_at.numel() == 0:
+            return None
         y = y[logits_at]
     return y if hidden else output(y)
 

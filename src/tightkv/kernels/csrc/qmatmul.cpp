@@ -278,15 +278,13 @@ extern "C" void tk_argmax(const float *x, int64_t rows, int64_t n, int64_t ld, i
     float mx = -INFINITY;
     for (int j = 0; j < 16; j++) mx = lane[j] > mx ? lane[j] : mx;
     for (; i < n; i++) mx = v[i] > mx ? v[i] : mx;
-    int64_t at = 0;
     for (i = 0; i + 64 <= n; i += 64) {
       int hit = 0;
       for (int j = 0; j < 64; j++) hit |= v[i + j] == mx;
       if (hit) break;
     }
     while (i < n && v[i] != mx) i++;
-    at = i < n ? i : 0;
-    out[r] = at;
+    out[r] = i < n ? i : 0;  // none equal: every value NaN (or n == 0)
   }
 }
 
