@@ -259,6 +259,165 @@ static void rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ
   }
 }
 
+// Steps of 256 weights for `rows8`: Step<T>::scales(b, n, s, mn) gives a step's 8 groups'
+// scales as vectors, s[0] (8 lanes, one per group) or, PER16, s[0] and s[1] (16 lanes, one
+// per 16 weights: groups 0-3, then 4-7), and the mins mn alike; codes(b, i) the 32 codes of
+// group i, unsigned bytes below 128 (signed bytes where SIGNED, mins then 0). A weight is
+// s * code - mn. One step is 8 blocks of a 32-weight type, one block of a k-quant.
+template <class T>
+struct Step {
+  enum { OK = 0 };
+};
+static ALWAYS_INLINE __m256 h2f8(const uint8_t *b, int stride, int n) {  // n <= 8 fp16 values, `stride` bytes apart; 0 after
+  uint16_t h[8];
+  for (int i = 0; i < 8; i++) {
+    h[i] = 0;
+    if (i < n) memcpy(h + i, b + i * stride, 2);
+  }
+  return _mm256_cvtph_ps(_mm_setr_epi16(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]));
+}
+static ALWAYS_INLINE __m256 u8x8_ps(const void *p) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
+static ALWAYS_INLINE __m256 i8x8_ps(const void *p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
+template <int TS, int OFF, int MOFF, int QOFF, int HOFF>  // Q4_0 / Q4_1 / Q5_0 / Q5_1: scale at 0, min at MOFF (or none)
+struct Step32 {
+  enum { OK = 1, BLOCKS = 8, PER16 = 0, SIGNED = 0 };
+  static ALWAYS_INLINE void scales(const uint8_t *b, int n, __m256 *s, __m256 *mn) {
+    s[0] = h2f8(b, TS, n);
+    mn[0] = MOFF ? _mm256_sub_ps(_mm256_setzero_ps(), h2f8(b + MOFF, TS, n)) : _mm256_mul_ps(s[0], _mm256_set1_ps((float)OFF));
+  }
+  static ALWAYS_INLINE __m256i codes(const uint8_t *b, int i) {
+    const __m256i lo = nibbles(b + i * TS + QOFF);
+    return HOFF ? _mm256_or_si256(lo, bit16s(u32(b + i * TS + HOFF))) : lo;
+  }
+};
+template <> struct Step<Q4_0> : Step32<18, 8, 0, 2, 0> {};
+template <> struct Step<Q4_1> : Step32<20, 0, 2, 4, 0> {};
+template <> struct Step<Q5_0> : Step32<22, 16, 0, 6, 2> {};
+template <> struct Step<Q5_1> : Step32<24, 0, 2, 8, 4> {};
+template <>
+struct Step<Q8_0> {
+  enum { OK = 1, BLOCKS = 8, PER16 = 0, SIGNED = 1 };
+  static ALWAYS_INLINE void scales(const uint8_t *b, int n, __m256 *s, __m256 *mn) { s[0] = h2f8(b, 34, n); mn[0] = _mm256_setzero_ps(); }
+  static ALWAYS_INLINE __m256i codes(const uint8_t *b, int i) { return ld256(b + i * 34 + 2); }
+};
+// Q4_K and Q5_K's 12 bytes of 6-bit scales and mins -> 8 scale bytes, then 8 min bytes
+static ALWAYS_INLINE void k_scale_bytes(const uint8_t *q, uint32_t u[4]) {
+  memcpy(u, q, 12);
+  const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+  u[3] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);  // mins 4-7
+  const uint32_t mins03 = u[1] & m6;
+  u[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4);  // scales 4-7
+  u[2] = mins03;
+  u[0] &= m6;  // scales 0-3
+}
+template <int QS, int QH>  // Q4_K (no 5th bits) / Q5_K
+struct StepK {
+  enum { OK = 1, BLOCKS = 1, PER16 = 0, SIGNED = 0 };
+  static ALWAYS_INLINE void scales(const uint8_t *b, int, __m256 *s, __m256 *mn) {
+    uint32_t u[4];
+    k_scale_bytes(b + 4, u);
+    s[0] = _mm256_mul_ps(u8x8_ps(u), _mm256_set1_ps(h2f(b)));
+    mn[0] = _mm256_mul_ps(u8x8_ps(u + 2), _mm256_set1_ps(h2f(b + 2)));
+  }
+  static ALWAYS_INLINE __m256i codes(const uint8_t *b, int i) {  // weights 64j..: low nibbles of 32 bytes, then high
+    const __m256i q = ld256(b + QS + 32 * (i / 2));
+    const __m256i lo = i % 2 ? srl8(q, 4) : and8(q, 15);
+    return QH ? _mm256_or_si256(lo, _mm256_slli_epi16(and8(_mm256_srli_epi16(ld256(b + QH), i), 1), 4)) : lo;
+  }
+};
+template <> struct Step<Q4_K> : StepK<16, 0> {};
+template <> struct Step<Q5_K> : StepK<48, 16> {};
+template <>
+struct Step<Q6_K> {
+  enum { OK = 1, BLOCKS = 1, PER16 = 1, SIGNED = 0 };
+  static ALWAYS_INLINE void scales(const uint8_t *b, int, __m256 *s, __m256 *mn) {
+    const __m256 d = _mm256_set1_ps(h2f(b + 208)), off = _mm256_set1_ps(32.f);  // codes q + 32
+    for (int h = 0; h < 2; h++) {
+      s[h] = _mm256_mul_ps(i8x8_ps(b + 192 + 8 * h), d);
+      mn[h] = _mm256_mul_ps(s[h], off);
+    }
+  }
+  static ALWAYS_INLINE __m256i codes(const uint8_t *b, int i) {  // group 4h + t: nibbles of ql (t even: low), 2 bits of qh
+    const int h = i / 4, t = i % 4;
+    const __m256i ql = ld256(b + 64 * h + 32 * (t % 2)), qh = ld256(b + 128 + 32 * h);
+    const __m256i lo = t < 2 ? and8(ql, 15) : srl8(ql, 4);
+    return _mm256_or_si256(lo, _mm256_slli_epi16(and8(_mm256_srli_epi16(qh, 2 * t), 3), 4));
+  }
+};
+
+// 8 floats from p, lanes n.. zero (n <= 8; nothing read past p + n)
+static ALWAYS_INLINE __m256 load8(const float *p, int n) {
+  if (n == 8) return _mm256_loadu_ps(p);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane));
+}
+
+// One step of `rows8` for one weight row: n groups of 32 (8, fewer only in a row's last step
+// of a 32-weight type) from g0, into each activation row's accumulators acc (and acc2, a
+// second chain for one or two rows: an FMA's latency, not its throughput, bounds a chain).
+template <class T, int M>
+static ALWAYS_INLINE void step8(const uint8_t *b, int n, int64_t g0, const XQ &x, __m256 *acc, __m256 *acc2) {
+  typedef Step<T> S;
+  const int64_t K = x.K, G = K / 32;
+  __m256 s[2], mn[2];
+  S::scales(b, n, s, mn);
+  alignas(32) float sx[M][8];  // each row's scales times its activation scales, one per group (not PER16)
+  __m256 sx16[M][2];           // PER16: lane l of sx16[m][h] for the 16 weights l/4 of group 4h + l/2
+  for (int m = 0; m < M; m++) {
+    const float *hs = x.hs + m * 2 * G + 2 * g0;  // the activations' sums of each 16
+    const __m256 xd = load8(x.d + m * G + g0, n);
+    if (S::PER16) {
+      acc[m] = _mm256_fnmadd_ps(mn[0], _mm256_loadu_ps(hs), acc[m]);
+      acc[m] = _mm256_fnmadd_ps(mn[1], _mm256_loadu_ps(hs + 8), acc[m]);
+      const __m256 a = _mm256_unpacklo_ps(xd, xd), c = _mm256_unpackhi_ps(xd, xd);  // 0 0 1 1 4 4 5 5, 2 2 3 3 6 6 7 7
+      sx16[m][0] = _mm256_mul_ps(s[0], _mm256_permute2f128_ps(a, c, 0x20));
+      sx16[m][1] = _mm256_mul_ps(s[1], _mm256_permute2f128_ps(a, c, 0x31));
+    } else {
+      if (!S::SIGNED) {
+        const __m256 h = _mm256_hadd_ps(load8(hs, 2 * n < 8 ? 2 * n : 8), load8(hs + 8, 2 * n > 8 ? 2 * n - 8 : 0));
+        const __m256 h32 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(h), 0xD8));  // sums of each 32
+        acc[m] = _mm256_fnmadd_ps(mn[0], h32, acc[m]);
+      }
+      _mm256_store_ps(sx[m], _mm256_mul_ps(s[0], xd));
+    }
+  }
+  const __m256i ones = _mm256_set1_epi16(1);
+  UNROLL for (int i = 0; i < 8; i++) {
+    if (i >= n) break;
+    const __m256i q = S::codes(b, i);
+    const __m256i qa = S::SIGNED ? _mm256_sign_epi8(q, q) : q;
+    const int u = 2 * (i % 4);
+    const __m256i idx = _mm256_setr_epi32(u, u, u, u, u + 1, u + 1, u + 1, u + 1);
+    for (int m = 0; m < M; m++) {
+      __m256i xv = ld256((const uint8_t *)(x.q + m * K + 32 * (g0 + i)));
+      if (S::SIGNED) xv = _mm256_sign_epi8(xv, q);
+      const __m256 p = _mm256_cvtepi32_ps(dot4(qa, xv, ones));
+      const __m256 sc = S::PER16 ? _mm256_permutevar8x32_ps(sx16[m][i / 4], idx) : _mm256_broadcast_ss(sx[m] + i);
+      __m256 &a = M <= 2 && i % 2 ? acc2[m] : acc[m];
+      a = _mm256_fmadd_ps(p, sc, a);
+    }
+  }
+}
+
+// `rows` a step at a time: a step's scales and mins decoded as vectors once, the mins
+// taken off with one product per step against the activations' sums of each 32 (or 16),
+// and each group a dot per row scaled by its lane of the step's scales. Unsigned codes
+// need no sign trick; a type's offset (Q4_0's 8, Q6_K's 32) goes in with the mins.
+template <class T, int M>
+static void rows8(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ &x, float *y, int64_t ldy) {
+  typedef Step<T> S;
+  const int64_t G = x.K / 32, step = S::BLOCKS * T::TS;
+  for (int64_t r = r0; r < r1; r++) {
+    const uint8_t *b = w + r * ldw;
+    __m256 acc[M], acc2[M];
+    for (int m = 0; m < M; m++) acc[m] = acc2[m] = _mm256_setzero_ps();
+    int64_t g0 = 0;
+    for (; g0 + 8 <= G; g0 += 8, b += step) step8<T, M>(b, 8, g0, x, acc, acc2);
+    if (g0 < G) step8<T, M>(b, (int)(G - g0), g0, x, acc, acc2);  // a 32-weight type's last blocks
+    for (int m = 0; m < M; m++) y[m * ldy + r] = hsum8(_mm256_add_ps(acc[m], acc2[m]));
+  }
+}
+
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
 #define TK_GEMV_512 1
 // Sums of four adjacent u8 x s8 products per int32 lane, on 512-bit registers.
@@ -521,6 +680,7 @@ static void chunk(const void *p, int64_t c) {
 #if TK_GEMV_512
   if (g->x.K % 64 == 0) return rows512<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
 #endif
+  if constexpr (Step<T>::OK) return rows8<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
   rows<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
 }
 }  // namespace i8
