@@ -21,9 +21,9 @@ static inline __m256i bytes(int c) { return _mm256_set1_epi8((char)c); }
 static inline __m256i and8(__m256i a, int c) { return _mm256_and_si256(a, bytes(c)); }
 static inline __m256i srl8(__m256i a, int n) { return and8(_mm256_srli_epi16(a, n), 0xFF >> n); }
 // 16 bytes -> 32: the low nibbles (elements 0..15), then the high nibbles (16..31)
-static inline __m256i nibbles(const uint8_t *p) {
-  const __m128i t = _mm_loadu_si128((const __m128i *)p);
-  return and8(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), 15);
+static inline __m256i nibbles(const uint8_t *p) {  // the 16 bytes in both halves, the upper shifted by 4
+  const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+  return and8(_mm256_srlv_epi32(t, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), 15);
 }
 // byte i = 16 where bit i of h is set, else 0
 static inline __m256i bit16s(uint32_t h) {
