@@ -47,12 +47,12 @@ def gemv_reference(lib, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (int8_activations(x) if lib.tk_gemv_int8() else x) @ w.T
 
 
-def check_gemv(lib, qtype: str, rows: int, threads: int = 2) -> None:
-    lin = make_linear(qtype, seed=2)
-    w = quants.dequantize(lin.raw, qtype, (OUT, IN))
-    x = torch.randn(rows, IN)
+def check_gemv(lib, qtype: str, rows: int, threads: int = 2, k: int = IN) -> None:
+    lin = make_linear(qtype, inp=k, seed=2)
+    w = quants.dequantize(lin.raw, qtype, (OUT, k))
+    x = torch.randn(rows, k)
     y = torch.empty(rows, OUT)
-    assert lib.tk_gemv(qm.TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), OUT, IN, x.data_ptr(), rows,
+    assert lib.tk_gemv(qm.TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), OUT, k, x.data_ptr(), rows,
                        y.data_ptr(), threads) == 0
     assert rel_err(y, gemv_reference(lib, x, w)) < 1e-3  # the int8 error itself is ~5e-3 (vs float x)
 
@@ -89,6 +89,19 @@ def test_block_dots_match_their_reference(qtype):
     x = torch.zeros(1, IN)  # an all-zero group has scale 0, not NaN
     lin = make_linear(qtype, seed=3)
     assert torch.equal(lin(x), torch.zeros(1, OUT))
+
+
+@pytest.mark.parametrize("target", ["native", "avx2"])
+def test_rows_that_end_in_a_partial_step(target):
+    """The AVX2 dots walk 8 blocks of a 32-weight type at a time: rows of 1, 3, 7 and 11
+    blocks (Qwen2.5-0.5B's 896 columns are 28) end in a partial step, against the reference."""
+    if library.library() is None:
+        pytest.skip(library.status())
+    lib = library.load(None if target == "native" else target)
+    for qtype in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"):
+        for k in (32, 96, 224, 352):
+            for rows in (1, 2, 5):
+                check_gemv(lib, qtype, rows, k=k)
 
 
 def test_kernel_is_available_here():
