@@ -353,8 +353,9 @@ static ALWAYS_INLINE __m256 load8(const float *p, int n) {
 }
 
 // One step of `rows8` for one weight row: n groups of 32 (8, fewer only in a row's last step
-// of a 32-weight type) from g0, into each activation row's accumulators acc (and acc2, a
-// second chain for one or two rows: an FMA's latency, not its throughput, bounds a chain).
+// of a 32-weight type) from g0, into each activation row's accumulators acc and acc2 (odd
+// groups: for one row alone an FMA's latency, not its throughput, bounds a chain; every
+// row count takes the same two, so a row sums alike alone and in a batch).
 template <class T, int M>
 static ALWAYS_INLINE void step8(const uint8_t *b, int n, int64_t g0, const XQ &x, __m256 *acc, __m256 *acc2) {
   typedef Step<T> S;
@@ -393,7 +394,7 @@ static ALWAYS_INLINE void step8(const uint8_t *b, int n, int64_t g0, const XQ &x
       if (S::SIGNED) xv = _mm256_sign_epi8(xv, q);
       const __m256 p = _mm256_cvtepi32_ps(dot4(qa, xv, ones));
       const __m256 sc = S::PER16 ? _mm256_permutevar8x32_ps(sx16[m][i / 4], idx) : _mm256_broadcast_ss(sx[m] + i);
-      __m256 &a = M <= 2 && i % 2 ? acc2[m] : acc[m];
+      __m256 &a = i % 2 ? acc2[m] : acc[m];  // the same sums for a row alone or in a batch
       a = _mm256_fmadd_ps(p, sc, a);
     }
   }
