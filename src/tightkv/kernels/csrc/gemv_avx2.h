@@ -491,13 +491,7 @@ struct Wide<Q5_0> {
 // Q4_K and Q5_K's 12 bytes of 6-bit scales and mins -> per 16 weights: d * scale, dmin * min
 static ALWAYS_INLINE void k_scales16(const uint8_t *q, float d, float dmin, __m512 &sc, __m512 &mn) {
   uint32_t u[4];
-  memcpy(u, q, 12);
-  const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
-  u[3] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);  // mins 4-7
-  const uint32_t mins03 = u[1] & m6;
-  u[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4);  // scales 4-7
-  u[2] = mins03;
-  u[0] &= m6;  // scales 0-3
+  k_scale_bytes(q, u);
   const __m512 v = ubytes_ps(u);  // 8 scales (per 32), then 8 mins
   const __m512i idx = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 1);
   sc = _mm512_mul_ps(_mm512_permutexvar_ps(idx, v), _mm512_set1_ps(d));
