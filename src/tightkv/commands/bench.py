@@ -17,7 +17,7 @@ HELP = "prompt and generation speed, optionally beside llama.cpp"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None, help="registry name or .gguf path (default: embedded)")
     p.add_argument("--depths", default="16,2048", help="context depths for tg, comma-separated")
-    p.add_argument("--n-prompt", "-p", type=int, default=512, help="prompt tokens of the pp test")
+    p.add_argument("--n-prompt", "-p", type=int, default=512, help="prompt tokens of the pp test (0 skips it, as in llama-bench)")
     p.add_argument("--n-gen", type=int, default=128, help="decode steps of each tg test")
     p.add_argument("--reps", "-r", type=int, default=3, help="repetitions; the median is reported")
     p.add_argument("--compare", default=None, help="comma-separated KV types")
@@ -39,6 +39,8 @@ def run(ns: argparse.Namespace) -> int:
     threads = ns.threads or default_threads()
     kinds = kv_types(ns)
     model = Model(ns.model, threads=threads, context_length=ns.ctx or None)
+    if ns.n_prompt < 0 or ns.n_gen < 1:
+        raise TightKVError("--n-prompt must be 0 or more and --n-gen at least 1")
     if max(depths) + ns.n_gen + 1 > model.context_length:
         raise TightKVError(f"depth {max(depths)} + {ns.n_gen} tokens exceeds the context of {model.context_length}")
     for kind in kinds:

@@ -140,11 +140,12 @@ def run_tightkv(model, kv: str, depths: list[int], n_prompt: int, n_gen: int, re
     vocab = model.args.vocab_size
     rows = []
     weight_bytes = model.path.stat().st_size
-    prompt = [model.tokenizer.bos_id] + bench_tokens(n_prompt - 1, vocab, 1)
+    prompt = [model.tokenizer.bos_id] + bench_tokens(max(n_prompt, 64) - 1, vocab, 1)
     _ours_pp(model, kv, prompt[:64])  # warm-up: kernels compiled, pages touched
-    runs = [_ours_pp(model, kv, prompt) for _ in range(reps)]
-    rows.append(_report(Row("tightkv", kv, test_name("pp", n_prompt, 0), 0, statistics.median(runs), runs,
-                            peak_rss=peak_rss()), on_row))
+    if n_prompt > 0:  # -p 0 skips the prompt test, as in llama-bench
+        runs = [_ours_pp(model, kv, prompt[:n_prompt]) for _ in range(reps)]
+        rows.append(_report(Row("tightkv", kv, test_name("pp", n_prompt, 0), 0, statistics.median(runs), runs,
+                                peak_rss=peak_rss()), on_row))
     for depth in depths:
         context = [model.tokenizer.bos_id] + bench_tokens(depth - 1, vocab, 2)
         steps = bench_tokens(n_gen + 1, vocab, 3)
@@ -174,14 +175,15 @@ def _llama_measure(path, kv, depths, n_prompt, n_gen, reps, threads):
               type_k=LLAMA_KV_TYPES[kv], type_v=LLAMA_KV_TYPES[kv], verbose=False, **LLAMA_SETTINGS)
     vocab = m.n_vocab()
     out = []
-    prompt = [m.token_bos()] + bench_tokens(n_prompt - 1, vocab, 1)
+    prompt = [m.token_bos()] + bench_tokens(max(n_prompt, 64) - 1, vocab, 1)
     runs = []
-    for _ in range(reps + 1):
+    for _ in range(reps + 1 if n_prompt > 0 else 0):
         m.reset()
         t = time.perf_counter()
-        m.eval(prompt)
-        runs.append(len(prompt) / (time.perf_counter() - t))
-    out.append(("pp", n_prompt, 0, runs[1:]))
+        m.eval(prompt[:n_prompt])
+        runs.append(n_prompt / (time.perf_counter() - t))
+    if runs:
+        out.append(("pp", n_prompt, 0, runs[1:]))
     for depth in depths:
         context = [m.token_bos()] + bench_tokens(depth - 1, vocab, 2)
         steps = bench_tokens(n_gen + 1, vocab, 3)
