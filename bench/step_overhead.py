@@ -19,7 +19,7 @@ from tightkv import Model
 from tightkv.engine.generate import decode_batch, prefill
 from tightkv.kernels import library
 
-ENTRY_POINTS = ["tk_gemv", "tk_gemv_parts", "tk_attn", "tk_rms_norm", "tk_add_rms_norm", "tk_qkv_heads", "tk_rope_neox",
+ENTRY_POINTS = ["tk_gemv", "tk_gemv_parts", "tk_ffn_block", "tk_qkv_block", "tk_glu", "tk_attn", "tk_rms_norm", "tk_add_rms_norm", "tk_qkv_heads", "tk_rope_neox",
                 "tk_tq_encode", "tk_kvarn_encode"]
 
 

@@ -223,6 +223,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.tk_rope_neox.argtypes = [p, p, p, i64, i64, i64, i64, p]
     lib.tk_qkv_heads.argtypes = [p, i64, i64, i64, i64, p, p, f32, p, p, i64, p, p, p]
     lib.tk_add_rms_norm.argtypes = [p, p, p, p, i64, i64, f32, p, p]
+    lib.tk_glu.argtypes, lib.tk_glu.restype = [p, i64, i64, i32, p], None
+    lib.tk_ffn_block.argtypes, lib.tk_ffn_block.restype = [p, p, p, i64, f32, p, p, p, i32, i64], i32
+    lib.tk_qkv_block.argtypes, lib.tk_qkv_block.restype = [p, p, i64, f32, p, p, i64, p, p, p, i32, i64], i32
     lib.tk_argmax.argtypes = [p, i64, i64, i64, p]
     lib.tk_rms_norm.restype = lib.tk_rope_neox.restype = lib.tk_qkv_heads.restype = lib.tk_add_rms_norm.restype = None
     lib.tk_argmax.restype = None

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from ..errors import GGUFError
 from ..gguf.reader import GGUFFile
 from ..kernels import qmatmul as qm
+from ..kernels import sublayers
 
 # GGUF architecture name -> module under tightkv.models
 ARCHITECTURES = {
@@ -163,19 +164,35 @@ def add_rms_norm(x: torch.Tensor, h: torch.Tensor, h_norm: torch.Tensor | None, 
 
 class PreNormBlock(torch.nn.Module):
     """A decoder block x + attn(norm(x)), then + mlp(norm(x)): a family's Block sets attn,
-    mlp, attn_norm, ffn_norm and eps. `forward` takes the stream and its attn_norm already
-    applied, and returns the new stream and its next_norm (`run_layers`), so each residual
-    add and the norm after it are one kernel call (`add_rms_norm`)."""
+    mlp, attn_norm, ffn_norm and eps (and Gemma 3 the norms of each sublayer's output).
+    `forward` takes the stream and its attn_norm already applied, and returns the new stream
+    and its next_norm (`run_layers`), so each residual add and the norm after it are one
+    kernel call (`add_rms_norm`). attn returns its rows before the output projection, which
+    runs with the feed-forward half: one kernel call for decode rows (`sublayers.ffn_block`)."""
+
+    post_attn_norm: torch.Tensor | None = None
+    post_ffn_norm: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, rope, cache,
                 next_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = add_rms_norm(x, self.attn(y, rope, cache), None, self.ffn_norm, self.eps)
-        return add_rms_norm(x, self.mlp(y), None, next_norm, self.eps)
+        a = self.attn(y, rope, cache)  # (T, H Dv)
+        plan = self.__dict__.get("_ffn_plan")
+        if plan is None:
+            plan = self._ffn_plan = sublayers.FfnPlan(self.attn.wo, self.mlp, self.post_attn_norm, self.ffn_norm,
+                                                      self.post_ffn_norm, self.mlp.act)
+        out = sublayers.ffn_block(plan, a, x, next_norm, self.eps)
+        if out is not None:
+            return out
+        x, y = add_rms_norm(x, self.attn.wo(a), self.post_attn_norm, self.ffn_norm, self.eps)
+        return add_rms_norm(x, self.mlp(y), self.post_ffn_norm, next_norm, self.eps)
+
+    __call__ = forward  # no hooks on the hot path (nn.Module's call machinery)
 
 
 def run_layers(layers, x: torch.Tensor, rope, cache: list, norm: torch.Tensor, eps: float) -> torch.Tensor:
     """The residual stream x (T, hidden) through every block -> the output norm of the last
     (T, hidden): each block gets its input normed and hands over the next one's."""
+    layers = list(layers)  # (slicing a ModuleList builds a new one every step)
     y = rms_norm(x, layers[0].attn_norm, eps)
     next_norms = [layer.attn_norm for layer in layers[1:]] + [norm]
     for layer, c, next_norm in zip(layers, cache, next_norms):
@@ -273,6 +290,25 @@ def qkv_heads(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: in
     return q, k, v
 
 
+def project_heads(attn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q (H, T, D), k and v (Hkv, T, D) from a block's normed rows x (T, hidden) by attn's
+    fused projection wqkv, plus its bias bqkv and per-head norms q_norm / k_norm where attn
+    has them, NeoX-rotated by cos, sin (`qkv_heads`); one kernel call for decode rows
+    (`sublayers.qkv_block`)."""
+    a = attn.args
+    bias, q_norm, k_norm = (getattr(attn, n, None) for n in ("bqkv", "q_norm", "k_norm"))
+    plan = attn.__dict__.get("_qkv_plan")
+    if plan is None:
+        plan = attn._qkv_plan = sublayers.QkvPlan(attn.wqkv, a.num_heads, a.num_kv_heads, a.head_dim, bias, q_norm,
+                                                  k_norm)
+    out = sublayers.qkv_block(plan, x, cos, sin, eps)
+    if out is not None:
+        return out
+    qkv = attn.wqkv(x) if bias is None else attn.wqkv(x) + bias  # (T, (H + 2 Hkv) D)
+    return qkv_heads(qkv, a.num_heads, a.num_kv_heads, a.head_dim, cos, sin, q_norm, k_norm, eps)
+
+
 def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x (H, T, D) by adjacent pairs (2i, 2i + 1), GPT-J style: llama.cpp's
     "normal" RoPE, which GGUF llama Q/K rows are permuted for."""
@@ -303,11 +339,18 @@ ACTIVATIONS = {"gelu": gelu_tanh, "silu": F.silu}
 
 def glu(gate_up: torch.Tensor, act: str) -> torch.Tensor:
     """act(gate) * up of a fused projection gate_up (T, 2 ff), each row [gate | up]; act "gelu"
-    (tanh form) or "silu" -> (T, ff). (torch's ops: a kernel of our own, within 2e-6 of them,
-    moved the logits by up to 0.76, the int8 activation rounding amplifying it, and took the
-    top-20 distance to llama.cpp's to the edge of its bar.)"""
-    gate, up = gate_up.split(gate_up.shape[-1] // 2, dim=-1)
-    return ACTIVATIONS[act](gate) * up
+    (tanh form) or "silu" -> (T, ff). One kernel call where the library is loaded (for every
+    row count, so a row computes the same alone, in a batch or in a prompt chunk), within
+    a few ulps of torch's ops, which run otherwise."""
+    lib = qm.small_ops(gate_up)
+    if lib is None or gate_up.dim() != 2:
+        gate, up = gate_up.split(gate_up.shape[-1] // 2, dim=-1)
+        return ACTIVATIONS[act](gate) * up
+    gate_up = gate_up.contiguous()
+    rows, ff = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(rows, ff)
+    lib.tk_glu(gate_up.data_ptr(), rows, ff, sublayers.ACT_IDS[act], out.data_ptr())
+    return out
 
 
 class GatedMLP(torch.nn.Module):
@@ -350,6 +393,6 @@ def build_model(g: GGUFFile):
 
 __all__ = [
     "BaseModelArgs", "Weights", "rms_norm", "add_rms_norm", "PreNormBlock", "run_layers", "output_rows", "rope_cos_sin", "RopeTables",
-    "apply_rope_neox", "apply_rope_interleaved", "linear_rope_scale", "gelu_tanh", "glu", "GatedMLP",
+    "apply_rope_neox", "qkv_heads", "project_heads", "apply_rope_interleaved", "linear_rope_scale", "gelu_tanh", "glu", "GatedMLP",
     "load_family", "build_model",
 ]

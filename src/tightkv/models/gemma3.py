@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kv.cache import positions
-from .base import BaseModelArgs, GatedMLP, RopeTables, Weights, add_rms_norm, output_rows, qkv_heads, run_layers
+from .base import BaseModelArgs, GatedMLP, PreNormBlock, RopeTables, Weights, output_rows, project_heads, run_layers
 
 
 @dataclass
@@ -65,13 +65,14 @@ class Attention(torch.nn.Module):
         a = self.args
         T, D = x.shape[0], a.head_dim
         cos, sin = rope.get(self.theta, self.rope_scale)
-        q, k, v = qkv_heads(self.wqkv(x), a.num_heads, a.num_kv_heads, D, cos, sin, self.q_norm, self.k_norm,
-                            a.rms_norm_eps)  # (H, T, D), (Hkv, T, D) x 2
+        q, k, v = project_heads(self, x, cos, sin, a.rms_norm_eps)  # (H, T, D), (Hkv, T, D) x 2
         out = cache.attend(q, k, v, a.attention_scale)  # (H, T, D)
-        return self.wo(out.transpose(0, 1).reshape(T, a.num_heads * D))
+        return out.transpose(0, 1).reshape(T, a.num_heads * D)  # before wo (the block's `forward`)
 
 
-class Block(torch.nn.Module):
+class Block(PreNormBlock):
+    """Pre-norm, with each sublayer's output normed too (post_attn_norm, post_ffn_norm)."""
+
     def __init__(self, args: ModelArgs, w: Weights, i: int):
         super().__init__()
         p = f"blk.{i}."
@@ -81,15 +82,6 @@ class Block(torch.nn.Module):
         names = ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
         self.attn_norm, self.post_attn_norm, self.ffn_norm, self.post_ffn_norm = (
             w.vector(p + n + ".weight") for n in names)
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor, rope: RopeTables, cache,
-                next_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (T, hidden) the residual stream, y its attn_norm; -> the new stream and its
-        next_norm (the next block's attn_norm, or the output norm)."""
-        h = self.attn(y, rope, cache)
-        x, y = add_rms_norm(x, h, self.post_attn_norm, self.ffn_norm, self.eps)
-        h = self.mlp(y)
-        return add_rms_norm(x, h, self.post_ffn_norm, next_norm, self.eps)
 
 
 class Model(torch.nn.Module):

@@ -55,7 +55,7 @@ class Attention(torch.nn.Module):
         cos, sin = rope.get(a.rope_theta, a.rope_scale, self.rope_freqs)
         q, k = apply_rope_interleaved(q, cos, sin), apply_rope_interleaved(k, cos, sin)
         out = cache.attend(q, k, v, self.scale)  # (H, T, D)
-        return self.wo(out.transpose(0, 1).reshape(T, a.num_heads * D))
+        return out.transpose(0, 1).reshape(T, a.num_heads * D)  # before wo (the block's `forward`)
 
 
 class Block(PreNormBlock):

@@ -19,8 +19,7 @@ import torch
 
 from ..kv.cache import positions
 from .base import (
-    BaseModelArgs, PreNormBlock, RopeTables, Weights, apply_rope_neox, glu, linear_rope_scale, output_rows,
-    run_layers)
+    BaseModelArgs, PreNormBlock, RopeTables, Weights, glu, linear_rope_scale, output_rows, project_heads, run_layers)
 
 
 @dataclass
@@ -54,26 +53,23 @@ class Attention(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache) -> torch.Tensor:
         a = self.args
-        T, D, H, Hkv = x.shape[0], a.head_dim, a.num_heads, a.num_kv_heads
-        q, k, v = self.wqkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
-        q = q.reshape(T, H, D).transpose(0, 1)  # (H, T, D)
-        k = k.reshape(T, Hkv, D).transpose(0, 1)  # (Hkv, T, D)
-        v = v.reshape(T, Hkv, D).transpose(0, 1)  # (Hkv, T, D)
+        T, D, H = x.shape[0], a.head_dim, a.num_heads
         cos, sin = rope  # (T, rope_dim/2)
-        q, k = apply_rope_neox(q, cos, sin), apply_rope_neox(k, cos, sin)
+        q, k, v = project_heads(self, x, cos, sin)  # (H, T, D), (Hkv, T, D) x 2
         out = cache.attend(q, k, v, self.scale)  # (H, T, D)
-        return self.wo(out.transpose(0, 1).reshape(T, H * D))
+        return out.transpose(0, 1).reshape(T, H * D)  # before wo (the block's `forward`)
 
 
 class MLP(torch.nn.Module):
     def __init__(self, args: ModelArgs, w: Weights, i: int):
         super().__init__()
         p = f"blk.{i}."
+        self.act = "silu"
         self.gate_up = w.linear(p + "ffn_up.weight")  # (2 * ff, hidden): gate rows, then up rows
         self.down = w.linear(p + "ffn_down.weight")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(glu(self.gate_up(x), "silu"))
+        return self.down(glu(self.gate_up(x), self.act))
 
 
 class Block(PreNormBlock):

@@ -12,7 +12,7 @@ import torch
 
 from ..kv.cache import positions
 from .base import (
-    BaseModelArgs, GatedMLP, PreNormBlock, RopeTables, Weights, linear_rope_scale, output_rows, qkv_heads, run_layers)
+    BaseModelArgs, GatedMLP, PreNormBlock, RopeTables, Weights, linear_rope_scale, output_rows, project_heads, run_layers)
 
 
 @dataclass
@@ -40,10 +40,9 @@ class Attention(torch.nn.Module):
         a = self.args
         T, D = x.shape[0], a.head_dim
         cos, sin = rope.get(a.rope_theta, a.rope_scale)
-        q, k, v = qkv_heads(self.wqkv(x), a.num_heads, a.num_kv_heads, D, cos, sin, self.q_norm, self.k_norm,
-                            a.rms_norm_eps)  # (H, T, D), (Hkv, T, D) x 2
+        q, k, v = project_heads(self, x, cos, sin, a.rms_norm_eps)  # (H, T, D), (Hkv, T, D) x 2
         out = cache.attend(q, k, v, self.scale)  # (H, T, D)
-        return self.wo(out.transpose(0, 1).reshape(T, a.num_heads * D))
+        return out.transpose(0, 1).reshape(T, a.num_heads * D)  # before wo (the block's `forward`)
 
 
 class Block(PreNormBlock):

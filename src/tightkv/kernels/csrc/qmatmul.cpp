@@ -264,6 +264,46 @@ extern "C" void tk_add_rms_norm(const float *x, const float *h, const float *hw,
   }
 }
 
+// e^x within about an ulp, for any float x (clamped to [-87, 88], where e^x stays a normal
+// float): x = n ln2 + r, ln2 in two parts (Cody and Waite) so r is exact, e^r by its Taylor
+// series to r^7 (|r| <= ln2/2: the next term is below 1e-8), 2^n put in the exponent bits.
+// Plain float operations, no branches: the loops over it vectorize, every lane alike.
+static inline float exp_f(float x) {
+  x = x < -87.f ? -87.f : x > 88.f ? 88.f : x;
+  const float n = (x * 1.44269504f + 12582912.f) - 12582912.f;  // round to nearest
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.f / 5040.f;
+  p = p * r + 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const int32_t bits = ((int32_t)n + 127) << 23;
+  float two_n;
+  memcpy(&two_n, &bits, 4);
+  return p * two_n;
+}
+
+// The gated unit of a fused projection gu (rows, 2 ff), each row [gate | up]:
+// out (rows, ff) = act(gate) * up, act silu (act 0: g sigmoid(g)) or GELU's tanh form
+// (act 1: g sigmoid(2 u), u = sqrt(2/pi) (g + 0.044715 g^3), as 0.5 g (1 + tanh u) is).
+extern "C" void tk_glu(const float *gu, int64_t rows, int64_t ff, int act, float *out) {
+  for (int64_t r = 0; r < rows; r++) {
+    const float *g = gu + r * 2 * ff, *u = g + ff;
+    float *o = out + r * ff;
+    if (act == 0) {
+      for (int64_t i = 0; i < ff; i++) o[i] = g[i] / (1.f + exp_f(-g[i])) * u[i];
+    } else {
+      for (int64_t i = 0; i < ff; i++) {
+        const float x = g[i], z = 1.5957691216f * (x + 0.044715f * x * x * x);  // 2 sqrt(2/pi) (...)
+        o[i] = x / (1.f + exp_f(-z)) * u[i];
+      }
+    }
+  }
+}
+
 // out[r] = the index of the first largest of the n floats of row r (rows ld apart), as
 // torch.argmax gives it (a NaN is never the largest here): 16 running maxima, then a scan
 // for the first equal one, blocks of 64 compared at once. Both loops vectorize.
@@ -337,4 +377,79 @@ extern "C" int tk_dequant(int type, const uint8_t *w, int64_t ldw, int64_t N, in
   if (!tk_lowbit_ready(type)) return 3;
 #define DEQUANT(T) dequant<T>(w, ldw, N, K, out, nth)
   DISPATCH(DEQUANT, 2)
+}
+
+// --- sublayers in one call (decode rows) --------------------------------------------------
+// The same kernels as the calls one by one, in the same order, so the same numbers: a decode
+// step makes two calls a layer instead of a dozen, with no Python between them.
+
+// A product as the sublayer calls take it: n parts side by side (q, k and v; gate and up),
+// their bytes in all, and per part its type, weights, row stride and rows.
+struct Product {
+  int64_t n, bytes, part[3][4];
+};
+static int run_product(const Product &p, int64_t K, const float *x, int64_t M, float *y, int nth, int64_t min_bytes) {
+  int types[3];
+  const uint8_t *ws[3];
+  int64_t lds[3], Ns[3];
+  for (int i = 0; i < p.n; i++) {
+    types[i] = (int)p.part[i][0];
+    ws[i] = (const uint8_t *)p.part[i][1];
+    lds[i] = p.part[i][2];
+    Ns[i] = p.part[i][3];
+  }
+  return tk_gemv_parts((int)p.n, types, ws, lds, Ns, K, x, M, y, p.bytes * M >= min_bytes ? nth : 1);
+}
+static int64_t product_rows(const Product &p) {
+  int64_t n = 0;
+  for (int i = 0; i < p.n; i++) n += p.part[i][3];
+  return n;
+}
+
+// The output projection and the feed-forward half of a block, from the attention's rows a
+// (M, width): o = a Wo; x1, y1 = add_rms_norm(x, o, post_attn_norm, ffn_norm); h =
+// glu(y1 [Wgate | Wup]); xo, y = add_rms_norm(x1, h Wdown, post_ffn_norm, next_norm). x, xo,
+// y (M, d). Norm pointers may be null where a family has none (post norms). 0 on success,
+// else the failing product's code (tk_gemv_parts).
+struct FfnPlan {
+  int64_t d, ff, act, width;
+  const float *post_attn_norm, *ffn_norm, *post_ffn_norm;
+  Product wo, gate_up, down;
+};
+extern "C" int tk_ffn_block(const FfnPlan *p, const float *a, const float *x, int64_t M, float eps,
+                            const float *next_norm, float *xo, float *y, int nth, int64_t min_bytes) {
+  if (product_rows(p->wo) != p->d || product_rows(p->gate_up) != 2 * p->ff || product_rows(p->down) != p->d) return 1;
+  thread_local avec<float> o, x1, y1, gu, h;
+  o.resize(M * p->d); x1.resize(M * p->d); y1.resize(M * p->d); gu.resize(M * 2 * p->ff); h.resize(M * p->ff);
+  int rc = run_product(p->wo, p->width, a, M, o.data(), nth, min_bytes);
+  if (rc) return rc;
+  tk_add_rms_norm(x, o.data(), p->post_attn_norm, p->ffn_norm, M, p->d, eps, x1.data(), y1.data());
+  if ((rc = run_product(p->gate_up, p->d, y1.data(), M, gu.data(), nth, min_bytes))) return rc;
+  tk_glu(gu.data(), M, p->ff, (int)p->act, h.data());
+  if ((rc = run_product(p->down, p->ff, h.data(), M, o.data(), nth, min_bytes))) return rc;
+  tk_add_rms_norm(x1.data(), o.data(), p->post_ffn_norm, next_norm, M, p->d, eps, xo, y);
+  return 0;
+}
+
+// The attention's inputs from the block's normed rows y (M, K): qkv = y [Wq | Wk | Wv] + bias
+// (bias null: none), then tk_qkv_heads (q, k (heads, M, D) normed per head where q_norm / k_norm
+// are given, NeoX-rotated over `rot` dims by cos, sin (M, rot/2); v (Hkv, M, D)).
+struct QkvPlan {
+  int64_t H, Hkv, D, K;
+  const float *bias, *q_norm, *k_norm;
+  Product qkv;
+};
+extern "C" int tk_qkv_block(const QkvPlan *p, const float *y, int64_t M, float eps, const float *cs, const float *sn,
+                            int64_t rot, float *q, float *k, float *v, int nth, int64_t min_bytes) {
+  const int64_t W = (p->H + 2 * p->Hkv) * p->D;
+  if (product_rows(p->qkv) != W || p->D > 512) return 1;
+  thread_local avec<float> qkv;
+  qkv.resize(M * W);
+  const int rc = run_product(p->qkv, p->K, y, M, qkv.data(), nth, min_bytes);
+  if (rc) return rc;
+  if (p->bias)
+    for (int64_t m = 0; m < M; m++)
+      for (int64_t i = 0; i < W; i++) qkv[m * W + i] += p->bias[i];
+  tk_qkv_heads(qkv.data(), M, p->H, p->Hkv, p->D, p->q_norm, p->k_norm, eps, cs, sn, rot, q, k, v);
+  return 0;
 }

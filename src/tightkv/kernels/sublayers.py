@@ -1,0 +1,104 @@
+"""A block's sublayers in one kernel call each, for decode rows.
+
+Between attention calls a decoder block is a chain of small steps: the output projection,
+the residual add and norm, gate and up, the gated unit, down, the next add and norm; and
+before attention, the q/k/v projection, its bias, per-head norms and RoPE. Run op by op
+from Python, a decode step of a 24-layer model makes some 300 calls, and each finds its
+caches cold after the weights streamed through: on a 2-core AVX2 EPYC that was a quarter
+of a Qwen2.5 0.5B step. `ffn_block` and `qkv_block` run each chain in one call of the
+same kernels in the same order, so the numbers are the ones the steps give one by one
+(tested). They apply to rows that take the block-dot kernel (`qmatmul.gemv_max_rows`)
+and weights kept as blocks; elsewhere they return None and the caller runs the steps.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from . import library
+from . import qmatmul as qm
+
+ACT_IDS = {"silu": 0, "gelu": 1}  # the kernels' act argument (`tk_glu`)
+
+
+def _product(linear) -> list[int] | None:
+    """A QuantLinear or StackedLinear as the kernels' product: [n, bytes, (type, weights,
+    row stride, rows) x 3]; None where a part is not in blocks."""
+    parts = getattr(linear, "parts", [linear])
+    if not 1 <= len(parts) <= 3 or any(getattr(p, "_tid", -1) < 0 for p in parts):
+        return None
+    fields = [x for p in parts for x in (p._tid, p._ptr, p._ld, p.out_features)]
+    return [len(parts), linear.nbytes, *fields, *[0] * (4 * (3 - len(parts)))]
+
+
+def _ints(*values: int) -> ctypes.Array:
+    return (ctypes.c_int64 * len(values))(*values)
+
+
+def _ptr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def _usable(lib, x: torch.Tensor) -> bool:
+    return (lib is not None and x.dtype == torch.float32 and x.dim() == 2 and x.is_contiguous()
+            and x.shape[0] <= qm.gemv_max_rows(lib))
+
+
+class FfnPlan:
+    """The output projection wo and the feed-forward half of a block, as `tk_ffn_block` takes
+    them (built once; holds the norms it points at)."""
+
+    def __init__(self, wo, mlp, post_attn_norm, ffn_norm, post_ffn_norm, act: str):
+        self.norms = (post_attn_norm, ffn_norm, post_ffn_norm)  # kept alive: the plan points at them
+        products = [_product(m) for m in (wo, mlp.gate_up, mlp.down)]
+        floats = all(n is None or (n.dtype == torch.float32 and n.is_contiguous()) for n in self.norms)
+        self.d, self.ff = wo.out_features, mlp.down.in_features
+        self.plan = None if None in products or not floats else _ints(
+            self.d, self.ff, ACT_IDS[act], wo.in_features, *map(_ptr, self.norms), *[x for p in products for x in p])
+
+
+def ffn_block(plan: FfnPlan, a: torch.Tensor, x: torch.Tensor, next_norm: torch.Tensor,
+              eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """From the attention's rows a (T, width) and the residual stream x (T, d): the new
+    stream and its next_norm (T, d) each, as `PreNormBlock` computes them; None where the
+    kernel does not apply."""
+    lib = library.library() if plan.plan is not None and qm.get_backend() == "fast" else None
+    if not _usable(lib, a) or not x.is_contiguous() or next_norm.dtype != torch.float32:
+        return None
+    T = a.shape[0]
+    xo, y = torch.empty(T, plan.d), torch.empty(T, plan.d)
+    if lib.tk_ffn_block(plan.plan, a.data_ptr(), x.data_ptr(), T, eps, next_norm.data_ptr(), xo.data_ptr(),
+                        y.data_ptr(), library.threads(), qm.PARALLEL_MIN_BYTES):
+        raise RuntimeError("tightkv kernel: the feed-forward sublayer failed")
+    return xo, y
+
+
+class QkvPlan:
+    """A q/k/v projection (one stacked linear), its bias and per-head norms, as `tk_qkv_block`
+    takes them."""
+
+    def __init__(self, wqkv, heads: int, kv_heads: int, head_dim: int, bias=None, q_norm=None, k_norm=None):
+        self.vectors = (bias, q_norm, k_norm)  # kept alive: the plan points at them
+        product = _product(wqkv)
+        floats = all(t is None or (t.dtype == torch.float32 and t.is_contiguous()) for t in self.vectors)
+        self.shape = (heads, kv_heads, head_dim)
+        self.plan = None if product is None or not floats or head_dim > 512 else _ints(
+            heads, kv_heads, head_dim, wqkv.in_features, *map(_ptr, self.vectors), *product)
+
+
+def qkv_block(plan: QkvPlan, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """q (H, T, D), k and v (Hkv, T, D) from the normed rows y (T, hidden), as
+    `base.qkv_heads` gives them from the projection; None where the kernel does not apply."""
+    lib = library.library() if plan.plan is not None and qm.get_backend() == "fast" else None
+    if not _usable(lib, y):
+        return None
+    H, Hkv, D = plan.shape
+    T = y.shape[0]
+    cos, sin = cos.contiguous(), sin.contiguous()
+    q, k, v = torch.empty(H, T, D), torch.empty(Hkv, T, D), torch.empty(Hkv, T, D)
+    if lib.tk_qkv_block(plan.plan, y.data_ptr(), T, eps, cos.data_ptr(), sin.data_ptr(), 2 * cos.shape[-1],
+                        q.data_ptr(), k.data_ptr(), v.data_ptr(), library.threads(), qm.PARALLEL_MIN_BYTES):
+        raise RuntimeError("tightkv kernel: the q/k/v sublayer failed")
+    return q, k, v
