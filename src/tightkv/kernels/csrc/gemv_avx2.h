@@ -231,6 +231,18 @@ static inline void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *q
   }
 }
 
+// The weights `n` bytes from p, PREFETCH bytes further on, asked into the cache: measured on the
+// 2-core AVX2 EPYC (Zen 3), Qwen2.5 0.5B's matrices streamed from DRAM ran 1.1-1.3x faster
+// one activation row at a time (the hardware prefetcher alone left the stream at about half
+// of what torch.sum reads), the same in cache; 1, 2 and 4 KB ahead measured alike. Only the
+// 256-weight steps: the block visitor runs below the memory's speed, and lost 4-7% with it.
+#ifndef PREFETCH
+#define PREFETCH 2048
+#endif
+static ALWAYS_INLINE void prefetch_ahead(const uint8_t *p, int64_t n) {
+  for (int64_t o = 0; o < n; o += 64) _mm_prefetch((const char *)p + PREFETCH + o, _MM_HINT_T0);
+}
+
 template <class T, int M>
 static void rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ &x, float *y, int64_t ldy) {
   const int64_t K = x.K, nb = K / T::QK, G = K / 32;
@@ -413,7 +425,10 @@ static void rows8(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const X
     __m256 acc[M], acc2[M];
     for (int m = 0; m < M; m++) acc[m] = acc2[m] = _mm256_setzero_ps();
     int64_t g0 = 0;
-    for (; g0 + 8 <= G; g0 += 8, b += step) step8<T, M>(b, 8, g0, x, acc, acc2);
+    for (; g0 + 8 <= G; g0 += 8, b += step) {
+      prefetch_ahead(b, step);
+      step8<T, M>(b, 8, g0, x, acc, acc2);
+    }
     if (g0 < G) step8<T, M>(b, (int)(G - g0), g0, x, acc, acc2);  // a 32-weight type's last blocks
     for (int m = 0; m < M; m++) y[m * ldy + r] = hsum8(_mm256_add_ps(acc[m], acc2[m]));
   }
