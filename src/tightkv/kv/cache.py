@@ -181,8 +181,8 @@ class DenseCache:
             capacity = (need + self.step - 1) // self.step * self.step
             self.keys = _grow(self.keys, capacity)
             self.values = _grow(self.values, capacity)
-        self.keys.narrow(1, self.length, T).copy_(k)  # (narrow and copy_: a third of slice assignment's time)
-        self.values.narrow(1, self.length, T).copy_(v)
+        self.keys[:, self.length : need] = k
+        self.values[:, self.length : need] = v
         self.length = need
         self.offset += T
 
