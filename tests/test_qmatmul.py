@@ -94,12 +94,13 @@ def test_block_dots_match_their_reference(qtype):
 @pytest.mark.parametrize("target", ["native", "avx2"])
 def test_rows_that_end_in_a_partial_step(target):
     """The AVX2 dots walk 8 blocks of a 32-weight type at a time: rows of 1, 3, 7 and 11
-    blocks (Qwen2.5-0.5B's 896 columns are 28) end in a partial step, against the reference."""
+    blocks (Qwen2.5-0.5B's 896 columns are 28) end in a partial step, against the reference;
+    Q1_0's steps are two blocks of 128, so rows of 1, 3 and 5 blocks (Gemma's 640) end in half one."""
     if library.library() is None:
         pytest.skip(library.status())
     lib = library.load(None if target == "native" else target)
-    for qtype in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"):
-        for k in (32, 96, 224, 352):
+    for qtype in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "MXFP4", "Q1_0"):
+        for k in ((128, 384, 640) if qtype == "Q1_0" else (32, 96, 224, 352)):
             for rows in (1, 2, 5):
                 check_gemv(lib, qtype, rows, k=k)
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 from requantized import compare, ggml_block_dot, ggml_dequantize, llama_cpp_version, llamacpp_reference, requantized
 from test_quants import random_blocks
-from tolerances import reference_mean_bound
+from tolerances import reference_mean_bound, requantized_max_bound
 
 from tightkv.gguf import quants
 from tightkv.kernels import library
@@ -127,7 +127,8 @@ GAP = ("misses the issue's bars against llama.cpp (docs/bench/weight_types.json:
 def test_file_against_llamacpp(requant, ftype):
     """Greedy continuations agree up to llama.cpp's first near tie (top-2 margin < 0.5), top-1
     agrees where the margin is clear, and the top-20 logits stay within the bounds the
-    embedded Q4_K_M file meets (max 0.75, mean 0.2; 0.26 with AVX2's int8 activations)."""
+    embedded Q4_K_M file meets (max 0.75, mean 0.2; 0.9 and 0.26 with int8 activations, whose
+    rounding noise alone reaches 0.79: tolerances.py)."""
     from tightkv import Model
 
     path = requant(ftype)
@@ -136,5 +137,5 @@ def test_file_against_llamacpp(requant, ftype):
         result = compare(model, ref)
     assert result["greedy_ok"], result["cases"]
     assert result["top1_ok"], result["cases"]
-    assert result["top20_max"] <= 0.75, result
+    assert result["top20_max"] <= requantized_max_bound(), result
     assert result["top20_mean"] <= reference_mean_bound(), result

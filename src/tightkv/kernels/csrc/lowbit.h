@@ -370,6 +370,88 @@ struct Lowbit {
 };
 #define LOWBIT_I8(T) struct T : Lowbit<lowbit::T> {};
 LOWBIT_TYPES(LOWBIT_I8)
+// gemv_avx2.h's 256-weight steps (`rows8`, prefetching) for the types whose codes come
+// straight from their bytes; the grid types (IQ1-IQ3), Q2_0 and NVFP4 take `rows`.
+// 16 nibble bytes -> t[low nibbles] (weights 0..15), t[high nibbles] (16..31)
+static ALWAYS_INLINE __m256i table32(const int8_t *t, const uint8_t *p) {
+  return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t)), nibbles(p));
+}
+template <>
+struct Step<IQ4_NL> {
+  enum { OK = 1, BLOCKS = 8, PER16 = 0, SIGNED = 1 };
+  static ALWAYS_INLINE void scales(const uint8_t *b, int n, __m256 *s, __m256 *mn) { s[0] = h2f8(b, 18, n); mn[0] = _mm256_setzero_ps(); }
+  static ALWAYS_INLINE __m256i codes(const uint8_t *b, int i) { return table32(lowbit::tab.iq4, b + 18 * i + 2); }
+};
+template <>
+struct Step<MXFP4> {
+  enum { OK = 1, BLOCKS = 8, PER16 = 0, SIGNED = 1 };
+  static ALWAYS_INLINE void scales(const uint8_t *b, int n, __m256 *s, __m256 *mn) {
+    alignas(32) int32_t e[8];  // 2^(e - 128) as lowbit::MXFP4::e8m0, 8 at once; lanes n.. zero
+    for (int i = 0; i < 8; i++) e[i] = i < n ? b[17 * i] : 0;
+    const __m256i ev = _mm256_load_si256((const __m256i *)e), one = _mm256_set1_epi32(1);
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(ev, one), 23);
+    const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), ev);  // e < 2
+    const __m256i bits = _mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), ev));
+    const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    s[0] = _mm256_castsi256_ps(_mm256_and_si256(bits, live));
+    mn[0] = _mm256_setzero_ps();
+  }
+  static ALWAYS_INLINE __m256i codes(const uint8_t *b, int i) { return table32(lowbit::tab.fp4, b + 17 * i + 1); }
+};
+template <>
+struct Step<IQ4_XS> {
+  enum { OK = 1, BLOCKS = 1, PER16 = 0, SIGNED = 1 };
+  static ALWAYS_INLINE void scales(const uint8_t *b, int, __m256 *s, __m256 *mn) {
+    // group i: 4 low bits from nibble i of bytes 4..7, 2 high bits from bits 2i of bytes 2..3
+    const __m256i lo = _mm256_srlv_epi32(_mm256_set1_epi32((int)u32(b + 4)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    const __m256i hi = _mm256_srlv_epi32(_mm256_set1_epi32(b[2] | b[3] << 8), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+    const __m256i m15 = _mm256_set1_epi32(15), m3 = _mm256_set1_epi32(3);
+    const __m256i ls = _mm256_or_si256(_mm256_and_si256(lo, m15), _mm256_slli_epi32(_mm256_and_si256(hi, m3), 4));
+    s[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(ls, _mm256_set1_epi32(32))), _mm256_set1_ps(h2f(b)));
+    mn[0] = _mm256_setzero_ps();
+  }
+  static ALWAYS_INLINE __m256i codes(const uint8_t *b, int i) { return table32(lowbit::tab.iq4, b + 8 + 16 * i); }
+};
+template <>
+struct Step<TQ2_0> {  // codes 0..2 for q + 1
+  enum { OK = 1, BLOCKS = 1, PER16 = 0, SIGNED = 0 };
+  static ALWAYS_INLINE void scales(const uint8_t *b, int, __m256 *s, __m256 *mn) { s[0] = mn[0] = _mm256_set1_ps(h2f(b + 64)); }
+  static ALWAYS_INLINE __m256i codes(const uint8_t *b, int i) {  // weight 128h + 32k + j: bits 2k of byte 32h + j
+    return and8(_mm256_srli_epi16(ld256(b + 32 * (i / 4)), 2 * (i % 4)), 3);
+  }
+};
+// TQ1_0: base-3 digits of bytes x, (x * 3^k mod 256) * 3 >> 8, with a power per 16-bit word
+static ALWAYS_INLINE __m256i trits(__m256i x, __m256i pw) {
+  const __m256i three = _mm256_set1_epi16(3);
+  const __m256i lo = _mm256_mulhi_epu16(_mm256_mullo_epi16(_mm256_slli_epi16(x, 8), pw), three);
+  const __m256i hi = _mm256_mulhi_epu16(_mm256_mullo_epi16(_mm256_and_si256(x, _mm256_set1_epi16((short)0xFF00)), pw), three);
+  return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 8));
+}
+static ALWAYS_INLINE __m256i words2(short a, short b) { return _mm256_set_m128i(_mm_set1_epi16(b), _mm_set1_epi16(a)); }
+template <>
+struct Step<TQ1_0> {  // codes 0..2 for q + 1
+  enum { OK = 1, BLOCKS = 1, PER16 = 0, SIGNED = 0 };
+  static ALWAYS_INLINE void scales(const uint8_t *b, int, __m256 *s, __m256 *mn) { s[0] = mn[0] = _mm256_set1_ps(h2f(b + 52)); }
+  // weights 32k + j: digit k of byte j (k < 5); 160 + 16k + j: digit k of byte 32 + j; 240 + 4k + j: of byte 48 + j
+  static ALWAYS_INLINE __m256i codes(const uint8_t *b, int i) {
+    static const short pow3[5] = {1, 3, 9, 27, 81};
+    if (i < 5) return trits(ld256(b), _mm256_set1_epi16(pow3[i]));
+    const __m128i c = _mm_loadu_si128((const __m128i *)(b + 32));
+    if (i < 7) return trits(_mm256_set_m128i(c, c), i == 5 ? words2(1, 3) : words2(9, 27));
+    const __m256i hp = _mm256_setr_epi16(81, 81, 81, 81, 81, 81, 81, 81, 1, 1, 3, 3, 9, 9, 27, 27);
+    return trits(_mm256_set_m128i(_mm_set1_epi32((int)u32(b + 48)), c), hp);
+  }
+};
+template <>
+struct Step<Q1_0> {  // codes 16 (bit set) or 0 over a scale of d / 8, less d: +-d
+  enum { OK = 1, BLOCKS = 2, PER16 = 0, SIGNED = 0 };
+  static ALWAYS_INLINE void scales(const uint8_t *b, int n, __m256 *s, __m256 *mn) {
+    const float d0 = h2f(b), d1 = n > 4 ? h2f(b + 18) : 0.f;
+    mn[0] = _mm256_setr_ps(d0, d0, d0, d0, d1, d1, d1, d1);
+    s[0] = _mm256_mul_ps(mn[0], _mm256_set1_ps(0.125f));
+  }
+  static ALWAYS_INLINE __m256i codes(const uint8_t *b, int i) { return bit16s(u32(b + 18 * (i / 4) + 2 + 4 * (i % 4))); }
+};
 #if TK_GEMV_512
 // gemv_avx2.h's Wide loads. 4-bit table types: one shuffle through the table taken as t + 128.
 static ALWAYS_INLINE __m512i table_pair(const int8_t *t, const uint8_t *pa, const uint8_t *pb) {
