@@ -40,6 +40,11 @@ def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
+def _floats(vectors) -> bool:
+    """Whether every given vector (None: absent) is float32 and contiguous, as the kernels read it."""
+    return all(t is None or (t.dtype == torch.float32 and t.is_contiguous()) for t in vectors)
+
+
 def _usable(lib, x: torch.Tensor) -> bool:
     return (lib is not None and x.dtype == torch.float32 and x.dim() == 2 and x.is_contiguous()
             and x.shape[0] <= qm.gemv_max_rows(lib))
@@ -52,9 +57,8 @@ class FfnPlan:
     def __init__(self, wo, mlp, post_attn_norm, ffn_norm, post_ffn_norm, act: str):
         self.norms = (post_attn_norm, ffn_norm, post_ffn_norm)  # kept alive: the plan points at them
         products = [_product(m) for m in (wo, mlp.gate_up, mlp.down)]
-        floats = all(n is None or (n.dtype == torch.float32 and n.is_contiguous()) for n in self.norms)
         self.d, self.ff = wo.out_features, mlp.down.in_features
-        self.plan = None if None in products or not floats else _ints(
+        self.plan = None if None in products or not _floats(self.norms) else _ints(
             self.d, self.ff, ACT_IDS[act], wo.in_features, *map(_ptr, self.norms), *[x for p in products for x in p])
 
 
@@ -81,9 +85,8 @@ class QkvPlan:
     def __init__(self, wqkv, heads: int, kv_heads: int, head_dim: int, bias=None, q_norm=None, k_norm=None):
         self.vectors = (bias, q_norm, k_norm)  # kept alive: the plan points at them
         product = _product(wqkv)
-        floats = all(t is None or (t.dtype == torch.float32 and t.is_contiguous()) for t in self.vectors)
         self.shape = (heads, kv_heads, head_dim)
-        self.plan = None if product is None or not floats or head_dim > 512 else _ints(
+        self.plan = None if product is None or not _floats(self.vectors) or head_dim > 512 else _ints(
             heads, kv_heads, head_dim, wqkv.in_features, *map(_ptr, self.vectors), *product)
 
 

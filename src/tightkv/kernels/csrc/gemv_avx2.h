@@ -25,14 +25,18 @@ static inline __m256i nibbles(const uint8_t *p) {  // the 16 bytes in both halve
   const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
   return and8(_mm256_srlv_epi32(t, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), 15);
 }
-// byte i = 16 where bit i of h is set, else 0
-static inline __m256i bit16s(uint32_t h) {
+// byte i = 0xFF where bit i of h is set, else 0
+static inline __m256i bits_set(uint32_t h) {
   const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
   const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
   const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)h), shuf), bit);
-  return and8(_mm256_cmpeq_epi8(v, bit), 16);
+  return _mm256_cmpeq_epi8(v, bit);
 }
+// byte i = 16 where bit i of h is set, else 0
+static inline __m256i bit16s(uint32_t h) { return and8(bits_set(h), 16); }
+// byte i = -1 where bit i of h is set, else 1 (for _mm256_sign_epi8)
+static inline __m256i sign_bytes(uint32_t h) { return _mm256_or_si256(bits_set(h), bytes(1)); }
 
 // Each type calls f(e, q, s0, s1, m0, m1) for elements e..e+31 of a block: the
 // values are s*q - m, with (s0, m0) for the first 16 and (s1, m1) for the rest.
@@ -274,8 +278,10 @@ static void rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ
 // Steps of 256 weights for `rows8`: Step<T>::scales(b, n, s, mn) gives a step's 8 groups'
 // scales as vectors, s[0] (8 lanes, one per group) or, PER16, s[0] and s[1] (16 lanes, one
 // per 16 weights: groups 0-3, then 4-7), and the mins mn alike; codes(b, i) the 32 codes of
-// group i, unsigned bytes below 128 (signed bytes where SIGNED, mins then 0). A weight is
-// s * code - mn. One step is 8 blocks of a 32-weight type, one block of a k-quant.
+// group i, unsigned bytes below 128 (signed bytes where SIGNED is 1, mins then 0; where SIGNED
+// is 2, magnitudes below 128 and signs(b, i) their signs as bytes of 1 or -1: the grid types,
+// whose signs come apart from their magnitudes). A weight is s * code - mn. One step is 8
+// blocks of a 32-weight type, one block of a k-quant.
 template <class T>
 struct Step {
   enum { OK = 0 };
@@ -398,12 +404,14 @@ static ALWAYS_INLINE void step8(const uint8_t *b, int n, int64_t g0, const XQ &x
   UNROLL for (int i = 0; i < 8; i++) {
     if (i >= n) break;
     const __m256i q = S::codes(b, i);
-    const __m256i qa = S::SIGNED ? _mm256_sign_epi8(q, q) : q;
+    const __m256i qa = S::SIGNED == 1 ? _mm256_sign_epi8(q, q) : q;
+    __m256i sg = q;  // what the activations' signs are taken from
+    if constexpr (S::SIGNED == 2) sg = S::signs(b, i);
     const int u = 2 * (i % 4);
     const __m256i idx = _mm256_setr_epi32(u, u, u, u, u + 1, u + 1, u + 1, u + 1);
     for (int m = 0; m < M; m++) {
       __m256i xv = ld256((const uint8_t *)(x.q + m * K + 32 * (g0 + i)));
-      if (S::SIGNED) xv = _mm256_sign_epi8(xv, q);
+      if (S::SIGNED) xv = _mm256_sign_epi8(xv, sg);
       const __m256 p = _mm256_cvtepi32_ps(dot4(qa, xv, ones));
       const __m256 sc = S::PER16 ? _mm256_permutevar8x32_ps(sx16[m][i / 4], idx) : _mm256_broadcast_ss(sx[m] + i);
       __m256 &a = i % 2 ? acc2[m] : acc[m];  // the same sums for a row alone or in a batch

@@ -371,7 +371,7 @@ struct Lowbit {
 #define LOWBIT_I8(T) struct T : Lowbit<lowbit::T> {};
 LOWBIT_TYPES(LOWBIT_I8)
 // gemv_avx2.h's 256-weight steps (`rows8`, prefetching) for the types whose codes come
-// straight from their bytes; the grid types (IQ1-IQ3), Q2_0 and NVFP4 take `rows`.
+// from their bytes or grids; Q2_0, NVFP4 and IQ1_S take `rows` (IQ1_S's step measured 0.7x of it).
 // 16 nibble bytes -> t[low nibbles] (weights 0..15), t[high nibbles] (16..31)
 static ALWAYS_INLINE __m256i table32(const int8_t *t, const uint8_t *p) {
   return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t)), nibbles(p));
@@ -440,6 +440,135 @@ struct Step<TQ1_0> {  // codes 0..2 for q + 1
     if (i < 7) return trits(_mm256_set_m128i(c, c), i == 5 ? words2(1, 3) : words2(9, 27));
     const __m256i hp = _mm256_setr_epi16(81, 81, 81, 81, 81, 81, 81, 81, 1, 1, 3, 3, 9, 9, 27, 27);
     return trits(_mm256_set_m128i(_mm_set1_epi32((int)u32(b + 48)), c), hp);
+  }
+};
+// The grid types: magnitudes gathered by index (SIGNED 2: signs apart), IQ1's signed values
+// 8g +- 1 (SIGNED 1). Scales per 32 weights, or per 16 (PER16) as nibbles.
+static ALWAYS_INLINE uint32_t ksigns4(uint32_t a) {  // four 7-bit sign indices (bits 0..27) -> 32 sign bits
+  using lowbit::ksign;
+  return ksign[a & 127] | ksign[a >> 7 & 127] << 8 | ksign[a >> 14 & 127] << 16 | (uint32_t)ksign[a >> 21 & 127] << 24;
+}
+static ALWAYS_INLINE __m256i grid4(const uint64_t *g, int a, int b, int c, int d) { return _mm256_setr_epi64x(g[a], g[b], g[c], g[d]); }
+template <class I>
+static ALWAYS_INLINE __m256i grid8x4(const uint32_t *g, I &&ix) {
+  return _mm256_setr_epi32(g[ix(0)], g[ix(1)], g[ix(2)], g[ix(3)], g[ix(4)], g[ix(5)], g[ix(6)], g[ix(7)]);
+}
+static ALWAYS_INLINE __m256 per32(const int32_t *v, float d) {  // 8 ints times d
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)v)), _mm256_set1_ps(d));
+}
+// IQ2_XS / IQ2_S: 8 scale bytes at p, a nibble per 16 weights (low first) -> d * (0.5 + nibble) / 4
+static ALWAYS_INLINE void iq2_scales(const uint8_t *p, float d, __m256 *s) {
+  const __m128i v = _mm_loadl_epi64((const __m128i *)p), m4 = _mm_set1_epi8(15);
+  const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(v, m4), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+  const __m256 half = _mm256_set1_ps(0.5f), dq = _mm256_set1_ps(0.25f * d);
+  s[0] = _mm256_mul_ps(_mm256_add_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(nib)), half), dq);
+  s[1] = _mm256_mul_ps(_mm256_add_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(nib, 8))), half), dq);
+}
+template <>
+struct Step<IQ2_XXS> {  // per 32: 4 grid indices, then a u32 of 4 x 7 sign bits and 4 scale bits
+  enum { OK = 1, BLOCKS = 1, PER16 = 0, SIGNED = 2 };
+  static ALWAYS_INLINE void scales(const uint8_t *b, int, __m256 *s, __m256 *mn) {
+    int32_t v[8];
+    for (int i = 0; i < 8; i++) v[i] = 2 * (int32_t)(u32(b + 6 + 8 * i) >> 28) + 1;  // (0.5 + x) / 4 = (2x + 1) / 8
+    s[0] = per32(v, 0.125f * h2f(b));
+    mn[0] = _mm256_setzero_ps();
+  }
+  static ALWAYS_INLINE __m256i codes(const uint8_t *b, int i) {
+    const uint8_t *p = b + 2 + 8 * i;
+    return grid4(lowbit::tab.iq2xxs, p[0], p[1], p[2], p[3]);
+  }
+  static ALWAYS_INLINE __m256i signs(const uint8_t *b, int i) { return sign_bytes(ksigns4(u32(b + 6 + 8 * i))); }
+};
+template <>
+struct Step<IQ2_XS> {  // per 8 weights a word: a 9-bit grid index, a 7-bit sign index
+  enum { OK = 1, BLOCKS = 1, PER16 = 1, SIGNED = 2 };
+  static ALWAYS_INLINE void scales(const uint8_t *b, int, __m256 *s, __m256 *mn) {
+    iq2_scales(b + 66, h2f(b), s);
+    mn[0] = mn[1] = _mm256_setzero_ps();
+  }
+  static ALWAYS_INLINE __m256i codes(const uint8_t *b, int i) {
+    uint16_t w[4];
+    memcpy(w, b + 2 + 8 * i, 8);
+    return grid4(lowbit::tab.iq2xs, w[0] & 511, w[1] & 511, w[2] & 511, w[3] & 511);
+  }
+  static ALWAYS_INLINE __m256i signs(const uint8_t *b, int i) {
+    uint16_t w[4];
+    memcpy(w, b + 2 + 8 * i, 8);
+    using lowbit::ksign;
+    return sign_bytes(ksign[w[0] >> 9] | ksign[w[1] >> 9] << 8 | ksign[w[2] >> 9] << 16 | (uint32_t)ksign[w[3] >> 9] << 24);
+  }
+};
+template <>
+struct Step<IQ2_S> {  // per 32: 4 index bytes with 2 high bits each from qh, 32 sign bits
+  enum { OK = 1, BLOCKS = 1, PER16 = 1, SIGNED = 2 };
+  static ALWAYS_INLINE void scales(const uint8_t *b, int, __m256 *s, __m256 *mn) {
+    iq2_scales(b + 74, h2f(b), s);
+    mn[0] = mn[1] = _mm256_setzero_ps();
+  }
+  static ALWAYS_INLINE __m256i codes(const uint8_t *b, int i) {
+    const uint8_t *q = b + 2 + 4 * i;
+    const int h = b[66 + i];
+    return grid4(lowbit::tab.iq2s, q[0] | (h & 3) << 8, q[1] | (h & 12) << 6, q[2] | (h & 48) << 4, q[3] | (h & 192) << 2);
+  }
+  static ALWAYS_INLINE __m256i signs(const uint8_t *b, int i) { return sign_bytes(u32(b + 34 + 4 * i)); }
+};
+template <>
+struct Step<IQ3_XXS> {  // per 32: 8 grid indices; a u32 of 4 x 7 sign bits and 4 scale bits
+  enum { OK = 1, BLOCKS = 1, PER16 = 0, SIGNED = 2 };
+  static ALWAYS_INLINE void scales(const uint8_t *b, int, __m256 *s, __m256 *mn) {
+    int32_t v[8];
+    for (int i = 0; i < 8; i++) v[i] = 2 * (int32_t)(u32(b + 66 + 4 * i) >> 28) + 1;  // (0.5 + x) / 2 = (2x + 1) / 4
+    s[0] = per32(v, 0.25f * h2f(b));
+    mn[0] = _mm256_setzero_ps();
+  }
+  static ALWAYS_INLINE __m256i codes(const uint8_t *b, int i) {
+    const uint8_t *q = b + 2 + 8 * i;
+    return grid8x4(lowbit::tab.iq3xxs, [&](int j) ALWAYS_INLINE_LAMBDA { return q[j]; });
+  }
+  static ALWAYS_INLINE __m256i signs(const uint8_t *b, int i) { return sign_bytes(ksigns4(u32(b + 66 + 4 * i))); }
+};
+template <>
+struct Step<IQ3_S> {  // per 32: 8 index bytes with a 9th bit each from qh, 32 sign bits; a scale nibble
+  enum { OK = 1, BLOCKS = 1, PER16 = 0, SIGNED = 2 };
+  static ALWAYS_INLINE void scales(const uint8_t *b, int, __m256 *s, __m256 *mn) {
+    const __m256i nib = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)u32(b + 106)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                         _mm256_set1_epi32(15));
+    const __m256i odd = _mm256_add_epi32(_mm256_slli_epi32(nib, 1), _mm256_set1_epi32(1));
+    s[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(odd), _mm256_set1_ps(h2f(b)));
+    mn[0] = _mm256_setzero_ps();
+  }
+  static ALWAYS_INLINE __m256i codes(const uint8_t *b, int i) {
+    const uint8_t *q = b + 2 + 8 * i;
+    const int h = b[66 + i];
+    return grid8x4(lowbit::tab.iq3s, [&](int j) ALWAYS_INLINE_LAMBDA { return q[j] | (h >> j & 1) << 8; });
+  }
+  static ALWAYS_INLINE __m256i signs(const uint8_t *b, int i) { return sign_bytes(u32(b + 74 + 4 * i)); }
+};
+// IQ1: four grid entries (times 8) plus their deltas, +1 or -1 per 8 weights
+static ALWAYS_INLINE __m256i iq1_codes(int a, int b, int c, int d, bool na, bool nb, bool nc, bool nd) {
+  const uint64_t one = 0x0101010101010101ull, minus = 0xFFFFFFFFFFFFFFFFull;
+  const __m256i delta = _mm256_setr_epi64x(na ? minus : one, nb ? minus : one, nc ? minus : one, nd ? minus : one);
+  return _mm256_add_epi8(grid4(lowbit::tab.iq1s, a, b, c, d), delta);
+}
+template <>
+struct Step<IQ1_M> {  // per 8 weights: an index byte, 3 high index bits and the delta's sign; 3-bit scales per 16
+  enum { OK = 1, BLOCKS = 1, PER16 = 1, SIGNED = 1 };
+  static ALWAYS_INLINE void scales(const uint8_t *b, int, __m256 *s, __m256 *mn) {
+    uint16_t w[4];  // 4 x 3-bit scales each; their top nibbles together hold d
+    memcpy(w, b + 48, 8);
+    const uint16_t dh = (w[0] >> 12) | ((w[1] >> 8) & 0xF0) | ((w[2] >> 4) & 0xF00) | (w[3] & 0xF000);
+    const float d = 0.125f * h2f((const uint8_t *)&dh);
+    int32_t v[16];  // 16 weights u of group u / 2: bits 6 (u / 2 % 2) + 3 (u % 2) of w[u / 4]
+    for (int u = 0; u < 16; u++) v[u] = 2 * ((w[u / 4] >> (6 * (u / 2 % 2) + 3 * (u % 2))) & 7) + 1;
+    s[0] = per32(v, d);
+    s[1] = per32(v + 8, d);
+    mn[0] = mn[1] = _mm256_setzero_ps();
+  }
+  static ALWAYS_INLINE __m256i codes(const uint8_t *b, int i) {
+    const uint8_t *q = b + 4 * i;
+    const int h0 = b[32 + 2 * i], h1 = b[33 + 2 * i];
+    return iq1_codes(q[0] | (h0 & 7) << 8, q[1] | (h0 & 0x70) << 4, q[2] | (h1 & 7) << 8, q[3] | (h1 & 0x70) << 4,
+                     h0 & 8, h0 & 0x80, h1 & 8, h1 & 0x80);
   }
 };
 template <>
