@@ -456,6 +456,12 @@ static ALWAYS_INLINE __m256i grid8x4(const uint32_t *g, I &&ix) {
 static ALWAYS_INLINE __m256 per32(const int32_t *v, float d) {  // 8 ints times d
   return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)v)), _mm256_set1_ps(d));
 }
+// IQ2_XXS / IQ3_XXS: the top nibble x of 8 words `stride` bytes apart from p -> d * (2x + 1)
+static ALWAYS_INLINE __m256 odd_scales(const uint8_t *p, int stride, float d) {
+  int32_t v[8];
+  for (int i = 0; i < 8; i++) v[i] = 2 * (int32_t)(u32(p + stride * i) >> 28) + 1;
+  return per32(v, d);
+}
 // IQ2_XS / IQ2_S: 8 scale bytes at p, a nibble per 16 weights (low first) -> d * (0.5 + nibble) / 4
 static ALWAYS_INLINE void iq2_scales(const uint8_t *p, float d, __m256 *s) {
   const __m128i v = _mm_loadl_epi64((const __m128i *)p), m4 = _mm_set1_epi8(15);
@@ -468,9 +474,7 @@ template <>
 struct Step<IQ2_XXS> {  // per 32: 4 grid indices, then a u32 of 4 x 7 sign bits and 4 scale bits
   enum { OK = 1, BLOCKS = 1, PER16 = 0, SIGNED = 2 };
   static ALWAYS_INLINE void scales(const uint8_t *b, int, __m256 *s, __m256 *mn) {
-    int32_t v[8];
-    for (int i = 0; i < 8; i++) v[i] = 2 * (int32_t)(u32(b + 6 + 8 * i) >> 28) + 1;  // (0.5 + x) / 4 = (2x + 1) / 8
-    s[0] = per32(v, 0.125f * h2f(b));
+    s[0] = odd_scales(b + 6, 8, 0.125f * h2f(b));  // d (0.5 + x) / 4 = d (2x + 1) / 8
     mn[0] = _mm256_setzero_ps();
   }
   static ALWAYS_INLINE __m256i codes(const uint8_t *b, int i) {
@@ -516,9 +520,7 @@ template <>
 struct Step<IQ3_XXS> {  // per 32: 8 grid indices; a u32 of 4 x 7 sign bits and 4 scale bits
   enum { OK = 1, BLOCKS = 1, PER16 = 0, SIGNED = 2 };
   static ALWAYS_INLINE void scales(const uint8_t *b, int, __m256 *s, __m256 *mn) {
-    int32_t v[8];
-    for (int i = 0; i < 8; i++) v[i] = 2 * (int32_t)(u32(b + 66 + 4 * i) >> 28) + 1;  // (0.5 + x) / 2 = (2x + 1) / 4
-    s[0] = per32(v, 0.25f * h2f(b));
+    s[0] = odd_scales(b + 66, 4, 0.25f * h2f(b));  // d (0.5 + x) / 2 = d (2x + 1) / 4
     mn[0] = _mm256_setzero_ps();
   }
   static ALWAYS_INLINE __m256i codes(const uint8_t *b, int i) {
