@@ -386,8 +386,10 @@ static ALWAYS_INLINE void step8(const uint8_t *b, int n, int64_t g0, const XQ &x
     const float *hs = x.hs + m * 2 * G + 2 * g0;  // the activations' sums of each 16
     const __m256 xd = load8(x.d + m * G + g0, n);
     if (S::PER16) {
-      acc[m] = _mm256_fnmadd_ps(mn[0], _mm256_loadu_ps(hs), acc[m]);
-      acc[m] = _mm256_fnmadd_ps(mn[1], _mm256_loadu_ps(hs + 8), acc[m]);
+      if (!S::SIGNED) {  // signed codes have no mins
+        acc[m] = _mm256_fnmadd_ps(mn[0], _mm256_loadu_ps(hs), acc[m]);
+        acc[m] = _mm256_fnmadd_ps(mn[1], _mm256_loadu_ps(hs + 8), acc[m]);
+      }
       const __m256 a = _mm256_unpacklo_ps(xd, xd), c = _mm256_unpackhi_ps(xd, xd);  // 0 0 1 1 4 4 5 5, 2 2 3 3 6 6 7 7
       sx16[m][0] = _mm256_mul_ps(s[0], _mm256_permute2f128_ps(a, c, 0x20));
       sx16[m][1] = _mm256_mul_ps(s[1], _mm256_permute2f128_ps(a, c, 0x31));
