@@ -208,7 +208,7 @@ def test_state_round_trip():
         b.load_state(a.state())
         assert b.offset == a.offset and b.nbytes == a.nbytes
         if isinstance(a, CompressedCache):  # the query statistics travel too
-            assert torch.equal(b._qsq, a._qsq) and b._qn == a._qn
+            assert torch.equal(b._query_sq(), a._query_sq()) and b._qn == a._qn
         step = random_step(3, 4, 2, 64, 64, g, 0.5)
         assert (a.attend(*step[:3], 0.1) - b.attend(*step[:3], 0.1)).abs().max() < 1e-6
 

@@ -99,7 +99,9 @@ class CompressedCache:
         self.kscale: torch.Tensor | None = None  # (Hkv, D) fp16
         self.vscale: torch.Tensor | None = None  # (Hkv, Dv) fp16
         self._qsq = torch.zeros(self.hkv, self.dk, dtype=torch.float64)  # query sum of squares, first block
+        self._qstep: torch.Tensor | None = None  # decode steps' squares (Hkv, H/Hkv, D) float32, folded into _qsq
         self._qn = 0
+        self._bound = (-1, torch.empty(0, dtype=torch.int64))  # the last decode bound and its tensor
         self.fused = fused.takes(kcodec, vcodec, self.tile)  # attention may take the fused kernel
         self._kernel_inputs: tuple = ((), None)
 
@@ -117,15 +119,14 @@ class CompressedCache:
         start, end = self.offset, self.offset + k.shape[1]
         body_before = self.body_end
         if q is not None and self.kc.balance and self.kscale is None:
-            lo, hi = max(start, self.sink), min(end, self.sink + self.recent + self.flush)
-            if hi > lo:
-                qs = q[:, lo - start : hi - start].reshape(self.hkv, -1, self.dk)  # (Hkv, rows, D)
-                self._qsq += torch.linalg.vecdot(qs, qs, dim=1)  # float32 sums of a few hundred squares
-                self._qn += qs.shape[1]
+            self._add_query_squares(q, start, end)
         self._append_exact(k, v)
         self._compress(max(self.body_end, boundary(end - 1, self.sink, self.recent, self.flush)))
-        if end - start == 1:  # decode: plain ints, no tensor ops
-            return torch.tensor([max(boundary(start, self.sink, self.recent, self.flush), body_before)])
+        if end - start == 1:  # decode: plain ints, and the tensor of the step before while the bound holds
+            bound = max(boundary(start, self.sink, self.recent, self.flush), body_before)
+            if bound != self._bound[0]:
+                self._bound = (bound, torch.tensor([bound]))
+            return self._bound[1]
         return boundary(torch.arange(start, end), self.sink, self.recent, self.flush).clamp_min(body_before)
 
     def attend_stored(self, q: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
@@ -134,7 +135,7 @@ class CompressedCache:
         out = fused.compressed_attend(self, q, self.offset - T, b, scale)
         if out is None:  # formats or shapes it does not take: the torch reference
             out = self._attention(q, torch.arange(self.offset - T, self.offset), b, scale)
-        return out.to(q.dtype)
+        return out if out.dtype == q.dtype else out.to(q.dtype)
 
     def kernel_inputs(self) -> tuple:
         """`fused.kernel_inputs` of this cache, kept while its stores and channel vectors stay."""
@@ -209,7 +210,7 @@ class CompressedCache:
                 out[name] = getattr(self, name).clone()
         out["meta"] = torch.tensor([self.offset, self.body_start + u0 * self.tile, self.body_end, self.nsink, p0,
                                     self.sink, self.recent, self.tile, self._qn], dtype=torch.int64)
-        out["query_sq"] = self._qsq.clone()  # what the key scales are fitted from, until they are
+        out["query_sq"] = self._query_sq().clone()  # what the key scales are fitted from, until they are
         return out
 
     def load_state(self, state: dict[str, torch.Tensor]) -> None:
@@ -218,6 +219,7 @@ class CompressedCache:
             raise ValueError("state was saved by a cache with another sink, recent window or tile")
         self.offset, self.body_start, self.body_end, self.nsink, self.pool_start = offset, body_start, body_end, nsink, p0
         self._qsq, self._qn = state["query_sq"].to(torch.float64).clone(), qn
+        self._qstep = None
         self.body_k = {n[2:]: t.clone() for n, t in state.items() if n.startswith("k.")}
         self.body_v = {n[2:]: t.clone() for n, t in state.items() if n.startswith("v.")}
         self.kcenter, self.vcenter = state.get("kcenter"), state.get("vcenter")
@@ -300,8 +302,30 @@ class CompressedCache:
         i1 = self._pool_index(min(self.offset, first + self.recent + self.flush))
         return store[:, i0:i1].float()
 
+    def _add_query_squares(self, q: torch.Tensor, start: int, end: int) -> None:
+        """Add the squares of the queries q (H, T, D) at positions [start, end) that fall in
+        the first block to the sums the key scales are fitted from. A decode step adds its
+        row into a float32 buffer in one op (the sums of a few hundred squares: float32 is
+        plenty; a step's torch calls cost more than its attention at short context)."""
+        lo, hi = max(start, self.sink), min(end, self.sink + self.recent + self.flush)
+        if hi <= lo:
+            return
+        if end - start == 1:
+            qv = q.reshape(self.hkv, -1, self.dk)  # (Hkv, H/Hkv, D)
+            if self._qstep is None:
+                self._qstep = torch.zeros_like(qv)
+            self._qstep.addcmul_(qv, qv)
+        else:
+            qs = q[:, lo - start : hi - start].reshape(self.hkv, -1, self.dk)  # (Hkv, rows, D)
+            self._qsq += torch.linalg.vecdot(qs, qs, dim=1)
+        self._qn += (hi - lo) * q.shape[0] // self.hkv
+
+    def _query_sq(self) -> torch.Tensor:
+        """The queries' sums of squares so far (Hkv, D) float64."""
+        return self._qsq if self._qstep is None else self._qsq + self._qstep.double().sum(1)
+
     def _query_rms(self) -> torch.Tensor | None:
-        return (self._qsq / self._qn).sqrt().float() if self._qn else None
+        return (self._query_sq() / self._qn).sqrt().float() if self._qn else None
 
     def _fit_channels(self, store: torch.Tensor, codec: Codec, query_rms: torch.Tensor | None):
         """Centre c and scale w per channel, so the codec encodes (x - c) / w.
@@ -346,6 +370,8 @@ class CompressedCache:
 
     def _forget(self) -> None:
         """Compact the stores once enough of them is dead (compressed, or out of the window)."""
+        if self.window is None and self.body_end <= self.pool_start:
+            return  # nothing dead: every held token is still visible and none compressed twice
         u0, n = self._live_units()
         if u0 and (u0 >= 64 or 2 * u0 >= n):
             for store in (self.body_k, self.body_v):
