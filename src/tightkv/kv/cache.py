@@ -85,6 +85,10 @@ class BatchLayer:
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """q (H, R, D), k and v (Hkv, R, D), R = sum(rows): each sequence's rows in turn -> (H, R, Dv)."""
+        if len(self.rows) == q.shape[1]:  # a decode step: one row each, taken apart in one copy per tensor
+            qs, ks, vs = (t.transpose(0, 1).contiguous().unsqueeze(2) for t in (q, k, v))  # (N, H, 1, D)
+            outs = [c.attend(qs[i], ks[i], vs[i], scale) for i, c in enumerate(self.layers)]
+            return torch.cat(outs, dim=1)
         outs, s = [], 0
         for c, n in zip(self.layers, self.rows):
             outs.append(c.attend(q[:, s : s + n], k[:, s : s + n], v[:, s : s + n], scale))
