@@ -313,7 +313,7 @@ class CompressedCache:
         if end - start == 1:
             qv = q.reshape(self.hkv, -1, self.dk)  # (Hkv, H/Hkv, D)
             if self._qstep is None:
-                self._qstep = torch.zeros_like(qv)
+                self._qstep = torch.zeros(qv.shape)  # float32 whatever q's dtype
             self._qstep.addcmul_(qv, qv)
         else:
             qs = q[:, lo - start : hi - start].reshape(self.hkv, -1, self.dk)  # (Hkv, rows, D)
@@ -371,7 +371,7 @@ class CompressedCache:
     def _forget(self) -> None:
         """Compact the stores once enough of them is dead (compressed, or out of the window)."""
         if self.window is None and self.body_end <= self.pool_start:
-            return  # nothing dead: every held token is still visible and none compressed twice
+            return  # nothing dead: a global cache whose pool holds no token the body also holds
         u0, n = self._live_units()
         if u0 and (u0 >= 64 or 2 * u0 >= n):
             for store in (self.body_k, self.body_v):
