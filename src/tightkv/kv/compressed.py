@@ -101,7 +101,7 @@ class CompressedCache:
         self._qsq = torch.zeros(self.hkv, self.dk, dtype=torch.float64)  # query sum of squares, first block
         self._qstep: torch.Tensor | None = None  # decode steps' squares (Hkv, H/Hkv, D) float32, folded into _qsq
         self._qn = 0
-        self._bound = (-1, torch.empty(0, dtype=torch.int64))  # the last decode bound and its tensor
+        self._bound: tuple[int, torch.Tensor | None] = (-1, None)  # the last decode bound and its tensor (1,)
         self.fused = fused.takes(kcodec, vcodec, self.tile)  # attention may take the fused kernel
         self._kernel_inputs: tuple = ((), None)
 
