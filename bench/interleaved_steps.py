@@ -22,8 +22,10 @@ import torch
 
 from tightkv import Model
 from tightkv.engine.generate import decode_step, prefill
+from tightkv.errors import TightKVError
 from tightkv.eval.bench import bench_tokens, machine
 from tightkv.kernels import library
+from tightkv.kv.spec import parse_kv
 
 
 def main() -> None:
@@ -37,6 +39,8 @@ def main() -> None:
     ap.add_argument("--json", default=None, metavar="FILE")
     args = ap.parse_args()
     kinds = args.compare.split(",")
+    for k in kinds:
+        parse_kv(k)  # an unknown type fails here, before the model loads
     model = Model(args.model, threads=args.threads)
     torch.set_num_threads(args.threads)
     vocab = model.args.vocab_size
@@ -73,4 +77,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except TightKVError as err:  # a bad model name or cache type: one line, exit 1
+        sys.exit(f"error: {err}")
