@@ -1,6 +1,6 @@
 """The fused decode-attention kernel against the torch reference (within 1e-2 relative):
 dense f32/f16/bf16 caches and compressed caches (every type but tqp: tq4/3/2, q8_0, q4_0, KVarN, KIVI,
-dense halves; head dims 64, 96, 128, 256), GQA,
+dense halves; head dims 64, 80, 96, 128, 256), GQA,
 sliding windows, sinks and recent pools, one and several query positions."""
 import pytest
 import torch
@@ -36,7 +36,7 @@ def _steps(g, hkv, H, d, prefill, steps, T=1, shift=0.0):
 
 @pytest.mark.parametrize("kind", ["f16", "bf16", "f32"])
 @pytest.mark.parametrize("hkv,H,d,window,T", [(1, 4, 256, None, 1), (2, 4, 64, 300, 1), (8, 16, 128, None, 1),
-                                             (2, 6, 96, 40, 3), (1, 1, 64, None, 16)])
+                                             (2, 6, 96, 40, 3), (1, 1, 64, None, 16), (2, 8, 80, 300, 2)])
 def test_dense_fast_equals_reference(kind, hkv, H, d, window, T):
     g = torch.Generator().manual_seed(0)
     fast, ref = (DenseCache(kind, hkv, d, d, window) for _ in range(2))
@@ -87,6 +87,13 @@ SPECS = [
     ("kvarn3", 2, 6, 96, None, 2),
     ("kvarn2-paper", 8, 16, 128, None, 1),
     ("aggressive", 1, 4, 256, 512, 1),
+    # head dim 80 (H2O Danube, Phi-2): two 32-channel blocks and a 16-channel tail
+    ("progressive", 2, 8, 80, None, 1),
+    ("kvarn4", 2, 8, 80, 300, 1),
+    ("kvarn3:tq3", 1, 4, 80, None, 2),
+    ("kivi4", 2, 6, 80, None, 1),
+    ("kivi3:tq2", 2, 6, 80, 300, 3),
+    ("f16:kvarn2", 1, 4, 80, None, 1),
     ("kvarn4:tq4", 2, 14, 64, None, 1),
     ("q8_0:kvarn4", 1, 4, 128, 200, 1),
     ("kivi4", 2, 14, 64, None, 1),
@@ -231,16 +238,19 @@ def test_portable_builds_agree(target, monkeypatch):
     kind of code (tq4, tq2 and tq3 codebooks, KVarN keys and values, KIVI keys and values)."""
     g = torch.Generator().manual_seed(5)
     other = library.load(target)
-    for spec in ("progressive", "tq2", "kvarn4", "aggressive", "kivi3", "kivi2:kvarn2"):
-        cache = parse_kv(spec).make_cache(0, 1, 2, 64, 64, 300)
-        for q, k, v in _steps(g, 2, 4, 64, 400, 1, 1, 1.0):
+    cases = [(s, 64) for s in ("progressive", "tq2", "kvarn4", "aggressive", "kivi3", "kivi2:kvarn2")]
+    cases += [(s, 80) for s in ("progressive", "kvarn3", "kivi4:tq3")]  # a 16-channel tail
+    for spec, d in cases:
+        cache = parse_kv(spec).make_cache(0, 1, 2, d, d, 300)
+        for q, k, v in _steps(g, 2, 4, d, 400, 1, 1, 1.0):  # a prefill chunk, then a decode step
             b = cache.append(k, v, q)
-        ref = cache.attend_stored(q, b, 0.1)
-        monkeypatch.setattr(attn, "lib", lambda: other)
-        out = cache.attend_stored(q, b, 0.1)
-        monkeypatch.undo()
-        assert _rel(out, ref) < 1e-4, spec
-    dense = DenseCache("bf16", 2, 64, 64, None)
+            ref = cache.attend_stored(q, b, 0.1)
+            monkeypatch.setattr(attn, "lib", lambda: other)
+            out = cache.attend_stored(q, b, 0.1)
+            monkeypatch.undo()
+            assert _rel(out, ref) < 1e-4, (spec, d, q.shape[1])
+            cache._forget()
+    dense = DenseCache("bf16", 2, d, d, None)  # d = 80: the tail of a dense kind
     dense._append(k, v)
     monkeypatch.setattr(attn, "lib", lambda: other)
     a = fused.dense_attend(dense, q, 0.1)

@@ -104,7 +104,7 @@ enum Kind {
   TQ3 = 6, TQ2 = 7,             // codebook codes like tq4's, in channel order
   AK4 = 8, AK3 = 9, AK2 = 10,   // affine key codes (KVarN, KIVI): x = (code * A[g] + B[g]) * m[t]
   AV4 = 11, AV3 = 12, AV2 = 13, // KVarN value codes: x = (code * a[t] + b[t]) * C[g]
-  AB4 = 14, AB3 = 15, AB2 = 16, // KIVI value codes: x = code * a[t, c / 32] + b[t, c / 32]
+  AB4 = 14, AB3 = 15, AB2 = 16, // KIVI value codes: x = code * a[t, c / G] + b[t, c / G], G = gcd(32, Dv)
   NKINDS = 17
 };
 // g: a group of tokens (a KVarN tile, a KIVI key group) that shares channel vectors.
@@ -175,7 +175,7 @@ static inline int code_at(const uint8_t *p, int i) {
 #if defined(__AVX2__)
 // Channels 8g .. 8g+7 of the same group as int32 lanes: the word that holds them
 // broadcast, shifted per lane, masked.
-template <int BITS>
+template <int BITS, bool TAIL = false>
 static inline __m256i codes8(const uint8_t *p, int g) {
   uint32_t w;
   __m256i sh;
@@ -187,7 +187,8 @@ static inline __m256i codes8(const uint8_t *p, int g) {
     w = h;
     sh = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
   } else {
-    w = g < 3 ? u32(p + 3 * g) : u32(p + 8) >> 8;  // never past the group's 12 bytes
+    // never past the group's 12 bytes (a 16-channel tail's 6)
+    w = g < (TAIL ? 1 : 3) ? u32(p + 3 * g) : u32(p + 3 * g - 1) >> 8;
     sh = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
   }
   return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), sh), _mm256_set1_epi32((1 << BITS) - 1));
@@ -308,6 +309,33 @@ static inline __attribute__((always_inline)) void load32(const uint8_t *p0, cons
 #endif
 }
 
+// Channels 16c .. 16c+15 of a stored vector as one float32 vector: the tail of a head dim
+// that is an odd multiple of 16 (80: two 32-channel blocks, then this), or every group of
+// KIVI values whose scales run per 16 channels (scale index si). tq4 lanes: the 8 low
+// nibbles (even channels), then the 8 high ones. Plain vector code for the AVX-512 and
+// portable builds alike; q8_0 and q4_0 never get here (their blocks are 32 channels).
+template <int KIND>
+static inline f16v load16(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, int64_t c, int64_t si,
+                          const f16v &cb) {
+  f16v x{};
+  if constexpr (KIND == F32) {
+    x = ld((const float *)p0 + 16 * c);
+  } else if constexpr (KIND == F16) {
+    x = ld_f16(p0 + 32 * c);
+  } else if constexpr (KIND == BF16) {
+    x = ld_bf16(p0 + 32 * c);
+  } else if constexpr (KIND == TQ4) {
+    const uint8_t *p = p0 + 8 * c;
+    for (int i = 0; i < 8; i++) { x[i] = cb[p[i] & 15]; x[8 + i] = cb[p[i] >> 4]; }
+  } else if constexpr (KIND != Q8_0 && KIND != Q4_0) {
+    constexpr int B = code_bits(KIND);
+    const uint8_t *p = p0 + 2 * B * c;
+    for (int i = 0; i < 16; i++) x[i] = is_cb(KIND) ? cb[code_at<B>(p, i)] : (float)code_at<B>(p, i);
+    if constexpr (is_ab(KIND)) x = x * f16s(p1 + 2 * si) + f16s(p2 + 2 * si);
+  }
+  return x;
+}
+
 template <int KIND>
 static inline float vec_scale(const uint8_t *p1) { return has_mult(KIND) && p1 ? f16s(p1) : 1.0f; }
 
@@ -426,21 +454,24 @@ static inline int64_t i8v_pos(int64_t i) {
   return 128 * c + 32 * ((k % 16) / 4) + 16 * h + 4 * (k / 16) + k % 4;
 }
 
-// C (n, m) = A (n, k) @ B (k, m), all row-major and contiguous, m % 32 == 0: 8 rows x
-// 32 columns of C in registers, one broadcast of A and two loads of B per step.
-template <int NR>
+// C (n, m) = A (n, k) @ B (k, m), all row-major and contiguous, m % 16 == 0: 8 rows x
+// 32 columns of C in registers (16 for the last of m % 32 == 16), one broadcast of A and
+// two loads of B per step.
+template <int NR, int NV = 2>
 static inline void mm_block(const float *A, const float *B, float *C, int64_t k, int64_t m, int64_t j) {
-  f16v c0[NR], c1[NR];
-  for (int r = 0; r < NR; r++) c0[r] = c1[r] = f16v{};
+  f16v c[NR][NV];
+  for (int r = 0; r < NR; r++)
+    for (int v = 0; v < NV; v++) c[r][v] = f16v{};
   for (int64_t i = 0; i < k; i++) {
-    const f16v b0 = ld(B + i * m + j), b1 = ld(B + i * m + j + 16);
+    f16v b[NV];
+    for (int v = 0; v < NV; v++) b[v] = ld(B + i * m + j + 16 * v);
     for (int r = 0; r < NR; r++) {
       const f16v a = splat(A[r * k + i]);
-      c0[r] = fma(a, b0, c0[r]);
-      c1[r] = fma(a, b1, c1[r]);
+      for (int v = 0; v < NV; v++) c[r][v] = fma(a, b[v], c[r][v]);
     }
   }
-  for (int r = 0; r < NR; r++) { st(C + r * m + j, c0[r]); st(C + r * m + j + 16, c1[r]); }
+  for (int r = 0; r < NR; r++)
+    for (int v = 0; v < NV; v++) st(C + r * m + j + 16 * v, c[r][v]);
 }
 #if TK_AVX2
 // AVX2 has 16 registers: 4 rows x 16 columns of C (8 accumulators) per block.
@@ -469,8 +500,14 @@ static void matmul(const float *A, const float *B, float *C, int64_t n, int64_t 
 static void matmul(const float *A, const float *B, float *C, int64_t n, int64_t k, int64_t m) {
   for (int64_t r = 0; r < n; r += 8)
     for (int64_t j = 0; j < m; j += 32) {
-      if (n - r >= 8) mm_block<8>(A + r * k, B, C + r * m, k, m, j);
-      else for (int64_t q = r; q < n; q++) mm_block<1>(A + q * k, B, C + q * m, k, m, j);
+      if (m - j < 32) {
+        if (n - r >= 8) mm_block<8, 1>(A + r * k, B, C + r * m, k, m, j);
+        else for (int64_t q = r; q < n; q++) mm_block<1, 1>(A + q * k, B, C + q * m, k, m, j);
+      } else if (n - r >= 8) {
+        mm_block<8>(A + r * k, B, C + r * m, k, m, j);
+      } else {
+        for (int64_t q = r; q < n; q++) mm_block<1>(A + q * k, B, C + q * m, k, m, j);
+      }
     }
 }
 #endif
@@ -524,6 +561,36 @@ static inline __attribute__((always_inline)) void load32x(const uint8_t *p0, con
   }
 }
 
+// Channels 16c .. 16c+15 as two float vectors (see load16: the same lanes).
+template <int KIND>
+static inline __attribute__((always_inline)) void load16x(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2,
+                                                          int64_t c, int64_t si, __m256 cb0, __m256 cb1, __m256 x[2]) {
+  if (KIND == F32) {
+    for (int i = 0; i < 2; i++) x[i] = _mm256_loadu_ps((const float *)p0 + 16 * c + 8 * i);
+  } else if (KIND == F16) {
+    for (int i = 0; i < 2; i++) x[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p0 + 32 * c + 16 * i)));
+  } else if (KIND == BF16) {
+    for (int i = 0; i < 2; i++)
+      x[i] = _mm256_castsi256_ps(_mm256_slli_epi32(
+          _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p0 + 32 * c + 16 * i))), 16));
+  } else if (KIND == TQ4) {
+    const __m256i by = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p0 + 8 * c)));
+    x[0] = lut16(_mm256_and_si256(by, _mm256_set1_epi32(15)), cb0, cb1);
+    x[1] = lut16(_mm256_srli_epi32(by, 4), cb0, cb1);
+  } else if constexpr (KIND != Q8_0 && KIND != Q4_0) {
+    constexpr int B = code_bits(KIND);
+    const uint8_t *p = p0 + 2 * B * c;
+    for (int i = 0; i < 2; i++) {
+      const __m256i cd = codes8<B, true>(p, i);
+      x[i] = is_cb(KIND) ? lut16(cd, cb0, cb1) : _mm256_cvtepi32_ps(cd);
+    }
+    if constexpr (is_ab(KIND)) {
+      const __m256 d = _mm256_set1_ps(f16s(p1 + 2 * si)), z = _mm256_set1_ps(f16s(p2 + 2 * si));
+      for (int i = 0; i < 2; i++) x[i] = _mm256_fmadd_ps(x[i], d, z);
+    }
+  }
+}
+
 template <int KIND, int NR>
 static inline __attribute__((always_inline)) void dot_key(const float *q, const uint8_t *k0, const uint8_t *k1,
                                                           int64_t D, const f16v &cb, float *dots) {
@@ -537,6 +604,12 @@ static inline __attribute__((always_inline)) void dot_key(const float *q, const 
       for (int i = 0; i < 4; i++)
         acc[u][i & 1] = _mm256_fmadd_ps(_mm256_loadu_ps(q + u * D + 32 * b + 8 * i), x[i], acc[u][i & 1]);
   }
+  if (D % 32) {  // the 16-channel tail
+    __m256 x[2];
+    load16x<KIND>(k0, k1, nullptr, D / 16 - 1, 0, cb0, cb1, x);
+    for (int u = 0; u < NR; u++)
+      for (int i = 0; i < 2; i++) acc[u][i] = _mm256_fmadd_ps(_mm256_loadu_ps(q + u * D + D - 16 + 8 * i), x[i], acc[u][i]);
+  }
   for (int u = 0; u < NR; u++) _mm256_storeu_ps(dots + 64 * u, _mm256_add_ps(acc[u][0], acc[u][1]));
 }
 
@@ -544,7 +617,20 @@ static inline __attribute__((always_inline)) void dot_key(const float *q, const 
 // channels at a time with the NR rows' sums in registers.
 template <int NR>
 static inline void add_decoded(float *o, int64_t W, const float *w, const float *vt, int64_t n, int64_t Dv) {
-  for (int64_t b = 0; b < Dv; b += 32) {
+  if (Dv % 32) {  // the 16-channel tail
+    const int64_t b = Dv - 16;
+    __m256 acc[NR][2];
+    for (int u = 0; u < NR; u++)
+      for (int i = 0; i < 2; i++) acc[u][i] = _mm256_loadu_ps(o + u * W + b + 8 * i);
+    for (int64_t j = 0; j < n; j++)
+      for (int u = 0; u < NR; u++) {
+        const __m256 pw = _mm256_broadcast_ss(w + u * BT + j);
+        for (int i = 0; i < 2; i++) acc[u][i] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(vt + j * Dv + b + 8 * i), acc[u][i]);
+      }
+    for (int u = 0; u < NR; u++)
+      for (int i = 0; i < 2; i++) _mm256_storeu_ps(o + u * W + b + 8 * i, acc[u][i]);
+  }
+  for (int64_t b = 0; b + 32 <= Dv; b += 32) {
     __m256 acc[NR][4];
     for (int u = 0; u < NR; u++)
       for (int i = 0; i < 4; i++) acc[u][i] = _mm256_loadu_ps(o + u * W + b + 8 * i);
@@ -591,6 +677,22 @@ static inline __attribute__((always_inline)) void add_values(float *o, int64_t W
     for (int u = 0; u < NR; u++)
       for (int i = 0; i < 4; i++) _mm256_storeu_ps(o + u * W + 32 * b + 8 * i, acc[u][i]);
   }
+  if (Dv % 32) {  // the 16-channel tail (dense kinds only: codes are decoded first)
+    const int64_t c = Dv / 16 - 1;
+    __m256 acc[NR][2];
+    for (int u = 0; u < NR; u++)
+      for (int i = 0; i < 2; i++) acc[u][i] = _mm256_loadu_ps(o + u * W + 16 * c + 8 * i);
+    for (int64_t j = 0; j < n; j++) {
+      __m256 x[2];
+      load16x<KIND>(v0 + j * vt0, v1 ? v1 + j * vt1 : nullptr, v2 ? v2 + j * vt2 : nullptr, c, c, cb0, cb1, x);
+      for (int u = 0; u < NR; u++) {
+        const __m256 pw = _mm256_broadcast_ss(w + u * BT + j);
+        for (int i = 0; i < 2; i++) acc[u][i] = _mm256_fmadd_ps(pw, x[i], acc[u][i]);
+      }
+    }
+    for (int u = 0; u < NR; u++)
+      for (int i = 0; i < 2; i++) _mm256_storeu_ps(o + u * W + 16 * c + 8 * i, acc[u][i]);
+  }
 }
 #else
 // Scores of NR query rows (q rows D apart) against one stored key, decoded 32
@@ -607,6 +709,10 @@ static inline __attribute__((always_inline)) void dot_key(const float *q, const 
       a0[u] = fma(ld(q + u * D + 32 * b), x0, a0[u]);
       a1[u] = fma(ld(q + u * D + 32 * b + 16), x1, a1[u]);
     }
+  }
+  if (D % 32) {  // the 16-channel tail
+    const f16v x = load16<KIND>(k0, k1, nullptr, D / 16 - 1, 0, cb);
+    for (int u = 0; u < NR; u++) a0[u] = fma(ld(q + u * D + D - 16), x, a0[u]);
   }
   for (int u = 0; u < NR; u++) dots[u] = hsum(a0[u] + a1[u]);
 }
@@ -632,6 +738,27 @@ static inline __attribute__((always_inline)) void add_values(float *o, int64_t W
     }
     for (int u = 0; u < NR; u++) { st(o + u * W + 32 * b, a0[u]); st(o + u * W + 32 * b + 16, a1[u]); }
   }
+  if (Dv % 32) {  // the 16-channel tail (not KIVI values: theirs are decoded first)
+    const int64_t c = Dv / 16 - 1;
+    f16v a[NR];
+    for (int u = 0; u < NR; u++) a[u] = ld(o + u * W + 16 * c);
+    for (int64_t j = 0; j < n; j++) {
+      const f16v x = load16<KIND>(v0 + j * vt0, v1 ? v1 + j * vt1 : nullptr, nullptr, c, 0, cb);
+      for (int u = 0; u < NR; u++) a[u] = fma(splat(w[u * BT + j]), x, a[u]);
+    }
+    for (int u = 0; u < NR; u++) st(o + u * W + 16 * c, a[u]);
+  }
+}
+
+// out rows (NR, W apart) += sum_j w[u][j] * vt_j over n decoded value vectors (vt: n, Dv).
+template <int NR>
+static inline void add_decoded(float *o, int64_t W, const float *w, const float *vt, int64_t n, int64_t Dv) {
+  for (int64_t j = 0; j < n; j++)
+    for (int u = 0; u < NR; u++) {
+      const float pw = w[u * BT + j];
+      float *ou = o + u * W;
+      for (int64_t i = 0; i < Dv; i++) ou[i] += pw * vt[j * Dv + i];
+    }
 }
 
 #endif
@@ -693,23 +820,32 @@ static inline bool softmax_block(float *srow, float *o, int64_t Dv) {
 
 // One stored vector of D channels decoded to float32 (tq4: in the code domain's
 // permuted lane order, without its scale).
+// A head dim that is an odd multiple of 16 ends in a 16-channel tail; KIVI values then
+// have a scale per 16 channels, so theirs are decoded 16 channels at a time throughout.
 template <int KIND>
 static inline void decode_vec(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, int64_t D, const f16v &cb,
                               float *out) {
+  const int64_t full = is_ab(KIND) && D % 32 ? 0 : D / 32;
 #if TK_AVX2
   const __m256 cb0 = _mm256_loadu_ps((const float *)&cb), cb1 = _mm256_loadu_ps((const float *)&cb + 8);
-  for (int64_t b = 0; b < D / 32; b++) {
+  for (int64_t b = 0; b < full; b++) {
     __m256 x[4];
     load32x<KIND>(p0, p1, p2, b, cb0, cb1, x);
     for (int i = 0; i < 4; i++) _mm256_storeu_ps(out + 32 * b + 8 * i, x[i]);
   }
+  for (int64_t c = 2 * full; c < D / 16; c++) {
+    __m256 x[2];
+    load16x<KIND>(p0, p1, p2, c, c, cb0, cb1, x);
+    for (int i = 0; i < 2; i++) _mm256_storeu_ps(out + 16 * c + 8 * i, x[i]);
+  }
 #else
-  for (int64_t b = 0; b < D / 32; b++) {
+  for (int64_t b = 0; b < full; b++) {
     f16v x0, x1;
     load32<KIND>(p0, p1, p2, b, cb, x0, x1);
     st(out + 32 * b, x0);
     st(out + 32 * b + 16, x1);
   }
+  for (int64_t c = 2 * full; c < D / 16; c++) st(out + 16 * c, load16<KIND>(p0, p1, p2, c, c, cb));
 #endif
 }
 
@@ -954,6 +1090,9 @@ static void value_block(Work &w, int64_t j0, int64_t n) {
     }
 #if TK_AVX2
   } else if constexpr (VK != F32 && VK != F16 && VK != BF16) {  // codes: each token decoded once, for all rows
+#else
+  } else if (is_ab(VK) && Dv % 32) {  // KIVI values with a scale per 16 channels: decoded first
+#endif
     float *vt = w.vt;
     for (int64_t j = 0; j < n; j++)
       decode_vec<VK>(v0 + j * s.vt0, v1 ? v1 + j * s.vt1 : nullptr, v2 ? v2 + j * s.vt2 : nullptr, Dv, x->vcb,
@@ -969,7 +1108,6 @@ static void value_block(Work &w, int64_t j0, int64_t n) {
         default: add_decoded<3>(o, W, wr, vt, n, Dv); break;
       }
     }
-#endif
   } else {
     for (int64_t r0 = 0; r0 < nrows; r0 += VROWS) {
       const int nr = nrows - r0 < VROWS ? (int)(nrows - r0) : VROWS;
@@ -1026,7 +1164,8 @@ static void chunk_fn_attn(const void *p, int64_t c) {
     o[Dv] = -INFINITY; o[Dv + 1] = 0.f;
   }
   const bool many = nrows >= PRE_ROWS;
-  avec<float> sc(nrows * BT), kT(many ? D * BT : 0), kscl(BT), vt(many || TK_AVX2 ? BT * (D > Dv ? D : Dv) : 0),
+  const bool decoded = many || TK_AVX2 || (is_ab(s.vkind) && Dv % 32);  // value_block decodes a block first
+  avec<float> sc(nrows * BT), kT(many ? D * BT : 0), kscl(BT), vt(decoded ? BT * (D > Dv ? D : Dv) : 0),
       pv(many ? nrows * Dv : 0), qt(is_ak(s.kkind) ? nrows * D : 0), kb(nrows), tmp(is_av(s.vkind) ? nrows * W : 0),
       z(nrows);
   std::vector<int64_t> lo(nrows), hi(nrows);
@@ -1198,7 +1337,7 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
                        int64_t nseg, const int64_t *segs, const int64_t *ranges,
                        const float *kcb, const float *vcb, int64_t chunk_tokens, float *out, int nth) {
   using namespace attn;
-  if (D % 32 || Dv % 32 || D > 1024 || Dv > 1024 || R < 1 || T < 1 || R % T) return 1;
+  if (D % 16 || Dv % 16 || D > 1024 || Dv > 1024 || R < 1 || T < 1 || R % T) return 1;
   const int64_t ROW_TILE = 64, PARALLEL_MACS = 1 << 18;
   Ctx cx = {};
   if ((ksigns && (khb < 1 || (khb & (khb - 1)) || D % khb)) || (vsigns && (vhb < 1 || (vhb & (vhb - 1)) || Dv % vhb)))
@@ -1211,6 +1350,8 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
     const Seg &sg = cx.segs[i];
     if (sg.kkind < 0 || sg.kkind >= NKINDS || sg.vkind < 0 || sg.vkind >= NKINDS || !SCORE[sg.kkind] || !VALUE[sg.vkind])
       return 1;
+    const bool k32 = sg.kkind == Q8_0 || sg.kkind == Q4_0, v32 = sg.vkind == Q8_0 || sg.vkind == Q4_0;
+    if ((k32 && D % 32) || (v32 && Dv % 32)) return 1;  // llama.cpp's blocks are 32 channels
   }
   for (int64_t i = 0; i < nseg; i++)
     if (cx.segs[i].body) { cx.any_body = true; cx.kperm |= cx.segs[i].kkind == TQ4; cx.vperm |= cx.segs[i].vkind == TQ4; }
@@ -1218,12 +1359,16 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
   cx.i8v = TK_I8 && (g_int8_mask & 2) && cx.vperm && Dv % 128 == 0;
   const int64_t rows = Hkv * R;
   std::vector<int32_t> ksrc(D), q8src(D), vsrc(Dv);
+  // tq4 lanes: per block of w = 32 channels (16 in a tail) the even channels, then the odd
   for (int64_t i = 0; i < D; i++) {
-    ksrc[i] = cx.kperm ? (i / 32) * 32 + (i % 32 < 16 ? 2 * (i % 32) : 2 * (i % 32 - 16) + 1) : i;
+    const int64_t b0 = i / 32 * 32, h = b0 + 32 <= D ? 16 : 8, l = i - b0;
+    ksrc[i] = cx.kperm ? b0 + (l < h ? 2 * l : 2 * (l - h) + 1) : i;
     q8src[i] = (i / 128) * 128 + 2 * (i % 64) + (i % 128) / 64;
   }
-  for (int64_t i = 0; i < Dv; i++)
-    vsrc[i] = cx.i8v ? i8v_pos(i) : cx.vperm ? (i / 32) * 32 + ((i % 2) ? 16 + (i % 32) / 2 : (i % 32) / 2) : i;
+  for (int64_t i = 0; i < Dv; i++) {
+    const int64_t b0 = i / 32 * 32, h = b0 + 32 <= Dv ? 16 : 8, l = i - b0;
+    vsrc[i] = cx.i8v ? i8v_pos(i) : cx.vperm ? b0 + (l % 2 ? h + l / 2 : l / 2) : i;
+  }
   cx.ksrc = ksrc.data(); cx.q8src = q8src.data(); cx.vsrc = vsrc.data();
   avec<float> qx(rows * D), qb(cx.any_body ? rows * D : 0), bias(rows, 0.f), q8mul(rows, 0.f);
   avec<int8_t> q8(cx.i8k ? rows * D : 0);
