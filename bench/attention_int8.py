@@ -1,5 +1,7 @@
-"""Quality cost of the int8 attention path: perplexity and KLD against f16 with the
-fused kernel's tq4 dots in int8 (VNNI) and in float, through decode-sized steps.
+"""Quality cost of the int8 attention paths: perplexity and KLD against f16 with the
+fused kernel's integer paths on (tq4 dots in int8 with AVX-512 VNNI; 4-bit KVarN keys and
+values with AVX2's maddubs) and off, through decode-sized steps (`--step 1`: every scored
+position a decode step, as in generation; the AVX2 paths serve decode steps only).
 
     python bench/attention_int8.py [--chunks 3] [--kv progressive] [--json PATH]
 
@@ -40,7 +42,7 @@ def main() -> None:
     rows = []
     for mode in ("int8", "float"):
         if not attention.set_int8(mode == "int8", mode == "int8") and mode == "int8":
-            print("this CPU has no AVX-512 VNNI: the int8 path is not built")
+            print("the kernel was built without integer attention paths (neither AVX-512 VNNI nor AVX2)")
             continue
         r = measure(model, text, ns.kv, ns.chunks, ns.step)
         rows.append({"mode": mode, "kv": ns.kv, **r})

@@ -107,18 +107,25 @@ SPECS = [
 def int8(request):
     have = attn.set_int8(request.param, request.param)
     if request.param and not have:
-        pytest.skip("no AVX-512 VNNI: the int8 path is not built")
+        pytest.skip("no integer attention path in this build (neither AVX-512 VNNI nor AVX2)")
     yield request.param
     attn.set_int8()
 
 
 @pytest.mark.parametrize("spec,hkv,H,d,window,T", SPECS)
 def test_compressed_fast_equals_reference(spec, hkv, H, d, window, T, int8):
-    """Prefill chunks and decode steps. Float dots agree to rounding; the int8 tq4 path (d % 128 == 0) within its
-    quantization of the query and the weights (see the next test for its size)."""
+    """Prefill chunks and decode steps. Float dots agree to rounding; the integer paths (tq4 with d % 128 == 0
+    on AVX-512 VNNI, 4-bit KVarN with d % 64 == 0 on AVX2) within their quantization of the query and the
+    weights (see the next test for its size)."""
     sp = parse_kv(spec)
-    tq4 = any(t.startswith("tq4") for t in (sp.k, sp.v))
-    rel, ab = (3e-2, None) if int8 and tq4 and d % 128 == 0 else (1e-2, 1e-3)
+    has = lambda name: any(t.startswith(name) for t in (sp.k, sp.v))  # noqa: E731
+    # int8 queries: the outputs of these random, flat attentions move by up to 5% of their max with
+    # AVX2's 4-bit KVarN keys (the next test and bench/attention_int8.py size it against the codec)
+    rel, ab = (1e-2, 1e-3)
+    if int8 and has("tq4") and d % 128 == 0:
+        rel, ab = 3e-2, None
+    if int8 and has("kvarn4") and d % 64 == 0 and library.simd_name(library.library()) == "avx2":
+        rel, ab = 7e-2, None
     g = torch.Generator().manual_seed(1)
     cache = parse_kv(spec).make_cache(0, 1, hkv, d, d, window)
     assert isinstance(cache, CompressedCache)
@@ -138,14 +145,16 @@ def test_compressed_fast_equals_reference(spec, hkv, H, d, window, T, int8):
         cache._forget()
 
 
-@pytest.mark.parametrize("hkv,H,d", [(1, 4, 256), (8, 16, 128)])
-def test_int8_path_error_is_small_next_to_the_codecs(hkv, H, d):
-    """The int8 tq4 path's distance from the float reference is under a fifth of the
-    reference's own distance from exact f32 attention (about a tenth, measured)."""
+@pytest.mark.parametrize("spec,hkv,H,d,bound", [("progressive", 1, 4, 256, 0.2), ("progressive", 8, 16, 128, 0.2),
+                                               ("kvarn4", 1, 4, 256, 0.25), ("kvarn4", 2, 14, 64, 0.25)])
+def test_int8_path_error_is_small_next_to_the_codecs(spec, hkv, H, d, bound):
+    """An integer path's distance from the float reference is a fraction of the reference's
+    own distance from exact f32 attention: tq4 on VNNI about a tenth, 4-bit KVarN on AVX2
+    (int8 queries against the key codes, u8 weights over the value codes) 0.15-0.19."""
     if not attn.set_int8():
-        pytest.skip("no AVX-512 VNNI: the int8 path is not built")
+        pytest.skip("no integer attention path in this build (neither AVX-512 VNNI nor AVX2)")
     g = torch.Generator().manual_seed(6)
-    cache = parse_kv("progressive").make_cache(0, 1, hkv, d, d, None)
+    cache = parse_kv(spec).make_cache(0, 1, hkv, d, d, None)
     exact = DenseCache("f32", hkv, d, d, None)
     shift = torch.randn(hkv, 1, d, generator=g) * 2
     attn.set_backend("reference")
@@ -158,7 +167,7 @@ def test_int8_path_error_is_small_next_to_the_codecs(hkv, H, d):
     ref = cache.attend_stored(q * 2, b, d ** -0.5)
     attn.set_backend("fast")
     fast = cache.attend_stored(q * 2, b, d ** -0.5)
-    assert (fast - ref).norm() < 0.2 * (ref - want).norm()
+    assert (fast - ref).norm() < bound * (ref - want).norm()
 
 
 def test_unsupported_formats_take_the_reference_path():
@@ -238,6 +247,8 @@ def test_portable_builds_agree(target, monkeypatch):
     kind of code (tq4, tq2 and tq3 codebooks, KVarN keys and values, KIVI keys and values)."""
     g = torch.Generator().manual_seed(5)
     other = library.load(target)
+    attn.set_int8(False, False)  # float paths in both builds (the plain one has no other)
+    other.tk_attn_int8(0)
     cases = [(s, 64) for s in ("progressive", "tq2", "kvarn4", "aggressive", "kivi3", "kivi2:kvarn2")]
     cases += [(s, 80) for s in ("progressive", "kvarn3", "kivi4:tq3")]  # a 16-channel tail
     for spec, d in cases:
@@ -256,3 +267,5 @@ def test_portable_builds_agree(target, monkeypatch):
     a = fused.dense_attend(dense, q, 0.1)
     monkeypatch.undo()
     assert _rel(a, fused.dense_attend(dense, q, 0.1)) < 1e-4
+    attn.set_int8()
+    other.tk_attn_int8(3)

@@ -33,6 +33,8 @@ static inline float hmax8(__m256 s) {
   t = _mm_max_ps(t, _mm_movehl_ps(t, t));
   return _mm_cvtss_f32(_mm_max_ss(t, _mm_shuffle_ps(t, t, 1)));
 }
+// round to nearest (even), one instruction (lrintf is a library call)
+static inline int rnd(float x) { return _mm_cvtss_si32(_mm_set_ss(x)); }
 // codebook lookup of 8 codes (int32 lanes 0..15) in a 16-entry table held as two registers
 static inline __m256 lut16(__m256i idx, __m256 cb0, __m256 cb1) {
   return _mm256_blendv_ps(_mm256_permutevar8x32_ps(cb0, idx), _mm256_permutevar8x32_ps(cb1, idx),
@@ -146,6 +148,8 @@ struct Ctx {
   // int8 paths (tq4 with D % 128 == 0 on AVX-512 VNNI): per (head, row) int8 code-domain
   // query in nibble order, its byte sum and its float multiplier; codebooks as bytes
   bool i8k, i8v;
+  bool i8ak, i8av;  // AVX2: 4-bit affine keys (KVarN, KIVI) and KVarN values in integers (D, Dv % 64 == 0)
+  const int32_t *vch;  // (Dv) the channel in each lane of a body's value sums (see vsrc)
   int8_t *q8;
   int32_t *q8sum;
   float *q8mul;
@@ -448,6 +452,14 @@ static inline __attribute__((always_inline)) void add_values_tq4_i8(float *o, in
 #define TK_I8 0
 #endif
 
+// Position of channel i in the value sums of the AVX2 integer path (4-bit codes interleaved
+// per 32 bytes): per 64 channels, four runs of 16 (low nibbles
+// of code bytes 0-7 and 16-23, then 8-15 and 24-31; then the high ones).
+static inline int64_t av4_pos(int64_t i) {
+  const int64_t k = (i % 64) / 2, run = 2 * (i % 2) + (k / 8) % 2;
+  return i / 64 * 64 + 16 * run + (k < 8 ? k : k < 16 ? k - 8 : k < 24 ? k - 8 : k - 16);
+}
+
 // Position of channel i in a value accumulator of the int8 tq4 path (see above).
 static inline int64_t i8v_pos(int64_t i) {
   const int64_t c = i / 128, r = i % 128, h = r % 2, k = r / 2;
@@ -588,6 +600,8 @@ static inline __attribute__((always_inline)) void load16x(const uint8_t *p0, con
       const __m256 d = _mm256_set1_ps(f16s(p1 + 2 * si)), z = _mm256_set1_ps(f16s(p2 + 2 * si));
       for (int i = 0; i < 2; i++) x[i] = _mm256_fmadd_ps(x[i], d, z);
     }
+  } else {  // q8_0, q4_0: never called (the kernel refuses their kinds with a tail)
+    x[0] = x[1] = _mm256_setzero_ps();
   }
 }
 
@@ -654,6 +668,82 @@ static inline __m256 lane_sums8(const float *v) {
   const __m256 h3 = _mm256_hadd_ps(_mm256_loadu_ps(v + 48), _mm256_loadu_ps(v + 56));
   const __m256 h4 = _mm256_hadd_ps(h0, h1), h5 = _mm256_hadd_ps(h2, h3);
   return _mm256_add_ps(_mm256_permute2f128_ps(h4, h5, 0x20), _mm256_permute2f128_ps(h4, h5, 0x31));
+}
+
+// Integer dots of NR int8 query rows (D apart, in nibble order: per 64 channels the 32 even
+// ones, then the 32 odd ones) with one key's 4-bit codes, as llama.cpp's AVX2 dots do: each
+// 32 code bytes split into low and high nibbles (u8), multiplied by maddubs, pairs summed
+// by madd. Out: 8 int32 lanes per row (64 floats apart), to be summed by lane_sums8.
+template <int NR>
+static inline __attribute__((always_inline)) void dot_key_i8(const int8_t *q8, const float *qs, const uint8_t *k0,
+                                                             int64_t D, float *dots) {
+  const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  __m256 acc[NR];
+  for (int u = 0; u < NR; u++) acc[u] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < D / 64; c++) {
+    const __m256i by = _mm256_loadu_si256((const __m256i *)(k0 + 32 * c));
+    const __m256i lo = _mm256_and_si256(by, m4), hi = _mm256_and_si256(_mm256_srli_epi16(by, 4), m4);
+    for (int u = 0; u < NR; u++) {
+      const __m256i *q = (const __m256i *)(q8 + u * D + 64 * c);
+      const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(q)),
+                                         _mm256_maddubs_epi16(hi, _mm256_loadu_si256(q + 1)));
+      acc[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(t, ones)), _mm256_set1_ps(qs[u * (D / 64) + c]),
+                               acc[u]);
+    }
+  }
+  for (int u = 0; u < NR; u++) _mm256_storeu_ps(dots + 64 * u, acc[u]);
+}
+
+// out rows (NR, W apart, lanes in av4_pos order) += sum_j w[u][j] (code_j - 8) over n <= BT
+// tokens of 4-bit codes (vt0 bytes apart; the caller adds 8 sum_j w[u][j]): the weights
+// quantized to 7 bits per row (scale max / 127), two tokens' centred codes interleaved per
+// channel so that one maddubs sums 2 tokens x 16 channels in int16 (at most 127 * 8 * 32
+// over the block, so one widening to float per block). Centred, the codes' common part
+// stays out of the weights' rounding (it would come back as one error in every channel).
+template <int NR>
+static inline void add_values_av4_i8(float *o, int64_t W, const float *w, const uint8_t *v0, int64_t vt0, int64_t n,
+                                     int64_t Dv) {
+  alignas(32) uint16_t wp[NR][BT / 2];  // each pair of tokens' weights as one 16-bit word
+  float ws[NR];
+  for (int u = 0; u < NR; u++) {
+    float mx = 0.f;
+    for (int64_t j = 0; j < n; j++) mx = w[u * BT + j] > mx ? w[u * BT + j] : mx;
+    const float inv = mx > 0 ? 127 / mx : 0.f;
+    uint8_t q[BT];
+    for (int64_t j = 0; j < BT; j++) q[j] = j < n ? (uint8_t)rnd(w[u * BT + j] * inv) : 0;
+    for (int p = 0; p < BT / 2; p++) wp[u][p] = (uint16_t)(q[2 * p] | q[2 * p + 1] << 8);
+    ws[u] = mx / 127;
+  }
+  const __m256i m4 = _mm256_set1_epi8(15), e8 = _mm256_set1_epi8(8);
+  for (int64_t c = 0; c < Dv / 64; c++) {
+    __m256i acc[NR][4];
+    for (int u = 0; u < NR; u++)
+      for (int i = 0; i < 4; i++) acc[u][i] = _mm256_setzero_si256();
+    for (int64_t j = 0; j < n; j += 2) {
+      const __m256i a = _mm256_loadu_si256((const __m256i *)(v0 + j * vt0 + 32 * c));
+      const __m256i b = j + 1 < n ? _mm256_loadu_si256((const __m256i *)(v0 + (j + 1) * vt0 + 32 * c)) : a;
+      const __m256i alo = _mm256_sub_epi8(_mm256_and_si256(a, m4), e8);
+      const __m256i ahi = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), e8);
+      const __m256i blo = _mm256_sub_epi8(_mm256_and_si256(b, m4), e8);
+      const __m256i bhi = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4), e8);
+      const __m256i x[4] = {_mm256_unpacklo_epi8(alo, blo), _mm256_unpackhi_epi8(alo, blo),
+                            _mm256_unpacklo_epi8(ahi, bhi), _mm256_unpackhi_epi8(ahi, bhi)};
+      for (int u = 0; u < NR; u++) {
+        const __m256i wpv = _mm256_set1_epi16((int16_t)wp[u][j / 2]);
+        for (int i = 0; i < 4; i++) acc[u][i] = _mm256_add_epi16(acc[u][i], _mm256_maddubs_epi16(wpv, x[i]));
+      }
+    }
+    for (int u = 0; u < NR; u++) {  // widen: lanes 0-7 and 8-15 of each run to float
+      const __m256 sc = _mm256_set1_ps(ws[u]);
+      float *ou = o + u * W + 64 * c;
+      for (int i = 0; i < 4; i++) {
+        const __m256 l0 = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(acc[u][i])));
+        const __m256 l1 = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(acc[u][i], 1)));
+        _mm256_storeu_ps(ou + 16 * i, _mm256_fmadd_ps(l0, sc, _mm256_loadu_ps(ou + 16 * i)));
+        _mm256_storeu_ps(ou + 16 * i + 8, _mm256_fmadd_ps(l1, sc, _mm256_loadu_ps(ou + 16 * i + 8)));
+      }
+    }
+  }
 }
 
 template <int KIND, int NR>
@@ -864,6 +954,8 @@ struct Work {
   float *qt, *kb;   // affine keys: the queries times the group's channel scales A, their dots with its B
   int64_t kgroup;   // the group qt holds (-1: none yet)
   float *tmp, *z;   // KVarN values: a block's sums in code units (nrows, Dv + 2), its zero-point sums
+  int8_t *q8;       // the integer path of 4-bit affine keys: qt per row in nibble order, its scale per row
+  float *q8s;
 };
 
 // Affine keys, x = (code * A[g] + B[g]) * m[t]: q.x = (q*A[g] . code + q.B[g]) * m[t].
@@ -880,8 +972,77 @@ static void affine_query(Work &w, int64_t j0) {
     float *o = w.qt + r * D, d = 0.f;
     for (int64_t i = 0; i < D; i++) { o[i] = qr[i] * A[i]; d += qr[i] * B[i]; }
     w.kb[r] = d;
+#if TK_AVX2
+    if (w.q8) {  // int8 with a scale per 64 channels: the 32 even ones, then the 32 odd ones (the codes' nibbles)
+      for (int64_t c = 0; c < D / 64; c++) {
+        float mx = 0.f;
+        for (int64_t i = 64 * c; i < 64 * c + 64; i++) mx = fabsf(o[i]) > mx ? fabsf(o[i]) : mx;
+        const float inv = mx > 0 ? 127 / mx : 0.f;
+        int8_t *q8 = w.q8 + r * D + 64 * c;
+        for (int64_t i = 0; i < 64; i++) q8[(i % 2) * 32 + i / 2] = (int8_t)rnd(o[64 * c + i] * inv);
+        w.q8s[r * (D / 64) + c] = mx / 127;
+      }
+    }
+#endif
   }
 }
+
+#if TK_AVX2
+// Scores of a few rows (decode), AVX2: each key decoded once per 4 rows; each row's dots with
+// 8 keys stay in 8 lanes until one transposed sum reduces them together. I8: 4-bit affine
+// keys against the rows' int8 queries (w.q8).
+template <int KK, bool I8>
+static void score_few(Work &w, int64_t j0, int64_t n, const float *q, const float *kb) {
+  const Ctx *x = w.x;
+  const Seg &s = *w.s;
+  const int64_t D = x->D, nrows = w.nrows;
+  const uint8_t *kb0 = w.k[0], *kb1 = w.k[1];
+  const float *bias = w.bias;
+  const int64_t *lo = w.lo, *hi = w.hi;
+  float *sc = w.sc;
+  alignas(32) float lanes[PRE_ROWS * 64];  // (rows, 8 keys, 8 lanes)
+  for (int64_t g = 0; g < n; g += 8) {
+    const int ng = n - g < 8 ? (int)(n - g) : 8;
+    alignas(32) float ks[8] = {};
+    for (int k = 0; k < 8; k++) {
+      const int64_t tok = j0 + g + k;
+      float *lk = lanes + 8 * k;
+      if (k >= ng) {
+        for (int64_t r = 0; r < nrows; r++) memset(lk + 64 * r, 0, 32);
+        continue;
+      }
+      const uint8_t *k0 = kb0 + tok * s.kt0, *k1 = kb1 ? kb1 + tok * s.kt1 : nullptr;
+      ks[k] = vec_scale<KK>(k1);
+      for (int64_t r0 = 0; r0 < nrows; r0 += 4) {
+        const int nr = nrows - r0 < 4 ? (int)(nrows - r0) : 4;
+        if constexpr (I8) switch (nr) {
+          case 1: dot_key_i8<1>(w.q8 + r0 * D, w.q8s + r0 * (D / 64), k0, D, lk + 64 * r0); break;
+          case 2: dot_key_i8<2>(w.q8 + r0 * D, w.q8s + r0 * (D / 64), k0, D, lk + 64 * r0); break;
+          case 3: dot_key_i8<3>(w.q8 + r0 * D, w.q8s + r0 * (D / 64), k0, D, lk + 64 * r0); break;
+          default: dot_key_i8<4>(w.q8 + r0 * D, w.q8s + r0 * (D / 64), k0, D, lk + 64 * r0); break;
+        }
+        else switch (nr) {
+          case 1: dot_key<KK, 1>(q + r0 * D, k0, k1, D, x->kcb, lk + 64 * r0); break;
+          case 2: dot_key<KK, 2>(q + r0 * D, k0, k1, D, x->kcb, lk + 64 * r0); break;
+          case 3: dot_key<KK, 3>(q + r0 * D, k0, k1, D, x->kcb, lk + 64 * r0); break;
+          default: dot_key<KK, 4>(q + r0 * D, k0, k1, D, x->kcb, lk + 64 * r0); break;
+        }
+      }
+    }
+    const __m256 ksv = _mm256_load_ps(ks), ninf = _mm256_set1_ps(-INFINITY);
+    const __m256i tokv = _mm256_add_epi32(_mm256_set1_epi32((int)(j0 + g)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int64_t r = 0; r < nrows; r++) {
+      __m256 v = lane_sums8(lanes + 64 * r);
+      if (kb) v = _mm256_add_ps(v, _mm256_set1_ps(kb[r]));
+      v = _mm256_mul_ps(v, ksv);
+      if (bias) v = _mm256_add_ps(v, _mm256_set1_ps(bias[r]));
+      const __m256i seen = _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)lo[r]), tokv),
+                                               _mm256_cmpgt_epi32(_mm256_set1_epi32((int)hi[r]), tokv));
+      _mm256_storeu_ps(sc + r * BT + g, _mm256_blendv_ps(ninf, v, _mm256_castsi256_ps(seen)));
+    }
+  }
+}
+#endif
 
 // Scores of the rows for tokens j0 .. j0+n-1 into w.sc; -inf where a row cannot see.
 template <int KK>
@@ -967,43 +1128,8 @@ static void score_block(Work &w, int64_t j0, int64_t n) {
     return;
   }
 #if TK_AVX2
-  // few rows (decode), AVX2: each key decoded once per 4 rows; each row's dots with 8 keys
-  // stay in 8 lanes until one transposed sum reduces them together
-  alignas(32) float lanes[PRE_ROWS * 64];  // (rows, 8 keys, 8 lanes)
-  for (int64_t g = 0; g < n; g += 8) {
-    const int ng = n - g < 8 ? (int)(n - g) : 8;
-    alignas(32) float ks[8] = {};
-    for (int k = 0; k < 8; k++) {
-      const int64_t tok = j0 + g + k;
-      float *lk = lanes + 8 * k;
-      if (k >= ng) {
-        for (int64_t r = 0; r < nrows; r++) memset(lk + 64 * r, 0, 32);
-        continue;
-      }
-      const uint8_t *k0 = kb0 + tok * s.kt0, *k1 = kb1 ? kb1 + tok * s.kt1 : nullptr;
-      ks[k] = vec_scale<KK>(k1);
-      for (int64_t r0 = 0; r0 < nrows; r0 += 4) {
-        const int nr = nrows - r0 < 4 ? (int)(nrows - r0) : 4;
-        switch (nr) {
-          case 1: dot_key<KK, 1>(q + r0 * D, k0, k1, D, x->kcb, lk + 64 * r0); break;
-          case 2: dot_key<KK, 2>(q + r0 * D, k0, k1, D, x->kcb, lk + 64 * r0); break;
-          case 3: dot_key<KK, 3>(q + r0 * D, k0, k1, D, x->kcb, lk + 64 * r0); break;
-          default: dot_key<KK, 4>(q + r0 * D, k0, k1, D, x->kcb, lk + 64 * r0); break;
-        }
-      }
-    }
-    const __m256 ksv = _mm256_load_ps(ks), ninf = _mm256_set1_ps(-INFINITY);
-    const __m256i tokv = _mm256_add_epi32(_mm256_set1_epi32((int)(j0 + g)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    for (int64_t r = 0; r < nrows; r++) {
-      __m256 v = lane_sums8(lanes + 64 * r);
-      if (kb) v = _mm256_add_ps(v, _mm256_set1_ps(kb[r]));
-      v = _mm256_mul_ps(v, ksv);
-      if (bias) v = _mm256_add_ps(v, _mm256_set1_ps(bias[r]));
-      const __m256i seen = _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)lo[r]), tokv),
-                                               _mm256_cmpgt_epi32(_mm256_set1_epi32((int)hi[r]), tokv));
-      _mm256_storeu_ps(sc + r * BT + g, _mm256_blendv_ps(ninf, v, _mm256_castsi256_ps(seen)));
-    }
-  }
+  if (KK == AK4 && w.q8) score_few<KK, true>(w, j0, n, q, kb);
+  else score_few<KK, false>(w, j0, n, q, kb);
   (void)alive;
 #else
   for (int64_t j = 0; j < n; j++) {  // few rows (decode): each key decoded once per 4 rows
@@ -1089,6 +1215,17 @@ static void value_block(Work &w, int64_t j0, int64_t n) {
       for (int64_t i = 0; i < Dv; i++) o[i] += a[i];
     }
 #if TK_AVX2
+  } else if (VK == AV4 && x->i8av) {  // KVarN 4-bit values: integer sums, two rows at a time
+    for (int64_t r = 0; r < nrows; r++) {  // the codes' centre: 8 times the weights' sum
+      float sw = 0.f;
+      for (int64_t j = 0; j < n; j++) sw += sc[r * BT + j];
+      w.z[r] += 8 * sw;
+    }
+    for (int64_t r0 = 0; r0 < nrows; r0 += 2) {
+      if (!(alive[r0] | alive[r0 + 1])) continue;
+      if (nrows - r0 == 1) add_values_av4_i8<1>(out + r0 * W, W, sc + r0 * BT, v0, s.vt0, n, Dv);
+      else add_values_av4_i8<2>(out + r0 * W, W, sc + r0 * BT, v0, s.vt0, n, Dv);
+    }
   } else if constexpr (VK != F32 && VK != F16 && VK != BF16) {  // codes: each token decoded once, for all rows
 #else
   } else if (is_ab(VK) && Dv % 32) {  // KIVI values with a scale per 16 channels: decoded first
@@ -1125,7 +1262,7 @@ static void value_block(Work &w, int64_t j0, int64_t n) {
   if constexpr (is_av(VK)) {  // KVarN: the block's code-unit sums times the tile's channel scales
     const uint8_t *cs = w.v[3] + (j0 / s.vd3) * s.vt3;
     float C[1024];
-    for (int64_t i = 0; i < Dv; i++) C[i] = f16s(cs + 2 * i);
+    for (int64_t i = 0; i < Dv; i++) C[i] = f16s(cs + 2 * x->vch[i]);  // in the sums' lane order
     for (int64_t r = 0; r < nrows; r++) {
       if (!alive[r]) continue;
       float *o = w.part + r * W;
@@ -1178,6 +1315,10 @@ static void chunk_fn_attn(const void *p, int64_t c) {
   }
   w.sc = sc.data(); w.kT = kT.data(); w.kscl = kscl.data(); w.vt = vt.data(); w.pv = pv.data();
   w.qt = qt.data(); w.kb = kb.data(); w.tmp = tmp.data(); w.z = z.data();
+  const bool i8ak = x->i8ak && s.kkind == AK4 && !many && s.kd2 >= 128;  // not per 32 tokens (KIVI): too few to pay
+  avec<int8_t> q8(i8ak ? nrows * D : 0);
+  avec<float> q8s(i8ak ? nrows * (D / 64) : 0);
+  if (i8ak) { w.q8 = q8.data(); w.q8s = q8s.data(); }
   w.lo = lo.data(); w.hi = hi.data(); w.alive = alive.data();
   const uint8_t *kp[4] = {s.k0, s.k1, s.k2, s.k3}, *vp[4] = {s.v0, s.v1, s.v2, s.v3};
   const int64_t kh[4] = {s.kh0, s.kh1, s.kh2, s.kh3}, vh[4] = {s.vh0, s.vh1, s.vh2, s.vh3};
@@ -1210,7 +1351,7 @@ static void chunk_fn_attn(const void *p, int64_t c) {
 static int g_int8_mask = 3;
 extern "C" int tk_attn_int8(int mask) {
   if (mask >= 0) g_int8_mask = mask;
-  return TK_I8 ? g_int8_mask : 0;
+  return TK_I8 || TK_AVX2 ? g_int8_mask : 0;
 }
 
 namespace attn {
@@ -1338,7 +1479,6 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
                        const float *kcb, const float *vcb, int64_t chunk_tokens, float *out, int nth) {
   using namespace attn;
   if (D % 16 || Dv % 16 || D > 1024 || Dv > 1024 || R < 1 || T < 1 || R % T) return 1;
-  const int64_t ROW_TILE = 64, PARALLEL_MACS = 1 << 18;
   Ctx cx = {};
   if ((ksigns && (khb < 1 || (khb & (khb - 1)) || D % khb)) || (vsigns && (vhb < 1 || (vhb & (vhb - 1)) || Dv % vhb)))
     return 1;
@@ -1357,6 +1497,13 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
     if (cx.segs[i].body) { cx.any_body = true; cx.kperm |= cx.segs[i].kkind == TQ4; cx.vperm |= cx.segs[i].vkind == TQ4; }
   cx.i8k = TK_I8 && (g_int8_mask & 1) && cx.kperm && D % 128 == 0;
   cx.i8v = TK_I8 && (g_int8_mask & 2) && cx.vperm && Dv % 128 == 0;
+  // AVX2 integer paths for 4-bit affine keys and KVarN values: decode steps (few rows per tile)
+  const int64_t ROW_TILE = 64, PARALLEL_MACS = 1 << 18, rt = R <= ROW_TILE ? R : ROW_TILE;
+  bool av4 = false;
+  for (int64_t i = 0; i < nseg; i++) av4 |= cx.segs[i].body && cx.segs[i].vkind == AV4;
+  cx.i8ak = TK_AVX2 && (g_int8_mask & 1) && D % 64 == 0 && rt < PRE_ROWS;
+  // values: each pair of rows unpacks the codes again, so beyond 4 rows decoding once wins
+  cx.i8av = TK_AVX2 && (g_int8_mask & 2) && Dv % 64 == 0 && rt <= 4 && av4;
   const int64_t rows = Hkv * R;
   std::vector<int32_t> ksrc(D), q8src(D), vsrc(Dv);
   // tq4 lanes: per block of w = 32 channels (16 in a tail) the even channels, then the odd
@@ -1365,10 +1512,13 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
     ksrc[i] = cx.kperm ? b0 + (l < h ? 2 * l : 2 * (l - h) + 1) : i;
     q8src[i] = (i / 128) * 128 + 2 * (i % 64) + (i % 128) / 64;
   }
+  std::vector<int32_t> vch(Dv);
   for (int64_t i = 0; i < Dv; i++) {
     const int64_t b0 = i / 32 * 32, h = b0 + 32 <= Dv ? 16 : 8, l = i - b0;
-    vsrc[i] = cx.i8v ? i8v_pos(i) : cx.vperm ? b0 + (l % 2 ? h + l / 2 : l / 2) : i;
+    vsrc[i] = cx.i8v ? i8v_pos(i) : cx.i8av ? av4_pos(i) : cx.vperm ? b0 + (l % 2 ? h + l / 2 : l / 2) : i;
+    vch[vsrc[i]] = (int32_t)i;
   }
+  cx.vch = vch.data();
   cx.ksrc = ksrc.data(); cx.q8src = q8src.data(); cx.vsrc = vsrc.data();
   avec<float> qx(rows * D), qb(cx.any_body ? rows * D : 0), bias(rows, 0.f), q8mul(rows, 0.f);
   avec<int8_t> q8(cx.i8k ? rows * D : 0);
@@ -1386,7 +1536,7 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
   run_chunks(prep_rows, &cx, nprep, nth_rows);
   // chunks: per segment, head and row tile, the tile's visible token range, split in
   // pieces of chunk_tokens while a single tile holds all rows (decode)
-  const int64_t rt = R <= ROW_TILE ? R : ROW_TILE, ntiles = (R + rt - 1) / rt;
+  const int64_t ntiles = (R + rt - 1) / rt;
   const bool split = ntiles == 1;
   std::vector<int64_t> chunks, poff;
   std::vector<std::vector<int64_t>> per_tile(Hkv * ntiles);
