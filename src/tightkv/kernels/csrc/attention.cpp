@@ -673,7 +673,8 @@ static inline __m256 lane_sums8(const float *v) {
 // Integer dots of NR int8 query rows (D apart, in nibble order: per 64 channels the 32 even
 // ones, then the 32 odd ones) with one key's 4-bit codes, as llama.cpp's AVX2 dots do: each
 // 32 code bytes split into low and high nibbles (u8), multiplied by maddubs, pairs summed
-// by madd. Out: 8 int32 lanes per row (64 floats apart), to be summed by lane_sums8.
+// by madd, times the 64 channels' query scale qs. Out: 8 float lanes per row (64 floats
+// apart), to be summed by lane_sums8.
 template <int NR>
 static inline __attribute__((always_inline)) void dot_key_i8(const int8_t *q8, const float *qs, const uint8_t *k0,
                                                              int64_t D, float *dots) {
