@@ -82,9 +82,16 @@ def test_chunked_prefill_equals_decode(spec, window):
             s += T
         return torch.cat(outs, 1)
 
+    from tightkv.kernels import attention as attn
+
     one = run([N])
-    assert (one - run([1] * N)).abs().max() < 1e-5
-    assert (one - run([130, 70, 1, 99])).abs().max() < 1e-5
+    try:  # the float paths: exactly the same data; AVX2's integer decode paths round the query and weights
+        attn.set_int8(False, False)
+        assert (one - run([1] * N)).abs().max() < 1e-5
+        assert (one - run([130, 70, 1, 99])).abs().max() < 1e-5
+    finally:
+        attn.set_int8()
+    assert (one - run([1] * N)).abs().max() < 2e-2
 
 
 def test_prefill_attends_to_compressed_keys():
