@@ -2,6 +2,7 @@
 
     python bench/bench_attention.py --depth 8192 --shape gemma --types f16,q8_0,progressive,kvarn4
     TIGHTKV_SIMD=avx2 python bench/bench_attention.py ...   # another instruction path
+    python bench/bench_attention.py --int8 on,off ...         # the integer paths, then the float ones
 
 Each row is one layer's attention for one query position (what a decode step pays per
 layer), the minimum and the median of --reps timed calls after a warm-up (the minimum is
@@ -84,24 +85,28 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cpu-time", action="store_true",
                     help="time the calling thread's CPU time (with --threads 1: steady on a busy box)")
+    ap.add_argument("--int8", default="on", help="on, off or on,off: the kernel's integer paths (`set_int8`)")
     ap.add_argument("--json", help="write the rows here")
     ns = ap.parse_args()
     from tightkv.eval.bench import machine
-    from tightkv.kernels import library
+    from tightkv.kernels import attention, library
 
     torch.set_num_threads(ns.threads)
     library.set_threads(ns.threads)
     info = machine()
     clock = "thread CPU time" if ns.cpu_time else "wall time"
     print(f"# {info.get('cpu', '?')}; kernels {library.summary()}; {clock}")
-    print(f"{'kv':<14} {'shape':<6} {'depth':>6} {'min us':>9} {'median us':>10} {'KV MiB':>8} {'GB/s':>6}")
+    print(f"{'kv':<14} {'int8':<4} {'shape':<6} {'depth':>6} {'min us':>9} {'median us':>10} {'KV MiB':>8} {'GB/s':>6}")
     rows = []
-    for shape in ns.shape.split(","):
-        for spec in ns.types.split(","):
-            r = time_type(spec, shape, ns.depth, ns.reps, time.thread_time if ns.cpu_time else time.perf_counter)
-            rows.append(r)
-            print(f"{spec:<14} {shape:<6} {ns.depth:>6} {r['min_us']:>9.1f} {r['median_us']:>10.1f} "
-                  f"{r['kv_bytes'] / 2**20:>8.2f} {r['gb_s']:>6.2f}", flush=True)
+    for mode in ns.int8.split(","):
+        attention.set_int8(mode == "on", mode == "on")
+        for shape in ns.shape.split(","):
+            for spec in ns.types.split(","):
+                r = time_type(spec, shape, ns.depth, ns.reps, time.thread_time if ns.cpu_time else time.perf_counter)
+                rows.append({**r, "int8": mode})
+                print(f"{spec:<14} {mode:<4} {shape:<6} {ns.depth:>6} {r['min_us']:>9.1f} {r['median_us']:>10.1f} "
+                      f"{r['kv_bytes'] / 2**20:>8.2f} {r['gb_s']:>6.2f}", flush=True)
+    attention.set_int8()
     if ns.json:
         with open(ns.json, "w") as f:
             json.dump({"machine": info, "kernels": library.summary(), "rows": rows}, f, indent=1)

@@ -20,11 +20,13 @@ softmax, for:
   multiplies 64 of them; values are summed the same way with the softmax
   weights of each 32-token block as u8 and four tokens' codes interleaved per
   instruction (`set_int8`). Otherwise: one float permute per 16 channels
-  (AVX2: two per 8), then float dots. On AVX2, 4-bit KVarN in decode steps is
-  summed in integers as llama.cpp's AVX2 dots are (head dims that are multiples
-  of 64, `set_int8`): keys score as maddubs of their u8 nibbles against the
-  int8 query q*A (one scale per row and tile), values sum as maddubs of the u8
-  weights against two tokens' centred codes interleaved per channel. Queries are rotated and scaled once,
+  (AVX2: two per 8), then float dots. On AVX2, decode steps sum in integers as
+  llama.cpp's AVX2 dots do (head dims that are multiples of 64, `set_int8`):
+  tq4 keys as maddubs of a 7-bit codebook (one byte shuffle per 32 channels)
+  against the int8 query; 4-bit KVarN keys as maddubs of their u8 nibbles
+  against the int8 query q*A (one scale per row and tile), its values as
+  maddubs of the u8 weights against two tokens' centred codes interleaved per
+  channel. Queries are rotated and scaled once,
   value sums are rotated back once; nothing is decoded beyond one vector at a
   time.
 
@@ -74,8 +76,8 @@ def get_backend() -> str:
 
 
 def set_int8(keys: bool = True, values: bool = True) -> bool:
-    """Let keys / values take the integer paths (tq4 on AVX-512 VNNI, 4-bit KVarN in decode
-    steps on AVX2); False keeps float dots. Returns whether the loaded kernel has such paths."""
+    """Let keys / values take the integer paths (tq4 on AVX-512 VNNI; in decode steps on AVX2,
+    tq4 keys and 4-bit KVarN); False keeps float dots. Returns whether the loaded kernel has such paths."""
     lib_ = lib()
     return bool(lib_ and lib_.tk_attn_int8(int(keys) | 2 * int(values)))
 

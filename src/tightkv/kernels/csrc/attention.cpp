@@ -153,7 +153,7 @@ struct Ctx {
   int8_t *q8;
   int32_t *q8sum;
   float *q8mul;
-  uint8_t klut[64], vlut[64];  // K: codebook / kstep + 128 (u8); V: codebook / vstep (s8)
+  uint8_t klut[64], vlut[64];  // K: codebook / kstep + LUT_OFF (u8); V: codebook / vstep (s8)
   // chunks, and those of each (head, row tile) for the merge
   const int64_t *chunks;  // (nchunks, CH): seg, head, token start, end, row start, end
   const int64_t *poff;    // where each chunk's partial starts in part
@@ -167,6 +167,11 @@ static const int BT = 32;
 static const int VROWS = TK_AVX2 ? 2 : 4;  // rows whose value sums stay in registers (2 x 4 x 16 lanes)
 static const int CH = 6;
 static const int64_t PRE_ROWS = 8;  // rows from which the float path scores a block by one matmul
+// tq4's integer keys: the u8 codebook's offset (VNNI: 8 bits; AVX2's maddubs: 7, so that no
+// pair sum saturates int16), and the channels per run of even, then odd channels in the
+// int8 query (the code bytes one load splits into nibbles: 64 on AVX-512, 32 on AVX2)
+static const int LUT_OFF = TK_AVX2 ? 64 : 128;
+static const int64_t Q8_RUN = TK_AVX2 ? 64 : 128;
 
 // Channel i of a group of 32 codes of BITS bits at p, packed as kv/bits.py does.
 template <int BITS>
@@ -695,6 +700,31 @@ static inline __attribute__((always_inline)) void dot_key_i8(const int8_t *q8, c
   for (int u = 0; u < NR; u++) _mm256_storeu_ps(dots + 64 * u, acc[u]);
 }
 
+// The same for tq4 keys: each key's 32 code bytes per 64 channels split into nibbles and
+// mapped through the 7-bit codebook (codebook / kstep + 64, below 128 so that no pair of
+// maddubs saturates int16) by one byte shuffle each; the rows' int8 queries have one scale
+// each, so the dots stay int32 over the whole key. Out: the 8 lanes times the row's qm;
+// the caller takes off the offset (64 x the query's byte sum x qm).
+template <int NR>
+static inline __attribute__((always_inline)) void dot_key_tq4_i8(const int8_t *q8, const float *qm, const uint8_t *k0,
+                                                                 int64_t D, const uint8_t *lut16, float *dots) {
+  const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lut16));
+  const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  __m256i acc[NR];
+  for (int u = 0; u < NR; u++) acc[u] = _mm256_setzero_si256();
+  for (int64_t c = 0; c < D / 64; c++) {
+    const __m256i by = _mm256_loadu_si256((const __m256i *)(k0 + 32 * c));
+    const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(by, m4));
+    const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(by, 4), m4));
+    for (int u = 0; u < NR; u++) {
+      const __m256i *q = (const __m256i *)(q8 + u * D + 64 * c);
+      acc[u] = _mm256_add_epi32(acc[u], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(q)), ones));
+      acc[u] = _mm256_add_epi32(acc[u], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256(q + 1)), ones));
+    }
+  }
+  for (int u = 0; u < NR; u++) _mm256_storeu_ps(dots + 64 * u, _mm256_mul_ps(_mm256_cvtepi32_ps(acc[u]), _mm256_set1_ps(qm[u])));
+}
+
 // out rows (NR, W apart, lanes in av4_pos order) += sum_j w[u][j] (code_j - 8) over n <= BT
 // tokens of 4-bit codes (vt0 bytes apart; the caller adds 8 sum_j w[u][j]): the weights
 // quantized to 7 bits per row (scale max / 127), two tokens' centred codes interleaved per
@@ -955,8 +985,8 @@ struct Work {
   float *qt, *kb;   // affine keys: the queries times the group's channel scales A, their dots with its B
   int64_t kgroup;   // the group qt holds (-1: none yet)
   float *tmp, *z;   // KVarN values: a block's sums in code units (nrows, Dv + 2), its zero-point sums
-  int8_t *q8;       // the integer path of 4-bit affine keys: qt per row in nibble order, its scale per row
-  float *q8s;
+  int8_t *q8;       // AVX2's integer keys: 4-bit affine, qt per row in nibble order, its scale per 64
+  float *q8s;       // channels; tq4, prep_rows' int8 query and its multiplier per row
 };
 
 // Affine keys, x = (code * A[g] + B[g]) * m[t]: q.x = (q*A[g] . code + q.B[g]) * m[t].
@@ -1016,7 +1046,13 @@ static void score_few(Work &w, int64_t j0, int64_t n, const float *q, const floa
       ks[k] = vec_scale<KK>(k1);
       for (int64_t r0 = 0; r0 < nrows; r0 += 4) {
         const int nr = nrows - r0 < 4 ? (int)(nrows - r0) : 4;
-        if constexpr (I8) switch (nr) {
+        if constexpr (I8 && KK == TQ4) switch (nr) {
+          case 1: dot_key_tq4_i8<1>(w.q8 + r0 * D, w.q8s + r0, k0, D, x->klut, lk + 64 * r0); break;
+          case 2: dot_key_tq4_i8<2>(w.q8 + r0 * D, w.q8s + r0, k0, D, x->klut, lk + 64 * r0); break;
+          case 3: dot_key_tq4_i8<3>(w.q8 + r0 * D, w.q8s + r0, k0, D, x->klut, lk + 64 * r0); break;
+          default: dot_key_tq4_i8<4>(w.q8 + r0 * D, w.q8s + r0, k0, D, x->klut, lk + 64 * r0); break;
+        }
+        else if constexpr (I8) switch (nr) {
           case 1: dot_key_i8<1>(w.q8 + r0 * D, w.q8s + r0 * (D / 64), k0, D, lk + 64 * r0); break;
           case 2: dot_key_i8<2>(w.q8 + r0 * D, w.q8s + r0 * (D / 64), k0, D, lk + 64 * r0); break;
           case 3: dot_key_i8<3>(w.q8 + r0 * D, w.q8s + r0 * (D / 64), k0, D, lk + 64 * r0); break;
@@ -1130,6 +1166,7 @@ static void score_block(Work &w, int64_t j0, int64_t n) {
   }
 #if TK_AVX2
   if (KK == AK4 && w.q8) score_few<KK, true>(w, j0, n, q, kb);
+  else if (KK == TQ4 && w.q8) score_few<KK, true>(w, j0, n, q, w.kb);  // kb: the codebook offset per row
   else score_few<KK, false>(w, j0, n, q, kb);
   (void)alive;
 #else
@@ -1320,6 +1357,10 @@ static void chunk_fn_attn(const void *p, int64_t c) {
   avec<int8_t> q8(i8ak ? nrows * D : 0);
   avec<float> q8s(i8ak ? nrows * (D / 64) : 0);
   if (i8ak) { w.q8 = q8.data(); w.q8s = q8s.data(); }
+  if (TK_AVX2 && x->i8k && s.kkind == TQ4 && !many) {  // tq4 keys: the int8 queries of prep_rows
+    w.q8 = x->q8 + w.hr0 * D; w.q8s = x->q8mul + w.hr0;
+    for (int64_t r = 0; r < nrows; r++) w.kb[r] = -(float)x->q8sum[w.hr0 + r] * x->q8mul[w.hr0 + r];
+  }
   w.lo = lo.data(); w.hi = hi.data(); w.alive = alive.data();
   const uint8_t *kp[4] = {s.k0, s.k1, s.k2, s.k3}, *vp[4] = {s.v0, s.v1, s.v2, s.v3};
   const int64_t kh[4] = {s.kh0, s.kh1, s.kh2, s.kh3}, vh[4] = {s.vh0, s.vh1, s.vh2, s.vh3};
@@ -1392,7 +1433,7 @@ static void prep_rows(const void *p, int64_t c) {
     const float *qr = x->q + hr * D, *tmp = rot.data() + k * D;
     float *ob = x->qb + hr * D;
     for (int64_t i = 0; i < D; i++) ob[i] = tmp[x->ksrc[i]] * x->scale;
-    if (x->i8k) {  // int8 query in nibble order: per 128 channels the even ones, then the odd ones
+    if (x->i8k) {  // int8 query in nibble order (q8src), its byte sum times the codebook's offset
       float mx = 0.f;
       for (int64_t i = 0; i < D; i++) mx = fabsf(tmp[i]) > mx ? fabsf(tmp[i]) : mx;
       const float qs = mx > 0 ? mx * x->scale / 127 : 1.f, inv = x->scale / qs;
@@ -1403,7 +1444,7 @@ static void prep_rows(const void *p, int64_t c) {
         o8[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
         sum += o8[i];
       }
-      x->q8sum[hr] = 128 * sum;
+      x->q8sum[hr] = LUT_OFF * sum;
       x->q8mul[hr] = qs * x->kstep;
     }
     if (x->kcenter) {
@@ -1496,10 +1537,11 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
   }
   for (int64_t i = 0; i < nseg; i++)
     if (cx.segs[i].body) { cx.any_body = true; cx.kperm |= cx.segs[i].kkind == TQ4; cx.vperm |= cx.segs[i].vkind == TQ4; }
-  cx.i8k = TK_I8 && (g_int8_mask & 1) && cx.kperm && D % 128 == 0;
+  const int64_t ROW_TILE = 64, PARALLEL_MACS = 1 << 18, rt = R <= ROW_TILE ? R : ROW_TILE;
+  // tq4 keys: VNNI in decode and prefill; AVX2 in decode steps (few rows per tile)
+  cx.i8k = (g_int8_mask & 1) && cx.kperm && (TK_I8 ? D % 128 == 0 : TK_AVX2 && D % 64 == 0 && rt < PRE_ROWS);
   cx.i8v = TK_I8 && (g_int8_mask & 2) && cx.vperm && Dv % 128 == 0;
   // AVX2 integer paths for 4-bit affine keys and KVarN values: decode steps (few rows per tile)
-  const int64_t ROW_TILE = 64, PARALLEL_MACS = 1 << 18, rt = R <= ROW_TILE ? R : ROW_TILE;
   bool av4 = false;
   for (int64_t i = 0; i < nseg; i++) av4 |= cx.segs[i].body && cx.segs[i].vkind == AV4;
   cx.i8ak = TK_AVX2 && (g_int8_mask & 1) && D % 64 == 0 && rt < PRE_ROWS;
@@ -1511,7 +1553,7 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
   for (int64_t i = 0; i < D; i++) {
     const int64_t b0 = i / 32 * 32, h = b0 + 32 <= D ? 16 : 8, l = i - b0;
     ksrc[i] = cx.kperm ? b0 + (l < h ? 2 * l : 2 * (l - h) + 1) : i;
-    q8src[i] = (i / 128) * 128 + 2 * (i % 64) + (i % 128) / 64;
+    q8src[i] = (i / Q8_RUN) * Q8_RUN + 2 * (i % (Q8_RUN / 2)) + (i % Q8_RUN) / (Q8_RUN / 2);
   }
   std::vector<int32_t> vch(Dv);
   for (int64_t i = 0; i < Dv; i++) {
@@ -1527,7 +1569,7 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
   float kstep = 0.f, vstep = 0.f;
   for (int i = 0; i < 16 && kcb; i++) kstep = fabsf(kcb[i]) > kstep ? fabsf(kcb[i]) : kstep;
   for (int i = 0; i < 16 && vcb; i++) vstep = fabsf(vcb[i]) > vstep ? fabsf(vcb[i]) : vstep;
-  cx.kstep = kstep = kstep > 0 ? kstep / 127 : 1.f;
+  cx.kstep = kstep = kstep > 0 ? kstep / (LUT_OFF - 1) : 1.f;
   cx.vstep = vstep = vstep > 0 ? vstep / 127 : 1.f;
   cx.qx = qx.data(); cx.qb = qb.data(); cx.bias = bias.data(); cx.q8 = q8.data(); cx.q8sum = q8sum.data();
   cx.q8mul = q8mul.data();
@@ -1571,7 +1613,7 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
   if (vcb) memcpy(&cx.vcb, vcb, 64);
   for (int i = 0; i < 64; i++) {
     const int ck = kcb ? (int)lrintf(kcb[i % 16] / kstep) : 0, cv = vcb ? (int)lrintf(vcb[i % 16] / vstep) : 0;
-    cx.klut[i] = (uint8_t)(ck + 128);
+    cx.klut[i] = (uint8_t)(ck + LUT_OFF);
     cx.vlut[i] = (uint8_t)(int8_t)cv;
   }
   cx.chunks = chunks.data(); cx.poff = poff.data(); cx.part = part.data();
