@@ -18,6 +18,8 @@ page is assembled from whatever JSON is there. Sections:
     synthetic bench/synthetic_llama.py: a KV-dominated Llama shape at 16K tokens, speed
               beside llama.cpp and peak RSS of f16 against the default compressed cache
     decode-memory  bench/decode_memory.py: peak RSS of decode steps at 32,000 tokens
+    prefill-cost   bench/prefill_cost.py: an 8,192-token prefill into every compressed type against f16
+                   (one JSON per kernel path)
     docqa     tightkv docqa: whole-document QA, full vs rag vs rlv, f16 and progressive
               (resumable; DOCQA_ARGS sets --quick or not)
 
@@ -39,7 +41,7 @@ from tightkv.eval.corpus import essays_path
 from render_benchmarks import render
 from sections import (
     DOCQA_ARGS, DOCQA_TYPES, NIAH_RERUN_TYPES, NIAH_TYPES, OUT,
-    POLICY_CHUNKS, PPL_TYPES, ROOT, SECTIONS, SPEED_QWEN_TYPES, SPEED_TYPES, TEXTS_RUNS,
+    POLICY_CHUNKS, PPL_TYPES, PREFILL_TYPES, ROOT, SECTIONS, SPEED_QWEN_TYPES, SPEED_TYPES, TEXTS_RUNS,
     USER_NEEDLES, USER_NEEDLE_TYPES, policy_types,
 )
 
@@ -109,6 +111,9 @@ def run_section(name: str) -> None:
     elif name == "decode-memory":
         subprocess.run([sys.executable, str(ROOT / "bench" / "decode_memory.py"), "-n", "32000", "--compare",
                         "f16,progressive,kvarn4", "--json", str(OUT / "decode_memory.json")], check=True)
+    elif name == "prefill-cost":
+        subprocess.run([sys.executable, str(ROOT / "bench" / "prefill_cost.py"), "--compare", PREFILL_TYPES, "--rounds",
+                        "2", "--json", str(speed_path(name))], check=True)
     elif name in ("speed", "speed-qwen"):
         from qwen_model import qwen_path  # bench/qwen_model.py: assembled from PyPI, verified
 

@@ -129,6 +129,8 @@ def render() -> str:
         parts += render_speed(json.loads(path.read_text()), path.name, m)
     parts += render_synthetic(_load("synthetic_llama"))
     parts += render_decode_memory(_load("decode_memory"))
+    for path in sorted(OUT.glob("prefill_cost*.json")):
+        parts += render_prefill_cost(json.loads(path.read_text()))
     parts += render_docqa(_load("docqa"))
     return "\n".join(parts)
 
@@ -225,6 +227,17 @@ def render_decode_memory(d: dict | None) -> list[str]:
     for r in d["rows"]:
         lines.append(f"| {r['kv']} | {r['load_rss'] / mib:.0f} | {r['cache_bytes'] / mib:.1f} | "
                      f"{r['filled_rss'] / mib:.0f} | {r['decode_peak_rss'] / mib:.0f} | {r['ratio']:.3f} |")
+    return lines + [""]
+
+
+def render_prefill_cost(d: dict) -> list[str]:
+    """An 8K prefill into each cache type against f16's."""
+    lines = ["## Prefill cost of the compressed types", "",
+             f"`{d['command']}` ({d['model']}, {d['machine']['cpu']}, kernels {d['machine']['kernels']}, "
+             f"{d['date']}): {d['tokens']:,} tokens into each type, the types taking turns, medians of "
+             f"{d['rounds']} rounds. The bar: at most 1.3x the f16 time.", "",
+             "| kv | tok/s | time vs f16 |", "|---|---:|---:|"]
+    lines += [f"| {r['kv']} | {r['tok_s']:.1f} | {r['vs_first']:.2f}x |" for r in d["rows"]]
     return lines + [""]
 
 

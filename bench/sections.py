@@ -37,10 +37,12 @@ USER_NEEDLE_TYPES = "f16,progressive"
 # the types of the kernel issue's goals: every fused kind on Gemma, the default and KVarN on Qwen
 SPEED_TYPES = "f16,q8_0,k8v4,progressive,kvarn4,tq3,aggressive"
 SPEED_QWEN_TYPES = "f16,q8_0,progressive,kvarn4"
+# every compressed type and preset (the kernel issue's prefill bar: at most 1.3x f16's time at 8K)
+PREFILL_TYPES = "f16,q8_0,q4_0,tq4,tq3,tq2,kvarn4,kvarn3,kvarn2,kivi4,kivi3,kivi2,k8v4,progressive,aggressive"
 DOCQA_TYPES = "f16,progressive"
 DOCQA_ARGS = ["--modes", "full,full-plain,rag,rlv,rlv-plain", "--measure-wm", "--wm-lengths", "1024,2048,4096,8192,16384"]  # add "--quick" for an 8K full prefix
 SECTIONS = ["machine", "memory", "ppl", "ppl-texts", "kv-policy", "niah", "niah-needles", "speed", "speed-qwen",
-            "synthetic", "decode-memory", "docqa"]
+            "synthetic", "decode-memory", "prefill-cost", "docqa"]
 
 
 def policy_specs() -> list[tuple[str, int, int, str]]:

@@ -80,11 +80,16 @@ def machine() -> dict:
 
     from ..kernels import library
 
-    cpu = platform.processor()
+    cpu, info = platform.processor(), {}
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
+        for line in open("/proc/cpuinfo"):
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+    except OSError:
         pass
+    cpu = info.get("model name", cpu)
+    if "cpu family" in info:  # "AMD EPYC" alone does not say which generation
+        cpu += f" (family {info['cpu family']}, model {info.get('model', '?')})"
     library.library()
     return {"cpu": cpu, "kernels": library.status()}
 
