@@ -11,6 +11,7 @@
 // mapped back once: (acc_c R_v) * vscale + l_c * vcenter). Each segment gives every
 // query position t a visible index range [lo, hi).
 // ---------------------------------------------------------------------------
+#include <type_traits>
 #include <vector>
 
 #include "common.h"
@@ -167,6 +168,16 @@ static const int BT = 32;
 static const int VROWS = TK_AVX2 ? 2 : 4;  // rows whose value sums stay in registers (2 x 4 x 16 lanes)
 static const int CH = 6;
 static const int64_t PRE_ROWS = 8;  // rows from which the float path scores a block by one matmul
+// f(std::integral_constant<int, NR>()) for nr rows (1..4): the row count a kernel is built for.
+template <class F>
+static ALWAYS_INLINE void with_rows(int nr, F &&f) {
+  switch (nr) {
+    case 1: f(std::integral_constant<int, 1>()); break;
+    case 2: f(std::integral_constant<int, 2>()); break;
+    case 3: f(std::integral_constant<int, 3>()); break;
+    default: f(std::integral_constant<int, 4>()); break;
+  }
+}
 // tq4's integer keys: the u8 codebook's offset (VNNI: 8 bits; AVX2's maddubs: 7, so that no
 // pair sum saturates int16), and the channels per run of even, then odd channels in the
 // int8 query (the code bytes one load splits into nibbles: 64 on AVX-512, 32 on AVX2)
@@ -1046,24 +1057,11 @@ static void score_few(Work &w, int64_t j0, int64_t n, const float *q, const floa
       ks[k] = vec_scale<KK>(k1);
       for (int64_t r0 = 0; r0 < nrows; r0 += 4) {
         const int nr = nrows - r0 < 4 ? (int)(nrows - r0) : 4;
-        if constexpr (I8 && KK == TQ4) switch (nr) {
-          case 1: dot_key_tq4_i8<1>(w.q8 + r0 * D, w.q8s + r0, k0, D, x->klut, lk + 64 * r0); break;
-          case 2: dot_key_tq4_i8<2>(w.q8 + r0 * D, w.q8s + r0, k0, D, x->klut, lk + 64 * r0); break;
-          case 3: dot_key_tq4_i8<3>(w.q8 + r0 * D, w.q8s + r0, k0, D, x->klut, lk + 64 * r0); break;
-          default: dot_key_tq4_i8<4>(w.q8 + r0 * D, w.q8s + r0, k0, D, x->klut, lk + 64 * r0); break;
-        }
-        else if constexpr (I8) switch (nr) {
-          case 1: dot_key_i8<1>(w.q8 + r0 * D, w.q8s + r0 * (D / 64), k0, D, lk + 64 * r0); break;
-          case 2: dot_key_i8<2>(w.q8 + r0 * D, w.q8s + r0 * (D / 64), k0, D, lk + 64 * r0); break;
-          case 3: dot_key_i8<3>(w.q8 + r0 * D, w.q8s + r0 * (D / 64), k0, D, lk + 64 * r0); break;
-          default: dot_key_i8<4>(w.q8 + r0 * D, w.q8s + r0 * (D / 64), k0, D, lk + 64 * r0); break;
-        }
-        else switch (nr) {
-          case 1: dot_key<KK, 1>(q + r0 * D, k0, k1, D, x->kcb, lk + 64 * r0); break;
-          case 2: dot_key<KK, 2>(q + r0 * D, k0, k1, D, x->kcb, lk + 64 * r0); break;
-          case 3: dot_key<KK, 3>(q + r0 * D, k0, k1, D, x->kcb, lk + 64 * r0); break;
-          default: dot_key<KK, 4>(q + r0 * D, k0, k1, D, x->kcb, lk + 64 * r0); break;
-        }
+        with_rows(nr, [&](auto NR) ALWAYS_INLINE_LAMBDA {
+          if constexpr (I8 && KK == TQ4) dot_key_tq4_i8<NR>(w.q8 + r0 * D, w.q8s + r0, k0, D, x->klut, lk + 64 * r0);
+          else if constexpr (I8) dot_key_i8<NR>(w.q8 + r0 * D, w.q8s + r0 * (D / 64), k0, D, lk + 64 * r0);
+          else dot_key<KK, NR>(q + r0 * D, k0, k1, D, x->kcb, lk + 64 * r0);
+        });
       }
     }
     const __m256 ksv = _mm256_load_ps(ks), ninf = _mm256_set1_ps(-INFINITY);
@@ -1122,12 +1120,7 @@ static void score_block(Work &w, int64_t j0, int64_t n) {
           for (int u = 0; u < nr; u++) _mm512_storeu_ps(sc + (r0 + u) * BT + g0, _mm512_set1_ps(-INFINITY));
           continue;
         }
-        switch (nr) {
-          case 1: dots_tq4_i8<1>(q8 + r0 * D, k0, s.kt0, ng, D, x->klut, dots); break;
-          case 2: dots_tq4_i8<2>(q8 + r0 * D, k0, s.kt0, ng, D, x->klut, dots); break;
-          case 3: dots_tq4_i8<3>(q8 + r0 * D, k0, s.kt0, ng, D, x->klut, dots); break;
-          default: dots_tq4_i8<4>(q8 + r0 * D, k0, s.kt0, ng, D, x->klut, dots); break;
-        }
+        with_rows(nr, [&](auto NR) ALWAYS_INLINE_LAMBDA { dots_tq4_i8<NR>(q8 + r0 * D, k0, s.kt0, ng, D, x->klut, dots); });
         for (int u = 0; u < nr; u++) {
           const int64_t r = r0 + u, hr = w.hr0 + r;
           const __m512i di = _mm512_sub_epi32(_mm512_load_si512(dots + 16 * u), _mm512_set1_epi32(x->q8sum[hr]));
@@ -1177,12 +1170,8 @@ static void score_block(Work &w, int64_t j0, int64_t n) {
     for (int64_t r0 = 0; r0 < nrows; r0 += 4) {
       const int nr = nrows - r0 < 4 ? (int)(nrows - r0) : 4;
       float dots[4] = {0.f, 0.f, 0.f, 0.f};
-      if (alive[r0] | alive[r0 + 1] | alive[r0 + 2] | alive[r0 + 3]) switch (nr) {
-        case 1: dot_key<KK, 1>(q + r0 * D, k0, k1, D, x->kcb, dots); break;
-        case 2: dot_key<KK, 2>(q + r0 * D, k0, k1, D, x->kcb, dots); break;
-        case 3: dot_key<KK, 3>(q + r0 * D, k0, k1, D, x->kcb, dots); break;
-        default: dot_key<KK, 4>(q + r0 * D, k0, k1, D, x->kcb, dots); break;
-      }
+      if (alive[r0] | alive[r0 + 1] | alive[r0 + 2] | alive[r0 + 3])
+        with_rows(nr, [&](auto NR) ALWAYS_INLINE_LAMBDA { dot_key<KK, NR>(q + r0 * D, k0, k1, D, x->kcb, dots); });
       for (int u = 0; u < nr; u++) {
         const int64_t r = r0 + u;
         float v = dots[u];
@@ -1289,12 +1278,9 @@ static void value_block(Work &w, int64_t j0, int64_t n) {
       if (!(alive[r0] | alive[r0 + 1] | alive[r0 + 2] | alive[r0 + 3])) continue;
       float *o = out + r0 * W;
       const float *wr = sc + r0 * BT;
-      switch (nr) {
-        case 1: add_values<VK, 1>(o, W, wr, v0, v1, v2, s.vt0, s.vt1, s.vt2, n, Dv, x->vcb); break;
-        case 2: add_values<VK, 2>(o, W, wr, v0, v1, v2, s.vt0, s.vt1, s.vt2, n, Dv, x->vcb); break;
-        case 3: add_values<VK, 3>(o, W, wr, v0, v1, v2, s.vt0, s.vt1, s.vt2, n, Dv, x->vcb); break;
-        default: add_values<VK, 4>(o, W, wr, v0, v1, v2, s.vt0, s.vt1, s.vt2, n, Dv, x->vcb); break;
-      }
+      with_rows(nr, [&](auto NR) ALWAYS_INLINE_LAMBDA {
+        add_values<VK, NR>(o, W, wr, v0, v1, v2, s.vt0, s.vt1, s.vt2, n, Dv, x->vcb);
+      });
     }
   }
   if constexpr (is_av(VK)) {  // KVarN: the block's code-unit sums times the tile's channel scales
