@@ -26,7 +26,10 @@ from the essays). For each file type:
   large as the distance to llama.cpp, and no engine that rounds activations differently
   from llama.cpp can meet the bars there;
 - with --ppl N: perplexity on the essays by the standard protocol (N chunks of 2048, f16 KV),
-  ours against llama.cpp's on the same file (tests/reference/mkppl.py's way);
+  ours against llama.cpp's on the same file (tests/reference/mkppl.py's way), twice: forwards
+  of 512 rows (float32 activations through dequantized tiles, as a prompt runs) and forwards
+  of 16 (`ours_int8`: the block-dot kernel's int8 activations, as llama.cpp's matmuls round
+  them): how far the activations' rounding alone moves a file's perplexity;
 - with --speed: decode at depth 16 (f16 KV, --threads threads, median of --reps rounds, the two
   engines alternating round by round) against llama.cpp's on the same file (flash attention, as `tightkv bench --vs-llamacpp`), and
   the RSS that loading the file adds (`bench/load_memory.py`'s bound: 1.3 x file + 100 MB).
@@ -52,6 +55,7 @@ from requantized import compare, llamacpp_reference, requantized  # noqa: E402
 
 from tightkv.registry import embedded_path  # noqa: E402
 
+INT8_ROWS = 16  # --ppl's second run: forwards of this many rows, within the block-dot kernel's (int8 activations)
 BASELINE = "Q4_K_M"  # the embedded file itself, as shipped: what the other rows compare with
 FILE_TYPES = [BASELINE, "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_M", "IQ3_XXS", "IQ2_M", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M",
               "IQ1_S", "TQ2_0", "TQ1_0", "Q2_0", "Q1_0"]
@@ -163,7 +167,9 @@ def render(doc: dict) -> str:
              f"{_speed_threads(doc)} thread(s) each, medians of 3, against llama.cpp on the same file in the same "
              "run (the 1-minute load average before and after: the box is shared, and at 2 threads llama.cpp's "
              "OpenMP threads fell to 3-7 tok/s whenever other work ran, 38 when it did not; one thread each keeps "
-             "that out). PPL: the essays, chunks of 2048 (llama-perplexity's protocol), f16 KV.", "",
+             "that out). PPL: the essays, chunks of 2048 (llama-perplexity's protocol), f16 KV, "
+             "forwards of 512 rows (float32 activations), and where given (int8) of 16 rows: the block-dot "
+             "kernel's int8 activations, as llama.cpp rounds them.", "",
              "| file type | MiB | blocks (MiB) | greedy | top-20 max / mean | AVX2 build: greedy, max / mean "
              "| llama.cpp self max / mean | noise floor max / mean | PPL ours vs llama.cpp | decode tok/s (vs llama.cpp) "
              "| load RSS +MiB (bound) | load avg |",
@@ -177,6 +183,8 @@ def render(doc: dict) -> str:
                   "{:.1f} / {:.1f}".format(*sp["load_average_1min"])) if sp else ("", "", "")
         p = r.get("ppl")
         ppl_ = f"{p['ours']:.3f} vs {p['llamacpp']:.3f} ({p['vs_llamacpp']:+.2%})" if p else ""
+        if p and "ours_int8" in p:
+            ppl_ += f"; int8 {p['ours_int8']:.3f} ({p['int8_vs_llamacpp']:+.2%})"
         lines.append(f"| {ftype} | {r['bytes'] / 2**20:.1f} | {blocks_} | {'ok' if n['greedy_ok'] else 'differs'} "
                      f"| {n['top20_max']:.2f} / {n['top20_mean']:.3f} | {'ok' if a['greedy_ok'] else 'differs'}, "
                      f"{a['top20_max']:.2f} / {a['top20_mean']:.3f} | {n['llamacpp_self_max']:.2f} / "
@@ -197,9 +205,12 @@ def perplexity(path: Path, n_chunks: int, ctx: int = 2048) -> dict:
     theirs = llamacpp_ppl(path, text, ctx, n_chunks)
     with Model(str(path), kv="f16", context_length=ctx) as model:
         ours = ours_ppl(model, text.read_text(), ctx, n_chunks, ["f16"], progress=False)["f16"]
+        # forwards of 16 rows take the block-dot kernel, with int8 activations as llama.cpp's matmuls have them
+        ours_i8 = ours_ppl(model, text.read_text(), ctx, n_chunks, ["f16"], progress=False, batch=INT8_ROWS)["f16"]
     return {"chunks": n_chunks, "ctx": ctx, "ours": ours["ppl"], "llamacpp": theirs["ppl"],
             "ours_stderr": ours["ppl_stderr"], "n_scored": ours["n_scored"],
-            "vs_llamacpp": ours["ppl"] / theirs["ppl"] - 1}
+            "vs_llamacpp": ours["ppl"] / theirs["ppl"] - 1,
+            "ours_int8": ours_i8["ppl"], "int8_vs_llamacpp": ours_i8["ppl"] / theirs["ppl"] - 1}
 
 
 def main() -> int:
@@ -244,7 +255,8 @@ def main() -> int:
                 f" | llama.cpp self max {n['llamacpp_self_max']:.3f} mean {n['llamacpp_self_mean']:.3f}")
         if ns.ppl:
             p = row["ppl"]
-            line += f" | ppl {p['ours']:.3f} vs {p['llamacpp']:.3f} ({p['vs_llamacpp']:+.2%})"
+            line += (f" | ppl {p['ours']:.3f} vs {p['llamacpp']:.3f} ({p['vs_llamacpp']:+.2%}),"
+                     f" int8 {p['ours_int8']:.3f} ({p['int8_vs_llamacpp']:+.2%})")
         if ns.speed:
             s = row["speed"]
             line += (f" | tg d16 {s['tg64_d16_tok_s']:.1f} vs {s['llamacpp_tok_s']:.1f} tok/s ({s['vs_llamacpp']:.2f}x),"
