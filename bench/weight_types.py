@@ -201,12 +201,12 @@ def perplexity(path: Path, n_chunks: int, ctx: int = 2048) -> dict:
     from tightkv.eval.corpus import essays_path
     from tightkv.eval.ppl import perplexity as ours_ppl
 
-    text = essays_path()
-    theirs = llamacpp_ppl(path, text, ctx, n_chunks)
+    theirs = llamacpp_ppl(path, essays_path(), ctx, n_chunks)
+    text = essays_path().read_text()
     with Model(str(path), kv="f16", context_length=ctx) as model:
-        ours = ours_ppl(model, text.read_text(), ctx, n_chunks, ["f16"], progress=False)["f16"]
+        ours = ours_ppl(model, text, ctx, n_chunks, ["f16"], progress=False)["f16"]
         # forwards of 16 rows take the block-dot kernel, with int8 activations as llama.cpp's matmuls have them
-        ours_i8 = ours_ppl(model, text.read_text(), ctx, n_chunks, ["f16"], progress=False, batch=INT8_ROWS)["f16"]
+        ours_i8 = ours_ppl(model, text, ctx, n_chunks, ["f16"], progress=False, batch=INT8_ROWS)["f16"]
     return {"chunks": n_chunks, "ctx": ctx, "ours": ours["ppl"], "llamacpp": theirs["ppl"],
             "ours_stderr": ours["ppl_stderr"], "n_scored": ours["n_scored"],
             "vs_llamacpp": ours["ppl"] / theirs["ppl"] - 1,
