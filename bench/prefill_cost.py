@@ -19,6 +19,8 @@ import sys
 import time
 
 from tightkv import Model
+from tightkv.errors import TightKVError
+from tightkv.kv.spec import parse_kv
 from tightkv.engine.generate import prefill
 from tightkv.eval.bench import bench_tokens, machine
 
@@ -33,6 +35,8 @@ def main() -> None:
     ap.add_argument("--json", default=None, metavar="FILE")
     ns = ap.parse_args()
     kinds = ns.compare.split(",")
+    for kv in kinds:
+        parse_kv(kv)  # a bad type stops here, before any prefill
     m = Model(ns.model, threads=ns.threads, context_length=max(ns.tokens + 64, 4096))
     ids = bench_tokens(ns.tokens, m.args.vocab_size, 2)
     times: dict[str, list[float]] = {k: [] for k in kinds}
@@ -64,4 +68,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except TightKVError as err:  # a bad model name or cache type: one line, exit 1
+        sys.exit(f"error: {err}")
