@@ -270,7 +270,10 @@ def test_disconnects_stop_generation(server):
             read_until(sock, b"data: ", 3)
         hard_close(sock, reset=i % 3 == 0)
     after = wait_idle(server, timeout=10)
-    assert after["requests_cancelled_total"] - before["requests_cancelled_total"] >= 7
+    cancelled = after["requests_cancelled_total"] - before["requests_cancelled_total"]
+    served = after["requests_served_total"] - before["requests_served_total"]
+    # a sampled reply may end (its end-of-turn token) before the server sees its client go
+    assert cancelled + served == 8 and cancelled >= 5, (cancelled, served)
     assert after["kv_cache_bytes"] == 0
 
 

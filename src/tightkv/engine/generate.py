@@ -369,8 +369,9 @@ class Sequence:
         if self.constraint is not None and self.constraint.finished:
             self.finish_reason = "stop"
         elif not self.done and len(self.ids) < self.max_tokens:
-            token = self._sample()
-            lp = None if self.logprobs is None else token_logprob(self.logits, token, self.logprobs)
+            with torch_threads_for(1):  # ops over the vocabulary (sampling: 43 -> 57 tok/s, Gemma, AVX2 EPYC)
+                token = self._sample()
+                lp = None if self.logprobs is None else token_logprob(self.logits, token, self.logprobs)
             self.logits = None
             if token in self.tokenizer.eot_ids:
                 self.finish_reason = "stop"

@@ -1,0 +1,73 @@
+"""The sampler: its candidates equal a full sort's, its draws follow the probabilities, seeds repeat."""
+import math
+
+import pytest
+import torch
+
+from tightkv.engine.sampling import Sampler, SamplingParams, _truncate, draw
+
+
+def full_sort_candidates(logits: torch.Tensor, p: SamplingParams) -> set[int]:
+    """The candidates by the plain definition: sort everything, then top-k, top-p, min-p."""
+    values, ids = torch.sort(logits.double(), descending=True)
+    if 0 < p.top_k < logits.numel():
+        values, ids = values[: p.top_k], ids[: p.top_k]
+    probs = torch.softmax(values, 0)
+    if p.top_p < 1:
+        keep = int((torch.cumsum(probs, 0) < p.top_p).sum()) + 1
+        values, ids, probs = values[:keep], ids[:keep], probs[:keep]
+    if p.min_p > 0:
+        ids = ids[probs >= p.min_p * probs[0]]
+    return set(ids.tolist())
+
+
+@pytest.mark.parametrize("spread", [0.1, 1.0, 6.0])  # flat logits make top-p reach past the first 256
+@pytest.mark.parametrize("top_k,top_p,min_p", [(0, 0.9, 0.0), (0, 0.5, 0.05), (0, 1.0, 0.01), (0, 1.0, 0.3),
+                                               (40, 0.9, 0.0), (3000, 0.95, 0.0), (0, 0.99, 0.0)])
+def test_candidates_equal_a_full_sort(spread, top_k, top_p, min_p):
+    g = torch.Generator().manual_seed(int(spread * 10) + top_k)
+    logits = torch.randn(20000, generator=g) * spread
+    p = SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p, min_p=min_p)
+    values, ids = _truncate(logits, p)
+    assert set(ids.tolist()) == full_sort_candidates(logits, p)
+    assert torch.all(values[:-1] >= values[1:])  # sorted, largest first
+    assert torch.equal(values, logits[ids])
+
+
+def test_no_truncation_keeps_the_vocabulary_as_it_is():
+    logits = torch.randn(1000)
+    values, ids = _truncate(logits, SamplingParams(temperature=0.7))
+    assert ids is None and values is logits
+
+
+def test_draws_follow_the_probabilities():
+    probs = torch.tensor([0.5, 0.25, 0.0, 0.125, 0.125])
+    g = torch.Generator().manual_seed(0)
+    counts = torch.bincount(torch.tensor([draw(probs * 3, g) for _ in range(20000)]), minlength=5)  # any total
+    assert counts[2] == 0
+    assert torch.allclose(counts / 20000, probs, atol=0.015), counts
+
+
+def test_sampler_over_the_whole_vocabulary_follows_softmax():
+    target = torch.tensor([0.6, 0.3, 0.1])
+    logits = torch.cat([target.log() * 2, torch.full((5000,), -math.inf)])  # temperature 2 undoes the * 2
+    sampler = Sampler(SamplingParams(temperature=2.0, seed=1))
+    counts = torch.bincount(torch.tensor([sampler(logits, []) for _ in range(10000)]), minlength=3)
+    assert counts.numel() == 3
+    assert torch.allclose(counts / 10000, target, atol=0.02), counts
+
+
+@pytest.mark.parametrize("params", [dict(temperature=1.0), dict(temperature=0.8, top_p=0.9),
+                                    dict(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05)])
+def test_a_seed_repeats_its_tokens(params):
+    logits = [torch.randn(50000, generator=torch.Generator().manual_seed(i)) * 3 for i in range(20)]
+    a, b = (Sampler(SamplingParams(seed=7, **params)) for _ in range(2))
+    picks = [a(x, []) for x in logits]
+    assert picks == [b(x, []) for x in logits]
+    assert len(set(picks)) > 1
+
+
+def test_a_draw_at_the_very_top_takes_the_last_token_with_probability(monkeypatch):
+    probs = torch.tensor([0.25, 0.75, 0.0, 0.0])  # masked tokens at the end (a grammar's)
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.ones(1, dtype=torch.float64))  # u rounded up to 1
+    assert draw(probs, torch.Generator()) == 1
