@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -48,6 +49,8 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=8093)
     ap.add_argument("--report", default=None, help="write the run's summary as JSON here")
     ns = ap.parse_args()
+    if shutil.which("schemathesis") is None:
+        sys.exit("error: schemathesis is not installed (pip install schemathesis)")
     proc = serve(ns.port, ctx=256)
     try:
         with tempfile.TemporaryDirectory() as tmp:
