@@ -12,8 +12,6 @@ gives each type's median step and its ratio to the first type's.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import time
@@ -23,7 +21,7 @@ import torch
 from tightkv import Model
 from tightkv.engine.generate import decode_step, prefill
 from tightkv.errors import TightKVError
-from tightkv.eval.bench import bench_tokens, machine
+from tightkv.eval.bench import bench_tokens, write_json
 from tightkv.kernels import library
 from tightkv.kv.spec import parse_kv
 
@@ -66,14 +64,8 @@ def main() -> None:
     for r in rows:
         print(f"| {r['kv']} | {r['median_step_ms']:.2f} | {r['mean_step_ms']:.2f} | {r['vs_first']:.3f}x |")
     if args.json:
-        out = {"command": "python bench/interleaved_steps.py " + " ".join(sys.argv[1:]),
-               "model": model.path.name, "depth": args.depth, "steps": args.steps, "rounds": args.rounds,
-               "threads": args.threads, "machine": {**machine(), "python": platform.python_version()},
-               "date": time.strftime("%Y-%m-%d"), "rows": rows}
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-            f.write("\n")
-        print(f"wrote {args.json}")
+        write_json(args.json, "bench/interleaved_steps.py", model=model.path.name, depth=args.depth, steps=args.steps,
+                   rounds=args.rounds, threads=args.threads, rows=rows)
 
 
 if __name__ == "__main__":

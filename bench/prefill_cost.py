@@ -12,8 +12,6 @@ relative to the first type (medians over the rounds). The issue's bar: at most
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import time
@@ -22,7 +20,7 @@ from tightkv import Model
 from tightkv.errors import TightKVError
 from tightkv.kv.spec import parse_kv
 from tightkv.engine.generate import prefill
-from tightkv.eval.bench import bench_tokens, machine
+from tightkv.eval.bench import bench_tokens, machine, write_json
 
 
 def main() -> None:
@@ -58,13 +56,8 @@ def main() -> None:
     for row in rows:
         print(f"| {row['kv']} | {row['tok_s']:.1f} | {row['vs_first']:.2f}x |")
     if ns.json:
-        out = {"command": "python bench/prefill_cost.py " + " ".join(sys.argv[1:]), "model": ns.model,
-               "tokens": ns.tokens, "rounds": ns.rounds, "threads": ns.threads,
-               "machine": {**mach, "python": platform.python_version()}, "date": time.strftime("%Y-%m-%d"), "rows": rows}
-        with open(ns.json, "w") as f:
-            json.dump(out, f, indent=1)
-            f.write("\n")
-        print(f"wrote {ns.json}")
+        write_json(ns.json, "bench/prefill_cost.py", model=ns.model, tokens=ns.tokens, rounds=ns.rounds,
+                   threads=ns.threads, rows=rows)
 
 
 if __name__ == "__main__":

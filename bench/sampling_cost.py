@@ -12,8 +12,6 @@ full sort and `torch.multinomial` over the whole vocabulary, and decode tokens/s
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import time
@@ -23,7 +21,7 @@ import torch
 from tightkv import Model
 from tightkv.engine.sampling import Sampler, SamplingParams
 from tightkv.errors import TightKVError
-from tightkv.eval.bench import machine
+from tightkv.eval.bench import machine, write_json
 
 SETTINGS = {
     "greedy": {"temperature": 0.0},
@@ -94,14 +92,8 @@ def main() -> None:
         ms = f"{c['sampler_ms']:.2f} | {c['full_sort_ms']:.2f}" if c else "argmax | -"
         print(f"| {name} | {ms} | {tps:.1f} | {tps / speeds['greedy']:.2f}x |")
     if ns.json:
-        out = {"command": "python bench/sampling_cost.py " + " ".join(sys.argv[1:]), "model": ns.model, "vocab": vocab,
-               "tokens": ns.tokens, "rounds": ns.rounds, "threads": ns.threads,
-               "machine": {**mach, "python": platform.python_version()}, "date": time.strftime("%Y-%m-%d"),
-               "sampler": costs, "decode_tok_s": speeds}
-        with open(ns.json, "w") as f:
-            json.dump(out, f, indent=1)
-            f.write("\n")
-        print(f"wrote {ns.json}")
+        write_json(ns.json, "bench/sampling_cost.py", model=ns.model, vocab=vocab, tokens=ns.tokens, rounds=ns.rounds,
+                   threads=ns.threads, sampler=costs, decode_tok_s=speeds)
 
 
 if __name__ == "__main__":

@@ -94,6 +94,20 @@ def machine() -> dict:
     return {"cpu": cpu, "kernels": library.status()}
 
 
+def write_json(path: str, script: str, **fields) -> None:
+    """A benchmark script's JSON at `path`: the command that wrote it (`script` and this
+    process's arguments), `fields`, the machine and the date."""
+    import json
+    import platform
+
+    out = {"command": f"python {script} " + " ".join(sys.argv[1:]), **fields,
+           "machine": {**machine(), "python": platform.python_version()}, "date": time.strftime("%Y-%m-%d")}
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+    print(f"wrote {path}")
+
+
 # --- tightkv ---------------------------------------------------------------------
 def _ours_pp(model, kv: str, ids: list[int]) -> float:
     from ..engine.generate import prefill
