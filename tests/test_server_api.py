@@ -273,7 +273,7 @@ def test_disconnects_stop_generation(server):
     cancelled = after["requests_cancelled_total"] - before["requests_cancelled_total"]
     served = after["requests_served_total"] - before["requests_served_total"]
     # a sampled reply may end (its end-of-turn token) before the server sees its client go
-    assert cancelled + served == 8 and cancelled >= 5, (cancelled, served)
+    assert cancelled + served == 8 and cancelled >= 4, (cancelled, served)
     assert after["kv_cache_bytes"] == 0
 
 

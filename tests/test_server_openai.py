@@ -220,7 +220,7 @@ def test_killed_clients_leave_no_leaked_generation(server):
     cancelled = after["requests_cancelled_total"] - before["requests_cancelled_total"]
     served = after["requests_served_total"] - before["requests_served_total"]
     # a sampled reply may end (its end-of-turn token) before the server sees its client go
-    assert cancelled + served == 20 and cancelled >= 15, (cancelled, served)
+    assert cancelled + served == 20 and cancelled >= 10, (cancelled, served)
     assert after["kv_cache_bytes"] == 0
     # CPU idle: under 0.3 s of CPU time over 2 s of wall time
     t0 = sum(proc.cpu_times()[:2])
