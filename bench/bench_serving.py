@@ -9,8 +9,8 @@ then with another question in the same server, then after a restart (the prompt
 files on disk), then the first question again: time to first token of each, and
 the cached tokens the server reports.
 
-streams: N concurrent streaming chats (short prompts, --gen tokens each) at N = 1, 2,
-4, 8, after one untimed chat: aggregate decode rate, p50/p95 time to first token and
+streams: N concurrent streaming chats (short prompts, --gen tokens each, greedy or at
+--temperature) at N = 1, 2, 4, 8, after one untimed chat: aggregate decode rate, p50/p95 time to first token and
 inter-token latency; slots of SLOT_CTX tokens, each server with its prompt cache as it
 comes (ours: the prefix store; llama-server: its slots' and host-memory prompt caches).
 
@@ -118,12 +118,12 @@ class LlamaServer(Server):
                      "-c", str(ctx * parallel), "-t", str(threads), "--no-webui"], dict(os.environ))
 
 
-def timed_chat(client, model: str, content: str, max_tokens: int) -> dict:
+def timed_chat(client, model: str, content: str, max_tokens: int, temperature: float = 0.0) -> dict:
     """One streamed chat: time to first token, inter-token gaps, usage."""
     t0 = time.perf_counter()
     first, stamps, usage, text = None, [], None, ""
     for chunk in client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
-                                                temperature=0, max_tokens=max_tokens, stream=True,
+                                                temperature=temperature, max_tokens=max_tokens, stream=True,
                                                 stream_options={"include_usage": True}):
         if chunk.usage:
             usage = chunk.usage
@@ -173,15 +173,17 @@ def prefix_section(model: str, name: str, home: Path, doc_tokens: int, ctx: int,
     return {"doc_tokens": doc_tokens, "ctx": ctx, "rows": rows}
 
 
-def streams_section(model: str, name: str, home: Path, counts: list[int], gen: int, threads: int) -> list[dict]:
+def streams_section(model: str, name: str, home: Path, counts: list[int], gen: int, threads: int,
+                    temperature: float) -> list[dict]:
     srv = Server(model, home, "--threads", str(threads), "--parallel", str(max(counts)), "--ctx", str(SLOT_CTX))
     try:
-        return run_streams(srv, name, counts, gen)
+        return run_streams(srv, name, counts, gen, temperature)
     finally:
         srv.stop()
 
 
-def llama_server_section(binary: str, model: str, name: str, counts: list[int], gen: int, threads: int) -> list[dict]:
+def llama_server_section(binary: str, model: str, name: str, counts: list[int], gen: int, threads: int,
+                         temperature: float) -> list[dict]:
     """The streams of `streams_section`, against llama-server on the same GGUF, threads and
     context per slot."""
     from tightkv import registry
@@ -189,12 +191,12 @@ def llama_server_section(binary: str, model: str, name: str, counts: list[int], 
     path = str(registry.resolve(model, quiet=True)) if not model.endswith(".gguf") else model
     srv = LlamaServer(binary, path, max(counts), SLOT_CTX, threads)
     try:
-        return run_streams(srv, name, counts, gen)
+        return run_streams(srv, name, counts, gen, temperature)
     finally:
         srv.stop()
 
 
-def run_streams(srv, name: str, counts: list[int], gen: int) -> list[dict]:
+def run_streams(srv, name: str, counts: list[int], gen: int, temperature: float) -> list[dict]:
     """N concurrent streaming chats for each N in counts: aggregate tokens per second of
     wall time, p50/p95 time to first token and inter-token latency. One untimed chat first:
     a server's first request pays its warm-up (allocations, template compilation)."""
@@ -205,7 +207,7 @@ def run_streams(srv, name: str, counts: list[int], gen: int) -> list[dict]:
         prompts = [f"Write a short story about a lighthouse keeper number {i}." for i in range(n)]
 
         def run(i: int) -> None:
-            results[i] = timed_chat(srv.client(), name, prompts[i], gen)
+            results[i] = timed_chat(srv.client(), name, prompts[i], gen, temperature)
 
         t0 = time.perf_counter()
         threads_ = [threading.Thread(target=run, args=(i,)) for i in range(n)]
@@ -302,10 +304,11 @@ def _pct(xs: list[float], p: float) -> float:
 
 
 def machine() -> dict:
+    from tightkv.eval.bench import machine as cpu_and_kernels  # the CPU's name with its family and model
+
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    name = next((ln.split(":", 1)[1].strip() for ln in flags.splitlines() if ln.startswith("model name")), "")
-    return {"cpu": name, "cores": os.cpu_count(), "avx512": " avx512f" in flags, "avx2": " avx2" in flags,
-            "python": platform.python_version()}
+    return {"cpu": cpu_and_kernels()["cpu"], "cores": os.cpu_count(), "avx512": " avx512f" in flags,
+            "avx2": " avx2" in flags, "python": platform.python_version()}
 
 
 def _machine_text(m: dict) -> str:
@@ -320,6 +323,8 @@ def main() -> int:
     ap.add_argument("--streams", default="1,2,4,8", help="concurrent stream counts (default 1,2,4,8)")
     ap.add_argument("--gen", type=int, default=64, help="tokens per stream (default 64)")
     ap.add_argument("--threads", type=int, default=2, help="server threads (default 2)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="the streams' sampling temperature (default 0, greedy; its rows go under streams_tT)")
     ap.add_argument("--sections", default="prefix,streams,memory,llamacpp-kv",
                     help="any of prefix, streams, memory, llamacpp-kv, llama-server (default: all but llama-server)")
     ap.add_argument("--llama-server", default=str(Path.home() / ".cache/tightkv/llama-server/build/bin/llama-server"),
@@ -328,6 +333,7 @@ def main() -> int:
     ns = ap.parse_args()
     models = ns.models.split(",") if ns.models else ["gemma3:270m"] + ([str(QWEN)] if QWEN.exists() else [])
     sections = ns.sections.split(",")
+    tag = f"_t{ns.temperature:g}" if ns.temperature else ""
     if "llama-server" in sections and not os.access(ns.llama_server, os.X_OK):
         ap.error(f"no llama-server at {ns.llama_server}: bash bench/build_llama_server.sh DIR builds it")
     old = json.loads(Path(ns.json).read_text()) if ns.json and Path(ns.json).exists() else {}
@@ -350,12 +356,12 @@ def main() -> int:
                 print(f"  llama.cpp f16, 8 x 4096 tokens: {entry['llamacpp_f16_kv']}", flush=True)
             if "streams" in sections:
                 counts = [int(x) for x in ns.streams.split(",")]
-                entry["streams"] = streams_section(model, name, home, counts, ns.gen, ns.threads)
+                entry["streams" + tag] = streams_section(model, name, home, counts, ns.gen, ns.threads, ns.temperature)
             if "llama-server" in sections:
                 print("  llama-server:", flush=True)
                 counts = [int(x) for x in ns.streams.split(",")]
-                entry["llama_server_streams"] = llama_server_section(ns.llama_server, model, name, counts, ns.gen,
-                                                                     ns.threads)
+                entry["llama_server_streams" + tag] = llama_server_section(ns.llama_server, model, name, counts, ns.gen,
+                                                                           ns.threads, ns.temperature)
             shutil.rmtree(home / "documents", ignore_errors=True)
         before = old.get("models", {}).get(name, {})
         entry["measured_on"] = {**{k: _machine_text(old["machine"]) for k in before if k != "measured_on"},
