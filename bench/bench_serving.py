@@ -333,6 +333,8 @@ def main() -> int:
     ns = ap.parse_args()
     models = ns.models.split(",") if ns.models else ["gemma3:270m"] + ([str(QWEN)] if QWEN.exists() else [])
     sections = ns.sections.split(",")
+    if ns.temperature < 0:
+        ap.error(f"--temperature must be >= 0, got {ns.temperature}")
     tag = f"_t{ns.temperature:g}" if ns.temperature else ""
     if "llama-server" in sections and not os.access(ns.llama_server, os.X_OK):
         ap.error(f"no llama-server at {ns.llama_server}: bash bench/build_llama_server.sh DIR builds it")

@@ -369,7 +369,7 @@ class Sequence:
         if self.constraint is not None and self.constraint.finished:
             self.finish_reason = "stop"
         elif not self.done and len(self.ids) < self.max_tokens:
-            with torch_threads_for(1):  # ops over the vocabulary (sampling: 43 -> 57 tok/s, Gemma, AVX2 EPYC)
+            with torch_threads_for(1):  # ops over the whole vocabulary, beside the kernels' threads
                 token = self._sample()
                 lp = None if self.logprobs is None else token_logprob(self.logits, token, self.logprobs)
             self.logits = None

@@ -87,8 +87,9 @@ def _penalize(logits: torch.Tensor, recent: list[int], penalty: float) -> torch.
 
 def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
     """An index drawn from probs (n,) (non-negative, any positive total) by the inverse of
-    their cumulative sum, in float64: one uniform number and a binary search (torch.multinomial
-    takes 6.5 ms over a 262,144-token vocabulary on the 2-core AVX2 EPYC, this 0.3)."""
+    their cumulative sum, in float64: one uniform number and a binary search, where
+    `torch.multinomial` over a whole vocabulary cost more than a small model's decode step
+    (`python bench/sampling_cost.py`)."""
     cum = torch.cumsum(probs, 0, dtype=torch.float64)
     u = torch.rand(1, generator=generator, dtype=torch.float64) * cum[-1]
     i = int(torch.searchsorted(cum, u, right=True))
@@ -101,7 +102,7 @@ def _truncate(logits: torch.Tensor, p: SamplingParams) -> tuple[torch.Tensor, to
     probabilities are over the whole vocabulary, or over the top k where top-k is set."""
     if 0 < p.top_k < logits.numel():
         values, ids = torch.topk(logits, p.top_k)
-        total = torch.logsumexp(values, 0)
+        total = torch.logsumexp(values, 0) if p.top_p < 1.0 else None
     elif p.top_p < 1.0 or p.min_p > 0:
         total = torch.logsumexp(logits, 0)
         values, ids = _sorted_head(logits, p, total)
@@ -120,8 +121,8 @@ def _truncate(logits: torch.Tensor, p: SamplingParams) -> tuple[torch.Tensor, to
 def _sorted_head(logits: torch.Tensor, p: SamplingParams, total: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The largest logits in order, as many as top-p and min-p can keep (log-sum-exp `total`):
     a few hundred candidates, growing 8x at a time while they hold less than top_p of the
-    probability or all clear min_p. Sorting a whole 262,144-token vocabulary takes 23 ms on the
-    2-core AVX2 EPYC, more than a decode step of the model; the top 256, 0.7 ms."""
+    probability or all clear min_p, so that a whole vocabulary is sorted only where a flat
+    distribution needs it (`python bench/sampling_cost.py` times both ways)."""
     n, k = logits.numel(), 256
     while True:
         k = min(k, n)
