@@ -71,3 +71,86 @@ def test_a_draw_at_the_very_top_takes_the_last_token_with_probability(monkeypatc
     probs = torch.tensor([0.25, 0.75, 0.0, 0.0])  # masked tokens at the end (a grammar's)
     monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.ones(1, dtype=torch.float64))  # u rounded up to 1
     assert draw(probs, torch.Generator()) == 1
+
+
+# --- penalties and logit bias ------------------------------------------------------------
+def by_definition(logits: torch.Tensor, recent: list[int], p: SamplingParams) -> torch.Tensor:
+    """llama.cpp's penalties written out a token at a time (llama-sampling.cpp's penalties sampler)."""
+    out = logits.clone()
+    for t in set(recent):
+        n = recent.count(t)
+        v = float(out[t])
+        v = v * p.repeat_penalty if v <= 0 else v / p.repeat_penalty
+        out[t] = v - n * p.frequency_penalty - p.presence_penalty
+    return out
+
+
+PENALTIES = [(1.0, 0.5, 0.0), (1.0, 0.0, 0.7), (1.3, 0.4, 0.6), (0.8, -0.5, -0.3)]
+
+
+@pytest.mark.parametrize("repeat,frequency,presence", PENALTIES)
+def test_penalties_follow_their_definition(repeat, frequency, presence):
+    from tightkv.engine.sampling import penalize
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(500, generator=g) * 4
+    recent = torch.randint(0, 40, (64,), generator=g).tolist()  # repeats
+    p = SamplingParams(repeat_penalty=repeat, frequency_penalty=frequency, presence_penalty=presence)
+    assert torch.allclose(penalize(logits, recent, p), by_definition(logits, recent, p), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("repeat,frequency,presence", PENALTIES)
+def test_penalties_and_bias_equal_llamacpps_sampler(repeat, frequency, presence):
+    """The same logits through llama.cpp's own logit-bias and penalties samplers (its C API,
+    through llama-cpp-python) and through ours: the same logits out."""
+    llama = pytest.importorskip("llama_cpp")
+    import ctypes
+
+    g = torch.Generator().manual_seed(5)
+    n_vocab, last_n = 300, 16
+    logits = torch.randn(n_vocab, generator=g) * 3
+    history = torch.randint(0, 30, (40,), generator=g).tolist()
+    bias = {3: 2.5, 7: -1.25, 250: 4.0}
+    chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
+    biases = (llama.llama_logit_bias * len(bias))(*[llama.llama_logit_bias(t, b) for t, b in bias.items()])
+    llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_logit_bias(n_vocab, len(bias), biases))
+    llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_penalties(n_vocab, last_n, repeat, frequency, presence))
+    for t in history:
+        llama.llama_sampler_accept(chain, t)
+    data = (llama.llama_token_data * n_vocab)(*[llama.llama_token_data(i, float(v), 0.0)
+                                                for i, v in enumerate(logits.tolist())])
+    arr = llama.llama_token_data_array(data, n_vocab, -1, False)
+    llama.llama_sampler_apply(chain, ctypes.byref(arr))
+    theirs = torch.tensor([data[i].logit for i in range(n_vocab)])
+    ids = torch.tensor([data[i].id for i in range(n_vocab)])
+    llama.llama_sampler_free(chain)
+
+    p = SamplingParams(repeat_penalty=repeat, frequency_penalty=frequency, presence_penalty=presence,
+                       repeat_last_n=last_n, logit_bias=bias)
+    ours = Sampler(p).adjusted(logits, history)
+    assert torch.allclose(ours[ids], theirs, rtol=0, atol=1e-5)
+
+
+def test_logit_bias_bans_and_forces():
+    logits = torch.tensor([1.0, 5.0, 2.0, 0.5])
+    assert Sampler(SamplingParams(logit_bias={1: -math.inf}))(logits, []) == 2
+    assert Sampler(SamplingParams(logit_bias={3: 100.0}))(logits, []) == 3
+    drawn = {Sampler(SamplingParams(temperature=1.0, seed=s, logit_bias={1: -100.0}))(logits, []) for s in range(50)}
+    assert 1 not in drawn and len(drawn) > 1
+
+
+def test_no_penalty_within_a_window_of_zero():
+    logits = torch.tensor([1.0, 5.0, 2.0])
+    p = SamplingParams(presence_penalty=10.0, repeat_last_n=0)
+    assert not p.penalizes and Sampler(p)(logits, [1, 1, 1]) == 1
+    assert Sampler(SamplingParams(presence_penalty=10.0))(logits, [1, 1, 1]) == 2
+
+
+@pytest.mark.parametrize("bad", [{"presence_penalty": math.nan}, {"frequency_penalty": math.inf},
+                                 {"repeat_last_n": -1}, {"logit_bias": {-1: 1.0}}, {"logit_bias": {"5": 1.0}},
+                                 {"logit_bias": {5: math.nan}}, {"logit_bias": {5: math.inf}}])
+def test_bad_penalties_are_one_clear_error(bad):
+    from tightkv.errors import TightKVError
+
+    with pytest.raises(TightKVError):
+        SamplingParams(**bad).validate()

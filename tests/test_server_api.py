@@ -300,7 +300,8 @@ BAD_V1 = [
     (CHAT, {"messages": MSG, "stop": [1, 2]}, 400), (CHAT, {"messages": MSG, "stop": ["a"] * 17}, 400),
     (CHAT, {"messages": MSG, "seed": "x"}, 400), (CHAT, {"messages": MSG, "seed": 1.5}, 400),
     (CHAT, {"messages": MSG, "stream": "yes"}, 400), (CHAT, {"messages": MSG, "stream_options": 1}, 400),
-    (CHAT, {"messages": MSG, "n": 5}, 400), (CHAT, {"messages": MSG, "presence_penalty": 1}, 400),
+    (CHAT, {"messages": MSG, "n": 5}, 400), (CHAT, {"messages": MSG, "presence_penalty": 3}, 400),
+    (CHAT, {"messages": MSG, "logit_bias": {"a": 1}}, 400), (CHAT, {"messages": MSG, "logit_bias": [1]}, 400),
     (CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400), (CHAT, {"messages": MSG, "model": 5}, 400),
     (CHAT, {"messages": MSG, "model": "nope"}, 404),
     (CHAT, {"messages": MSG * 300, "max_tokens": 1}, 400),
@@ -360,6 +361,7 @@ def test_fuzzed_requests_never_5xx(server):
               [{"role": "user", "content": "x"}], 10**20]
     fields = ["model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
               "repeat_penalty", "seed", "stop", "stream", "stream_options", "n", "prompt", "options", "context",
+              "logit_bias", "presence_penalty", "frequency_penalty",
               "raw", "format", "keep_alive", "response_format", "logprobs", "system"]
     paths = [CHAT, "/v1/completions", "/api/chat", "/api/generate", "/api/show"]
     for i in range(120):

@@ -87,6 +87,35 @@ def test_sampling_extras_and_seed(client):
     assert a.choices[0].message.content == b.choices[0].message.content
 
 
+def test_logit_bias_and_penalties(server, client):
+    """OpenAI's logit_bias bans or forces a token; frequency and presence penalties steer a
+    repetitive continuation the way `Model.generate` with the same options does (llama.cpp's
+    penalties over the last 64 tokens of prompt and reply)."""
+    prompt = "The cat sat on the mat. The cat sat on the mat. The cat sat on the"
+
+    def complete(**kw):
+        return client.completions.create(model=MODEL, prompt=prompt, **{"max_tokens": 8, "temperature": 0, **kw}
+                                         ).choices[0]
+
+    base = complete().text
+    _, toks = post(server, "/tokenize", {"content": base, "add_special": False, "with_pieces": True})
+    first = toks["tokens"][0]  # {"id", "piece"}
+    assert base.startswith(first["piece"])
+    assert not complete(logit_bias={str(first["id"]): -100}).text.startswith(first["piece"])
+    _, forced = post(server, "/tokenize", {"content": " dog", "add_special": False})
+    assert complete(logit_bias={str(forced["tokens"][0]): 100}, max_tokens=1).text == " dog"
+    steered = complete(frequency_penalty=1.5, presence_penalty=1.0).text
+    assert steered != base
+    status, doc = post(server, "/api/generate", {"model": MODEL, "prompt": prompt, "raw": True, "stream": False,
+                                                 "options": {"num_predict": 8, "temperature": 0, "repeat_penalty": 1.0,
+                                                             "frequency_penalty": 1.5, "presence_penalty": 1.0}})
+    assert status == 200 and doc["response"] == steered
+    for bad in ({"logit_bias": {"x": 1}}, {"logit_bias": {"5": 101}}, {"logit_bias": {"99999999": 1}},
+                {"presence_penalty": 2.5}, {"frequency_penalty": -3}):
+        with pytest.raises(openai.BadRequestError):
+            complete(**bad)
+
+
 def test_errors_through_the_client(client):
     with pytest.raises(openai.BadRequestError) as err:
         ask(client, "hi", max_tokens=100_000)

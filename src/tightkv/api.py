@@ -218,7 +218,7 @@ class Model:
                  top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
                  seed: int | None = None, stop: list[str] | str | None = None, stream: bool = False,
                  cache: list | None = None, progress=None, prompt_cache=None, json_schema: dict | bool | None = None,
-                 grammar: str | None = None, logprobs: int | None = None):
+                 grammar: str | None = None, logprobs: int | None = None, **penalties):
         """Generate a continuation of a prompt (text or token ids).
 
         Returns a `GenerationResult` (.text, .ids, .stats); with stream=True, an
@@ -229,11 +229,13 @@ class Model:
         `json_schema` (a schema, or True for any JSON object) or `grammar` (Lark or
         llama.cpp GBNF) constrains the output (`engine.grammar`); `logprobs=N` adds each
         token's log-probability and its N best alternatives to the steps (.logprob).
+        `penalties` are `frequency_penalty`, `presence_penalty`, `repeat_last_n` and
+        `logit_bias` (token id -> bias), as `engine.sampling.SamplingParams` has them.
         """
         from .engine.generate import steps
 
         seq = self.sequence(prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, seed, stop,
-                            cache, progress, prompt_cache, json_schema, grammar, logprobs)
+                            cache, progress, prompt_cache, json_schema, grammar, logprobs, **penalties)
         pieces = steps(seq)
         return pieces if stream else _collect(pieces)
 
@@ -241,17 +243,19 @@ class Model:
                  top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
                  seed: int | None = None, stop: list[str] | str | None = None, cache: list | None = None,
                  progress=None, prompt_cache=None, json_schema: dict | bool | None = None, grammar: str | None = None,
-                 logprobs: int | None = None):
+                 logprobs: int | None = None, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                 repeat_last_n: int = 64, logit_bias: dict[int, float] | None = None):
         """The generation `generate` runs, as an `engine.generate.Sequence` of explicit
         steps (prefill chunks, tokens), for a scheduler that runs many at once."""
         from .engine.generate import PromptCache, Sequence, check_context
-        from .engine.sampling import Sampler, SamplingParams
+        from .engine.sampling import Sampler
 
         ids = self._prompt_ids(prompt)
         limit = check_context(len(ids), max_tokens, self.context_length)
-        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                repeat_penalty=repeat_penalty, seed=seed)
-        params.validate()
+        params = self.sampling_params(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                      repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                                      presence_penalty=presence_penalty, repeat_last_n=repeat_last_n,
+                                      logit_bias=logit_bias, seed=seed)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         cache = cache if cache is not None else self.new_cache()
         if prompt_cache is None:
@@ -259,6 +263,18 @@ class Model:
         constraint = self.constraint(json_schema, grammar)
         return Sequence(self.net, self.tokenizer, ids, cache, Sampler(params), limit, stops, progress, prompt_cache,
                         constraint, logprobs)
+
+    def sampling_params(self, **options):
+        """`engine.sampling.SamplingParams` from its fields, checked (logit_bias's token ids
+        against this model's vocabulary too); a bad value raises TightKVError."""
+        from .engine.sampling import SamplingParams
+
+        params = SamplingParams(**options)
+        params.validate()
+        vocab = self.tokenizer.vocab_size
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise TightKVError(f"logit_bias names token {max(params.logit_bias)}, past the vocabulary's {vocab}")
+        return params
 
     def constraint(self, json_schema: dict | bool | None = None, grammar: str | None = None):
         """The `engine.grammar.Constraint` for a JSON schema (True: any JSON object) or a

@@ -20,7 +20,8 @@ from .errors import TightKVError
 
 HELP = '''Available Commands:
   /set parameter NAME VALUE   Set a parameter: temperature, top_p, top_k, min_p, seed,
-                              num_predict, repeat_penalty, num_ctx, stop
+                              num_predict, repeat_penalty, repeat_last_n,
+                              presence_penalty, frequency_penalty, num_ctx, stop
   /set system TEXT            Set the system message
   /set verbose | quiet        Show or hide token counts and speeds after each reply
   /show [info|parameters|template|system]
@@ -36,7 +37,13 @@ Ctrl-C stops a reply; Ctrl-D (on an empty line) exits.'''
 PARAMETERS = {"temperature": ("temperature", float), "top_p": ("top_p", float), "top_k": ("top_k", int),
               "min_p": ("min_p", float), "seed": ("seed", int), "num_predict": ("max_tokens", int),
               "max_tokens": ("max_tokens", int), "repeat_penalty": ("repeat_penalty", float),
+              "repeat_last_n": ("repeat_last_n", int), "presence_penalty": ("presence_penalty", float),
+              "frequency_penalty": ("frequency_penalty", float),
               "stop": ("stop", str), "num_ctx": ("num_ctx", int)}
+
+
+SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
+            "frequency_penalty", "seed")  # the options `SamplingParams` checks, as /show parameters lists them
 
 
 class Interrupted(Exception):
@@ -140,8 +147,7 @@ class ChatSession:
         trial = {**self.options, key: parsed}
         from .engine.sampling import SamplingParams
 
-        SamplingParams(**{k: trial[k] for k in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")
-                          if k in trial}).validate()
+        SamplingParams(**{k: trial[k] for k in SAMPLING if k in trial}).validate()
         self.options[key] = parsed
         return f"Set parameter '{name}' to '{value}'"
 
@@ -180,7 +186,7 @@ def show(session: ChatSession, what: str) -> str:
     if what == "parameters":
         o = session.options
         pairs = [("num_ctx", m.context_length), ("num_predict", o.get("max_tokens") or -1)]
-        pairs += [(k, o.get(k)) for k in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")]
+        pairs += [(k, o.get(k)) for k in SAMPLING]
         pairs += [("stop", ", ".join(o.get("stop") or []) or "(none)")]
         return "  Parameters\n" + format_pairs(pairs)
     if what == "template":

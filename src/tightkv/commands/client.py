@@ -40,9 +40,10 @@ def _endpoint(url: str) -> str:
 def request_sampling(ns: argparse.Namespace) -> dict:
     """The request's sampling fields: `tightkv run`'s defaults (greedy), sent
     explicitly since an OpenAI server's own default is temperature 1.0; the
-    extras (top_k, min_p, repeat_penalty) only when set, for servers without them."""
+    extras (top_k, min_p, the penalties) only when set, for servers without them."""
     fields = {"temperature": ns.temperature}
-    for name in ("model", "max_tokens", "seed", "top_p", "top_k", "min_p", "repeat_penalty"):
+    for name in ("model", "max_tokens", "seed", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty",
+                 "frequency_penalty", "repeat_last_n"):
         value = getattr(ns, name)
         if value is not None and value != SAMPLING_DEFAULTS.get(name):
             fields[name] = value

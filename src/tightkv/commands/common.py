@@ -69,11 +69,12 @@ def cli_wording(message: str, ns: argparse.Namespace) -> str:
 
 
 # `tightkv run`'s sampling: greedy, nothing truncated or penalised (`client` sends the same).
-SAMPLING_DEFAULTS = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0}
+SAMPLING_DEFAULTS = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0,
+                     "presence_penalty": 0.0, "frequency_penalty": 0.0, "repeat_last_n": 64}
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
-    """-n, --temperature, --top-k, --top-p, --min-p, --repeat-penalty, --seed, --stop (greedy by default)."""
+    """-n, --temperature, --top-k, --top-p, --min-p, the penalties, --seed, --stop (greedy by default)."""
     d = SAMPLING_DEFAULTS
     p.add_argument("-n", "--max-tokens", type=int, default=None, help="tokens to generate (default: until the end)")
     p.add_argument("--temperature", "--temp", type=float, default=d["temperature"],
@@ -84,7 +85,14 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float, default=d["min_p"],
                    help="drop tokens below P x the likeliest one's probability (default 0: none)")
     p.add_argument("--repeat-penalty", type=float, default=d["repeat_penalty"],
-                   help="penalise tokens of the last 64 (default 1: no penalty)")
+                   help="divide (multiply, where negative) the logits of the last --repeat-last-n tokens by this "
+                        "(default 1: no penalty)")
+    p.add_argument("--presence-penalty", type=float, default=d["presence_penalty"],
+                   help="subtract this from the logits of the last --repeat-last-n tokens (default 0)")
+    p.add_argument("--frequency-penalty", type=float, default=d["frequency_penalty"],
+                   help="subtract this times each of those tokens' count (default 0)")
+    p.add_argument("--repeat-last-n", type=int, default=d["repeat_last_n"],
+                   help="the penalties' window, in tokens of prompt and reply (default 64; 0 disables)")
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: a new one each run)")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
 

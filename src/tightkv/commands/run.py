@@ -48,10 +48,11 @@ def sampling_options(ns: argparse.Namespace) -> dict:
 
     if ns.max_tokens is not None and ns.max_tokens < 1:
         raise TightKVError(f"-n/--max-tokens must be at least 1, got {ns.max_tokens}")
-    SamplingParams(temperature=ns.temperature, top_k=ns.top_k, top_p=ns.top_p, min_p=ns.min_p,
-                   repeat_penalty=ns.repeat_penalty, seed=ns.seed).validate()
-    return {"max_tokens": ns.max_tokens, "temperature": ns.temperature, "top_k": ns.top_k, "top_p": ns.top_p,
-            "min_p": ns.min_p, "repeat_penalty": ns.repeat_penalty, "seed": ns.seed, "stop": list(ns.stop or [])}
+    names = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
+             "repeat_last_n", "seed")
+    sampling = {name: getattr(ns, name) for name in names}
+    SamplingParams(**sampling).validate()
+    return {"max_tokens": ns.max_tokens, **sampling, "stop": list(ns.stop or [])}
 
 
 def open_model(name: str | None, ns: argparse.Namespace, text: str | None = None):

@@ -1,7 +1,8 @@
-"""Token sampling: greedy, temperature, top-k, top-p, min-p, repetition penalty, seed.
+"""Token sampling: greedy, temperature, top-k, top-p, min-p, logit bias, the repetition,
+frequency and presence penalties, seed.
 
-The order follows llama.cpp's default chain: penalties, top-k, top-p, min-p,
-temperature, then a draw.
+The order follows llama.cpp's default chain: logit bias, penalties, top-k, top-p,
+min-p, temperature, then a draw.
 """
 from __future__ import annotations
 
@@ -25,7 +26,10 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     repeat_penalty: float = 1.0  # 1.0 disables
-    repeat_last_n: int = 64
+    frequency_penalty: float = 0.0  # minus this times a token's count in the window
+    presence_penalty: float = 0.0  # minus this once for a token in the window
+    repeat_last_n: int = 64  # the penalties' window: the last n tokens of prompt and reply; 0 disables
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     seed: int | None = None
 
     def validate(self) -> None:
@@ -41,6 +45,21 @@ class SamplingParams:
             raise TightKVError(f"top_k must be >= 0, got {self.top_k}")
         if self.repeat_penalty <= 0:
             raise TightKVError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        if self.repeat_last_n < 0:
+            raise TightKVError(f"repeat_last_n must be >= 0, got {self.repeat_last_n}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise TightKVError(f"{name} must be a finite number, got {getattr(self, name)}")
+        for token, bias in (self.logit_bias or {}).items():
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise TightKVError(f"logit_bias keys must be token ids, got {token!r}")
+            if math.isnan(bias) or bias == math.inf:
+                raise TightKVError(f"logit_bias for token {token} must be a number or -inf, got {bias}")
+
+    @property
+    def penalizes(self) -> bool:
+        return self.repeat_last_n > 0 and (self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0
+                                           or self.presence_penalty != 0.0)
 
 
 class Sampler:
@@ -51,12 +70,24 @@ class Sampler:
         self.p = params
         self.generator = torch.Generator()
         self.generator.manual_seed(params.seed if params.seed is not None else torch.seed())
+        bias = params.logit_bias or {}
+        self.bias_ids = torch.tensor(list(bias), dtype=torch.long)  # (n,)
+        self.bias = torch.tensor(list(bias.values()), dtype=torch.float32)  # (n,)
+
+    def adjusted(self, logits: torch.Tensor, history: list[int]) -> torch.Tensor:
+        """logits (vocab,) as float32 with the logit bias added and the penalties taken off
+        over the last repeat_last_n tokens of `history`."""
+        p = self.p
+        logits = logits.float()
+        if self.bias.numel():
+            logits = logits.index_add(0, self.bias_ids, self.bias)
+        if p.penalizes and history:  # an extreme penalty stays finite
+            logits = penalize(logits, history[-p.repeat_last_n:], p).clamp(-FLT_MAX, FLT_MAX)
+        return logits
 
     def __call__(self, logits: torch.Tensor, history: list[int]) -> int:
         p = self.p
-        logits = logits.float()
-        if p.repeat_penalty != 1.0 and history:  # an extreme penalty stays finite
-            logits = _penalize(logits, history[-p.repeat_last_n:], p.repeat_penalty).clamp(-FLT_MAX, FLT_MAX)
+        logits = self.adjusted(logits, history)
         if p.temperature <= 0:
             return argmax(logits)
         logits, ids = _truncate(logits, p)
@@ -77,11 +108,16 @@ def argmax(logits: torch.Tensor) -> int:
     return out.value
 
 
-def _penalize(logits: torch.Tensor, recent: list[int], penalty: float) -> torch.Tensor:
+def penalize(logits: torch.Tensor, recent: list[int], p: SamplingParams) -> torch.Tensor:
+    """logits (vocab,) with llama.cpp's penalties on the tokens of `recent`: each logit
+    divided by repeat_penalty where positive (multiplied where not), then less
+    frequency_penalty times the token's count and presence_penalty once."""
     logits = logits.clone()
-    idx = torch.tensor(sorted(set(recent)), dtype=torch.long)
-    vals = logits[idx]
-    logits[idx] = torch.where(vals > 0, vals / penalty, vals * penalty)
+    ids, counts = torch.unique(torch.tensor(recent, dtype=torch.long), return_counts=True)
+    vals = logits[ids]
+    if p.repeat_penalty != 1.0:
+        vals = torch.where(vals > 0, vals / p.repeat_penalty, vals * p.repeat_penalty)
+    logits[ids] = vals - counts.float() * p.frequency_penalty - p.presence_penalty
     return logits
 
 

@@ -82,11 +82,14 @@ def _options(req) -> tuple[int | None, dict]:
     options = dict(DEFAULTS)
     max_tokens = None
     if o is not None:
-        for name in ("temperature", "top_p", "min_p", "repeat_penalty"):
+        for name in ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty"):
             finite(getattr(o, name), name)
-        for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty"):
+        for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
+                     "frequency_penalty", "repeat_last_n"):
             if getattr(o, name) is not None:
                 options[name] = getattr(o, name)
+        if options.get("repeat_last_n") == -1:  # Ollama's -1: the whole context
+            options["repeat_last_n"] = 2**31 - 1
         if o.seed is not None and o.seed >= 0:
             options["seed"] = o.seed % 2**64
         options["stop"] = stop_list(o.stop)

@@ -22,10 +22,6 @@ router = APIRouter(prefix="/v1", tags=["OpenAI"])
 
 def _options(req) -> tuple[int | None, dict]:
     """max_tokens and `Model.generate` options from an OpenAI request; unsupported fields are a 400."""
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = getattr(req, name)
-        if value not in (None, 0, 0.0):
-            raise ApiError(400, f"'{name}' is not supported (use 'repeat_penalty')", param=name)
     for name in ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty"):
         finite(getattr(req, name), name)
     seed = req.seed
@@ -35,12 +31,30 @@ def _options(req) -> tuple[int | None, dict]:
         "top_k": req.top_k or 0,
         "min_p": req.min_p or 0.0,
         "repeat_penalty": 1.0 if req.repeat_penalty is None else req.repeat_penalty,
+        "frequency_penalty": req.frequency_penalty or 0.0,
+        "presence_penalty": req.presence_penalty or 0.0,
+        "repeat_last_n": 64 if req.repeat_last_n is None else req.repeat_last_n,
+        "logit_bias": _logit_bias(req.logit_bias),
         "seed": None if seed is None or seed < 0 else seed % 2**64,
         "stop": stop_list(req.stop),
         **constraint_options(req.response_format, req.json_schema, req.grammar),
     }
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     return max_tokens, options
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's logit_bias ({"token id": bias from -100 to 100}) with int keys."""
+    if not bias:
+        return None
+    out = {}
+    for key, value in bias.items():
+        if not key.isdigit():
+            raise ApiError(400, f"'logit_bias' keys must be token ids, got {key!r}", param="logit_bias")
+        if not -100 <= value <= 100:
+            raise ApiError(400, f"'logit_bias' values must be between -100 and 100, got {value}", param="logit_bias")
+        out[int(key)] = value
+    return out
 
 
 def _tools(req) -> list[dict] | None:

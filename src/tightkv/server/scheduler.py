@@ -384,8 +384,8 @@ class Scheduler:
         try:
             prep = job.prepare(self.model)
             check_context(len(prep.ids), prep.max_tokens, self.model.context_length)
-            sampling = {k: v for k, v in prep.options.items() if k in SamplingParams.__dataclass_fields__}
-            SamplingParams(**sampling).validate()
+            self.model.sampling_params(**{k: v for k, v in prep.options.items()
+                                          if k in SamplingParams.__dataclass_fields__})
         except Exception as err:  # noqa: BLE001 - the request's error, not the server's
             self._leave_inbox(job)
             job.post(ERROR, err)

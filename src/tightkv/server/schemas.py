@@ -42,13 +42,17 @@ class _OpenAISampling(_Body):
     top_k: int | None = Field(None, ge=0, description="extra: 0 disables")
     min_p: float | None = Field(None, ge=0, le=1, description="extra")
     repeat_penalty: float | None = Field(None, gt=0, description="extra: 1.0 disables")
+    repeat_last_n: int | None = Field(None, ge=0, description="extra: the penalties' window (default 64; 0 disables)")
     seed: int | None = Field(None, description="negative: random")
     stop: Stops | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int | None = Field(None, ge=1, description="choices, at most the server's --parallel; they share the prompt")
-    presence_penalty: float | None = Field(None, description="only 0")
-    frequency_penalty: float | None = Field(None, description="only 0")
+    presence_penalty: float | None = Field(None, ge=-2, le=2, description="minus this from the logit of a token "
+                                                                        "in the last 64 of prompt and reply")
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, description="minus this times the token's count there")
+    logit_bias: dict[str, float] | None = Field(None, description="token id (a string) -> a bias from -100 to 100 "
+                                                                  "added to its logit")
     response_format: dict | None = Field(
         None, description="{'type': 'text' | 'json_object' | 'json_schema', 'json_schema': {'schema': ...}}: "
                           "the output constrained by the grammar engine")
@@ -93,6 +97,9 @@ class OllamaOptions(_Body):
     top_p: float | None = Field(None, ge=0, le=1)
     min_p: float | None = Field(None, ge=0, le=1)
     repeat_penalty: float | None = Field(None, gt=0)
+    repeat_last_n: int | None = Field(None, ge=-1, description="the penalties' window; 0 disables, -1 the context")
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     seed: int | None = None
     num_predict: int | None = Field(None, description="-1 or -2: up to the end of the context")
     stop: Stops | None = None
