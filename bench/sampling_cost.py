@@ -4,7 +4,8 @@
     python bench/sampling_cost.py MODEL.gguf --tokens 64 --rounds 3 --json docs/bench/sampling_cost.json
 
 For each setting (OpenAI's defaults: temperature 1, nothing cut; Ollama's: temperature 0.8,
-top-k 40, top-p 0.9; top-p or min-p alone), on the model's own logits after a prompt:
+top-k 40, top-p 0.9; top-p or min-p alone; OpenAI's penalties and logit bias over a
+window of 64 tokens), on the model's own logits after a prompt:
 the sampler's time per token (torch on one thread, as in a decode step) beside a plain
 full sort and `torch.multinomial` over the whole vocabulary, and decode tokens/s through
 `Model.generate` beside greedy (the settings taking turns round by round; medians).
@@ -29,6 +30,8 @@ SETTINGS = {
     "ollama default (T 0.8, k 40, p 0.9)": {"temperature": 0.8, "top_k": 40, "top_p": 0.9},
     "T 0.8, top-p 0.9": {"temperature": 0.8, "top_p": 0.9},
     "T 0.8, min-p 0.05": {"temperature": 0.8, "min_p": 0.05},
+    "T 1, frequency 0.5, presence 0.5, 2 biases": {"temperature": 1.0, "frequency_penalty": 0.5,
+                                                    "presence_penalty": 0.5, "logit_bias": {0: -100.0, 1: -100.0}},
 }
 PROMPT = "The history of the Roman Empire"
 
@@ -48,13 +51,15 @@ def full_sort_draw(logits: torch.Tensor, generator: torch.Generator) -> int:
 
 
 def sampler_costs(model: Model) -> list[dict]:
-    logits = torch.from_numpy(model.logits(model.tokenize(PROMPT))[-1]).float()  # (vocab,)
+    ids = model.tokenize(PROMPT)
+    logits = torch.from_numpy(model.logits(ids)[-1]).float()  # (vocab,)
+    history = (ids * 64)[:64]  # a full penalty window, with repeats
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         g = torch.Generator().manual_seed(0)
         plain = per_call_ms(lambda: full_sort_draw(logits, g))
-        return [{"setting": name, "sampler_ms": round(per_call_ms(lambda s=Sampler(SamplingParams(seed=0, **kw)): s(logits, [])), 3),
+        return [{"setting": name, "sampler_ms": round(per_call_ms(lambda s=Sampler(SamplingParams(seed=0, **kw)): s(logits, history)), 3),
                  "full_sort_ms": round(plain, 3)} for name, kw in SETTINGS.items() if kw["temperature"] > 0]
     finally:
         torch.set_num_threads(threads)

@@ -302,6 +302,7 @@ BAD_V1 = [
     (CHAT, {"messages": MSG, "stream": "yes"}, 400), (CHAT, {"messages": MSG, "stream_options": 1}, 400),
     (CHAT, {"messages": MSG, "n": 5}, 400), (CHAT, {"messages": MSG, "presence_penalty": 3}, 400),
     (CHAT, {"messages": MSG, "logit_bias": {"a": 1}}, 400), (CHAT, {"messages": MSG, "logit_bias": [1]}, 400),
+    (CHAT, {"messages": MSG, "functions": [{"name": "f", "parameters": {}}]}, 400),
     (CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400), (CHAT, {"messages": MSG, "model": 5}, 400),
     (CHAT, {"messages": MSG, "model": "nope"}, 404),
     (CHAT, {"messages": MSG * 300, "max_tokens": 1}, 400),

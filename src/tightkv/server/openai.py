@@ -151,6 +151,10 @@ async def chat_completions(request: Request):
             raise ApiError(400, f"'messages.{i}.content' is required", param=f"messages.{i}.content")
     if req.top_logprobs is not None and not req.logprobs:
         raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    for name in ("functions", "function_call"):  # OpenAI's deprecated form of tools: refused, not ignored
+        if getattr(req, name, None) not in (None, [], "none", "auto"):
+            raise ApiError(400, f"'{name}' is deprecated and not supported: send 'tools' and 'tool_choice'",
+                           param=name)
     max_tokens, options = _options(req)
     if req.logprobs:
         options["logprobs"] = req.top_logprobs or 0
