@@ -139,15 +139,18 @@ def test_logit_bias_bans_and_forces():
     assert 1 not in drawn and len(drawn) > 1
 
 
-def test_no_penalty_within_a_window_of_zero():
+def test_penalty_windows():
     logits = torch.tensor([1.0, 5.0, 2.0])
     p = SamplingParams(presence_penalty=10.0, repeat_last_n=0)
     assert not p.penalizes and Sampler(p)(logits, [1, 1, 1]) == 1
     assert Sampler(SamplingParams(presence_penalty=10.0))(logits, [1, 1, 1]) == 2
+    whole = SamplingParams(presence_penalty=10.0, repeat_last_n=-1)  # llama.cpp's -1: the whole context
+    assert Sampler(whole)(logits, [1] + [0] * 100) == 2
+    assert Sampler(SamplingParams(presence_penalty=10.0))(logits, [1] + [0] * 100) == 1  # past the last 64
 
 
 @pytest.mark.parametrize("bad", [{"presence_penalty": math.nan}, {"frequency_penalty": math.inf},
-                                 {"repeat_last_n": -1}, {"logit_bias": {-1: 1.0}}, {"logit_bias": {"5": 1.0}},
+                                 {"repeat_last_n": -2}, {"logit_bias": {-1: 1.0}}, {"logit_bias": {"5": 1.0}},
                                  {"logit_bias": {5: math.nan}}, {"logit_bias": {5: math.inf}}])
 def test_bad_penalties_are_one_clear_error(bad):
     from tightkv.errors import TightKVError

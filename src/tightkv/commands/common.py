@@ -92,7 +92,8 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frequency-penalty", type=float, default=d["frequency_penalty"],
                    help="subtract this times each of those tokens' count (default 0)")
     p.add_argument("--repeat-last-n", type=int, default=d["repeat_last_n"],
-                   help="the penalties' window, in tokens of prompt and reply (default 64; 0 disables)")
+                   help="the penalties' window, in tokens of prompt and reply (default 64; 0 disables; "
+                        "-1: the whole context)")
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: a new one each run)")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
 

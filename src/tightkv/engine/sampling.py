@@ -28,7 +28,7 @@ class SamplingParams:
     repeat_penalty: float = 1.0  # 1.0 disables
     frequency_penalty: float = 0.0  # minus this times a token's count in the window
     presence_penalty: float = 0.0  # minus this once for a token in the window
-    repeat_last_n: int = 64  # the penalties' window: the last n tokens of prompt and reply; 0 disables
+    repeat_last_n: int = 64  # the penalties' window: the last n tokens of prompt and reply; 0 disables, -1 all
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     seed: int | None = None
 
@@ -45,8 +45,8 @@ class SamplingParams:
             raise TightKVError(f"top_k must be >= 0, got {self.top_k}")
         if self.repeat_penalty <= 0:
             raise TightKVError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
-        if self.repeat_last_n < 0:
-            raise TightKVError(f"repeat_last_n must be >= 0, got {self.repeat_last_n}")
+        if self.repeat_last_n < -1:
+            raise TightKVError(f"repeat_last_n must be >= -1 (-1: the whole context), got {self.repeat_last_n}")
         for name in ("frequency_penalty", "presence_penalty"):
             if not math.isfinite(getattr(self, name)):
                 raise TightKVError(f"{name} must be a finite number, got {getattr(self, name)}")
@@ -58,7 +58,7 @@ class SamplingParams:
 
     @property
     def penalizes(self) -> bool:
-        return self.repeat_last_n > 0 and (self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0
+        return self.repeat_last_n != 0 and (self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0
                                            or self.presence_penalty != 0.0)
 
 
@@ -76,13 +76,14 @@ class Sampler:
 
     def adjusted(self, logits: torch.Tensor, history: list[int]) -> torch.Tensor:
         """logits (vocab,) as float32 with the logit bias added and the penalties taken off
-        over the last repeat_last_n tokens of `history`."""
+        over the last repeat_last_n tokens of `history` (all of them for -1)."""
         p = self.p
         logits = logits.float()
         if self.bias.numel():
             logits = logits.index_add(0, self.bias_ids, self.bias)
         if p.penalizes and history:  # an extreme penalty stays finite
-            logits = penalize(logits, history[-p.repeat_last_n:], p).clamp(-FLT_MAX, FLT_MAX)
+            window = history if p.repeat_last_n < 0 else history[-p.repeat_last_n:]
+            logits = penalize(logits, window, p).clamp(-FLT_MAX, FLT_MAX)
         return logits
 
     def __call__(self, logits: torch.Tensor, history: list[int]) -> int:

@@ -88,8 +88,6 @@ def _options(req) -> tuple[int | None, dict]:
                      "frequency_penalty", "repeat_last_n"):
             if getattr(o, name) is not None:
                 options[name] = getattr(o, name)
-        if options.get("repeat_last_n") == -1:  # Ollama's -1: the whole context
-            options["repeat_last_n"] = 2**31 - 1
         if o.seed is not None and o.seed >= 0:
             options["seed"] = o.seed % 2**64
         options["stop"] = stop_list(o.stop)

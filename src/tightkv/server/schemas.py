@@ -42,7 +42,8 @@ class _OpenAISampling(_Body):
     top_k: int | None = Field(None, ge=0, description="extra: 0 disables")
     min_p: float | None = Field(None, ge=0, le=1, description="extra")
     repeat_penalty: float | None = Field(None, gt=0, description="extra: 1.0 disables")
-    repeat_last_n: int | None = Field(None, ge=0, description="extra: the penalties' window (default 64; 0 disables)")
+    repeat_last_n: int | None = Field(None, ge=-1, description="extra: the penalties' window (default 64; 0 disables, "
+                                                               "-1 the whole context)")
     seed: int | None = Field(None, description="negative: random")
     stop: Stops | None = None
     stream: bool = False
