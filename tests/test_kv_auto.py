@@ -129,6 +129,7 @@ def test_the_weight_suggestion_is_below_the_files_own_type(plan):
     """The embedded file is Q4_K_M: the room comes from a smaller type, never a larger one."""
     from tightkv.eval.auto import weight_room
 
-    hint = weight_room(plan, need=20 * 2**20)
-    assert hint.startswith("Q3_K_M weights (about ") and "would make room" in hint
-    assert weight_room(plan, need=plan.weights) is None
+    hint = weight_room(plan, need=10 * 2**20)
+    assert hint.startswith("IQ4_XS weights (0.22 GiB instead of 0.23) would make room"), hint
+    assert weight_room(plan, need=19 * 2**20).startswith("IQ2_M weights")
+    assert weight_room(plan, need=40 * 2**20) is None  # Q1_0 would, but it destroys a model trained in float

@@ -41,13 +41,26 @@ def test_sizes_match_llamacpps_own_files(gemma, ftype):
 def test_the_weight_lever_sentence(gemma):
     roomy = make_plan(gemma, 32768, 8 * GIB, ["f16", "kvarn4", "progressive"])
     assert weight_lever(roomy) is None  # the file's own weights hold the context
-    tight = make_plan(gemma, 32768, int(0.62 * GIB), ["f16", "q8_0", "kvarn4", "progressive", "tq3"])
-    assert not tight.weights_fit
+    kv = ["f16", "q8_0", "kvarn4", "progressive", "tq3"]
+    tight = make_plan(gemma, 32768, int(0.63 * GIB), kv)
+    assert not any(r["fits"] for r in tight.rows)  # the file's own weights leave no KV type room
     line = weight_lever(tight)
-    assert line.startswith("weights are the lever: Q1_0 (0.18 GiB) with ") and "32,768 tokens in 0.62 GiB" in line
+    assert line.startswith("weights are the lever: IQ2_M (0.21 GiB) with tq3") and "32,768 tokens in 0.63 GiB" in line
     assert line in format_plan(tight)
+    # only 1-bit weights would fit: never advised for a model trained in float (its Q1_0 file is noise)
+    tighter = make_plan(gemma, 32768, int(0.6 * GIB), kv)
+    assert weight_lever(tighter).startswith("no weight type of this model holds 32,768 tokens in 0.60 GiB with any "
+                                            "KV type (Q1_0 would, but it suits only models trained with 1-bit weights")
+    assert [o["type"] for o in tighter.smaller_weights()][-1] == "Q2_K"
     hopeless = make_plan(gemma, 32768, int(0.4 * GIB), ["f16"])
     assert weight_lever(hopeless).startswith("no weight type of this model holds 32,768 tokens")
+
+
+def test_ternary_and_one_bit_types_suit_models_trained_that_way(gemma):
+    plan = make_plan(gemma, 8192, 8 * GIB, ["f16"])
+    assert not plan.suits("TQ1_0") and not plan.suits("Q1_0") and plan.suits("IQ2_M")
+    plan.block_types = {"TQ2_0", "F32"}  # a BitNet-style model: its ternary weights repack to TQ1_0
+    assert plan.suits("TQ1_0") and not plan.suits("Q1_0")
 
 
 def test_aqlm_rho(gemma):

@@ -34,12 +34,6 @@ SCORED = 256  # positions scored at the end of the span (Gemma's 262K-token outp
 MIN_TEXT_TOKENS = 1024  # a shorter text is probed on the essays instead
 MARGIN = 1 << 30  # the default budget: the available RAM less this
 ROWS = 64  # scored rows taken through the output layer at once
-# weight file types tightkv runs, nominal bits per weight, smallest last: what `no_fit` suggests
-WEIGHT_TYPES = [("Q8_0", 8.5), ("Q6_K", 6.5625), ("Q5_K_M", 5.5), ("Q4_K_M", 4.5), ("Q3_K_M", 3.4375),
-                ("Q2_K", 2.625)]
-FILE_TYPE_BITS = {"F32": 32, "F16": 16, "BF16": 16, "Q8_0": 8.5, "Q6_K": 6.5625, "Q5_K_M": 5.5, "Q5_K_S": 5.5,
-                  "Q5_1": 6, "Q5_0": 5.5, "Q4_K_M": 4.5, "Q4_K_S": 4.5, "Q4_1": 5, "Q4_0": 4.5, "Q3_K_L": 3.4375,
-                  "Q3_K_M": 3.4375, "Q3_K_S": 3.4375, "Q2_K": 2.625}  # by the file's `general.file_type`
 
 
 @dataclass
@@ -230,20 +224,11 @@ def no_fit(plan, context: int, slots: int, budget: int, tried: list[dict], probe
 
 
 def weight_room(plan, need: int) -> str | None:
-    """'Q3_K_M weights (about X GiB) would make room' for `need` more bytes: the largest
-    weight type below the file's own (`general.file_type`), its size scaled by their
-    nominal bits per weight; None if none would or the file's type is not known."""
-    import gguf
-
-    from ..gguf.reader import read_gguf
-
-    try:
-        own = gguf.LlamaFileType(int(read_gguf(plan.file).metadata["general.file_type"])).name
-    except (KeyError, ValueError, TypeError):
-        return None
-    own_bits = next((b for name, b in FILE_TYPE_BITS.items() if own.endswith("_" + name)), None)
-    for name, bits in WEIGHT_TYPES if own_bits else []:
-        new = plan.weights * bits / own_bits
-        if bits < own_bits and plan.weights - new >= need:
-            return f"{name} weights (about {new / 2**30:.2f} GiB instead of {plan.weights / 2**30:.2f}) would make room"
+    """'Q3_K_M weights (0.21 GiB instead of 0.23) would make room' for `need` more bytes:
+    the largest of the plan's smaller weight types (`Plan.smaller_weights`, sized for the
+    model's own shapes) that saves that much; None if none does."""
+    for opt in plan.smaller_weights():
+        if plan.weights - opt["bytes"] >= need:
+            return (f"{opt['type']} weights ({opt['bytes'] / 2**30:.2f} GiB instead of {plan.weights / 2**30:.2f}) "
+                    f"would make room")
     return None

@@ -18,6 +18,10 @@ WEIGHT_FILE_TYPES = [("Q8_0", "Q8_0", "Q8_0"), ("Q6_K", "Q6_K", "Q6_K"), ("Q5_K_
                      ("Q4_K_M", "Q4_K", "Q6_K"), ("IQ4_XS", "IQ4_XS", "Q6_K"), ("Q3_K_M", "Q3_K", "Q6_K"),
                      ("IQ3_S", "IQ3_S", "Q6_K"), ("IQ2_M", "IQ2_S", "Q5_K"), ("Q2_K", "Q2_K", "Q6_K"),
                      ("TQ1_0", "TQ1_0", "Q6_K"), ("Q1_0", "Q1_0", "Q6_K")]
+# Types for models trained that way (BitNet's ternary weights, Bonsai's 1-bit ones): a model trained
+# in float and requantized to them is destroyed (docs/weight_types.md), so they are a lever only for
+# a model whose own matrices already use them
+TRAINED_ONLY = {"TQ1_0": "ternary", "TQ2_0": "ternary", "Q1_0": "1-bit"}  # type -> the weights it holds
 # llama.cpp's type for a row that is not a whole number of blocks (llama-quant.cpp tensor_type_fallback)
 FALLBACK = {"IQ1_S": "IQ4_NL", "IQ1_M": "IQ4_NL", "IQ2_XXS": "IQ4_NL", "IQ2_XS": "IQ4_NL", "IQ2_S": "IQ4_NL",
             "IQ3_XXS": "IQ4_NL", "IQ3_S": "IQ4_NL", "IQ4_XS": "IQ4_NL", "Q2_0": "Q4_0", "Q2_K": "Q4_0", "Q3_K": "Q4_0",
@@ -40,10 +44,20 @@ class Plan:
     layout: list = field(default_factory=list)
     weight_options: list = field(default_factory=list)  # {"type", "bytes"} per WEIGHT_FILE_TYPES
     matrices: list = field(default_factory=list)  # (rows, cols) of the model's matrices, output layer left out
+    block_types: set = field(default_factory=set)  # the GGML types of the model's matrices
 
     @property
     def weights_fit(self) -> bool:
         return self.weights + self.working <= self.memory
+
+    def smaller_weights(self) -> list[dict]:
+        """The weight options below the file's own size, largest first, that suit this model:
+        a TRAINED_ONLY type only where the model's own matrices hold such weights."""
+        return [o for o in self.weight_options if o["bytes"] < self.weights and self.suits(o["type"])]
+
+    def suits(self, qtype: str) -> bool:
+        own = {TRAINED_ONLY[t] for t in self.block_types if t in TRAINED_ONLY}
+        return qtype not in TRAINED_ONLY or TRAINED_ONLY[qtype] in own
 
 
 def working_bytes(args, context: int) -> int:
@@ -91,7 +105,7 @@ def make_plan(path, context: int | None, memory: int, kv_types: list[str], name:
                      "ratio_vs_f16": info["ratio_vs_f16"], "fits": info["total_bytes"] <= budget,
                      "max_context": largest_context(spec, layout, budget, max(ctx, args.context_length))})
     return Plan(name or str(g.path), ctx, args.context_length, memory, weights, working, rows, str(g.path), layout,
-                weight_options(g), _matrices(g))
+                weight_options(g), _matrices(g), {t.qtype for t in g.tensors.values() if len(t.shape) == 2})
 
 
 def _block_type(qtype: str, cols: int) -> str:
@@ -175,16 +189,19 @@ def weight_lever(plan: Plan) -> str | None:
         return None
     rank = {k: i for i, k in enumerate(QUALITY_ORDER)}
     rows = sorted(plan.rows, key=lambda r: rank.get(r["kv"], len(rank)))
-    for opt in plan.weight_options:
+
+    def best_kv(opt: dict) -> dict | None:  # the best-quality KV row that fits beside these weights
         budget = plan.memory - opt["bytes"] - plan.working
-        if opt["bytes"] >= plan.weights or budget <= 0:
-            continue
-        kv = next((r for r in rows if r["kv_bytes"] <= budget), None)
-        if kv is not None:
-            return (f"weights are the lever: {opt['type']} ({opt['bytes'] / 2**30:.2f} GiB) with {kv['kv']} fits "
-                    f"{plan.context:,} tokens in {plan.memory / 2**30:.2f} GiB")
-    return (f"no weight type of this model holds {plan.context:,} tokens in {plan.memory / 2**30:.2f} GiB with "
-            f"any KV type: a smaller model or a shorter context")
+        return next((r for r in rows if r["kv_bytes"] <= budget), None) if budget > 0 else None
+
+    where = f"{plan.context:,} tokens in {plan.memory / 2**30:.2f} GiB"
+    for opt in plan.smaller_weights():
+        if (kv := best_kv(opt)) is not None:
+            return f"weights are the lever: {opt['type']} ({opt['bytes'] / 2**30:.2f} GiB) with {kv['kv']} fits {where}"
+    unsuited = [o["type"] for o in plan.weight_options if not plan.suits(o["type"]) and best_kv(o) is not None]
+    but = (f" ({unsuited[0]} would, but it suits only models trained with {TRAINED_ONLY[unsuited[0]]} weights: "
+           f"requantizing this one to it destroys it)") if unsuited else ""
+    return f"no weight type of this model holds {where} with any KV type{but}: a smaller model or a shorter context"
 
 
 def recommended(plan: Plan) -> dict | None:
