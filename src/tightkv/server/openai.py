@@ -49,7 +49,7 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
         return None
     out = {}
     for key, value in bias.items():
-        if not key.isdigit():
+        if not (key.isascii() and key.isdigit()):
             raise ApiError(400, f"'logit_bias' keys must be token ids, got {key!r}", param="logit_bias")
         if not -100 <= value <= 100:
             raise ApiError(400, f"'logit_bias' values must be between -100 and 100, got {value}", param="logit_bias")
