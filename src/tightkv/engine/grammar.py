@@ -59,7 +59,9 @@ def token_table(tokenizer):
 
 
 def json_schema_grammar(schema: dict | bool | None) -> str:
-    """The grammar of one JSON value that validates against `schema` (None: any JSON object)."""
+    """The grammar of one JSON value that validates against `schema` (None: any JSON object).
+    An object that names its properties takes no others unless its schema says so
+    (`closed_objects`), as llama.cpp's and Ollama's converters and vLLM's default have it."""
     import llguidance
 
     if schema is True or schema is None:
@@ -67,7 +69,52 @@ def json_schema_grammar(schema: dict | bool | None) -> str:
     if not isinstance(schema, dict):
         raise TightKVError("a JSON schema must be an object")
     return llguidance.LLMatcher.grammar_from_json_schema(
-        json.dumps(schema), defaults={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "})
+        json.dumps(closed_objects(schema)),
+        defaults={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "})
+
+
+# where a schema holds subschemas: maps of them, lists of them, one
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems", "items")
+_SCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames")
+
+
+def closed_objects(schema):
+    """A copy of `schema` with `"additionalProperties": false` on every object schema that
+    names properties and does not say (the JSON Schema default allows any others, which
+    small models fill with invented keys). A schema that intersects objects with a
+    several-member allOf is left as it is: closing each member would leave nothing to match."""
+    if not isinstance(schema, dict) or _has_intersection(schema):
+        return schema
+    return _close(schema)
+
+
+def _has_intersection(schema) -> bool:
+    if isinstance(schema, dict):
+        return (isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1) or \
+            any(_has_intersection(v) for v in schema.values())
+    return isinstance(schema, list) and any(_has_intersection(v) for v in schema)
+
+
+def _close(schema):
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: _close(sub) for name, sub in out[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [_close(sub) for sub in out[key]]
+    for key in _SCHEMA_ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = _close(out[key])
+    if isinstance(out.get("allOf"), list):
+        out["allOf"] = [_close(sub) for sub in out["allOf"]]
+    if ("properties" in out or "patternProperties" in out) and "additionalProperties" not in out \
+            and "unevaluatedProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def lark_grammar(text: str) -> str:
