@@ -1,6 +1,7 @@
 """JSON schemas as grammars: an object that names its properties takes no others unless
-its schema allows them (llama.cpp's, Ollama's and vLLM's default), checked token by token
-against the embedded model's vocabulary."""
+its schema allows them (llama.cpp's, Ollama's and vLLM's default), and an unbounded integer
+has at most 16 digits (llama.cpp's), checked token by token against the embedded model's
+vocabulary."""
 import pytest
 
 from tightkv.engine.grammar import closed_objects
@@ -26,6 +27,10 @@ def admits(model, schema, text: str) -> bool:
     ({"type": "object"}, '{"city": "Rome"}', True),  # names no properties: any object
     ({"type": "array", "items": PERSON}, '[{"name": "Ann", "age": 3, "x": 1}]', False),
     ({"$defs": {"p": PERSON}, "$ref": "#/$defs/p"}, '{"name": "Ann", "age": 30, "x": 1}', False),
+    (PERSON, '{"name": "Ann", "age": -9999999999999999}', True),  # llama.cpp's integers: up to 16 digits
+    (PERSON, '{"name": "Ann", "age": 12345678901234567}', False),
+    ({**PERSON, "properties": {**PERSON["properties"], "age": {"type": "integer", "minimum": 0}}},
+     '{"name": "Ann", "age": 12345678901234567}', True),  # the schema's own bounds stand
 ])
 def test_objects_take_only_their_properties_unless_allowed(embedded, schema, text, ok):
     assert admits(embedded, schema, text) is ok
@@ -34,7 +39,7 @@ def test_objects_take_only_their_properties_unless_allowed(embedded, schema, tex
 def test_closing_leaves_intersections_and_explicit_choices_alone():
     both = {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]}
     assert closed_objects(both) == both  # each member closed would leave nothing to match
-    open_ = {"properties": {"a": {}}, "additionalProperties": {"type": "integer"}}
+    open_ = {"properties": {"a": {}}, "additionalProperties": {"type": "string"}}
     assert closed_objects(open_) == open_
     nested = closed_objects({"anyOf": [PERSON], "properties": {"p": PERSON}})
     assert nested["anyOf"][0]["additionalProperties"] is False

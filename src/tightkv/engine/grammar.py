@@ -60,8 +60,9 @@ def token_table(tokenizer):
 
 def json_schema_grammar(schema: dict | bool | None) -> str:
     """The grammar of one JSON value that validates against `schema` (None: any JSON object).
-    An object that names its properties takes no others unless its schema says so
-    (`closed_objects`), as llama.cpp's and Ollama's converters and vLLM's default have it."""
+    An object that names its properties takes no others unless its schema says so, and an
+    unbounded integer has at most 16 digits (`closed_objects`), as llama.cpp's and Ollama's
+    converters have it (vLLM's closes objects too)."""
     import llguidance
 
     if schema is True or schema is None:
@@ -79,11 +80,16 @@ _SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems", "items")
 _SCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames")
 
 
+INTEGER_BOUND = 10**16 - 1  # llama.cpp's integers: at most 16 digits
+
+
 def closed_objects(schema):
     """A copy of `schema` with `"additionalProperties": false` on every object schema that
     names properties and does not say (the JSON Schema default allows any others, which
-    small models fill with invented keys). A schema that intersects objects with a
-    several-member allOf is left as it is: closing each member would leave nothing to match."""
+    small models fill with invented keys), and bounds of +-INTEGER_BOUND on an integer with
+    none (a small model denied the key it wanted may run on in digits). A schema that
+    intersects objects with a several-member allOf is left as it is: closing each member
+    would leave nothing to match."""
     if not isinstance(schema, dict) or _has_intersection(schema):
         return schema
     return _close(schema)
@@ -114,6 +120,8 @@ def _close(schema):
     if ("properties" in out or "patternProperties" in out) and "additionalProperties" not in out \
             and "unevaluatedProperties" not in out:
         out["additionalProperties"] = False
+    if out.get("type") == "integer" and not {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"} & set(out):
+        out["minimum"], out["maximum"] = -INTEGER_BOUND, INTEGER_BOUND
     return out
 
 
