@@ -16,6 +16,7 @@ import signal
 import sys
 from typing import Callable
 
+from .commands.common import SAMPLING_OPTIONS
 from .errors import TightKVError
 
 HELP = '''Available Commands:
@@ -40,10 +41,6 @@ PARAMETERS = {"temperature": ("temperature", float), "top_p": ("top_p", float), 
               "repeat_last_n": ("repeat_last_n", int), "presence_penalty": ("presence_penalty", float),
               "frequency_penalty": ("frequency_penalty", float),
               "stop": ("stop", str), "num_ctx": ("num_ctx", int)}
-
-
-SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
-            "frequency_penalty", "seed")  # the options `SamplingParams` checks, as /show parameters lists them
 
 
 class Interrupted(Exception):
@@ -147,7 +144,7 @@ class ChatSession:
         trial = {**self.options, key: parsed}
         from .engine.sampling import SamplingParams
 
-        SamplingParams(**{k: trial[k] for k in SAMPLING if k in trial}).validate()
+        SamplingParams(**{k: trial[k] for k in SAMPLING_OPTIONS if k in trial}).validate()
         self.options[key] = parsed
         return f"Set parameter '{name}' to '{value}'"
 
@@ -186,7 +183,7 @@ def show(session: ChatSession, what: str) -> str:
     if what == "parameters":
         o = session.options
         pairs = [("num_ctx", m.context_length), ("num_predict", o.get("max_tokens") or -1)]
-        pairs += [(k, o.get(k)) for k in SAMPLING]
+        pairs += [(k, o.get(k)) for k in SAMPLING_OPTIONS]
         pairs += [("stop", ", ".join(o.get("stop") or []) or "(none)")]
         return "  Parameters\n" + format_pairs(pairs)
     if what == "template":

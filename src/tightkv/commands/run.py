@@ -14,7 +14,8 @@ from pathlib import Path
 
 from ..errors import TightKVError
 
-from .common import add_auto_flags, add_model_flags, add_sampling_flags, auto_memory, kv_spec, one_line_errors
+from .common import (SAMPLING_OPTIONS, add_auto_flags, add_model_flags, add_sampling_flags, auto_memory, kv_spec,
+                     one_line_errors)
 
 NAME = "run"
 HELP = "chat with a model, or answer one prompt (the embedded model by default)"
@@ -48,9 +49,7 @@ def sampling_options(ns: argparse.Namespace) -> dict:
 
     if ns.max_tokens is not None and ns.max_tokens < 1:
         raise TightKVError(f"-n/--max-tokens must be at least 1, got {ns.max_tokens}")
-    names = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
-             "repeat_last_n", "seed")
-    sampling = {name: getattr(ns, name) for name in names}
+    sampling = {name: getattr(ns, name) for name in SAMPLING_OPTIONS}
     SamplingParams(**sampling).validate()
     return {"max_tokens": ns.max_tokens, **sampling, "stop": list(ns.stop or [])}
 

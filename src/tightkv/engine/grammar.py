@@ -76,10 +76,8 @@ def json_schema_grammar(schema: dict | bool | None) -> str:
 
 # where a schema holds subschemas: maps of them, lists of them, one
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems", "items")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 _SCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames")
-
-
 INTEGER_BOUND = 10**16 - 1  # llama.cpp's integers: at most 16 digits
 
 
@@ -115,8 +113,6 @@ def _close(schema):
     for key in _SCHEMA_ONE:
         if isinstance(out.get(key), dict):
             out[key] = _close(out[key])
-    if isinstance(out.get("allOf"), list):
-        out["allOf"] = [_close(sub) for sub in out["allOf"]]
     if ("properties" in out or "patternProperties" in out) and "additionalProperties" not in out \
             and "unevaluatedProperties" not in out:
         out["additionalProperties"] = False

@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse
 
 from .common import (ApiError, JobStream, as_api_error, collect_all, dumps, finite, parse_body, request_body,
                      start_choices, stop_list)
+from ..engine.sampling import SamplingParams
 from ..engine.tools import call_grammar, template_messages, tool_format
 from .outputs import chat_logprobs, check_constraint, completion_logprobs, constraint_options
 from .replies import new_reply, openai_call_delta, thinking_plan
@@ -33,7 +34,7 @@ def _options(req) -> tuple[int | None, dict]:
         "repeat_penalty": 1.0 if req.repeat_penalty is None else req.repeat_penalty,
         "frequency_penalty": req.frequency_penalty or 0.0,
         "presence_penalty": req.presence_penalty or 0.0,
-        "repeat_last_n": 64 if req.repeat_last_n is None else req.repeat_last_n,
+        "repeat_last_n": SamplingParams.repeat_last_n if req.repeat_last_n is None else req.repeat_last_n,
         "logit_bias": _logit_bias(req.logit_bias),
         "seed": None if seed is None or seed < 0 else seed % 2**64,
         "stop": stop_list(req.stop),
