@@ -16,7 +16,6 @@ import signal
 import sys
 from typing import Callable
 
-from .commands.common import SAMPLING_OPTIONS
 from .errors import TightKVError
 
 HELP = '''Available Commands:
@@ -41,6 +40,11 @@ PARAMETERS = {"temperature": ("temperature", float), "top_p": ("top_p", float), 
               "repeat_last_n": ("repeat_last_n", int), "presence_penalty": ("presence_penalty", float),
               "frequency_penalty": ("frequency_penalty", float),
               "stop": ("stop", str), "num_ctx": ("num_ctx", int)}
+
+
+# the `SamplingParams` fields /set parameter (and `tightkv run`'s flags) set, as /show parameters lists them
+SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
+                    "frequency_penalty", "seed")
 
 
 class Interrupted(Exception):

@@ -71,9 +71,6 @@ def cli_wording(message: str, ns: argparse.Namespace) -> str:
 # `tightkv run`'s sampling: greedy, nothing truncated or penalised (`client` sends the same).
 SAMPLING_DEFAULTS = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0,
                      "presence_penalty": 0.0, "frequency_penalty": 0.0, "repeat_last_n": 64}
-# the `SamplingParams` fields a flag or the REPL's /set parameter sets, as /show parameters lists them
-SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
-                    "frequency_penalty", "seed")
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:

@@ -14,8 +14,7 @@ from pathlib import Path
 
 from ..errors import TightKVError
 
-from .common import (SAMPLING_OPTIONS, add_auto_flags, add_model_flags, add_sampling_flags, auto_memory, kv_spec,
-                     one_line_errors)
+from .common import add_auto_flags, add_model_flags, add_sampling_flags, auto_memory, kv_spec, one_line_errors
 
 NAME = "run"
 HELP = "chat with a model, or answer one prompt (the embedded model by default)"
@@ -46,6 +45,7 @@ def split_model_and_prompt(args: list[str]) -> tuple[str | None, str | None]:
 def sampling_options(ns: argparse.Namespace) -> dict:
     """generate() keyword arguments from the sampling flags, validated."""
     from ..engine.sampling import SamplingParams
+    from ..repl import SAMPLING_OPTIONS
 
     if ns.max_tokens is not None and ns.max_tokens < 1:
         raise TightKVError(f"-n/--max-tokens must be at least 1, got {ns.max_tokens}")
