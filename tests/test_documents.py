@@ -57,6 +57,14 @@ def test_sections_follow_headings_and_fit_the_window():
     assert len(win) > 10 and all(s.tokens <= 50 for s in win) and all(s.text.strip().endswith(".") for s in win)
 
 
+def test_a_short_section_keeps_its_title_beside_the_next():
+    text = ("# Annual report\n\n## Leadership\nThe Lumen division is led by Priya Okafor.\n\n"
+            "## Finances\n" + "Revenue grew nine percent in the year. " * 20 + "\n")
+    secs = split_sections(text, 200, words)
+    assert [s.title for s in secs] == ["Leadership / Finances"]  # the heading-only title adds nothing
+    assert split_sections(text, 40, words)[0].title == "Leadership"  # big enough to stand alone
+
+
 def test_fixed_chunks_cut_by_count():
     ids = list(range(1000))
     chunks = fixed_chunks(ids, 200, lambda x: " ".join(map(str, x)))
@@ -186,6 +194,18 @@ def test_quotes_are_the_matching_sentences_in_document_order():
     assert starts == sorted(starts)
     assert quotes_that_fit(top, len(quotes_block(top[:2]).split()), words) == top[:2]
     assert quotes_that_fit(top, 0, words) == [] and quotes_block([]) == "" and ev.top(q.question, 0) == []
+
+
+def test_a_sentence_right_under_a_heading_is_quotable():
+    from tightkv.documents.evidence import SentenceIndex
+
+    text = ("## Leadership\nThe Lumen division is led by Priya Okafor.\nThe Harbor division is led by Tomas Lind.\n\n"
+            "## Finances\n### 2025\nRevenue was 412 million euros.\n")
+    ev = SentenceIndex(text)
+    assert [s.text for s in ev.sentences] == ["The Lumen division is led by Priya Okafor.",
+                                              "The Harbor division is led by Tomas Lind.", "Revenue was 412 million euros."]
+    assert all(text[s.start:s.end].strip() == s.text for s in ev.sentences)
+    assert ev.top("Who leads the Lumen division?", 1)[0].text.startswith("The Lumen division")
 
 
 def test_full_mode_quotes_before_the_question_and_within_the_context(tiny):

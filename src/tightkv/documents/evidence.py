@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Callable
 
 from .search import BM25Index, rrf
-from .text import Section, keywords, sentences
+from .text import Section, keywords, past_headings, sentences
 
 QUOTES = 5  # sentences quoted per question in full mode and RLV reads (0: none)
 MAX_CHARS = 400  # a longer "sentence" (a list, a table, code) is cut to this
@@ -37,7 +37,8 @@ class SentenceIndex:
     """The sentences of a text (headings and bare numbers left out), searchable with BM25."""
 
     def __init__(self, text: str):
-        spans = [(a, b) for a, b in sentences(text) if _is_sentence(text[a:b])]
+        spans = [(a, b) for a, b in ((past_headings(text, a, b), b) for a, b in sentences(text))
+                 if _is_sentence(text[a:b])]
         self.sentences = [Section(i, a, b, _quote(text[a:b]), "", 0) for i, (a, b) in enumerate(spans)]
         self.index = BM25Index(self.sentences)
 

@@ -151,12 +151,14 @@ def split_sections(text: str, max_tokens: int, count: Callable[[str], int]) -> l
     heads = _headings(text)
     bounds = [0] + [h[0] for h in heads if h[0] > 0] + [len(text)]
     titles = {pos: title for pos, title in heads}
-    # a heading with (almost) no text of its own joins the next part: a title is not a section
+    # a part of (almost) no text joins the next one: a title alone is not a section, and a
+    # short section keeps its title beside the next one's ("Leadership / Finances")
     small = max(8, max_tokens // 8)
     merged = [bounds[0]]
     for a, b in zip(bounds[1:-1], bounds[2:]):
         if count(text[merged[-1]:a]) < small:
-            titles[merged[-1]] = titles.get(a) or titles.get(merged[-1], "")
+            own = titles.get(merged[-1], "") if has_body(text[merged[-1]:a]) else ""
+            titles[merged[-1]] = " / ".join(t for t in (own, titles.get(a, "")) if t)
             continue
         merged.append(a)
     bounds = merged + [bounds[-1]]
@@ -172,6 +174,23 @@ def split_sections(text: str, max_tokens: int, count: Callable[[str], int]) -> l
             t = title or _first_words(piece)
             out.append(Section(len(out), s, e, piece, t, count(piece)))
     return out
+
+
+def has_body(text: str) -> bool:
+    """Whether text holds a line that is not blank and not a Markdown heading."""
+    return any(line.strip() and not line.lstrip().startswith("#") for line in text.splitlines())
+
+
+def past_headings(text: str, a: int, b: int) -> int:
+    """The start of span [a, b) past the Markdown heading lines it opens with (a heading
+    followed by a single newline shares its first sentence's span)."""
+    while a < b:
+        lead = len(text[a:b]) - len(text[a:b].lstrip())
+        if not text.startswith("#", a + lead):
+            return a
+        line_end = text.find("\n", a + lead, b)
+        a = b if line_end < 0 else line_end + 1
+    return a
 
 
 def _first_words(text: str, n: int = 6) -> str:
