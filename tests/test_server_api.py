@@ -309,7 +309,9 @@ BAD_V1 = [
     (CHAT, {"messages": MSG * 300, "max_tokens": 1}, 400),
     ("/v1/completions", {}, 400), ("/v1/completions", {"prompt": []}, 400),
     ("/v1/completions", {"prompt": [10**9]}, 400), ("/v1/completions", {"prompt": [-1]}, 400),
-    ("/v1/completions", {"prompt": ["a", "b"]}, 400), ("/v1/completions", {"prompt": 5}, 400),
+    ("/v1/completions", {"prompt": ["a", [1]]}, 400), ("/v1/completions", {"prompt": [[1], [10**9]]}, 400),
+    ("/v1/completions", {"prompt": ["x"] * 100}, 400), ("/v1/completions", {"prompt": 5}, 400),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "text"}]}]}, 400),
     ("/v1/completions", {"prompt": "x", "model": "nope"}, 404),
     ("/v1/nothing", {}, 404),
 ]

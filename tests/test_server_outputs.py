@@ -115,6 +115,30 @@ def test_completion_echo_logprobs_as_lm_eval_reads_them(server, embedded):
     assert text.startswith(embedded.detokenize(ids)) and lp["text_offset"][-1] == len(embedded.detokenize(ids))
 
 
+def test_completion_of_several_prompts(client):
+    """A list of prompts (as lm-eval batches them): each prompt's n choices in turn, each the
+    completion it gets alone; usage counts every prompt once."""
+    prompts = ["One, two, three,", "The capital of France is"]
+    alone = [client.completions.create(model=MODEL, prompt=p, max_tokens=4, temperature=0) for p in prompts]
+    r = client.completions.create(model=MODEL, prompt=prompts, max_tokens=4, temperature=0, n=2)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    assert [c.text for c in r.choices] == [alone[0].choices[0].text] * 2 + [alone[1].choices[0].text] * 2
+    assert r.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert r.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone) * 2
+    parts = list(client.completions.create(model=MODEL, prompt=prompts, max_tokens=4, temperature=0, stream=True,
+                                           stream_options={"include_usage": True}))
+    texts = ["", ""]
+    for p in parts:
+        for c in p.choices:
+            texts[c.index] += c.text
+    assert texts == [a.choices[0].text for a in alone] and parts[-1].usage.prompt_tokens == r.usage.prompt_tokens
+    echoed = client.completions.create(model=MODEL, prompt=prompts, max_tokens=0, echo=True, logprobs=0)
+    assert [c.text for c in echoed.choices] == prompts
+    assert all(c.logprobs.token_logprobs[0] is None and len(c.logprobs.tokens) > 2 for c in echoed.choices)
+    with pytest.raises(openai.BadRequestError, match="prompt.1"):
+        client.completions.create(model=MODEL, prompt=[[2, 40], []], max_tokens=2)
+
+
 def test_completion_logprobs_streamed(client):
     whole = client.completions.create(model=MODEL, prompt="One, two, three,", max_tokens=5, temperature=0, logprobs=2)
     lp = whole.choices[0].logprobs

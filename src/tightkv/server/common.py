@@ -125,7 +125,7 @@ async def parse_body(request: Request, schema: type[BaseModel]) -> Any:
 
 
 def _union_tag(part: Any) -> bool:
-    """pydantic puts union members ('str', 'list[TextPart]', 'StreamOptions') into error locations."""
+    """pydantic puts union members ('str', 'list[ContentPart]', 'StreamOptions') into error locations."""
     if isinstance(part, int):
         return False
     return "[" in part or part in ("str", "int", "float", "bool", "none") or part[:1].isupper()

@@ -8,8 +8,8 @@ import uuid
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
-from .common import (ApiError, JobStream, as_api_error, collect_all, dumps, finite, parse_body, request_body,
-                     start_choices, stop_list)
+from .common import (ApiError, JobGroup, JobStream, as_api_error, collect_all, dumps, finite, parse_body,
+                     request_body, start_choices, stop_list)
 from ..engine.sampling import SamplingParams
 from ..engine.tools import call_grammar, template_messages, tool_format
 from .outputs import chat_logprobs, check_constraint, completion_logprobs, constraint_options
@@ -150,6 +150,13 @@ async def chat_completions(request: Request):
     for i, m in enumerate(req.messages):
         if m.content is None and m.role != "assistant":
             raise ApiError(400, f"'messages.{i}.content' is required", param=f"messages.{i}.content")
+        for j, part in enumerate(m.content if isinstance(m.content, list) else ()):
+            where = f"messages.{i}.content.{j}"
+            if part.type != "text":
+                raise ApiError(400, f"'{where}': {part.type!r} parts are not supported: the model reads text only",
+                               param=where)
+            if part.text is None:
+                raise ApiError(400, f"'{where}.text' is required", param=f"{where}.text")
     if req.top_logprobs is not None and not req.logprobs:
         raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     for name in ("functions", "function_call"):  # OpenAI's deprecated form of tools: refused, not ignored
@@ -255,90 +262,119 @@ async def completions(request: Request):
     for name, unsupported in (("suffix", req.suffix), ("best_of", req.best_of not in (None, 1))):
         if unsupported:
             raise ApiError(400, f"'{name}' is not supported", param=name)
-    prompt = req.prompt
-    if isinstance(prompt, list):
-        if not prompt:
-            raise ApiError(400, "'prompt' must not be empty", param="prompt")
-        if isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise ApiError(400, "'prompt' may hold one prompt only", param="prompt")
-            prompt = prompt[0]
+    prompts = _prompt_list(req.prompt)
     if req.max_tokens == 0 and not req.echo:
         raise ApiError(400, "'max_tokens' must be at least 1 (0 only with 'echo')", param="max_tokens")
     max_tokens, options = _options(req)
     want_lp = req.logprobs is not None
     if want_lp:
         options["logprobs"] = req.logprobs
-    echoed: dict = {}  # the prompt's ids and logprobs, for echo
+    n = _choices(req, state)
+    most = state.scheduler.parallel + state.scheduler.max_queue
+    if len(prompts) * n > most:
+        raise ApiError(400, f"{len(prompts)} prompts x {n} choices: this server takes at most {most} in one request "
+                            "(--parallel plus --max-queue)", param="prompt")
+    echoed = [{} for _ in prompts]  # per prompt: its ids and logprobs, for echo
 
-    def prepare(model) -> Prepared:
+    def prepare(model, p: int) -> Prepared:
         check_constraint(model, options)
-        if isinstance(prompt, str):
-            ids = model.tokenize(prompt)
-        else:
-            vocab = model.tokenizer.vocab_size
-            if any(not 0 <= t < vocab for t in prompt):
-                raise ApiError(400, f"'prompt' token ids must be in [0, {vocab})", param="prompt")
-            ids = list(prompt)
-        if not ids:
-            raise ApiError(400, "'prompt' is empty and the model adds no BOS token: nothing to predict from",
-                           param="prompt")
-        if req.echo and "ids" not in echoed:  # once for all choices
-            echoed["ids"] = ids
-            echoed["lps"] = model.prompt_logprobs(ids, req.logprobs or 0) if want_lp else None
+        ids = _prompt_ids(model, prompts[p], f"prompt.{p}" if len(prompts) > 1 else "prompt")
+        if req.echo and "ids" not in echoed[p]:  # once for all choices
+            echoed[p]["ids"] = ids
+            echoed[p]["lps"] = model.prompt_logprobs(ids, req.logprobs or 0) if want_lp else None
         return Prepared(ids, max_tokens, dict(options))
 
-    n = _choices(req, state)
-    group = await start_choices(request, lambda model, i: _seeded(prepare(model), i), n)
+    group = JobGroup([])
+    try:
+        for p in range(len(prompts)):  # choice k = p * n + j is choice j of prompt p, as OpenAI numbers them
+            group.jobs += (await start_choices(request, lambda model, j, p=p: _seeded(prepare(model, p), j), n)).jobs
+    except BaseException:
+        group.cancel()
+        raise
     tokenizer = state.scheduler.model.tokenizer
     cid, created, model_id = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time()), state.served.id
     head = {"id": cid, "object": "text_completion", "created": created, "model": model_id}
-    echo_text = ""
+    echo_text = [""] * len(prompts)
     if req.echo:
-        echo_text = prompt if isinstance(prompt, str) else tokenizer.decode(echoed["ids"])
+        echo_text = [x if isinstance(x, str) else tokenizer.decode(e["ids"]) for x, e in zip(prompts, echoed)]
 
-    def logprobs(lps: list, offset: int, with_prompt: bool = False) -> dict | None:
+    def logprobs(k: int, lps: list, offset: int, with_prompt: bool = False) -> dict | None:
         if not want_lp:
             return None
-        pairs = list(zip(echoed["lps"], echoed["ids"])) if with_prompt else []
+        e = echoed[k // n]
+        pairs = list(zip(e["lps"], e["ids"])) if with_prompt else []
         return completion_logprobs(tokenizer, pairs + [(t, t.token) for t in lps], offset)
 
     if not req.stream:
         results = await collect_all(request, group)
-        choices = [{"index": i, "text": echo_text + text, "logprobs": logprobs(lps, 0, req.echo),
-                    "finish_reason": stats.finish_reason} for i, (text, stats, lps) in enumerate(results)]
-        return JSONResponse({**head, "choices": choices, "usage": _usage(*(r[1] for r in results))})
+        choices = [{"index": k, "text": echo_text[k // n] + text, "logprobs": logprobs(k, lps, 0, req.echo),
+                    "finish_reason": stats.finish_reason} for k, (text, stats, lps) in enumerate(results)]
+        return JSONResponse({**head, "choices": choices, "usage": _usage_of_prompts([r[1] for r in results], n)})
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
-    def chunk(i: int, text: str, finish: str | None = None, lp: dict | None = None) -> str:
-        body = {**head, "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}]}
+    def chunk(k: int, text: str, finish: str | None = None, lp: dict | None = None) -> str:
+        body = {**head, "choices": [{"index": k, "text": text, "logprobs": lp, "finish_reason": finish}]}
         if include_usage:
             body["usage"] = None
         return f"data: {dumps(body)}\n\n"
 
     async def sse():
-        offset, held, finals = [len(echo_text)] * n, [[] for _ in range(n)], []
-        for i in range(n if req.echo else 0):
-            yield chunk(i, echo_text, lp=logprobs([], 0, True))
-        async for i, kind, value in group.events():
+        jobs = len(group.jobs)
+        offset, held, finals = [len(echo_text[k // n]) for k in range(jobs)], [[] for _ in range(jobs)], [None] * jobs
+        for k in range(jobs if req.echo else 0):
+            yield chunk(k, echo_text[k // n], lp=logprobs(k, [], 0, True))
+        async for k, kind, value in group.events():
             if kind == LOGPROB:
-                held[i].append(value)
+                held[k].append(value)
             elif kind == PIECE:
-                yield chunk(i, value, lp=logprobs(held[i], offset[i]))
-                offset[i] += len(value)
-                held[i] = []
+                yield chunk(k, value, lp=logprobs(k, held[k], offset[k]))
+                offset[k] += len(value)
+                held[k] = []
             elif kind == DONE:
-                if held[i]:
-                    yield chunk(i, "", lp=logprobs(held[i], offset[i]))
-                yield chunk(i, "", value.finish_reason)
-                finals.append(value)
-                if include_usage and len(finals) == n:
-                    yield f"data: {dumps({**head, 'choices': [], 'usage': _usage(*finals)})}\n\n"
+                if held[k]:
+                    yield chunk(k, "", lp=logprobs(k, held[k], offset[k]))
+                yield chunk(k, "", value.finish_reason)
+                finals[k] = value
+                if include_usage and all(f is not None for f in finals):
+                    yield f"data: {dumps({**head, 'choices': [], 'usage': _usage_of_prompts(finals, n)})}\n\n"
             elif kind == ERROR:
                 yield f"data: {dumps(as_api_error(value).body(request.url.path))}\n\n"
         yield "data: [DONE]\n\n"
 
     return JobStream(group, sse(), "text/event-stream")
+
+
+def _prompt_list(prompt) -> list:
+    """The prompts of a completion request: text or token ids, one or a list of them."""
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        return [prompt]
+    if not prompt:
+        raise ApiError(400, "'prompt' must not be empty", param="prompt")
+    return list(prompt)
+
+
+def _prompt_ids(model, prompt: str | list[int], where: str) -> list[int]:
+    """One prompt's token ids, checked; `where` names it in errors."""
+    if isinstance(prompt, str):
+        ids = model.tokenize(prompt)
+    else:
+        vocab = model.tokenizer.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            raise ApiError(400, f"'{where}' token ids must be in [0, {vocab})", param=where)
+        ids = list(prompt)
+    if not ids:
+        raise ApiError(400, f"'{where}' is empty and the model adds no BOS token: nothing to predict from",
+                       param=where)
+    return ids
+
+
+def _usage_of_prompts(stats: list, n: int) -> dict:
+    """Usage of a request's prompts (`n` choices each, prompt-major): each prompt once, every
+    completion."""
+    per_prompt = [_usage(*stats[p:p + n]) for p in range(0, len(stats), n)]
+    total = {key: sum(u[key] for u in per_prompt) for key in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in per_prompt)
+    return {**total, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _model_card(served) -> dict:

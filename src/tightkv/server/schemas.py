@@ -15,14 +15,14 @@ class _Body(BaseModel):
 
 
 # --- OpenAI ---------------------------------------------------------------------
-class TextPart(_Body):
-    type: Literal["text"]
-    text: str
+class ContentPart(_Body):
+    type: str = Field(..., description="'text'; the others (image_url, input_audio, file) get a 400")
+    text: str | None = None
 
 
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     tool_calls: list[dict] | None = Field(None, description="an assistant's calls, arguments as JSON strings")
     tool_call_id: str | None = Field(None, description="the call a tool message answers")
     name: str | None = None
@@ -83,7 +83,7 @@ class ChatCompletionRequest(_OpenAISampling):
 
 class CompletionRequest(_OpenAISampling):
     prompt: str | list[str] | list[int] | list[list[int]] = Field(
-        ..., description="text, token ids, or a list with one of them")
+        ..., description="text, token ids, or a list of either: one set of choices per prompt")
     max_tokens: int | None = Field(None, ge=0, description="absent: up to the end of the context; 0 with echo")
     logprobs: int | None = Field(None, ge=0, le=20, description="log-probabilities of each token and its N best")
     echo: bool = False
