@@ -1,11 +1,12 @@
 """lm-evaluation-harness driving a live `tightkv serve` through `local-completions`.
 
     pip install "lm_eval[api]==0.4.13"
-    python bench/lm_eval_server.py [--json docs/bench/lm_eval_server.json]
+    python bench/lm_eval_server.py [--batch-size 8] [--json docs/bench/lm_eval_server.json]
 
 Starts the embedded Gemma 3 270M on loopback and runs `lm_eval --model local-completions`
 on our own 20-question task (bench/lm_eval_task/), with the server's remote tokenizer
-(/tokenizer_info, /tokenize). Every choice is scored by its loglikelihood from the
+(/tokenizer_info, /tokenize); with --batch-size N the harness sends N prompts per request
+(a list `prompt`). Every choice is scored by its loglikelihood from the
 server's echo + logprobs. The same loglikelihoods are then computed in this process
 (`Model.logits`, the same token split as the harness makes), and the script checks that
 the harness's per-choice numbers and accuracy match ours. Exits 1 when they do not.
@@ -27,7 +28,7 @@ TASK = Path(__file__).resolve().parent / "lm_eval_task"
 TOLERANCE = 0.02  # nats per choice: the server scores in 64-token chunks, Model.logits in 512
 
 
-def run_harness(port: int, out: Path) -> tuple[float, list[dict]]:
+def run_harness(port: int, out: Path, batch_size: int) -> tuple[float, list[dict]]:
     """The harness's accuracy and its logged samples."""
     include = out / "tasks"
     include.mkdir()
@@ -36,7 +37,7 @@ def run_harness(port: int, out: Path) -> tuple[float, list[dict]]:
     cmd = ["lm_eval", "--model", "local-completions", "--tasks", "tightkv_facts", "--include_path", str(include),
            "--model_args", f"model=gemma3:270m,base_url=http://127.0.0.1:{port}/v1/completions,"
                            "tokenizer_backend=remote,num_concurrent=1,max_retries=1,tokenized_requests=True",
-           "--output_path", str(out / "results"), "--log_samples", "--batch_size", "1"]
+           "--output_path", str(out / "results"), "--log_samples", "--batch_size", str(batch_size)]
     print("$ " + " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
     results = next((out / "results").rglob("results_*.json"))
@@ -65,12 +66,13 @@ def our_loglikelihoods(doc: dict, model) -> list[float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--port", type=int, default=8094)
+    ap.add_argument("--batch-size", type=int, default=1, help="prompts per request (a list prompt above 1)")
     ap.add_argument("--json", default=None)
     ns = ap.parse_args()
     proc = serve(ns.port, ctx=512)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            acc, samples = run_harness(ns.port, Path(tmp))
+            acc, samples = run_harness(ns.port, Path(tmp), ns.batch_size)
     finally:
         proc.terminate()
         proc.wait(10)
@@ -88,7 +90,8 @@ def main() -> int:
     print(f"lm_eval acc {acc:.3f} over {len(samples)} questions; ours {ours_acc:.3f}; "
           f"largest loglikelihood difference {worst:.4f} nats ({'ok' if ok else 'MISMATCH'})")
     if ns.json:
-        Path(ns.json).write_text(json.dumps({"task": "tightkv_facts", "questions": len(samples), "lm_eval_acc": acc,
+        Path(ns.json).write_text(json.dumps({"task": "tightkv_facts", "batch_size": ns.batch_size,
+                                             "questions": len(samples), "lm_eval_acc": acc,
                                              "our_acc": ours_acc, "max_loglikelihood_diff": worst,
                                              "tolerance": TOLERANCE, "ok": ok}, indent=1))
     return 0 if ok else 1
