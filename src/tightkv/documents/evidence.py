@@ -73,8 +73,7 @@ def quotes_block(quotes: list[Section]) -> str:
 
 
 def _is_sentence(text: str) -> bool:
-    t = text.strip()
-    return not t.startswith("#") and sum(c.isalpha() for c in t) >= 3
+    return sum(c.isalpha() for c in text) >= 3  # headings are cut off by past_headings
 
 
 def _quote(text: str) -> str:

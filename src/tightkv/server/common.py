@@ -140,6 +140,13 @@ def finite(value: float | None, name: str) -> None:
         raise ApiError(400, f"'{name}' must be a finite number", param=name)
 
 
+def check_token_ids(model, ids: list[int], name: str) -> None:
+    """A 400 naming `name` unless every id is in the model's vocabulary."""
+    vocab = model.tokenizer.vocab_size
+    if any(not 0 <= t < vocab for t in ids):
+        raise ApiError(400, f"'{name}' token ids must be in [0, {vocab})", param=name)
+
+
 def stop_list(stop: str | list[str] | None) -> list[str]:
     if stop is None:
         return []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from .common import ApiError, parse_body, request_body
+from .common import ApiError, check_token_ids, parse_body, request_body
 from .schemas import DetokenizeRequest, TokenizeRequest
 
 router = APIRouter(tags=["llama.cpp"])
@@ -42,9 +42,7 @@ async def tokenize(request: Request):
 async def detokenize(request: Request):
     req = await parse_body(request, DetokenizeRequest)
     model = _model(request)
-    vocab = model.tokenizer.vocab_size
-    if any(not 0 <= t < vocab for t in req.tokens):
-        raise ApiError(400, f"'tokens' must be in [0, {vocab})", param="tokens")
+    check_token_ids(model, req.tokens, "tokens")
     text = model.detokenize(req.tokens)
     return {"content": text, "prompt": text}  # llama.cpp's key, vLLM's key
 

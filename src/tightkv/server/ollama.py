@@ -13,8 +13,8 @@ from starlette.responses import Response, StreamingResponse
 
 from .. import __version__
 from ..kernels import library
-from .common import (ApiError, JobStream, OllamaJSON, as_api_error, collect, events, finite, go_dumps, parse_body,
-                     request_body, start_job, stop_list)
+from .common import (ApiError, JobStream, OllamaJSON, as_api_error, check_token_ids, collect, events, finite, go_dumps,
+                     parse_body, request_body, start_job, stop_list)
 from ..engine.reasoning import thinking_tags
 from ..engine.tools import template_messages, tool_format
 from .outputs import check_constraint, constraint_options, ollama_logprobs
@@ -306,9 +306,7 @@ async def generate(request: Request):
     def prepare(model) -> Prepared:
         check_constraint(model, options)
         template_vars, split = _thinking(model, model_id, think, options)
-        vocab = model.tokenizer.vocab_size
-        if any(not 0 <= t < vocab for t in context):
-            raise ApiError(400, f"'context' token ids must be in [0, {vocab})")
+        check_token_ids(model, context, "context")
         if req.raw or not model.chat_template:
             text = req.prompt if req.raw or not req.system else f"{req.system}\n\n{req.prompt}"
             ids = model.tokenize(text, add_bos=not context)

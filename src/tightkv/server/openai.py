@@ -8,8 +8,8 @@ import uuid
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
-from .common import (ApiError, JobGroup, JobStream, as_api_error, collect_all, dumps, finite, parse_body,
-                     request_body, start_choices, stop_list)
+from .common import (ApiError, JobGroup, JobStream, as_api_error, check_token_ids, collect_all, dumps, finite,
+                     parse_body, request_body, start_choices, stop_list)
 from ..engine.sampling import SamplingParams
 from ..engine.tools import call_grammar, template_messages, tool_format
 from .outputs import chat_logprobs, check_constraint, completion_logprobs, constraint_options
@@ -124,11 +124,13 @@ def _seeded(prep: Prepared, i: int) -> Prepared:
     return prep
 
 
-def _usage(*stats) -> dict:
-    """Usage of a request's choices: the prompt once, the completions summed."""
-    prompt, done = stats[0].prompt_tokens, sum(s.generated_tokens for s in stats)
+def _usage(stats: list, n: int) -> dict:
+    """Usage of a request's choices, `n` per prompt (prompt-major): each prompt once, every
+    completion."""
+    prompts = stats[::n]
+    prompt, done = sum(s.prompt_tokens for s in prompts), sum(s.generated_tokens for s in stats)
     return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
-            "prompt_tokens_details": {"cached_tokens": stats[0].cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": sum(s.cached_tokens for s in prompts)}}
 
 
 def _text(content) -> str:
@@ -210,7 +212,7 @@ async def chat_completions(request: Request):
                             "finish_reason": answer.finish_reason(stats.finish_reason)})
             all_stats.append(stats)
         return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": model_id,
-                             "choices": choices, "usage": _usage(*all_stats)})
+                             "choices": choices, "usage": _usage(all_stats, n)})
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     head = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_id}
 
@@ -245,7 +247,7 @@ async def chat_completions(request: Request):
                 yield chunk(i, {}, answers[i].finish_reason(value.finish_reason))
                 finals.append(value)
                 if include_usage and len(finals) == n:
-                    yield f"data: {dumps({**head, 'choices': [], 'usage': _usage(*finals)})}\n\n"
+                    yield f"data: {dumps({**head, 'choices': [], 'usage': _usage(finals, n)})}\n\n"
             elif kind == ERROR:
                 yield f"data: {dumps(as_api_error(value).body(request.url.path))}\n\n"
         yield "data: [DONE]\n\n"
@@ -309,7 +311,7 @@ async def completions(request: Request):
         results = await collect_all(request, group)
         choices = [{"index": k, "text": echo_text[k // n] + text, "logprobs": logprobs(k, lps, 0, req.echo),
                     "finish_reason": stats.finish_reason} for k, (text, stats, lps) in enumerate(results)]
-        return JSONResponse({**head, "choices": choices, "usage": _usage_of_prompts([r[1] for r in results], n)})
+        return JSONResponse({**head, "choices": choices, "usage": _usage([r[1] for r in results], n)})
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
     def chunk(k: int, text: str, finish: str | None = None, lp: dict | None = None) -> str:
@@ -336,7 +338,7 @@ async def completions(request: Request):
                 yield chunk(k, "", value.finish_reason)
                 finals[k] = value
                 if include_usage and all(f is not None for f in finals):
-                    yield f"data: {dumps({**head, 'choices': [], 'usage': _usage_of_prompts(finals, n)})}\n\n"
+                    yield f"data: {dumps({**head, 'choices': [], 'usage': _usage(finals, n)})}\n\n"
             elif kind == ERROR:
                 yield f"data: {dumps(as_api_error(value).body(request.url.path))}\n\n"
         yield "data: [DONE]\n\n"
@@ -358,23 +360,12 @@ def _prompt_ids(model, prompt: str | list[int], where: str) -> list[int]:
     if isinstance(prompt, str):
         ids = model.tokenize(prompt)
     else:
-        vocab = model.tokenizer.vocab_size
-        if any(not 0 <= t < vocab for t in prompt):
-            raise ApiError(400, f"'{where}' token ids must be in [0, {vocab})", param=where)
+        check_token_ids(model, prompt, where)
         ids = list(prompt)
     if not ids:
         raise ApiError(400, f"'{where}' is empty and the model adds no BOS token: nothing to predict from",
                        param=where)
     return ids
-
-
-def _usage_of_prompts(stats: list, n: int) -> dict:
-    """Usage of a request's prompts (`n` choices each, prompt-major): each prompt once, every
-    completion."""
-    per_prompt = [_usage(*stats[p:p + n]) for p in range(0, len(stats), n)]
-    total = {key: sum(u[key] for u in per_prompt) for key in ("prompt_tokens", "completion_tokens", "total_tokens")}
-    cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in per_prompt)
-    return {**total, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _model_card(served) -> dict:
