@@ -9,6 +9,7 @@ Each chunk of the llama-perplexity protocol (essays, ctx 2048) is fed `--step` t
 at a time (16 by default: the decode kernel's row counts, as in speculative steps; 1:
 every position a decode step). Prints one row per mode.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,6 @@ from pathlib import Path
 
 from tightkv.eval.bench import machine
 from tightkv.eval.corpus import essays
-
 
 
 def measure(model, text: str, kv: str, chunks: int, step: int) -> dict:
@@ -50,14 +50,29 @@ def main() -> None:
         r = measure(model, text, ns.kv, ns.chunks, ns.step)
         rows.append({"mode": mode, "kv": ns.kv, **r})
     attention.set_int8()
-    print(f"| mode | kv | ppl | KLD mean | KLD p99 | same top-1 |  (essays, ctx 2048, {ns.chunks} chunks, "
-          f"{ns.step} tokens per step)")
+    print(
+        f"| mode | kv | ppl | KLD mean | KLD p99 | same top-1 |  (essays, ctx 2048, {ns.chunks} chunks, "
+        f"{ns.step} tokens per step)"
+    )
     for r in rows:
-        print(f"| {r['mode']} | {r['kv']} | {r['ppl']:.4f} | {r['kld_mean']:.5f} | {r['kld_p99']:.4f} | "
-              f"{r['same_top1']:.4f} |")
+        print(
+            f"| {r['mode']} | {r['kv']} | {r['ppl']:.4f} | {r['kld_mean']:.5f} | {r['kld_p99']:.4f} | "
+            f"{r['same_top1']:.4f} |"
+        )
     if ns.json:
-        Path(ns.json).write_text(json.dumps({"command": "python " + " ".join(sys.argv), "model": model.path.name,
-                                             "machine": machine(), "chunks": ns.chunks, "step": ns.step, "rows": rows}, indent=1))
+        Path(ns.json).write_text(
+            json.dumps(
+                {
+                    "command": "python " + " ".join(sys.argv),
+                    "model": model.path.name,
+                    "machine": machine(),
+                    "chunks": ns.chunks,
+                    "step": ns.step,
+                    "rows": rows,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ which the kernel reads them. Shapes: gemma (1 KV head, 4 query heads, head dim 2
 Gemma 3 270M's global layers), qwen (2 KV heads, 14 query heads, 64: Qwen2.5-0.5B),
 llama (8 KV, 32 query, 128), phi (32 KV, 32 query, 96), d80 (4 KV, 16 query, 80).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,11 @@ def fill(spec: str, hkv: int, h: int, d: int, depth: int, seed: int = 0):
             cache._forget()
         else:
             cache._append(k, v)
-    step = (torch.randn(h, 1, d, generator=g), torch.randn(hkv, 1, d, generator=g) + shift,
-            torch.randn(hkv, 1, d, generator=g))
+    step = (
+        torch.randn(h, 1, d, generator=g),
+        torch.randn(hkv, 1, d, generator=g) + shift,
+        torch.randn(hkv, 1, d, generator=g),
+    )
     return cache, step
 
 
@@ -51,17 +55,19 @@ def time_type(spec: str, shape: str, depth: int, reps: int, clock=time.perf_coun
     hkv, h, d = SHAPES[shape]
     cache, (q, k, v) = fill(spec, hkv, h, d, depth)
     if isinstance(cache, DenseCache):
-        cache.attend(q, k, v, d ** -0.5)  # the step's token appended, as in decode
+        cache.attend(q, k, v, d**-0.5)  # the step's token appended, as in decode
         from tightkv.kv import fused
 
         def run():
-            return fused.dense_attend(cache, q, d ** -0.5)
+            return fused.dense_attend(cache, q, d**-0.5)
+
         nbytes = cache.nbytes
     else:
         b = cache.append(k, v, q)
 
         def run():
-            return cache.attend_stored(q, b, d ** -0.5)
+            return cache.attend_stored(q, b, d**-0.5)
+
         nbytes = cache.nbytes
     for _ in range(3):
         run()
@@ -71,9 +77,15 @@ def time_type(spec: str, shape: str, depth: int, reps: int, clock=time.perf_coun
         run()
         times.append(clock() - t)
     best = min(times)
-    return {"kv": spec, "shape": shape, "depth": depth, "min_us": round(best * 1e6, 1),
-            "median_us": round(statistics.median(times) * 1e6, 1), "kv_bytes": nbytes,
-            "gb_s": round(nbytes / best / 1e9, 2)}
+    return {
+        "kv": spec,
+        "shape": shape,
+        "depth": depth,
+        "min_us": round(best * 1e6, 1),
+        "median_us": round(statistics.median(times) * 1e6, 1),
+        "kv_bytes": nbytes,
+        "gb_s": round(nbytes / best / 1e9, 2),
+    }
 
 
 def main() -> None:
@@ -83,8 +95,11 @@ def main() -> None:
     ap.add_argument("--types", default="f16,q8_0,k8v4,progressive,kvarn4,tq3,aggressive,kivi4,q4_0")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--cpu-time", action="store_true",
-                    help="time the calling thread's CPU time (with --threads 1: steady on a busy box)")
+    ap.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time the calling thread's CPU time (with --threads 1: steady on a busy box)",
+    )
     ap.add_argument("--int8", default="on", help="on, off or on,off: the kernel's integer paths (`set_int8`)")
     ap.add_argument("--json", help="write the rows here")
     ns = ap.parse_args()
@@ -104,8 +119,11 @@ def main() -> None:
             for spec in ns.types.split(","):
                 r = time_type(spec, shape, ns.depth, ns.reps, time.thread_time if ns.cpu_time else time.perf_counter)
                 rows.append({**r, "int8": mode})
-                print(f"{spec:<14} {mode:<4} {shape:<6} {ns.depth:>6} {r['min_us']:>9.1f} {r['median_us']:>10.1f} "
-                      f"{r['kv_bytes'] / 2**20:>8.2f} {r['gb_s']:>6.2f}", flush=True)
+                print(
+                    f"{spec:<14} {mode:<4} {shape:<6} {ns.depth:>6} {r['min_us']:>9.1f} {r['median_us']:>10.1f} "
+                    f"{r['kv_bytes'] / 2**20:>8.2f} {r['gb_s']:>6.2f}",
+                    flush=True,
+                )
     attention.set_int8()
     if ns.json:
         with open(ns.json, "w") as f:

@@ -7,6 +7,7 @@
 Prints ms and GB/s (weight bytes read per call / time) for 1-row (decode) and
 64-row (prefill) inputs, then one decode step over every linear layer of the model.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,12 @@ SHAPES = [  # name, qtype, (out_features, in_features)
     ("ffn_down", "Q6_K", (640, 2048)),
 ]
 REAL_NAMES = {
-    "token_embd/output": "token_embd.weight", "attn_q": "blk.0.attn_q.weight", "ffn_gate/up": "blk.0.ffn_gate.weight",
-    "attn_v": "blk.0.attn_v.weight", "attn_output": "blk.0.attn_output.weight", "ffn_down": "blk.0.ffn_down.weight",
+    "token_embd/output": "token_embd.weight",
+    "attn_q": "blk.0.attn_q.weight",
+    "ffn_gate/up": "blk.0.ffn_gate.weight",
+    "attn_v": "blk.0.attn_v.weight",
+    "attn_output": "blk.0.attn_output.weight",
+    "ffn_down": "blk.0.ffn_down.weight",
 }
 
 
@@ -77,7 +82,9 @@ def per_type(types: list[str], target: str | None, n: int = 2048, k: int = 2048,
             t = time.perf_counter()
             lib.tk_gemv(*args)
             best = min(best, time.perf_counter() - t)
-        print(f"{qtype:8s} {best * 1e6:7.0f} us {n * k / best / 1e9:6.2f} Gweights/s {raw.numel() / best / 1e9:6.2f} GB/s")
+        print(
+            f"{qtype:8s} {best * 1e6:7.0f} us {n * k / best / 1e9:6.2f} Gweights/s {raw.numel() / best / 1e9:6.2f} GB/s"
+        )
 
 
 def main() -> None:
@@ -104,7 +111,9 @@ def main() -> None:
     library.library()
     print(f"kernel: {library.status()} ({time.perf_counter() - t:.2f} s to load), threads={args.threads}")
 
-    print(f"{'tensor':18} {'type':5} {'shape':>12} {'MB':>6} | {'rows':>4} {'ref ms':>8} {'GB/s':>5} | {'fast ms':>8} {'GB/s':>5} | {'speedup':>7}")
+    print(
+        f"{'tensor':18} {'type':5} {'shape':>12} {'MB':>6} | {'rows':>4} {'ref ms':>8} {'GB/s':>5} | {'fast ms':>8} {'GB/s':>5} | {'speedup':>7}"
+    )
     for name, qtype, (n, k) in SHAPES:
         if g is not None:
             t = g.tensors[REAL_NAMES[name]]
@@ -121,8 +130,10 @@ def main() -> None:
                 ref = timeit(lambda: lin(x), budget=0.5, max_iters=5 if n > 100000 else 20)
             qm.set_backend("fast")
             fast = timeit(lambda: lin(x))
-            print(f"{name:18} {qtype:5} {f'{n}x{k}':>12} {gb * 1e3:6.1f} | {m:4d} {ref * 1e3:8.2f} {gb / ref:5.1f} | "
-                  f"{fast * 1e3:8.2f} {gb / fast:5.1f} | {ref / fast:6.1f}x")
+            print(
+                f"{name:18} {qtype:5} {f'{n}x{k}':>12} {gb * 1e3:6.1f} | {m:4d} {ref * 1e3:8.2f} {gb / ref:5.1f} | "
+                f"{fast * 1e3:8.2f} {gb / fast:5.1f} | {ref / fast:6.1f}x"
+            )
 
     if g is not None:  # one decode step: every linear layer once, 1 row each
         qm.set_backend("fast")
@@ -133,7 +144,9 @@ def main() -> None:
                 lins.append(qm.QuantLinear(qm.as_tensor(t.data), t.qtype, k, n))
         xs = {lin.in_features: torch.randn(1, lin.in_features) for lin in lins}
         total = sum(lin.nbytes for lin in lins) / 1e9
-        print(f"\ndecode step: all {len(lins)} weight matrices once, 1 row ({total * 1e3:.0f} MB; output tied to token_embd)")
+        print(
+            f"\ndecode step: all {len(lins)} weight matrices once, 1 row ({total * 1e3:.0f} MB; output tied to token_embd)"
+        )
         for threads in sorted({args.threads, 1}, reverse=True):
             torch.set_num_threads(threads)
             step = timeit(lambda: [lin(xs[lin.in_features]) for lin in lins], budget=2.0)

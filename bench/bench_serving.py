@@ -26,6 +26,7 @@ from its own log (flash attention on, swa_full off).
 Each server runs under a private TIGHTKV_HOME (the real one's models and kernels
 linked in), so the disk store starts empty.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOT_CTX = 4096  # context per slot in the streams sections (tightkv serve's default)
-QWEN = Path(os.environ.get("TIGHTKV_HOME") or Path.home() / ".cache" / "tightkv") / "models" / \
-    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+QWEN = (
+    Path(os.environ.get("TIGHTKV_HOME") or Path.home() / ".cache" / "tightkv")
+    / "models"
+    / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+)
 
 
 def free_port() -> int:
@@ -70,8 +74,18 @@ class Server:
 
     def __init__(self, model: str, home: Path, *args: str):
         self.port = free_port()
-        cmd = [sys.executable, "-m", "tightkv.cli", "serve", model, "--port", str(self.port),
-               "--log-level", "warning", *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tightkv.cli",
+            "serve",
+            model,
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+            *args,
+        ]
         self._start(cmd, {**os.environ, "TIGHTKV_HOME": str(home)})
 
     def _start(self, cmd: list[str], env: dict) -> None:
@@ -114,17 +128,39 @@ class LlamaServer(Server):
 
     def __init__(self, binary: str, model_path: str, parallel: int, ctx: int, threads: int):
         self.port = free_port()
-        self._start([binary, "-m", model_path, "--host", "127.0.0.1", "--port", str(self.port), "-np", str(parallel),
-                     "-c", str(ctx * parallel), "-t", str(threads), "--no-webui"], dict(os.environ))
+        self._start(
+            [
+                binary,
+                "-m",
+                model_path,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "-np",
+                str(parallel),
+                "-c",
+                str(ctx * parallel),
+                "-t",
+                str(threads),
+                "--no-webui",
+            ],
+            dict(os.environ),
+        )
 
 
 def timed_chat(client, model: str, content: str, max_tokens: int, temperature: float = 0.0) -> dict:
     """One streamed chat: time to first token, inter-token gaps, usage."""
     t0 = time.perf_counter()
     first, stamps, usage, text = None, [], None, ""
-    for chunk in client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
-                                                temperature=temperature, max_tokens=max_tokens, stream=True,
-                                                stream_options={"include_usage": True}):
+    for chunk in client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": content}],
+        temperature=temperature,
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+    ):
         if chunk.usage:
             usage = chunk.usage
         if chunk.choices and chunk.choices[0].delta.content:
@@ -133,10 +169,14 @@ def timed_chat(client, model: str, content: str, max_tokens: int, temperature: f
             stamps.append(now)
             text += chunk.choices[0].delta.content
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-    return {"ttft_s": round((first or time.perf_counter()) - t0, 3), "gaps": gaps, "text": text,
-            "prompt_tokens": usage.prompt_tokens if usage else None,
-            "cached_tokens": usage.prompt_tokens_details.cached_tokens if usage and usage.prompt_tokens_details else 0,
-            "completion_tokens": usage.completion_tokens if usage else 0}
+    return {
+        "ttft_s": round((first or time.perf_counter()) - t0, 3),
+        "gaps": gaps,
+        "text": text,
+        "prompt_tokens": usage.prompt_tokens if usage else None,
+        "cached_tokens": usage.prompt_tokens_details.cached_tokens if usage and usage.prompt_tokens_details else 0,
+        "completion_tokens": usage.completion_tokens if usage else 0,
+    }
 
 
 def document(model_path: str, tokens: int) -> str:
@@ -152,9 +192,12 @@ def document(model_path: str, tokens: int) -> str:
 
 def prefix_section(model: str, name: str, home: Path, doc_tokens: int, ctx: int, threads: int) -> dict:
     doc = document(model, doc_tokens)
-    asks = {"cold": "What is the first essay about?", "warm (another question)": "Who wrote these essays?",
-            "after restart (another question)": "What advice do the essays give?",
-            "after restart (the first question)": "What is the first essay about?"}
+    asks = {
+        "cold": "What is the first essay about?",
+        "warm (another question)": "Who wrote these essays?",
+        "after restart (another question)": "What advice do the essays give?",
+        "after restart (the first question)": "What is the first essay about?",
+    }
     rows = []
     args = ("--ctx", str(ctx), "--threads", str(threads), "--parallel", "1")
     for labels in (list(asks)[:2], list(asks)[2:]):  # one server, then a restarted one over the same store
@@ -163,8 +206,10 @@ def prefix_section(model: str, name: str, home: Path, doc_tokens: int, ctx: int,
             for label in labels:
                 r = timed_chat(srv.client(), name, f"{doc}\n\nQuestion: {asks[label]}\nAnswer:", 16)
                 rows.append({"request": label, **{k: v for k, v in r.items() if k not in ("gaps", "text")}})
-                print(f"  {label:<36} ttft {r['ttft_s']:7.2f}s  cached {r['cached_tokens']}/{r['prompt_tokens']}",
-                      flush=True)
+                print(
+                    f"  {label:<36} ttft {r['ttft_s']:7.2f}s  cached {r['cached_tokens']}/{r['prompt_tokens']}",
+                    flush=True,
+                )
         finally:
             srv.stop()
     cold = rows[0]["ttft_s"]
@@ -173,8 +218,9 @@ def prefix_section(model: str, name: str, home: Path, doc_tokens: int, ctx: int,
     return {"doc_tokens": doc_tokens, "ctx": ctx, "rows": rows}
 
 
-def streams_section(model: str, name: str, home: Path, counts: list[int], gen: int, threads: int,
-                    temperature: float) -> list[dict]:
+def streams_section(
+    model: str, name: str, home: Path, counts: list[int], gen: int, threads: int, temperature: float
+) -> list[dict]:
     srv = Server(model, home, "--threads", str(threads), "--parallel", str(max(counts)), "--ctx", str(SLOT_CTX))
     try:
         return run_streams(srv, name, counts, gen, temperature)
@@ -182,8 +228,9 @@ def streams_section(model: str, name: str, home: Path, counts: list[int], gen: i
         srv.stop()
 
 
-def llama_server_section(binary: str, model: str, name: str, counts: list[int], gen: int, threads: int,
-                         temperature: float) -> list[dict]:
+def llama_server_section(
+    binary: str, model: str, name: str, counts: list[int], gen: int, threads: int, temperature: float
+) -> list[dict]:
     """The streams of `streams_section`, against llama-server on the same GGUF, threads and
     context per slot."""
     from tightkv import registry
@@ -219,14 +266,22 @@ def run_streams(srv, name: str, counts: list[int], gen: int, temperature: float)
         ttft = sorted(r["ttft_s"] for r in results)
         gaps = sorted(g for r in results for g in r["gaps"])
         tokens = sum(r["completion_tokens"] for r in results)
-        row = {"streams": n, "tokens": tokens, "wall_s": round(wall, 3),
-               "aggregate_tok_s": round(tokens / wall, 2),
-               "ttft_p50_s": round(_pct(ttft, 50), 3), "ttft_p95_s": round(_pct(ttft, 95), 3),
-               "itl_p50_ms": round(1e3 * _pct(gaps, 50), 1) if gaps else None,
-               "itl_p95_ms": round(1e3 * _pct(gaps, 95), 1) if gaps else None}
+        row = {
+            "streams": n,
+            "tokens": tokens,
+            "wall_s": round(wall, 3),
+            "aggregate_tok_s": round(tokens / wall, 2),
+            "ttft_p50_s": round(_pct(ttft, 50), 3),
+            "ttft_p95_s": round(_pct(ttft, 95), 3),
+            "itl_p50_ms": round(1e3 * _pct(gaps, 50), 1) if gaps else None,
+            "itl_p95_ms": round(1e3 * _pct(gaps, 95), 1) if gaps else None,
+        }
         out.append(row)
-        print(f"  {n} streams: {row['aggregate_tok_s']:6.1f} tok/s aggregate, ttft p50 {row['ttft_p50_s']}s "
-              f"p95 {row['ttft_p95_s']}s, itl p50 {row['itl_p50_ms']} ms p95 {row['itl_p95_ms']} ms", flush=True)
+        print(
+            f"  {n} streams: {row['aggregate_tok_s']:6.1f} tok/s aggregate, ttft p50 {row['ttft_p50_s']}s "
+            f"p95 {row['ttft_p95_s']}s, itl p50 {row['itl_p50_ms']} ms p95 {row['itl_p95_ms']} ms",
+            flush=True,
+        )
     return out
 
 
@@ -239,8 +294,9 @@ def memory_section(model: str, name: str, home: Path, n: int, tokens: int, threa
     import urllib.request
 
     doc = document(model, tokens - 64)
-    srv = Server(model, home, "--threads", str(threads), "--parallel", str(n), "--ctx", str(tokens + 256),
-                 "--cache-ram", "0")
+    srv = Server(
+        model, home, "--threads", str(threads), "--parallel", str(n), "--ctx", str(tokens + 256), "--cache-ram", "0"
+    )
     peak = {"kv": 0, "rss": 0}
     stop = threading.Event()
 
@@ -257,8 +313,12 @@ def memory_section(model: str, name: str, home: Path, n: int, tokens: int, threa
     watcher = threading.Thread(target=watch, daemon=True)
     try:
         watcher.start()
-        jobs = [threading.Thread(target=timed_chat, args=(srv.client(), name, f"{doc}\n\nConversation {i}: "
-                                                          "what is this about?", 128)) for i in range(n)]
+        jobs = [
+            threading.Thread(
+                target=timed_chat, args=(srv.client(), name, f"{doc}\n\nConversation {i}: what is this about?", 128)
+            )
+            for i in range(n)
+        ]
         for t in jobs:
             t.start()
         for t in jobs:
@@ -271,10 +331,18 @@ def memory_section(model: str, name: str, home: Path, n: int, tokens: int, threa
 
     m = Model(model, context_length=tokens + 256)
     ours = {kv: n * sum(c.bytes_at(tokens) for c in m.new_cache(kv)) for kv in ("progressive", "f16")}
-    row = {"conversations": n, "tokens_each": tokens, "peak_kv_bytes": peak["kv"], "peak_rss_bytes": peak["rss"],
-           "computed_kv_bytes": ours}
-    print(f"  {n} x {tokens} tokens: peak KV {peak['kv'] / 2**20:.1f} MiB (computed {ours['progressive'] / 2**20:.1f}; "
-          f"f16 {ours['f16'] / 2**20:.1f}), peak RSS {peak['rss'] / 2**20:.0f} MiB", flush=True)
+    row = {
+        "conversations": n,
+        "tokens_each": tokens,
+        "peak_kv_bytes": peak["kv"],
+        "peak_rss_bytes": peak["rss"],
+        "computed_kv_bytes": ours,
+    }
+    print(
+        f"  {n} x {tokens} tokens: peak KV {peak['kv'] / 2**20:.1f} MiB (computed {ours['progressive'] / 2**20:.1f}; "
+        f"f16 {ours['f16'] / 2**20:.1f}), peak RSS {peak['rss'] / 2**20:.0f} MiB",
+        flush=True,
+    )
     return row
 
 
@@ -287,8 +355,10 @@ def llamacpp_kv(model: str, n: int, tokens: int) -> dict:
     from tightkv import registry
 
     path = str(registry.resolve(model, quiet=True)) if not model.endswith(".gguf") else model
-    code = ("import sys; from llama_cpp import Llama; Llama(model_path=sys.argv[1], n_ctx=int(sys.argv[2]), "
-            "flash_attn=True, swa_full=False, verbose=True, n_threads=1)")
+    code = (
+        "import sys; from llama_cpp import Llama; Llama(model_path=sys.argv[1], n_ctx=int(sys.argv[2]), "
+        "flash_attn=True, swa_full=False, verbose=True, n_threads=1)"
+    )
     r = subprocess.run([sys.executable, "-c", code, path, str(tokens)], capture_output=True, text=True, timeout=300)
     sizes = [float(x) for x in re.findall(r"llama_kv_cache: size = +([\d.]+) MiB", r.stderr)]
     if r.returncode or not sizes:
@@ -307,8 +377,13 @@ def machine() -> dict:
     from tightkv.eval.bench import machine as cpu_and_kernels  # the CPU's name with its family and model
 
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return {"cpu": cpu_and_kernels()["cpu"], "cores": os.cpu_count(), "avx512": " avx512f" in flags,
-            "avx2": " avx2" in flags, "python": platform.python_version()}
+    return {
+        "cpu": cpu_and_kernels()["cpu"],
+        "cores": os.cpu_count(),
+        "avx512": " avx512f" in flags,
+        "avx2": " avx2" in flags,
+        "python": platform.python_version(),
+    }
 
 
 def _machine_text(m: dict) -> str:
@@ -317,18 +392,31 @@ def _machine_text(m: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default=None, help="comma-separated (default: gemma3:270m, and Qwen2.5-Coder-0.5B "
-                                                   "when bench/qwen_model.py has assembled it)")
+    ap.add_argument(
+        "--models",
+        default=None,
+        help="comma-separated (default: gemma3:270m, and Qwen2.5-Coder-0.5B when bench/qwen_model.py has assembled it)",
+    )
     ap.add_argument("--doc-tokens", type=int, default=8192, help="document length in tokens (default 8192)")
     ap.add_argument("--streams", default="1,2,4,8", help="concurrent stream counts (default 1,2,4,8)")
     ap.add_argument("--gen", type=int, default=64, help="tokens per stream (default 64)")
     ap.add_argument("--threads", type=int, default=2, help="server threads (default 2)")
-    ap.add_argument("--temperature", type=float, default=0.0,
-                    help="the streams' sampling temperature (default 0, greedy; its rows go under streams_tT)")
-    ap.add_argument("--sections", default="prefix,streams,memory,llamacpp-kv",
-                    help="any of prefix, streams, memory, llamacpp-kv, llama-server (default: all but llama-server)")
-    ap.add_argument("--llama-server", default=str(Path.home() / ".cache/tightkv/llama-server/build/bin/llama-server"),
-                    help="llama-server binary for the llama-server section (bench/build_llama_server.sh)")
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="the streams' sampling temperature (default 0, greedy; its rows go under streams_tT)",
+    )
+    ap.add_argument(
+        "--sections",
+        default="prefix,streams,memory,llamacpp-kv",
+        help="any of prefix, streams, memory, llamacpp-kv, llama-server (default: all but llama-server)",
+    )
+    ap.add_argument(
+        "--llama-server",
+        default=str(Path.home() / ".cache/tightkv/llama-server/build/bin/llama-server"),
+        help="llama-server binary for the llama-server section (bench/build_llama_server.sh)",
+    )
     ap.add_argument("--json", default=None, metavar="FILE", help="write the results here")
     ns = ap.parse_args()
     models = ns.models.split(",") if ns.models else ["gemma3:270m"] + ([str(QWEN)] if QWEN.exists() else [])
@@ -340,9 +428,12 @@ def main() -> int:
         ap.error(f"no llama-server at {ns.llama_server}: bash bench/build_llama_server.sh DIR builds it")
     old = json.loads(Path(ns.json).read_text()) if ns.json and Path(ns.json).exists() else {}
     command = "python bench/bench_serving.py " + " ".join(sys.argv[1:])
-    result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"),
-              "commands": [c for c in old.get("commands", []) if c != command] + [command],
-              "models": dict(old.get("models", {}))}
+    result = {
+        "machine": machine(),
+        "date": time.strftime("%Y-%m-%d"),
+        "commands": [c for c in old.get("commands", []) if c != command] + [command],
+        "models": dict(old.get("models", {})),
+    }
     for model in models:
         name = Path(model).stem if model.endswith(".gguf") else model
         print(f"{name}:", flush=True)
@@ -362,12 +453,16 @@ def main() -> int:
             if "llama-server" in sections:
                 print("  llama-server:", flush=True)
                 counts = [int(x) for x in ns.streams.split(",")]
-                entry["llama_server_streams" + tag] = llama_server_section(ns.llama_server, model, name, counts, ns.gen,
-                                                                           ns.threads, ns.temperature)
+                entry["llama_server_streams" + tag] = llama_server_section(
+                    ns.llama_server, model, name, counts, ns.gen, ns.threads, ns.temperature
+                )
             shutil.rmtree(home / "documents", ignore_errors=True)
         before = old.get("models", {}).get(name, {})
-        entry["measured_on"] = {**{k: _machine_text(old["machine"]) for k in before if k != "measured_on"},
-                                **before.get("measured_on", {}), **{k: _machine_text(result["machine"]) for k in entry}}
+        entry["measured_on"] = {
+            **{k: _machine_text(old["machine"]) for k in before if k != "measured_on"},
+            **before.get("measured_on", {}),
+            **{k: _machine_text(result["machine"]) for k in entry},
+        }
         result["models"][name] = {**before, **entry}  # sections not rerun stay, with the machine they ran on
     if ns.json:
         Path(ns.json).write_text(json.dumps(result, indent=1) + "\n")

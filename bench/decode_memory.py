@@ -9,6 +9,7 @@ read the peak. The check: the decode's peak RSS is within 5% of the model's load
 cache's own bytes (`nbytes`). The RSS after the fill is printed too (the allocator keeps some
 of the prefill's buffers).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,17 @@ def _measure(model: str | None, kv: str, tokens: int, steps: int, threads: int, 
         f.write("5")
     for tok in bench_tokens(steps, m.args.vocab_size, 3):
         decode_step(m.net, tok, cache)
-    queue.put({"kv": kv, "tokens": tokens, "steps": steps, "load_rss": load, "filled_rss": filled,
-               "decode_peak_rss": _status("VmHWM"), "cache_bytes": sum(c.nbytes for c in cache)})
+    queue.put(
+        {
+            "kv": kv,
+            "tokens": tokens,
+            "steps": steps,
+            "load_rss": load,
+            "filled_rss": filled,
+            "decode_peak_rss": _status("VmHWM"),
+            "cache_bytes": sum(c.nbytes for c in cache),
+        }
+    )
 
 
 def run(model: str | None, kv: str, tokens: int, steps: int, threads: int) -> dict:
@@ -78,13 +88,16 @@ def main() -> int:
     print(f"| kv | load RSS MiB | cache MiB | RSS after fill MiB | decode peak RSS MiB | peak / (load + cache) |")
     print("|---|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['kv']} | {r['load_rss'] / mib:.0f} | {r['cache_bytes'] / mib:.1f} | {r['filled_rss'] / mib:.0f} "
-              f"| {r['decode_peak_rss'] / mib:.0f} | {r['ratio']:.3f} {'ok' if r['ok'] else 'OVER'} |")
+        print(
+            f"| {r['kv']} | {r['load_rss'] / mib:.0f} | {r['cache_bytes'] / mib:.1f} | {r['filled_rss'] / mib:.0f} "
+            f"| {r['decode_peak_rss'] / mib:.0f} | {r['ratio']:.3f} {'ok' if r['ok'] else 'OVER'} |"
+        )
     if ns.json:
         from tightkv.eval.bench import machine
 
-        json.dump({"machine": machine(), "tokens": ns.tokens, "steps": ns.steps, "rows": rows}, open(ns.json, "w"),
-                  indent=1)
+        json.dump(
+            {"machine": machine(), "tokens": ns.tokens, "steps": ns.steps, "rows": rows}, open(ns.json, "w"), indent=1
+        )
     return 0  # a benchmark reports; the table says which rows are over
 
 

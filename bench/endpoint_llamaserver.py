@@ -13,6 +13,7 @@ one-line message that says so; the local perplexity rows come from the same comm
 run locally. Each step's output is kept in the JSON, and a rerun skips the steps
 already there.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,14 @@ def niah(where: list[str]) -> dict:
         if r.returncode:
             raise SystemExit(r.stderr)
         results = json.loads(Path(f.name).read_text())["results"]
-    return {k: {"passed": sum(c["passed"] for c in v["cells"]), "cells": len(v["cells"]),
-                "failed": [c for c in v["cells"] if not c["passed"]]} for k, v in results.items()}
+    return {
+        k: {
+            "passed": sum(c["passed"] for c in v["cells"]),
+            "cells": len(v["cells"]),
+            "failed": [c for c in v["cells"] if not c["passed"]],
+        }
+        for k, v in results.items()
+    }
 
 
 def docqa(where: list[str]) -> dict:
@@ -64,14 +71,37 @@ def ppl(where: list[str], essays: str) -> dict:
 
 
 def llama_server(binary: Path, model: str, kv: str, port: int):
-    cmd = [str(binary), "-m", model, "-c", "8448", "-fa", "on", "-ctk", kv, "-ctv", kv, "-np", "1", "-t", "2",
-           "--port", str(port), "--host", "127.0.0.1", "--no-webui"]
+    cmd = [
+        str(binary),
+        "-m",
+        model,
+        "-c",
+        "8448",
+        "-fa",
+        "on",
+        "-ctk",
+        kv,
+        "-ctv",
+        kv,
+        "-np",
+        "1",
+        "-t",
+        "2",
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--no-webui",
+    ]
     return start(cmd, port, timeout=300)
 
 
 def table(doc: dict) -> str:
-    lines = ["| engine | kv | needles (1K-8K x 5) | docqa full | s/question | docqa rag | s/question | "
-             "PPL (essays, 2048 x 2) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| engine | kv | needles (1K-8K x 5) | docqa full | s/question | docqa rag | s/question | "
+        "PPL (essays, 2048 x 2) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for kv in doc["types"]:
         for engine in ("tightkv", "llama-server"):
             row = doc["runs"].get(f"{engine}|{kv}", {})
@@ -83,8 +113,10 @@ def table(doc: dict) -> str:
             ptext = "no prompt logprobs" if "error" in p else (f"{p[kv]['ppl']:.4f}" if kv in p else "")
             acc = lambda r: f"{r['correct']}/{r['n']}" if r else ""  # noqa: E731
             sec = lambda r: f"{r['sec_per_q']:.2f}" if r else ""  # noqa: E731
-            lines.append(f"| {engine} | {kv} | {n.get('passed', '')}/{n.get('cells', '')} | {acc(full)} | {sec(full)} | "
-                         f"{acc(rag)} | {sec(rag)} | {ptext} |")
+            lines.append(
+                f"| {engine} | {kv} | {n.get('passed', '')}/{n.get('cells', '')} | {acc(full)} | {sec(full)} | "
+                f"{acc(rag)} | {sec(rag)} | {ptext} |"
+            )
     return "\n".join(lines)
 
 
@@ -105,9 +137,17 @@ def main() -> int:
     types = ns.types.split(",")
     out = Path(ns.json) if ns.json else None
     doc = json.loads(out.read_text()) if out and out.exists() else {}
-    doc.update({"model": "gemma3:270m", "types": types, "server": binary.name,
-                "llama_server_flags": "-c 8448 -fa on -ctk T -ctv T -np 1 -t 2", "niah": NIAH, "docqa": DOCQA,
-                "ppl": ["-c", PPL_CTX, "--chunks", PPL_CHUNKS]})
+    doc.update(
+        {
+            "model": "gemma3:270m",
+            "types": types,
+            "server": binary.name,
+            "llama_server_flags": "-c 8448 -fa on -ctk T -ctv T -np 1 -t 2",
+            "niah": NIAH,
+            "docqa": DOCQA,
+            "ppl": ["-c", PPL_CTX, "--chunks", PPL_CHUNKS],
+        }
+    )
     runs = doc.setdefault("runs", {})
 
     def save() -> None:
@@ -117,16 +157,22 @@ def main() -> int:
     for kv in types:
         key = f"tightkv|{kv}"
         if key not in runs:
-            runs[key] = {"niah": niah(["--kv", kv]), "docqa": docqa(["--compare", kv]),
-                         "ppl": ppl(["--kv", kv], essays)}
+            runs[key] = {
+                "niah": niah(["--kv", kv]),
+                "docqa": docqa(["--compare", kv]),
+                "ppl": ppl(["--kv", kv], essays),
+            }
             save()
         key = f"llama-server|{kv}"
         if key not in runs:
             proc = llama_server(binary, model, kv, ns.port)
             url = f"http://127.0.0.1:{ns.port}/v1"
             try:
-                runs[key] = {"niah": niah(["--endpoint", url]), "docqa": docqa(["--endpoint", url]),
-                             "ppl": ppl(["--endpoint", url], essays)}
+                runs[key] = {
+                    "niah": niah(["--endpoint", url]),
+                    "docqa": docqa(["--endpoint", url]),
+                    "ppl": ppl(["--endpoint", url], essays),
+                }
             finally:
                 proc.terminate()
                 proc.wait(30)

@@ -11,6 +11,7 @@ content-type checks), `--examples` cases per operation. The embeddings routes an
 the run: operations, cases, failures (each with its operation and message).
 Exits 1 when any check failed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,11 +58,30 @@ def main() -> int:
             schema = Path(tmp) / "openapi.json"
             schema.write_text(json.dumps(pinned_schema(ns.port)))
             junit = Path(tmp) / "junit.xml"
-            cmd = ["schemathesis", "run", str(schema), "--url", f"http://127.0.0.1:{ns.port}", "-c", CHECKS,
-                   *(x for p in BY_DESIGN_5XX for x in ("--exclude-path", p)),
-                   "-n", str(ns.examples), "--seed", "7", "--request-timeout", "120", "-w", "1",
-                   "--phases", "examples,fuzzing",  # the coverage phase's hundreds of cases per body take hours here
-                   "--report", "junit", "--report-junit-path", str(junit)]
+            cmd = [
+                "schemathesis",
+                "run",
+                str(schema),
+                "--url",
+                f"http://127.0.0.1:{ns.port}",
+                "-c",
+                CHECKS,
+                *(x for p in BY_DESIGN_5XX for x in ("--exclude-path", p)),
+                "-n",
+                str(ns.examples),
+                "--seed",
+                "7",
+                "--request-timeout",
+                "120",
+                "-w",
+                "1",
+                "--phases",
+                "examples,fuzzing",  # the coverage phase's hundreds of cases per body take hours here
+                "--report",
+                "junit",
+                "--report-junit-path",
+                str(junit),
+            ]
             print("$ " + " ".join(cmd), flush=True)
             run = subprocess.run(cmd, capture_output=True, text=True)
             print(run.stdout[-20000:], run.stderr[-2000:], sep="\n")
@@ -72,8 +92,9 @@ def main() -> int:
         proc.wait(10)
     print(json.dumps({k: v for k, v in summary.items() if k != "failures"}, indent=1))
     if ns.report:
-        Path(ns.report).write_text(json.dumps({"examples_per_operation": ns.examples, "checks": CHECKS,
-                                               "exit_code": rc, **summary}, indent=1))
+        Path(ns.report).write_text(
+            json.dumps({"examples_per_operation": ns.examples, "checks": CHECKS, "exit_code": rc, **summary}, indent=1)
+        )
     return 1 if rc else 0
 
 

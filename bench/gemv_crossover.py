@@ -5,6 +5,7 @@ against dequantized tiles + float32 matmul (`qmatmul.gemv_max_rows` is their cro
 
 Prints ms per input row, best of 3 calls in each of 3 alternating rounds.
 """
+
 from __future__ import annotations
 
 import argparse

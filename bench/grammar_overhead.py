@@ -7,6 +7,7 @@ the allowed-token bitmask and to accept the token, per token, against one decode
 the model (greedy, another prompt). tightkv uses llguidance (`engine/grammar.py`): greedy,
 it checks the best token's bit; sampled, it masks the whole vocabulary (the second row).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,9 +18,16 @@ import time
 
 import numpy as np
 
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags"],
-          "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
-                         "tags": {"type": "array", "items": {"type": "string"}}}}
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "age", "tags"],
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+    },
+}
 REPLY = '{"name": "Ada Lovelace, a mathematician of note", "age": 36, "tags": ["math", "engines", "poetry"]}'
 
 
@@ -49,10 +57,10 @@ def time_xgrammar(model, ids: list[int]) -> list[float]:
 
     tok = model.tokenizer
     vocab = [tok.token_bytes(i) for i in range(tok.vocab_size)]
-    info = xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.RAW,
-                             vocab_size=tok.vocab_size, stop_token_ids=sorted(tok.eot_ids))
-    compiled = xgr.GrammarCompiler(info, max_threads=1).compile_json_schema(json.dumps(SCHEMA),
-                                                                            any_whitespace=False)
+    info = xgr.TokenizerInfo(
+        vocab, vocab_type=xgr.VocabType.RAW, vocab_size=tok.vocab_size, stop_token_ids=sorted(tok.eot_ids)
+    )
+    compiled = xgr.GrammarCompiler(info, max_threads=1).compile_json_schema(json.dumps(SCHEMA), any_whitespace=False)
     m = xgr.GrammarMatcher(compiled)
     bits = xgr.allocate_token_bitmask(1, tok.vocab_size)
     out = []
@@ -83,23 +91,43 @@ def main() -> int:
     ids = model.tokenize(REPLY, add_bos=False)
     step = decode_seconds(model)
     rows = {}
-    engines = (("llguidance", time_llguidance), ("llguidance, sampled", time_llguidance_sampled),
-               ("xgrammar", time_xgrammar))
+    engines = (
+        ("llguidance", time_llguidance),
+        ("llguidance, sampled", time_llguidance_sampled),
+        ("xgrammar", time_xgrammar),
+    )
     for name, fn in engines:
         fn(model, ids)  # warm: compile caches, first-use costs
         times = [statistics.median(x) for x in zip(*(fn(model, ids) for _ in range(3)))]
-        rows[name] = {"mean_us": 1e6 * float(np.mean(times)), "p90_us": 1e6 * float(np.percentile(times, 90)),
-                      "max_us": 1e6 * max(times), "of_decode_step": float(np.mean(times)) / step}
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
-               platform.processor())
+        rows[name] = {
+            "mean_us": 1e6 * float(np.mean(times)),
+            "p90_us": 1e6 * float(np.percentile(times, 90)),
+            "max_us": 1e6 * max(times),
+            "of_decode_step": float(np.mean(times)) / step,
+        }
+    cpu = next(
+        (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
+        platform.processor(),
+    )
     print(f"{cpu}; vocabulary {model.tokenizer.vocab_size}; {len(ids)} tokens; decode step {1e3 * step:.1f} ms")
     print(f"{'engine':<20}{'mean us':>10}{'p90 us':>10}{'max us':>10}{'of a step':>11}")
     for name, r in rows.items():
-        print(f"{name:<20}{r['mean_us']:>10.0f}{r['p90_us']:>10.0f}{r['max_us']:>10.0f}{100 * r['of_decode_step']:>10.1f}%")
+        print(
+            f"{name:<20}{r['mean_us']:>10.0f}{r['p90_us']:>10.0f}{r['max_us']:>10.0f}{100 * r['of_decode_step']:>10.1f}%"
+        )
     if ns.json:
         with open(ns.json, "w") as f:
-            json.dump({"cpu": cpu, "vocab": model.tokenizer.vocab_size, "tokens": len(ids),
-                       "decode_step_ms": 1e3 * step, "engines": rows}, f, indent=1)
+            json.dump(
+                {
+                    "cpu": cpu,
+                    "vocab": model.tokenizer.vocab_size,
+                    "tokens": len(ids),
+                    "decode_step_ms": 1e3 * step,
+                    "engines": rows,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

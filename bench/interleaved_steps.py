@@ -9,6 +9,7 @@ rounds). Here every type's cache is filled to the same depth, then each step run
 on each type in turn, so a slow spell of the machine falls on all of them alike; the table
 gives each type's median step and its ratio to the first type's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,16 +57,33 @@ def main() -> None:
                 decode_step(model.net, tok, caches[k])
                 times[k].append(time.perf_counter() - t)
     base = statistics.median(times[kinds[0]])
-    rows = [{"kv": k, "median_step_ms": round(statistics.median(v) * 1e3, 3), "mean_step_ms": round(statistics.mean(v) * 1e3, 3),
-             "vs_first": round(statistics.median(v) / base, 4)} for k, v in times.items()]
-    print(f"{model.path.name}, depth {args.depth}, {args.steps} steps x {args.rounds} rounds, "
-          f"{args.threads} threads, {library.status()}")
+    rows = [
+        {
+            "kv": k,
+            "median_step_ms": round(statistics.median(v) * 1e3, 3),
+            "mean_step_ms": round(statistics.mean(v) * 1e3, 3),
+            "vs_first": round(statistics.median(v) / base, 4),
+        }
+        for k, v in times.items()
+    ]
+    print(
+        f"{model.path.name}, depth {args.depth}, {args.steps} steps x {args.rounds} rounds, "
+        f"{args.threads} threads, {library.status()}"
+    )
     print("| kv | median step ms | mean step ms | vs " + kinds[0] + " |\n|---|---:|---:|---:|")
     for r in rows:
         print(f"| {r['kv']} | {r['median_step_ms']:.2f} | {r['mean_step_ms']:.2f} | {r['vs_first']:.3f}x |")
     if args.json:
-        write_json(args.json, "bench/interleaved_steps.py", model=model.path.name, depth=args.depth, steps=args.steps,
-                   rounds=args.rounds, threads=args.threads, rows=rows)
+        write_json(
+            args.json,
+            "bench/interleaved_steps.py",
+            model=model.path.name,
+            depth=args.depth,
+            steps=args.steps,
+            rounds=args.rounds,
+            threads=args.threads,
+            rows=rows,
+        )
 
 
 if __name__ == "__main__":

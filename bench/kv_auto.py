@@ -12,6 +12,7 @@ later essays (prose) and the brief's Markdown, where tq4 misses the bar. ΔPPL i
 measured on 2 chunks of 2048 tokens for every chosen type (resumable: types already
 in --json are kept).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from texts import held_out_texts  # noqa: E402
 
 CTX = 32768
-TIERS = [("q8_0", "f16"), ("kvarn4", "k8v4"), ("progressive", "q4_0"), ("aggressive", "progressive"),
-         ("tq3", "aggressive")]  # (largest type that fits, smallest that does not)
+TIERS = [
+    ("q8_0", "f16"),
+    ("kvarn4", "k8v4"),
+    ("progressive", "q4_0"),
+    ("aggressive", "progressive"),
+    ("tq3", "aggressive"),
+]  # (largest type that fits, smallest that does not)
 PPL_CHUNKS = 2
 
 
@@ -75,10 +81,16 @@ def main() -> int:
         t0 = time.perf_counter()
         probe_kld(model, ids, DEFAULT)
         probe_s = time.perf_counter() - t0
-        long_ids = model.tokenize(texts["essays-late"])[:CTX - 512]
+        long_ids = model.tokenize(texts["essays-late"])[: CTX - 512]
         load_s = cold_load_seconds(model, long_ids, DEFAULT)
-        doc["cost"] = {"probe_s": round(probe_s, 2), "probe_tokens": len(ids), "cold_load_s": round(load_s, 2),
-                       "cold_load_tokens": len(long_ids), "kv": DEFAULT, "ratio": round(probe_s / load_s, 4)}
+        doc["cost"] = {
+            "probe_s": round(probe_s, 2),
+            "probe_tokens": len(ids),
+            "cold_load_s": round(load_s, 2),
+            "cold_load_tokens": len(long_ids),
+            "kv": DEFAULT,
+            "ratio": round(probe_s / load_s, 4),
+        }
         print(f"probe {probe_s:.1f}s, cold load of {len(long_ids)} tokens {load_s:.1f}s", flush=True)
         save()
     choices = doc.setdefault("choices", {})
@@ -94,21 +106,29 @@ def main() -> int:
                     choices[key] = {"kv": None, "error": str(err)}
                 save()
         # every type chosen on this text, measured in one run beside f16
-        todo = sorted({c["kv"] for k, c in choices.items() if k.startswith(name + "|") and c["kv"]}
-                      - {k.split("|")[1] for k in ppl if k.startswith(name + "|")})
+        todo = sorted(
+            {c["kv"] for k, c in choices.items() if k.startswith(name + "|") and c["kv"]}
+            - {k.split("|")[1] for k in ppl if k.startswith(name + "|")}
+        )
         if todo:
             r = perplexity(model, text, 2048, PPL_CHUNKS, ["f16", *todo])
             for kv in todo:
-                ppl[f"{name}|{kv}"] = {"dppl": r[kv]["ppl"] / r["f16"]["ppl"] - 1, "kld": r[kv]["kld_mean"],
-                                       "ppl": r[kv]["ppl"], "f16_ppl": r["f16"]["ppl"]}
+                ppl[f"{name}|{kv}"] = {
+                    "dppl": r[kv]["ppl"] / r["f16"]["ppl"] - 1,
+                    "kld": r[kv]["kld_mean"],
+                    "ppl": r[kv]["ppl"],
+                    "f16_ppl": r["f16"]["ppl"],
+                }
             save()
     print(table(doc))
     return 0
 
 
 def table(doc: dict) -> str:
-    lines = ["| text | budget admits | auto chose | probed KLD | ΔPPL there (2 chunks) | KLD there | meets +0.5% |",
-             "|---|---|---|---:|---:|---:|---|"]
+    lines = [
+        "| text | budget admits | auto chose | probed KLD | ΔPPL there (2 chunks) | KLD there | meets +0.5% |",
+        "|---|---|---|---:|---:|---:|---|",
+    ]
     for key, c in doc["choices"].items():
         name, tier = key.split("|")
         if not c.get("kv"):
@@ -116,8 +136,10 @@ def table(doc: dict) -> str:
             continue
         p = doc["ppl"].get(f"{name}|{c['kv']}", {})
         dppl = f"{100 * p['dppl']:+.2f}%" if p else ""
-        lines.append(f"| {name} | {tier} | {c['kv']} | {c['kld']:.5f} | {dppl} | {p.get('kld', 0):.5f} | "
-                     f"{'yes' if p and p['dppl'] <= 0.005 else 'no' if p else ''} |")
+        lines.append(
+            f"| {name} | {tier} | {c['kv']} | {c['kld']:.5f} | {dppl} | {p.get('kld', 0):.5f} | "
+            f"{'yes' if p and p['dppl'] <= 0.005 else 'no' if p else ''} |"
+        )
     return "\n".join(lines)
 
 

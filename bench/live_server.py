@@ -1,4 +1,5 @@
 """`tightkv serve` of the embedded model on loopback for the bench scripts that drive a live server."""
+
 from __future__ import annotations
 
 import subprocess
@@ -9,8 +10,22 @@ import urllib.request
 
 def serve(port: int, ctx: int) -> subprocess.Popen:
     """Start the server (2 threads, no prompt files on disk) and wait until /health answers 200."""
-    cmd = [sys.executable, "-m", "tightkv.cli", "serve", "--port", str(port), "--ctx", str(ctx), "--threads", "2",
-           "--cache-disk", "0", "--log-level", "error"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tightkv.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--ctx",
+        str(ctx),
+        "--threads",
+        "2",
+        "--cache-disk",
+        "0",
+        "--log-level",
+        "error",
+    ]
     return start(cmd, port)
 
 

@@ -11,6 +11,7 @@ server's echo + logprobs. The same loglikelihoods are then computed in this proc
 (`Model.logits`, the same token split as the harness makes), and the script checks that
 the harness's per-choice numbers and accuracy match ours. Exits 1 when they do not.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,16 +35,32 @@ def run_harness(port: int, out: Path, batch_size: int) -> tuple[float, list[dict
     include.mkdir()
     yaml = (TASK / "tightkv_facts.yaml").read_text().replace("DATA_FILE", str(TASK / "capitals.jsonl"))
     (include / "tightkv_facts.yaml").write_text(yaml)
-    cmd = ["lm_eval", "--model", "local-completions", "--tasks", "tightkv_facts", "--include_path", str(include),
-           "--model_args", f"model=gemma3:270m,base_url=http://127.0.0.1:{port}/v1/completions,"
-                           "tokenizer_backend=remote,num_concurrent=1,max_retries=1,tokenized_requests=True",
-           "--output_path", str(out / "results"), "--log_samples", "--batch_size", str(batch_size)]
+    cmd = [
+        "lm_eval",
+        "--model",
+        "local-completions",
+        "--tasks",
+        "tightkv_facts",
+        "--include_path",
+        str(include),
+        "--model_args",
+        f"model=gemma3:270m,base_url=http://127.0.0.1:{port}/v1/completions,"
+        "tokenizer_backend=remote,num_concurrent=1,max_retries=1,tokenized_requests=True",
+        "--output_path",
+        str(out / "results"),
+        "--log_samples",
+        "--batch_size",
+        str(batch_size),
+    ]
     print("$ " + " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
     results = next((out / "results").rglob("results_*.json"))
     acc = json.loads(results.read_text())["results"]["tightkv_facts"]["acc,none"]
-    samples = [json.loads(line) for p in (out / "results").rglob("samples_tightkv_facts_*.jsonl")
-               for line in p.read_text().splitlines()]
+    samples = [
+        json.loads(line)
+        for p in (out / "results").rglob("samples_tightkv_facts_*.jsonl")
+        for line in p.read_text().splitlines()
+    ]
     return acc, sorted(samples, key=lambda s: s["doc_id"])
 
 
@@ -54,7 +71,7 @@ def our_loglikelihoods(doc: dict, model) -> list[float]:
     for choice in doc["choices"]:
         context = model.tokenize(doc["question"], add_bos=False)
         whole = model.tokenize(doc["question"] + " " + choice, add_bos=False)
-        cont = whole[len(context):]
+        cont = whole[len(context) :]
         ids = context + cont
         logits = model.logits(ids)
         lsm = logits - logits.max(-1, keepdims=True)
@@ -87,13 +104,26 @@ def main() -> int:
         ours_right += int(np.argmax(ours) == s["doc"]["answer"])
     ours_acc = ours_right / len(samples)
     ok = worst <= TOLERANCE and abs(ours_acc - acc) < 1e-9
-    print(f"lm_eval acc {acc:.3f} over {len(samples)} questions; ours {ours_acc:.3f}; "
-          f"largest loglikelihood difference {worst:.4f} nats ({'ok' if ok else 'MISMATCH'})")
+    print(
+        f"lm_eval acc {acc:.3f} over {len(samples)} questions; ours {ours_acc:.3f}; "
+        f"largest loglikelihood difference {worst:.4f} nats ({'ok' if ok else 'MISMATCH'})"
+    )
     if ns.json:
-        Path(ns.json).write_text(json.dumps({"task": "tightkv_facts", "batch_size": ns.batch_size,
-                                             "questions": len(samples), "lm_eval_acc": acc,
-                                             "our_acc": ours_acc, "max_loglikelihood_diff": worst,
-                                             "tolerance": TOLERANCE, "ok": ok}, indent=1))
+        Path(ns.json).write_text(
+            json.dumps(
+                {
+                    "task": "tightkv_facts",
+                    "batch_size": ns.batch_size,
+                    "questions": len(samples),
+                    "lm_eval_acc": acc,
+                    "our_acc": ours_acc,
+                    "max_loglikelihood_diff": worst,
+                    "tolerance": TOLERANCE,
+                    "ok": ok,
+                },
+                indent=1,
+            )
+        )
     return 0 if ok else 1
 
 

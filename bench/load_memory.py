@@ -3,6 +3,7 @@
 
     python bench/load_memory.py [MODEL] [--json PATH]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,15 @@ def measure(name: str | None) -> dict:
     loaded = rss()
     rise = loaded - base
     bound = 1.3 * size + 100e6
-    return {"model": str(m.path), "gguf_bytes": size, "rss_after_torch": base, "rss_loaded": loaded,
-            "rise_bytes": rise, "bound_bytes": int(bound), "ok": rise <= bound}
+    return {
+        "model": str(m.path),
+        "gguf_bytes": size,
+        "rss_after_torch": base,
+        "rss_loaded": loaded,
+        "rise_bytes": rise,
+        "bound_bytes": int(bound),
+        "ok": rise <= bound,
+    }
 
 
 def main() -> int:
@@ -43,8 +51,10 @@ def main() -> int:
     print(f"GGUF size        {r['gguf_bytes'] / mb:8.1f} MB")
     print(f"RSS after torch  {r['rss_after_torch'] / mb:8.1f} MB")
     print(f"RSS loaded       {r['rss_loaded'] / mb:8.1f} MB (after a 4-token generation)")
-    print(f"rise             {r['rise_bytes'] / mb:8.1f} MB   bound {r['bound_bytes'] / mb:.1f} MB   "
-          f"{'OK' if r['ok'] else 'OVER'}")
+    print(
+        f"rise             {r['rise_bytes'] / mb:8.1f} MB   bound {r['bound_bytes'] / mb:.1f} MB   "
+        f"{'OK' if r['ok'] else 'OVER'}"
+    )
     if ns.json:
         json.dump(r, open(ns.json, "w"), indent=1)
     return 0 if r["ok"] else 1

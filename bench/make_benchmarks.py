@@ -40,9 +40,22 @@ from tightkv.eval.corpus import essays_path
 
 from render_benchmarks import render
 from sections import (
-    DOCQA_ARGS, DOCQA_TYPES, NIAH_RERUN_TYPES, NIAH_TYPES, OUT,
-    POLICY_CHUNKS, PPL_TYPES, PREFILL_TYPES, ROOT, SECTIONS, SPEED_QWEN_TYPES, SPEED_TYPES, TEXTS_RUNS,
-    USER_NEEDLES, USER_NEEDLE_TYPES, policy_types,
+    DOCQA_ARGS,
+    DOCQA_TYPES,
+    NIAH_RERUN_TYPES,
+    NIAH_TYPES,
+    OUT,
+    POLICY_CHUNKS,
+    PPL_TYPES,
+    PREFILL_TYPES,
+    ROOT,
+    SECTIONS,
+    SPEED_QWEN_TYPES,
+    SPEED_TYPES,
+    TEXTS_RUNS,
+    USER_NEEDLES,
+    USER_NEEDLE_TYPES,
+    policy_types,
 )
 
 BRIEF = None  # --brief DIR: the project brief's docs folder, the `shared-docs` text of ppl-texts
@@ -67,12 +80,20 @@ def run_machine() -> None:
     for _ in range(5):
         x.sum()
     gbs = 5 * x.numel() * 4 / (time.perf_counter() - t) / 1e9
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    doc = {"cpu": cpu, "cores": psutil.cpu_count(logical=False), "threads": psutil.cpu_count(),
-           "memory_gb": round(psutil.virtual_memory().total / 1e9, 1), "read_gb_s_2_threads": round(gbs, 1),
-           "python": platform.python_version(), "torch": torch.__version__,
-           "date": datetime.date.today().isoformat()}
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+        platform.processor(),
+    )
+    doc = {
+        "cpu": cpu,
+        "cores": psutil.cpu_count(logical=False),
+        "threads": psutil.cpu_count(),
+        "memory_gb": round(psutil.virtual_memory().total / 1e9, 1),
+        "read_gb_s_2_threads": round(gbs, 1),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+    }
     (OUT / "machine.json").write_text(json.dumps(doc, indent=1))
 
 
@@ -81,8 +102,9 @@ def run_section(name: str) -> None:
     if name == "machine":
         run_machine()
     elif name == "memory":
-        subprocess.run([sys.executable, str(ROOT / "bench" / "load_memory.py"), "--json", str(OUT / "memory.json")],
-                       check=True)
+        subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "load_memory.py"), "--json", str(OUT / "memory.json")], check=True
+        )
     elif name == "ppl":
         _ppl(PPL_TYPES, OUT / "ppl.json")
     elif name == "ppl-texts":
@@ -102,25 +124,89 @@ def run_section(name: str) -> None:
         flags = [x for n, q, a in USER_NEEDLES for x in ("--needle", n, "--question", q, "--answer", a)]
         _niah(USER_NEEDLE_TYPES, OUT / "niah_needles.json", ROOT / "docs" / "niah_needles.png", *flags)
     elif name == "docqa":
-        tightkv("docqa", "--compare", DOCQA_TYPES, *DOCQA_ARGS, "--threads", "2", "--essays", str(essays_path()),
-                "--json", str(OUT / "docqa.json"))
+        tightkv(
+            "docqa",
+            "--compare",
+            DOCQA_TYPES,
+            *DOCQA_ARGS,
+            "--threads",
+            "2",
+            "--essays",
+            str(essays_path()),
+            "--json",
+            str(OUT / "docqa.json"),
+        )
     elif name == "synthetic":
-        subprocess.run([sys.executable, str(ROOT / "bench" / "synthetic_llama.py"), "--depth", "16384", "--n-gen", "32",
-                        "--ours", "f16,progressive", "--llamacpp", "f16", "--json", str(OUT / "synthetic_llama.json")],
-                       check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "bench" / "synthetic_llama.py"),
+                "--depth",
+                "16384",
+                "--n-gen",
+                "32",
+                "--ours",
+                "f16,progressive",
+                "--llamacpp",
+                "f16",
+                "--json",
+                str(OUT / "synthetic_llama.json"),
+            ],
+            check=True,
+        )
     elif name == "decode-memory":
-        subprocess.run([sys.executable, str(ROOT / "bench" / "decode_memory.py"), "-n", "32000", "--compare",
-                        "f16,progressive,kvarn4", "--json", str(OUT / "decode_memory.json")], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "bench" / "decode_memory.py"),
+                "-n",
+                "32000",
+                "--compare",
+                "f16,progressive,kvarn4",
+                "--json",
+                str(OUT / "decode_memory.json"),
+            ],
+            check=True,
+        )
     elif name == "prefill-cost":
-        subprocess.run([sys.executable, str(ROOT / "bench" / "prefill_cost.py"), "--compare", PREFILL_TYPES, "--rounds",
-                        "2", "--json", str(speed_path(name))], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "bench" / "prefill_cost.py"),
+                "--compare",
+                PREFILL_TYPES,
+                "--rounds",
+                "2",
+                "--json",
+                str(speed_path(name)),
+            ],
+            check=True,
+        )
     elif name in ("speed", "speed-qwen"):
         from qwen_model import qwen_path  # bench/qwen_model.py: assembled from PyPI, verified
 
         model = [] if name == "speed" else [str(qwen_path())]
-        tightkv("bench", *model, "--depths", "16,2048,8192", "--n-gen", "64", "-r", "3", "-p", "512", "-c", "8448",
-                "--compare", SPEED_TYPES if name == "speed" else SPEED_QWEN_TYPES, "--threads", "2", "--vs-llamacpp",
-                "--json", str(speed_path(name)))
+        tightkv(
+            "bench",
+            *model,
+            "--depths",
+            "16,2048,8192",
+            "--n-gen",
+            "64",
+            "-r",
+            "3",
+            "-p",
+            "512",
+            "-c",
+            "8448",
+            "--compare",
+            SPEED_TYPES if name == "speed" else SPEED_QWEN_TYPES,
+            "--threads",
+            "2",
+            "--vs-llamacpp",
+            "--json",
+            str(speed_path(name)),
+        )
 
 
 def speed_path(name: str) -> Path:
@@ -160,13 +246,43 @@ def run_texts() -> None:
 
 
 def _ppl(types: str, out: Path, text: Path | None = None, chunks: int = 6, model: list[str] = ()) -> None:
-    tightkv("ppl", *model, "--file", str(text or essays_path()), "--ctx", "2048", "--chunks", str(chunks), "--compare", types,
-            "--threads", "2", "--json", str(out))
+    tightkv(
+        "ppl",
+        *model,
+        "--file",
+        str(text or essays_path()),
+        "--ctx",
+        "2048",
+        "--chunks",
+        str(chunks),
+        "--compare",
+        types,
+        "--threads",
+        "2",
+        "--json",
+        str(out),
+    )
 
 
 def _niah(types: str, out: Path, png: Path, *flags: str) -> None:
-    tightkv("niah", "--lengths", "1024,4096,8192", "--depths", "0,25,50,75,100", "--haystack", str(essays_path()),
-            "--compare", types, "--threads", "2", "--png", str(png), "--json", str(out), *flags)
+    tightkv(
+        "niah",
+        "--lengths",
+        "1024,4096,8192",
+        "--depths",
+        "0,25,50,75,100",
+        "--haystack",
+        str(essays_path()),
+        "--compare",
+        types,
+        "--threads",
+        "2",
+        "--png",
+        str(png),
+        "--json",
+        str(out),
+        *flags,
+    )
 
 
 def _merge(name: str, part: Path) -> dict:
@@ -193,7 +309,7 @@ def main() -> int:
     global BRIEF
     BRIEF = Path(ns.brief) if ns.brief else None
     if not ns.render:
-        for name in (ns.only.split(",") if ns.only else SECTIONS):
+        for name in ns.only.split(",") if ns.only else SECTIONS:
             run_section(name.strip())
     (ROOT / "docs" / "benchmarks.md").write_text(render())
     print(f"wrote {ROOT / 'docs' / 'benchmarks.md'}")

@@ -7,6 +7,7 @@ the chunk alone and then the decode batch (what the step did before).
 Each round gives every sequence a fresh cache holding a 21-token prefix (a chat's system
 prompt), the running ones also their 18-token turn; prints ms per step, each round and best.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -6,6 +6,7 @@ rows) against the same forward with torch on all its threads.
 
 Prints ms per chunk and per token, best of 3 alternating rounds.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -9,6 +9,7 @@ types taking turns round by round, and prints a table of tokens/s and the time
 relative to the first type (medians over the rounds). The issue's bar: at most
 1.3x the f16 time at 8K tokens.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,17 +48,33 @@ def main() -> None:
             times[kv].append(time.perf_counter() - t)
             print(f"round {r + 1}: {kv}: {ns.tokens / times[kv][-1]:.1f} tok/s", file=sys.stderr, flush=True)
     base = statistics.median(times[kinds[0]])
-    rows = [{"kv": k, "tok_s": round(ns.tokens / statistics.median(v), 1), "seconds": [round(x, 2) for x in v],
-             "vs_first": round(statistics.median(v) / base, 3)} for k, v in times.items()]
+    rows = [
+        {
+            "kv": k,
+            "tok_s": round(ns.tokens / statistics.median(v), 1),
+            "seconds": [round(x, 2) for x in v],
+            "vs_first": round(statistics.median(v) / base, 3),
+        }
+        for k, v in times.items()
+    ]
     mach = machine()
-    print(f"{ns.model}, prefill of {ns.tokens} tokens, {ns.threads} threads, medians of {ns.rounds}; "
-          f"{mach['cpu']}, kernels {mach['kernels']}")
+    print(
+        f"{ns.model}, prefill of {ns.tokens} tokens, {ns.threads} threads, medians of {ns.rounds}; "
+        f"{mach['cpu']}, kernels {mach['kernels']}"
+    )
     print(f"| kv | tok/s | time vs {kinds[0]} |\n|---|---:|---:|")
     for row in rows:
         print(f"| {row['kv']} | {row['tok_s']:.1f} | {row['vs_first']:.2f}x |")
     if ns.json:
-        write_json(ns.json, "bench/prefill_cost.py", model=ns.model, tokens=ns.tokens, rounds=ns.rounds,
-                   threads=ns.threads, rows=rows)
+        write_json(
+            ns.json,
+            "bench/prefill_cost.py",
+            model=ns.model,
+            tokens=ns.tokens,
+            rounds=ns.rounds,
+            threads=ns.threads,
+            rows=rows,
+        )
 
 
 if __name__ == "__main__":

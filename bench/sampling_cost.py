@@ -10,6 +10,7 @@ the sampler's time per token (torch on one thread, as in a decode step) beside a
 full sort and `torch.multinomial` over the whole vocabulary, and decode tokens/s through
 `Model.generate` beside greedy (the settings taking turns round by round; medians).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,12 @@ SETTINGS = {
     "ollama default (T 0.8, k 40, p 0.9)": {"temperature": 0.8, "top_k": 40, "top_p": 0.9},
     "T 0.8, top-p 0.9": {"temperature": 0.8, "top_p": 0.9},
     "T 0.8, min-p 0.05": {"temperature": 0.8, "min_p": 0.05},
-    "T 1, frequency 0.5, presence 0.5, 2 biases": {"temperature": 1.0, "frequency_penalty": 0.5,
-                                                    "presence_penalty": 0.5, "logit_bias": {0: -100.0, 1: -100.0}},
+    "T 1, frequency 0.5, presence 0.5, 2 biases": {
+        "temperature": 1.0,
+        "frequency_penalty": 0.5,
+        "presence_penalty": 0.5,
+        "logit_bias": {0: -100.0, 1: -100.0},
+    },
 }
 PROMPT = "The history of the Roman Empire"
 
@@ -59,8 +64,15 @@ def sampler_costs(model: Model) -> list[dict]:
     try:
         g = torch.Generator().manual_seed(0)
         plain = per_call_ms(lambda: full_sort_draw(logits, g))
-        return [{"setting": name, "sampler_ms": round(per_call_ms(lambda s=Sampler(SamplingParams(seed=0, **kw)): s(logits, history)), 3),
-                 "full_sort_ms": round(plain, 3)} for name, kw in SETTINGS.items() if kw["temperature"] > 0]
+        return [
+            {
+                "setting": name,
+                "sampler_ms": round(per_call_ms(lambda s=Sampler(SamplingParams(seed=0, **kw)): s(logits, history)), 3),
+                "full_sort_ms": round(plain, 3),
+            }
+            for name, kw in SETTINGS.items()
+            if kw["temperature"] > 0
+        ]
     finally:
         torch.set_num_threads(threads)
 
@@ -88,17 +100,30 @@ def main() -> None:
         speeds = decode_speeds(model, ns.tokens, ns.rounds)
         vocab = model.args.vocab_size
     mach = machine()
-    print(f"{ns.model} (vocabulary {vocab}), {ns.threads} threads, decode medians of {ns.rounds}; "
-          f"{mach['cpu']}, kernels {mach['kernels']}")
-    print("| setting | sampler ms/token | full sort + multinomial ms | decode tok/s | vs greedy |\n|---|---:|---:|---:|---:|")
+    print(
+        f"{ns.model} (vocabulary {vocab}), {ns.threads} threads, decode medians of {ns.rounds}; "
+        f"{mach['cpu']}, kernels {mach['kernels']}"
+    )
+    print(
+        "| setting | sampler ms/token | full sort + multinomial ms | decode tok/s | vs greedy |\n|---|---:|---:|---:|---:|"
+    )
     cost = {c["setting"]: c for c in costs}
     for name, tps in speeds.items():
         c = cost.get(name)
         ms = f"{c['sampler_ms']:.2f} | {c['full_sort_ms']:.2f}" if c else "argmax | -"
         print(f"| {name} | {ms} | {tps:.1f} | {tps / speeds['greedy']:.2f}x |")
     if ns.json:
-        write_json(ns.json, "bench/sampling_cost.py", model=ns.model, vocab=vocab, tokens=ns.tokens, rounds=ns.rounds,
-                   threads=ns.threads, sampler=costs, decode_tok_s=speeds)
+        write_json(
+            ns.json,
+            "bench/sampling_cost.py",
+            model=ns.model,
+            vocab=vocab,
+            tokens=ns.tokens,
+            rounds=ns.rounds,
+            threads=ns.threads,
+            sampler=costs,
+            decode_tok_s=speeds,
+        )
 
 
 if __name__ == "__main__":

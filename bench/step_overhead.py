@@ -7,6 +7,7 @@ depth 16 (with --streams N, batched steps of N sequences, as the server runs the
 (Python, torch ops, caches gone cold after the weights streamed through), and each
 entry point's share with its calls per step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,20 @@ from tightkv import Model
 from tightkv.engine.generate import decode_batch, prefill
 from tightkv.kernels import library
 
-ENTRY_POINTS = ["tk_gemv", "tk_gemv_parts", "tk_ffn_block", "tk_qkv_block", "tk_glu", "tk_attn", "tk_rms_norm", "tk_add_rms_norm", "tk_qkv_heads", "tk_rope_neox",
-                "tk_tq_encode", "tk_kvarn_encode"]
+ENTRY_POINTS = [
+    "tk_gemv",
+    "tk_gemv_parts",
+    "tk_ffn_block",
+    "tk_qkv_block",
+    "tk_glu",
+    "tk_attn",
+    "tk_rms_norm",
+    "tk_add_rms_norm",
+    "tk_qkv_heads",
+    "tk_rope_neox",
+    "tk_tq_encode",
+    "tk_kvarn_encode",
+]
 
 
 class Timed:
@@ -59,8 +72,10 @@ def main() -> None:
     tokens = [100 + i for i in range(args.streams)]
     for _ in range(5):
         decode_batch(model.net, tokens, caches)
-    print(f"{library.status()}, {args.threads} thread(s), KV {args.kv}, {args.streams} stream(s), "
-          f"{args.steps} steps per round")
+    print(
+        f"{library.status()}, {args.threads} thread(s), KV {args.kv}, {args.streams} stream(s), "
+        f"{args.steps} steps per round"
+    )
     for _ in range(args.rounds):
         spent.clear()
         calls.clear()
@@ -70,7 +85,9 @@ def main() -> None:
         step = (time.perf_counter() - t) / args.steps
         inside = sum(spent.values()) / args.steps
         parts = ", ".join(f"{k} {v / args.steps * 1e3:.2f} ms ({calls[k] // args.steps})" for k, v in spent.items())
-        print(f"step {step * 1e3:.2f} ms = in kernels {inside * 1e3:.2f} + outside {(step - inside) * 1e3:.2f} | {parts}")
+        print(
+            f"step {step * 1e3:.2f} ms = in kernels {inside * 1e3:.2f} + outside {(step - inside) * 1e3:.2f} | {parts}"
+        )
 
 
 if __name__ == "__main__":

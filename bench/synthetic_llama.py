@@ -11,6 +11,7 @@ Both engines get the same token ids and threads; each engine fills its cache to
 `depth` tokens with a prefill, then decodes `n-gen` tokens one at a time (the
 first step is not timed). Prints a table and writes JSON. Not a timed test.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,18 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = dict(hidden=2048, heads=16, kv_heads=8, head_dim=128, layers=16, intermediate=4096, context=32768,
-              vocab=300, rope_base=500000.0, eps=1e-5)
+CONFIG = dict(
+    hidden=2048,
+    heads=16,
+    kv_heads=8,
+    head_dim=128,
+    layers=16,
+    intermediate=4096,
+    context=32768,
+    vocab=300,
+    rope_base=500000.0,
+    eps=1e-5,
+)
 
 
 def write_model(path: Path, seed: int = 0) -> Path:
@@ -36,7 +47,7 @@ def write_model(path: Path, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
 
     def mat(out, inp):
-        return (rng.standard_normal((out, inp), dtype=np.float32) / np.float32(np.sqrt(inp)))
+        return rng.standard_normal((out, inp), dtype=np.float32) / np.float32(np.sqrt(inp))
 
     h, hd = c["hidden"], c["head_dim"]
     t = {"token_embd.weight": rng.standard_normal((c["vocab"], h), dtype=np.float32) * np.float32(0.4)}
@@ -53,8 +64,9 @@ def write_model(path: Path, seed: int = 0) -> Path:
         t[p + "ffn_down.weight"] = mat(h, c["intermediate"])
     t["output_norm.weight"] = np.ones(h, np.float32)
     t["output.weight"] = mat(c["vocab"], h)
-    return write_gguf(path, "llama", _family_metadata(c), t, llama_vocab(c["vocab"]), qtype="Q4_0",
-                      name="synthetic-llama")
+    return write_gguf(
+        path, "llama", _family_metadata(c), t, llama_vocab(c["vocab"]), qtype="Q4_0", name="synthetic-llama"
+    )
 
 
 def tokens(n: int, seed: int) -> list[int]:
@@ -85,8 +97,16 @@ def ours(path: Path, kv: str, depth: int, n_gen: int, threads: int, reps: int) -
         kv_bytes = sum(c.nbytes for c in cache)
         del cache
     model.close()
-    return {"engine": "tightkv", "kv": kv, "depth": depth, "tg_tok_s": statistics.median(runs), "tg_runs": runs,
-            "pp_tok_s": statistics.median(pp), "kv_bytes": kv_bytes, "peak_rss": peak_rss()}
+    return {
+        "engine": "tightkv",
+        "kv": kv,
+        "depth": depth,
+        "tg_tok_s": statistics.median(runs),
+        "tg_runs": runs,
+        "pp_tok_s": statistics.median(pp),
+        "kv_bytes": kv_bytes,
+        "peak_rss": peak_rss(),
+    }
 
 
 def llamacpp(path: Path, kv: str, depth: int, n_gen: int, threads: int, reps: int) -> dict:
@@ -95,8 +115,17 @@ def llamacpp(path: Path, kv: str, depth: int, n_gen: int, threads: int, reps: in
     from tightkv.eval.bench import LLAMA_KV_TYPES, peak_rss
 
     kw = {"flash_attn": True, "swa_full": False}  # as llama-server and llama-cli run
-    m = Llama(str(path), n_ctx=depth + n_gen + 8, n_threads=threads, n_threads_batch=threads, n_batch=512,
-              type_k=LLAMA_KV_TYPES[kv], type_v=LLAMA_KV_TYPES[kv], verbose=False, **kw)
+    m = Llama(
+        str(path),
+        n_ctx=depth + n_gen + 8,
+        n_threads=threads,
+        n_threads_batch=threads,
+        n_batch=512,
+        type_k=LLAMA_KV_TYPES[kv],
+        type_v=LLAMA_KV_TYPES[kv],
+        verbose=False,
+        **kw,
+    )
     context, steps = [1] + tokens(depth - 1, 2), tokens(n_gen + 1, 3)
     runs, pp = [], []
     for _ in range(reps):
@@ -109,8 +138,16 @@ def llamacpp(path: Path, kv: str, depth: int, n_gen: int, threads: int, reps: in
         for tok in steps[1:]:
             m.eval([tok])
         runs.append(n_gen / (time.perf_counter() - t))
-    return {"engine": "llama.cpp", "kv": kv, "depth": depth, "tg_tok_s": statistics.median(runs), "tg_runs": runs,
-            "pp_tok_s": statistics.median(pp), "kv_bytes": 0, "peak_rss": peak_rss()}
+    return {
+        "engine": "llama.cpp",
+        "kv": kv,
+        "depth": depth,
+        "tg_tok_s": statistics.median(runs),
+        "tg_runs": runs,
+        "pp_tok_s": statistics.median(pp),
+        "kv_bytes": 0,
+        "peak_rss": peak_rss(),
+    }
 
 
 def _child(fn, args, queue):
@@ -159,8 +196,10 @@ def main() -> None:
         if path is None:
             t = time.perf_counter()
             path = write_model(Path(tmp) / "synthetic-llama-q4_0.gguf")
-            print(f"wrote {path.name} ({path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t:.0f} s",
-                  file=sys.stderr)
+            print(
+                f"wrote {path.name} ({path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t:.0f} s",
+                file=sys.stderr,
+            )
         rows = []
         runs = [(ours, "tightkv", kv) for kv in filter(None, ns.ours.split(","))]
         runs += [(llamacpp, "llama.cpp", kv) for kv in filter(None, ns.llamacpp.split(","))]
@@ -175,10 +214,14 @@ def main() -> None:
     for r in rows:
         ratio = f"{r['tg_tok_s'] / base:.2f}x" if base else ""
         kv_mib = f"{r['kv_bytes'] / 2**20:.0f}" if r["kv_bytes"] else ""
-        print(f"| {r['engine']:<9} | {r['kv']:<11} | {r['depth']:>5} | {r['tg_tok_s']:6.2f} | {ratio:>16} "
-              f"| {r['pp_tok_s']:6.1f} | {kv_mib:>6} | {r['peak_rss'] / 2**20:12.0f} |")
-    print(f"synthetic Llama (16 layers, 8 KV heads of 128, hidden 2048, Q4_0), {ns.threads} threads, "
-          f"{ns.n_gen} tokens, medians of {ns.reps}")
+        print(
+            f"| {r['engine']:<9} | {r['kv']:<11} | {r['depth']:>5} | {r['tg_tok_s']:6.2f} | {ratio:>16} "
+            f"| {r['pp_tok_s']:6.1f} | {kv_mib:>6} | {r['peak_rss'] / 2**20:12.0f} |"
+        )
+    print(
+        f"synthetic Llama (16 layers, 8 KV heads of 128, hidden 2048, Q4_0), {ns.threads} threads, "
+        f"{ns.n_gen} tokens, medians of {ns.reps}"
+    )
 
 
 if __name__ == "__main__":

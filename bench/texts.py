@@ -1,11 +1,12 @@
 """The held-out texts of `make_benchmarks.py --only ppl-texts`, each from a fixed local source.
 
-    essays-late  the essays from character 300,000 on (English prose)
-    shared-docs  the project brief's docs/*.md (technical Markdown with tables and code; needs --brief DIR)
-    python-code  CPython 3.11's own standard-library sources (argparse, dataclasses, ...), read from disk
-    korean       the Korean constitution and ten Korean bills, the corpus shipped in the PyPI wheel
-                 konlpy 0.6.0 (fetched with `pip download --no-deps` into the cache, never installed)
+essays-late  the essays from character 300,000 on (English prose)
+shared-docs  the project brief's docs/*.md (technical Markdown with tables and code; needs --brief DIR)
+python-code  CPython 3.11's own standard-library sources (argparse, dataclasses, ...), read from disk
+korean       the Korean constitution and ten Korean bills, the corpus shipped in the PyPI wheel
+             konlpy 0.6.0 (fetched with `pip download --no-deps` into the cache, never installed)
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -35,8 +36,9 @@ def korean() -> str:
     if wheel is None:
         cache.mkdir(parents=True, exist_ok=True)
         print(f"fetching {KONLPY} from PyPI for its Korean corpus (19 MB)...", file=sys.stderr, flush=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache), KONLPY],
-                       check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache), KONLPY], check=True
+        )
         wheel = next(cache.glob("konlpy-0.6.0-*.whl"))
     with zipfile.ZipFile(wheel) as z:
         names = sorted(n for n in z.namelist() if "/data/corpus/" in n and n.endswith(".txt"))

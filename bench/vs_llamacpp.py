@@ -15,6 +15,7 @@ own rounding (it quantizes activations to 8 bits) from ours.
 
     python bench/vs_llamacpp.py [MODEL] [--seed N] [--hf] [--json PATH]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,20 +27,68 @@ from pathlib import Path
 import numpy as np
 
 NEAR_TIE = 0.5
-PROMPTS = ["The largest planet in our solar system is", "In 1492, Columbus", "import numpy as np\n",
-           "The chemical symbol for gold is", "My favorite food is", "The capital of France is",
-           "Once upon a time, there was a", "def fibonacci(n):", "The three primary colors are",
-           "Water boils at a temperature of", "Paris is the capital of", "The quick brown fox", "1, 2, 3, 4,",
-           "Translate to French: cheese =", "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n",
-           "Le chat est", "日本の首都は", "SELECT name FROM", "The meaning of life is", "Q: Who wrote Hamlet?\nA:",
-           "The speed of light is", "Photosynthesis is the process", "for i in range(10):\n   ",
-           "The first president of the United States was", "Mount Everest is located in"]
-EDGE_CASES = ["", " ", "  ", "\n", "\n\n\n", "\t\tx", "Hello  world  ", "naïve café", "日本語のテキスト",
-              "中文测试，标点。", "한국어 텍스트", "Привет, мир!", "مرحبا بالعالم", "🙂🙃👍🏽👨‍👩‍👧‍👦", "a\u200bb",
-              "\u00a0nbsp", "CRLF\r\nline", "x\x00y", "<start_of_turn>user\nhi<end_of_turn>", "<bos>text<eos>",
-              "<pad><unk><mask>", "    indented\n\tmixed", "1234567890 3.14159 -42 1e-9", "ﬁ ligature",
-              "Ａｂｃ fullwidth", "e\u0301 combining", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "▁already▁has▁marker", "a" * 300, " " * 40,
-              "<start_of_image>", "<unused0>", "<unused99>"]
+PROMPTS = [
+    "The largest planet in our solar system is",
+    "In 1492, Columbus",
+    "import numpy as np\n",
+    "The chemical symbol for gold is",
+    "My favorite food is",
+    "The capital of France is",
+    "Once upon a time, there was a",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "Water boils at a temperature of",
+    "Paris is the capital of",
+    "The quick brown fox",
+    "1, 2, 3, 4,",
+    "Translate to French: cheese =",
+    "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n",
+    "Le chat est",
+    "日本の首都は",
+    "SELECT name FROM",
+    "The meaning of life is",
+    "Q: Who wrote Hamlet?\nA:",
+    "The speed of light is",
+    "Photosynthesis is the process",
+    "for i in range(10):\n   ",
+    "The first president of the United States was",
+    "Mount Everest is located in",
+]
+EDGE_CASES = [
+    "",
+    " ",
+    "  ",
+    "\n",
+    "\n\n\n",
+    "\t\tx",
+    "Hello  world  ",
+    "naïve café",
+    "日本語のテキスト",
+    "中文测试，标点。",
+    "한국어 텍스트",
+    "Привет, мир!",
+    "مرحبا بالعالم",
+    "🙂🙃👍🏽👨‍👩‍👧‍👦",
+    "a\u200bb",
+    "\u00a0nbsp",
+    "CRLF\r\nline",
+    "x\x00y",
+    "<start_of_turn>user\nhi<end_of_turn>",
+    "<bos>text<eos>",
+    "<pad><unk><mask>",
+    "    indented\n\tmixed",
+    "1234567890 3.14159 -42 1e-9",
+    "ﬁ ligature",
+    "Ａｂｃ fullwidth",
+    "e\u0301 combining",
+    "𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+    "▁already▁has▁marker",
+    "a" * 300,
+    " " * 40,
+    "<start_of_image>",
+    "<unused0>",
+    "<unused99>",
+]
 
 
 def strings(seed: int) -> list[str]:
@@ -53,7 +102,21 @@ def strings(seed: int) -> list[str]:
         i = rng.randrange(len(essays) - 400)
         out.append(essays[i : i + rng.randrange(1, 400)])
     alphabet = list("abc XYZ\n\t.,;'\"!?-_()[]{}<>/\\|@#$%^&*~`0123456789") + [
-        "é", "ü", "ß", "日", "本", "🙂", "\u200d", "\u0301", "▁", "  ", "<", "start_of_turn>", "<eos>", "<bos>"]
+        "é",
+        "ü",
+        "ß",
+        "日",
+        "本",
+        "🙂",
+        "\u200d",
+        "\u0301",
+        "▁",
+        "  ",
+        "<",
+        "start_of_turn>",
+        "<eos>",
+        "<bos>",
+    ]
     out += ["".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 30))) for _ in range(1500)]
     out += ["".join(chr(rng.randrange(0x20, 0xD7FF)) for _ in range(rng.randrange(1, 12))) for _ in range(300)]
     return out
@@ -65,7 +128,8 @@ def check_tokens(model, ref, texts: list[str]) -> dict:
         for add_bos in (True, False):
             for special in (False, True):
                 if model.tokenize(s, add_bos=add_bos, special=special) != ref.tokenize(
-                        s.encode("utf-8"), add_bos=add_bos, special=special):
+                    s.encode("utf-8"), add_bos=add_bos, special=special
+                ):
                     bad.append(("tokenize", s[:60], add_bos, special))
         ids = ref.tokenize(s.encode("utf-8"), add_bos=False, special=False)
         if model.detokenize(ids) != ref.detokenize(ids).decode("utf-8", errors="replace"):
@@ -113,18 +177,31 @@ def check_prompts(model, ref, hf=None) -> dict:
         # agreeing up to the first near-tie, or stopping at end of text where llama.cpp continued with it
         ok = bool((agree >= first_tie or agree == len(got)) and top1_ok)
         failures += not ok
-        rows.append({"prompt": prompt, "agree": agree, "first_near_tie": first_tie, "ok": ok,
-                     "top20_max_diff": round(float(diffs[-1].max()), 3)})
+        rows.append(
+            {
+                "prompt": prompt,
+                "agree": agree,
+                "first_near_tie": first_tie,
+                "ok": ok,
+                "top20_max_diff": round(float(diffs[-1].max()), 3),
+            }
+        )
         if hf is not None:
             theirs_top = np.argsort(-np.array(ref.scores[len(ids) - 1], dtype=np.float32))[:20]
             h = hf_logits(hf, ids)
-            rows[-1]["hf_vs_llamacpp_max_diff"] = round(float(np.abs(h[theirs_top] - np.array(
-                ref.scores[len(ids) - 1], dtype=np.float32)[theirs_top]).max()), 3)
-            rows[-1]["ours_vs_hf_max_diff"] = round(float(np.abs(model.logits(ids)[-1][theirs_top]
-                                                                 - h[theirs_top]).max()), 4)
+            rows[-1]["hf_vs_llamacpp_max_diff"] = round(
+                float(np.abs(h[theirs_top] - np.array(ref.scores[len(ids) - 1], dtype=np.float32)[theirs_top]).max()), 3
+            )
+            rows[-1]["ours_vs_hf_max_diff"] = round(
+                float(np.abs(model.logits(ids)[-1][theirs_top] - h[theirs_top]).max()), 4
+            )
     every = np.concatenate(diffs)
-    return {"prompts": rows, "top20_max_diff": round(float(every.max()), 3),
-            "top20_mean_diff": round(float(every.mean()), 3), "failures": failures}
+    return {
+        "prompts": rows,
+        "top20_max_diff": round(float(every.max()), 3),
+        "top20_mean_diff": round(float(every.mean()), 3),
+        "failures": failures,
+    }
 
 
 def main() -> int:
@@ -146,12 +223,19 @@ def main() -> int:
     print(f"tokens: {tokens['strings']} strings x add_bos x special, {tokens['mismatches']} mismatches")
     prompts = check_prompts(model, ref, hf_model(model.path) if ns.hf else None)
     for row in prompts["prompts"]:
-        hf = (f"  HF vs llama.cpp {row['hf_vs_llamacpp_max_diff']:.3f}, ours vs HF {row['ours_vs_hf_max_diff']:.4f}"
-              if "ours_vs_hf_max_diff" in row else "")
-        print(f"  {'ok  ' if row['ok'] else 'FAIL'} agree {row['agree']:2d} / first near-tie "
-              f"{row['first_near_tie']:2d}  top-20 max diff {row['top20_max_diff']:.3f}{hf}  {row['prompt'][:40]!r}")
-    print(f"greedy and top-1: {len(PROMPTS) - prompts['failures']}/{len(PROMPTS)} prompts ok; top-20 logits: max diff "
-          f"{prompts['top20_max_diff']} (bar 0.75), mean {prompts['top20_mean_diff']} (bar 0.2)")
+        hf = (
+            f"  HF vs llama.cpp {row['hf_vs_llamacpp_max_diff']:.3f}, ours vs HF {row['ours_vs_hf_max_diff']:.4f}"
+            if "ours_vs_hf_max_diff" in row
+            else ""
+        )
+        print(
+            f"  {'ok  ' if row['ok'] else 'FAIL'} agree {row['agree']:2d} / first near-tie "
+            f"{row['first_near_tie']:2d}  top-20 max diff {row['top20_max_diff']:.3f}{hf}  {row['prompt'][:40]!r}"
+        )
+    print(
+        f"greedy and top-1: {len(PROMPTS) - prompts['failures']}/{len(PROMPTS)} prompts ok; top-20 logits: max diff "
+        f"{prompts['top20_max_diff']} (bar 0.75), mean {prompts['top20_mean_diff']} (bar 0.2)"
+    )
     if ns.json:
         Path(ns.json).write_text(json.dumps({"model": str(model.path), "tokens": tokens, "prompts": prompts}, indent=1))
     within = prompts["top20_max_diff"] <= 0.75 and prompts["top20_mean_diff"] <= 0.2

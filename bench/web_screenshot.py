@@ -5,6 +5,7 @@ file input, two questions about the second asked with Enter.
 
     python bench/web_screenshot.py [--out docs/web.png]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,12 +32,21 @@ def main() -> None:
         home = private_home(tmp)
         seed_embedded(home)
         pdf = tmp / "ferry-timetable.pdf"
-        pdf.write_bytes(tiny_pdf(["Ferry timetable, summer season.", "The ferry to the outer islands leaves at nine "
-                                  "and at four.", "Tickets are sold at the harbour office."]))
+        pdf.write_bytes(
+            tiny_pdf(
+                [
+                    "Ferry timetable, summer season.",
+                    "The ferry to the outer islands leaves at nine and at four.",
+                    "Tickets are sold at the harbour office.",
+                ]
+            )
+        )
         md = tmp / "kestrel-point.md"
         md.write_text(FACT_DOC)
-        with running("--ctx", "4096", env={"TIGHTKV_HOME": str(home)}) as server, \
-                browser_page(width=1400, height=960) as page:
+        with (
+            running("--ctx", "4096", env={"TIGHTKV_HOME": str(home)}) as server,
+            browser_page(width=1400, height=960) as page,
+        ):
             page.goto(server.url)
             for path in (pdf, md):
                 page.set_input_files("input[type=file]", str(path))
@@ -46,7 +56,10 @@ def main() -> None:
                 page.press("#message", "Enter")
                 page.wait_for_function(
                     "n => { const m = document.querySelectorAll('.msg.assistant')[n];"
-                    " return m && !m.classList.contains('pending'); }", arg=i, timeout=240_000)
+                    " return m && !m.classList.contains('pending'); }",
+                    arg=i,
+                    timeout=240_000,
+                )
             page.locator("#view mark.holds-answer").first.scroll_into_view_if_needed()
             page.screenshot(path=args.out)
     print(f"wrote {args.out}")

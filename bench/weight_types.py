@@ -36,6 +36,7 @@ from the essays). For each file type:
 
 The machine and kernel builds are named in the JSON.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,10 +58,31 @@ from tightkv.registry import embedded_path  # noqa: E402
 
 INT8_ROWS = 16  # --ppl's second run: forwards of this many rows, within the block-dot kernel's (int8 activations)
 BASELINE = "Q4_K_M"  # the embedded file itself, as shipped: what the other rows compare with
-FILE_TYPES = [BASELINE, "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_M", "IQ3_XXS", "IQ2_M", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M",
-              "IQ1_S", "TQ2_0", "TQ1_0", "Q2_0", "Q1_0"]
-PROMPTS = TEST_PROMPTS + ["The largest planet in our solar system is", "In 1492, Columbus", "import numpy as np\n",
-                          "The chemical symbol for gold is", "My favorite food is"]
+FILE_TYPES = [
+    BASELINE,
+    "IQ4_NL",
+    "IQ4_XS",
+    "IQ3_S",
+    "IQ3_M",
+    "IQ3_XXS",
+    "IQ2_M",
+    "IQ2_S",
+    "IQ2_XS",
+    "IQ2_XXS",
+    "IQ1_M",
+    "IQ1_S",
+    "TQ2_0",
+    "TQ1_0",
+    "Q2_0",
+    "Q1_0",
+]
+PROMPTS = TEST_PROMPTS + [
+    "The largest planet in our solar system is",
+    "In 1492, Columbus",
+    "import numpy as np\n",
+    "The chemical symbol for gold is",
+    "My favorite food is",
+]
 
 
 def blocks(path: Path) -> dict[str, int]:
@@ -96,8 +118,10 @@ def quality(path: Path) -> dict:
 
     ref = llamacpp_reference(path, PROMPTS)
     with Model(str(path)) as model:
-        out = {name: with_kernels(target, lambda: compare(model, ref)) for name, target in (("native", None),
-                                                                                           ("avx2", "avx2"))}
+        out = {
+            name: with_kernels(target, lambda: compare(model, ref))
+            for name, target in (("native", None), ("avx2", "avx2"))
+        }
         native = top20(model, ref)
         exact = with_kernels("portable", lambda: top20(model, ref))  # float32 activations
     floor = np.abs(np.concatenate(native) - np.concatenate(exact))
@@ -128,14 +152,24 @@ def speed(path: Path, reps: int, threads: int) -> dict:
             ours.append(run_tightkv(model, "f16", [16], 64, 64, 1)[-1])
             theirs.append(run_llamacpp(path, "f16", [16], 64, 64, 1, threads)[-1])
     ours, theirs = merge_runs(ours)[0], merge_runs(theirs)[0]
-    load = json.loads(subprocess.run([sys.executable, "-c", _LOAD, str(path)], capture_output=True, text=True,
-                                     check=True).stdout.strip().splitlines()[-1])
+    load = json.loads(
+        subprocess.run([sys.executable, "-c", _LOAD, str(path)], capture_output=True, text=True, check=True)
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     size = path.stat().st_size
-    return {"tg64_d16_tok_s": ours.tok_s, "runs": ours.tok_s_runs, "llamacpp_tok_s": theirs.tok_s,
-            "llamacpp_runs": theirs.tok_s_runs, "llamacpp_build": theirs.build, "vs_llamacpp": ours.tok_s / theirs.tok_s,
-            "load_rss_rise_bytes": load["rise_bytes"], "load_bound_bytes": int(1.3 * size + 100e6),
-            "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],  # before, after: a busy box
-            "threads": threads}
+    return {
+        "tg64_d16_tok_s": ours.tok_s,
+        "runs": ours.tok_s_runs,
+        "llamacpp_tok_s": theirs.tok_s,
+        "llamacpp_runs": theirs.tok_s_runs,
+        "llamacpp_build": theirs.build,
+        "vs_llamacpp": ours.tok_s / theirs.tok_s,
+        "load_rss_rise_bytes": load["rise_bytes"],
+        "load_bound_bytes": int(1.3 * size + 100e6),
+        "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],  # before, after: a busy box
+        "threads": threads,
+    }
 
 
 def _speed_threads(doc: dict) -> int:
@@ -155,41 +189,54 @@ def _speed_threads(doc: dict) -> int:
 def render(doc: dict) -> str:
     """The JSON as a Markdown table (docs/weight_types.md)."""
     commands = " and ".join(f"`{c}`" for c in [*doc.get("earlier_commands", [])[::-1], doc["command"]])
-    lines = ["# Weight types against llama.cpp", "",
-             f"Written by {commands} (`--md` re-renders the JSON); {doc['machine']['cpu']} "
-             f"({doc.get('cpu_count', 2)} cores), kernels "
-             f"{doc['machine']['kernels']}. Each file is the embedded Gemma 3 270M requantized by llama.cpp's own "
-             "quantizer (tests/requantized.py); Q4_K_M is the embedded file itself. Top-20: |our logit - llama.cpp's| at llama.cpp's 20 best tokens after "
-             f"each of {len(doc['prompts'])} prompts (the issue's bars: max 0.75, mean 0.2); greedy: "
-             f"{doc['n_gen']} tokens agree up to llama.cpp's first near tie (margin < 0.5). llama.cpp self: its "
-             "batched-prompt logits against its token-by-token ones. Noise floor: our native (int8-activation) "
-             "path against the portable build's float32 activations. Decode: tg64 at depth 16, f16 KV, "
-             f"{_speed_threads(doc)} thread(s) each, medians of 3, against llama.cpp on the same file in the same "
-             "run (the 1-minute load average before and after: the box is shared, and at 2 threads llama.cpp's "
-             "OpenMP threads fell to 3-7 tok/s whenever other work ran, 38 when it did not; one thread each keeps "
-             "that out). PPL: the essays, chunks of 2048 (llama-perplexity's protocol), f16 KV, "
-             "forwards of 512 rows (float32 activations), and where given (int8) of 16 rows: the block-dot "
-             "kernel's int8 activations, as llama.cpp rounds them.", "",
-             "| file type | MiB | blocks (MiB) | greedy | top-20 max / mean | AVX2 build: greedy, max / mean "
-             "| llama.cpp self max / mean | noise floor max / mean | PPL ours vs llama.cpp | decode tok/s (vs llama.cpp) "
-             "| load RSS +MiB (bound) | load avg |",
-             "|---|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "# Weight types against llama.cpp",
+        "",
+        f"Written by {commands} (`--md` re-renders the JSON); {doc['machine']['cpu']} "
+        f"({doc.get('cpu_count', 2)} cores), kernels "
+        f"{doc['machine']['kernels']}. Each file is the embedded Gemma 3 270M requantized by llama.cpp's own "
+        "quantizer (tests/requantized.py); Q4_K_M is the embedded file itself. Top-20: |our logit - llama.cpp's| at llama.cpp's 20 best tokens after "
+        f"each of {len(doc['prompts'])} prompts (the issue's bars: max 0.75, mean 0.2); greedy: "
+        f"{doc['n_gen']} tokens agree up to llama.cpp's first near tie (margin < 0.5). llama.cpp self: its "
+        "batched-prompt logits against its token-by-token ones. Noise floor: our native (int8-activation) "
+        "path against the portable build's float32 activations. Decode: tg64 at depth 16, f16 KV, "
+        f"{_speed_threads(doc)} thread(s) each, medians of 3, against llama.cpp on the same file in the same "
+        "run (the 1-minute load average before and after: the box is shared, and at 2 threads llama.cpp's "
+        "OpenMP threads fell to 3-7 tok/s whenever other work ran, 38 when it did not; one thread each keeps "
+        "that out). PPL: the essays, chunks of 2048 (llama-perplexity's protocol), f16 KV, "
+        "forwards of 512 rows (float32 activations), and where given (int8) of 16 rows: the block-dot "
+        "kernel's int8 activations, as llama.cpp rounds them.",
+        "",
+        "| file type | MiB | blocks (MiB) | greedy | top-20 max / mean | AVX2 build: greedy, max / mean "
+        "| llama.cpp self max / mean | noise floor max / mean | PPL ours vs llama.cpp | decode tok/s (vs llama.cpp) "
+        "| load RSS +MiB (bound) | load avg |",
+        "|---|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for ftype, r in doc["files"].items():
         n, a, f = r["vs_llamacpp"]["native"], r["vs_llamacpp"]["avx2"], r["noise_floor"]
         blocks_ = ", ".join(f"{k} {v / 2**20:.1f}" for k, v in r["blocks"].items() if k != "F32")
         sp = r.get("speed")
-        speed_ = (f"{sp['tg64_d16_tok_s']:.1f} vs {sp['llamacpp_tok_s']:.1f} ({sp['vs_llamacpp']:.2f}x)", 
-                  f"{sp['load_rss_rise_bytes'] / 2**20:.0f} ({sp['load_bound_bytes'] / 2**20:.0f})",
-                  "{:.1f} / {:.1f}".format(*sp["load_average_1min"])) if sp else ("", "", "")
+        speed_ = (
+            (
+                f"{sp['tg64_d16_tok_s']:.1f} vs {sp['llamacpp_tok_s']:.1f} ({sp['vs_llamacpp']:.2f}x)",
+                f"{sp['load_rss_rise_bytes'] / 2**20:.0f} ({sp['load_bound_bytes'] / 2**20:.0f})",
+                "{:.1f} / {:.1f}".format(*sp["load_average_1min"]),
+            )
+            if sp
+            else ("", "", "")
+        )
         p = r.get("ppl")
         ppl_ = f"{p['ours']:.3f} vs {p['llamacpp']:.3f} ({p['vs_llamacpp']:+.2%})" if p else ""
         if p and "ours_int8" in p:
             ppl_ += f"; int8 {p['ours_int8']:.3f} ({p['int8_vs_llamacpp']:+.2%})"
-        lines.append(f"| {ftype} | {r['bytes'] / 2**20:.1f} | {blocks_} | {'ok' if n['greedy_ok'] else 'differs'} "
-                     f"| {n['top20_max']:.2f} / {n['top20_mean']:.3f} | {'ok' if a['greedy_ok'] else 'differs'}, "
-                     f"{a['top20_max']:.2f} / {a['top20_mean']:.3f} | {n['llamacpp_self_max']:.2f} / "
-                     f"{n['llamacpp_self_mean']:.3f} | {f['top20_max']:.2f} / {f['top20_mean']:.3f} | {ppl_} | "
-                     + " | ".join(speed_) + " |")
+        lines.append(
+            f"| {ftype} | {r['bytes'] / 2**20:.1f} | {blocks_} | {'ok' if n['greedy_ok'] else 'differs'} "
+            f"| {n['top20_max']:.2f} / {n['top20_mean']:.3f} | {'ok' if a['greedy_ok'] else 'differs'}, "
+            f"{a['top20_max']:.2f} / {a['top20_mean']:.3f} | {n['llamacpp_self_max']:.2f} / "
+            f"{n['llamacpp_self_mean']:.3f} | {f['top20_max']:.2f} / {f['top20_mean']:.3f} | {ppl_} | "
+            + " | ".join(speed_)
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -207,10 +254,17 @@ def perplexity(path: Path, n_chunks: int, ctx: int = 2048) -> dict:
         ours = ours_ppl(model, text, ctx, n_chunks, ["f16"], progress=False)["f16"]
         # forwards of 16 rows take the block-dot kernel, with int8 activations as llama.cpp's matmuls have them
         ours_i8 = ours_ppl(model, text, ctx, n_chunks, ["f16"], progress=False, batch=INT8_ROWS)["f16"]
-    return {"chunks": n_chunks, "ctx": ctx, "ours": ours["ppl"], "llamacpp": theirs["ppl"],
-            "ours_stderr": ours["ppl_stderr"], "n_scored": ours["n_scored"],
-            "vs_llamacpp": ours["ppl"] / theirs["ppl"] - 1,
-            "ours_int8": ours_i8["ppl"], "int8_vs_llamacpp": ours_i8["ppl"] / theirs["ppl"] - 1}
+    return {
+        "chunks": n_chunks,
+        "ctx": ctx,
+        "ours": ours["ppl"],
+        "llamacpp": theirs["ppl"],
+        "ours_stderr": ours["ppl_stderr"],
+        "n_scored": ours["n_scored"],
+        "vs_llamacpp": ours["ppl"] / theirs["ppl"] - 1,
+        "ours_int8": ours_i8["ppl"],
+        "int8_vs_llamacpp": ours_i8["ppl"] / theirs["ppl"] - 1,
+    }
 
 
 def main() -> int:
@@ -219,8 +273,13 @@ def main() -> int:
     ap.add_argument("--speed", action="store_true", help="also decode speed vs llama.cpp and load RSS")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--ppl", type=int, default=0, metavar="CHUNKS",
-                    help="also perplexity on the essays against llama.cpp's, CHUNKS chunks of 2048")
+    ap.add_argument(
+        "--ppl",
+        type=int,
+        default=0,
+        metavar="CHUNKS",
+        help="also perplexity on the essays against llama.cpp's, CHUNKS chunks of 2048",
+    )
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None, help="also write the table as Markdown; with --json alone, re-render it")
     ap.add_argument("--render", action="store_true", help="only render --json's existing results to --md")
@@ -231,8 +290,15 @@ def main() -> int:
     from tightkv.eval.bench import machine
 
     command = "python bench/weight_types.py " + " ".join(sys.argv[1:])
-    doc = {"command": command, "machine": machine(),
-           "cpu_count": os.cpu_count(), "threads": ns.threads, "prompts": PROMPTS, "n_gen": 24, "files": {}}
+    doc = {
+        "command": command,
+        "machine": machine(),
+        "cpu_count": os.cpu_count(),
+        "threads": ns.threads,
+        "prompts": PROMPTS,
+        "n_gen": 24,
+        "files": {},
+    }
     prev = json.loads(Path(ns.json).read_text()) if ns.json and Path(ns.json).exists() else None
     if prev and not (ns.speed and ns.ppl):  # the figures kept from earlier runs name their commands
         doc["earlier_commands"] = [c for c in [prev["command"], *prev.get("earlier_commands", [])] if c != command]
@@ -240,27 +306,35 @@ def main() -> int:
     for ftype in ns.types.split(","):
         path = Path(embedded_path()) if ftype == BASELINE else requantized(ftype)
         row = {"file": path.name, "bytes": path.stat().st_size, "blocks": blocks(path), **quality(path)}
-        for key, on, fn in (("speed", ns.speed, lambda: speed(path, ns.reps, ns.threads)),
-                            ("ppl", ns.ppl, lambda: perplexity(path, ns.ppl))):
+        for key, on, fn in (
+            ("speed", ns.speed, lambda: speed(path, ns.reps, ns.threads)),
+            ("ppl", ns.ppl, lambda: perplexity(path, ns.ppl)),
+        ):
             if on:
                 row[key] = fn()
             elif prev and key in prev.get("files", {}).get(ftype, {}):
                 row[key] = prev["files"][ftype][key]  # kept from the run that measured it
         doc["files"][ftype] = row
         n, a = row["vs_llamacpp"]["native"], row["vs_llamacpp"]["avx2"]
-        line = (f"{ftype:8s} {row['bytes'] / 2**20:6.1f} MiB  native: greedy {'ok' if n['greedy_ok'] else 'DIFF'}"
-                f" top20 max {n['top20_max']:.3f} mean {n['top20_mean']:.3f} | avx2: greedy "
-                f"{'ok' if a['greedy_ok'] else 'DIFF'} max {a['top20_max']:.3f} mean {a['top20_mean']:.3f}"
-                f" | noise floor mean {row['noise_floor']['top20_mean']:.3f}"
-                f" | llama.cpp self max {n['llamacpp_self_max']:.3f} mean {n['llamacpp_self_mean']:.3f}")
+        line = (
+            f"{ftype:8s} {row['bytes'] / 2**20:6.1f} MiB  native: greedy {'ok' if n['greedy_ok'] else 'DIFF'}"
+            f" top20 max {n['top20_max']:.3f} mean {n['top20_mean']:.3f} | avx2: greedy "
+            f"{'ok' if a['greedy_ok'] else 'DIFF'} max {a['top20_max']:.3f} mean {a['top20_mean']:.3f}"
+            f" | noise floor mean {row['noise_floor']['top20_mean']:.3f}"
+            f" | llama.cpp self max {n['llamacpp_self_max']:.3f} mean {n['llamacpp_self_mean']:.3f}"
+        )
         if ns.ppl:
             p = row["ppl"]
-            line += (f" | ppl {p['ours']:.3f} vs {p['llamacpp']:.3f} ({p['vs_llamacpp']:+.2%}),"
-                     f" int8 {p['ours_int8']:.3f} ({p['int8_vs_llamacpp']:+.2%})")
+            line += (
+                f" | ppl {p['ours']:.3f} vs {p['llamacpp']:.3f} ({p['vs_llamacpp']:+.2%}),"
+                f" int8 {p['ours_int8']:.3f} ({p['int8_vs_llamacpp']:+.2%})"
+            )
         if ns.speed:
             s = row["speed"]
-            line += (f" | tg d16 {s['tg64_d16_tok_s']:.1f} vs {s['llamacpp_tok_s']:.1f} tok/s ({s['vs_llamacpp']:.2f}x),"
-                     f" load +{s['load_rss_rise_bytes'] / 2**20:.0f} MiB")
+            line += (
+                f" | tg d16 {s['tg64_d16_tok_s']:.1f} vs {s['llamacpp_tok_s']:.1f} tok/s ({s['vs_llamacpp']:.2f}x),"
+                f" load +{s['load_rss_rise_bytes'] / 2**20:.0f} MiB"
+            )
         print(line, flush=True)
     if ns.json:
         Path(ns.json).write_text(json.dumps(doc, indent=1) + "\n")

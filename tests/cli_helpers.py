@@ -1,5 +1,6 @@
 """Helpers for the CLI and registry tests: a private TIGHTKV_HOME, the CLI in a
 subprocess (with a timeout, killed if it hangs), and a real terminal (pty)."""
+
 from __future__ import annotations
 
 import os
@@ -53,9 +54,15 @@ def cli(*args: str, env: dict | None = None, timeout: float = 180, input: str | 
     """Run `python -m tightkv.cli ARGS` and return the CompletedProcess; a child that
     hangs (e.g. at exit) is killed after `timeout` seconds."""
     full_env = dict(os.environ, **(env or {}))
-    proc = subprocess.Popen([sys.executable, "-m", "tightkv.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-                            text=True, env=full_env, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tightkv.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+        text=True,
+        env=full_env,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(input, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -122,8 +129,9 @@ class Terminal:
                 if m:
                     self.mark = m.end()
                     return m
-                raise AssertionError(f"no {pattern!r} within {timeout}s; output since the last match:\n"
-                                     f"{self.text[self.mark:][-3000:]}")
+                raise AssertionError(
+                    f"no {pattern!r} within {timeout}s; output since the last match:\n{self.text[self.mark :][-3000:]}"
+                )
 
     def send(self, data: str | bytes) -> None:
         os.write(self.fd, data.encode() if isinstance(data, str) else data)

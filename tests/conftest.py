@@ -1,4 +1,5 @@
 """Shared fixtures. The embedded model is opened once per test session."""
+
 from __future__ import annotations
 
 import json

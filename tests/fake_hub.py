@@ -16,6 +16,7 @@ stops at the 302 and reads the file's metadata from it.
         hub.add("owner/repo", "model.gguf", data)
         env = {"HF_ENDPOINT": hub.url}
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -127,14 +128,27 @@ def _handler(hub: FakeHub, origin: str):
                     return self._empty(404, {"X-Error-Code": "RepoNotFound", "X-Error-Message": "Repository not found"})
                 data = hub.files.get((repo, file))
                 if data is None:
-                    return self._empty(404, {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": COMMIT,
-                                             "X-Error-Message": "Entry not found"})
+                    return self._empty(
+                        404,
+                        {
+                            "X-Error-Code": "EntryNotFound",
+                            "X-Repo-Commit": COMMIT,
+                            "X-Error-Message": "Entry not found",
+                        },
+                    )
                 sha = hashlib.sha256(data).hexdigest()
                 oid = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-                return self._empty(302, {"Location": f"{hub.cdn_url}/lfs/{sha}?X-Amz-Signature=fake",
-                                         "X-Repo-Commit": COMMIT, "ETag": f'"{oid}"',
-                                         "X-Linked-Etag": f'"{sha}"', "X-Linked-Size": len(data),
-                                         "Accept-Ranges": "bytes"})
+                return self._empty(
+                    302,
+                    {
+                        "Location": f"{hub.cdn_url}/lfs/{sha}?X-Amz-Signature=fake",
+                        "X-Repo-Commit": COMMIT,
+                        "ETag": f'"{oid}"',
+                        "X-Linked-Etag": f'"{sha}"',
+                        "X-Linked-Size": len(data),
+                        "Accept-Ranges": "bytes",
+                    },
+                )
             self._empty(404, {})
 
         def _cdn(self, path: str, head: bool):

@@ -14,6 +14,7 @@ makes llama.cpp write IQ3_XXS blocks (without one it writes IQ3_S and Q3_K inste
 
 Used by tests/test_quants_files.py and bench/weight_types.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -80,8 +81,9 @@ def requantized(ftype: str) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     imatrix = str(_imatrix(src, key)) if ftype in IMATRIX_TYPES else ""
     tmp = out.with_suffix(f".tmp{os.getpid()}")
-    proc = subprocess.run([sys.executable, "-c", _QUANTIZE, str(src), str(tmp), ftype, imatrix],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", _QUANTIZE, str(src), str(tmp), ftype, imatrix], capture_output=True, text=True
+    )
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
         why = [line for line in proc.stderr.splitlines() if "error" in line.lower() or "failed" in line.lower()]
@@ -139,8 +141,13 @@ def collect_imatrix(path: Path, n_tokens: int) -> dict[str, np.ndarray]:
 
 # -- llama.cpp as the oracle ---------------------------------------------------------------
 
-PROMPTS = ["The capital of France is", "Once upon a time, there was a", "def fibonacci(n):",
-           "The three primary colors are", "Water boils at a temperature of"]
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, there was a",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "Water boils at a temperature of",
+]
 N_GEN = 24
 
 
@@ -167,8 +174,23 @@ def _ggml_base():
     return ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
 
 
-GGML_TYPE_IDS = {"IQ2_XXS": 16, "IQ2_XS": 17, "IQ3_XXS": 18, "IQ1_S": 19, "IQ4_NL": 20, "IQ3_S": 21, "IQ2_S": 22,
-                 "IQ4_XS": 23, "IQ1_M": 29, "TQ1_0": 34, "TQ2_0": 35, "MXFP4": 39, "NVFP4": 40, "Q1_0": 41, "Q2_0": 42}
+GGML_TYPE_IDS = {
+    "IQ2_XXS": 16,
+    "IQ2_XS": 17,
+    "IQ3_XXS": 18,
+    "IQ1_S": 19,
+    "IQ4_NL": 20,
+    "IQ3_S": 21,
+    "IQ2_S": 22,
+    "IQ4_XS": 23,
+    "IQ1_M": 29,
+    "TQ1_0": 34,
+    "TQ2_0": 35,
+    "MXFP4": 39,
+    "NVFP4": 40,
+    "Q1_0": 41,
+    "Q2_0": 42,
+}
 
 
 def ggml_block_dot(qtype: str, raw: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -180,8 +202,12 @@ def ggml_block_dot(qtype: str, raw: np.ndarray, x: np.ndarray) -> tuple[np.ndarr
     import llama_cpp
 
     class Traits(ctypes.Structure):
-        _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p), ("vec_dot_type", ctypes.c_int),
-                    ("nrows", ctypes.c_int64)]
+        _fields_ = [
+            ("from_float", ctypes.c_void_p),
+            ("vec_dot", ctypes.c_void_p),
+            ("vec_dot_type", ctypes.c_int),
+            ("nrows", ctypes.c_int64),
+        ]
 
     cpu = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-cpu.so"))
     cpu.ggml_get_type_traits_cpu.restype = ctypes.POINTER(Traits)
@@ -192,9 +218,19 @@ def ggml_block_dot(qtype: str, raw: np.ndarray, x: np.ndarray) -> tuple[np.ndarr
     x = np.ascontiguousarray(x, dtype=np.float32)
     xq = np.zeros(x.size // block * size, dtype=np.uint8)
     ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(act.from_float)(
-        x.ctypes.data, xq.ctypes.data, x.size)
-    vec_dot = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t, ctypes.c_void_p,
-                               ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)(traits.vec_dot)
+        x.ctypes.data, xq.ctypes.data, x.size
+    )
+    vec_dot = ctypes.CFUNCTYPE(
+        None,
+        ctypes.c_int,
+        ctypes.POINTER(ctypes.c_float),
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+    )(traits.vec_dot)
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
     out, s = np.empty(raw.shape[0], dtype=np.float32), ctypes.c_float()
     for r in range(raw.shape[0]):
@@ -219,10 +255,16 @@ def llamacpp_reference(path: Path, prompts: list[str] = PROMPTS, n_gen: int = N_
     cache = path.with_suffix(f".ref{len(prompts)}x{n_gen}b.json")
     if cache.exists():
         return json.loads(cache.read_text())
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from requantized import _run_llamacpp; "
-            "print(json.dumps(_run_llamacpp(sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]))))")
-    proc = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent), str(path), json.dumps(prompts),
-                           str(n_gen)], capture_output=True, text=True, check=True)
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); from requantized import _run_llamacpp; "
+        "print(json.dumps(_run_llamacpp(sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]))))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(Path(__file__).parent), str(path), json.dumps(prompts), str(n_gen)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     ref = json.loads(proc.stdout.strip().splitlines()[-1])
     cache.write_text(json.dumps(ref))
     return ref
@@ -250,9 +292,17 @@ def _run_llamacpp(path: str, prompts: list[str], n_gen: int) -> dict:
         for t in ids:
             m.eval([t])
         again = np.array(m.scores[m.n_tokens - 1], dtype=np.float32)[top20["ids"]]
-        cases.append({"prompt": prompt, "ids": ids, "generated_ids": gen, "top2_margins": margins,
-                      "top20_ids": top20["ids"], "top20_logits": top20["logits"],
-                      "top20_logits_token_by_token": [float(v) for v in again]})
+        cases.append(
+            {
+                "prompt": prompt,
+                "ids": ids,
+                "generated_ids": gen,
+                "top2_margins": margins,
+                "top20_ids": top20["ids"],
+                "top20_logits": top20["logits"],
+                "top20_logits_token_by_token": [float(v) for v in again],
+            }
+        )
     return {"engine": "llama.cpp (llama-cpp-python), CPU, 2 threads, f16 KV", "cases": cases}
 
 
@@ -271,17 +321,29 @@ def compare(model, ref: dict, near_tie: float = 0.5) -> dict:
         diff = np.abs(logits[case["top20_ids"]] - np.array(case["top20_logits"]))
         diffs.append(diff)
         clear = case["top20_logits"][0] - case["top20_logits"][1] >= near_tie
-        rows.append({"prompt": case["prompt"], "first_difference": first,
-                     "near_tie_there": None if first is None else case["top2_margins"][first] < near_tie,
-                     "top1_agrees": int(np.argmax(logits)) == case["top20_ids"][0] or not clear,
-                     "top20_max": float(diff.max()), "text": model.detokenize(ours)})
+        rows.append(
+            {
+                "prompt": case["prompt"],
+                "first_difference": first,
+                "near_tie_there": None if first is None else case["top2_margins"][first] < near_tie,
+                "top1_agrees": int(np.argmax(logits)) == case["top20_ids"][0] or not clear,
+                "top20_max": float(diff.max()),
+                "text": model.detokenize(ours),
+            }
+        )
     all_diffs = np.concatenate(diffs)
-    spread = np.concatenate([np.abs(np.array(c["top20_logits"]) - c["top20_logits_token_by_token"])
-                             for c in ref["cases"]])
-    return {"cases": rows, "top20_max": float(all_diffs.max()), "top20_mean": float(all_diffs.mean()),
-            "llamacpp_self_max": float(spread.max()), "llamacpp_self_mean": float(spread.mean()),
-            "greedy_ok": all(r["first_difference"] is None or r["near_tie_there"] for r in rows),
-            "top1_ok": all(r["top1_agrees"] for r in rows)}
+    spread = np.concatenate(
+        [np.abs(np.array(c["top20_logits"]) - c["top20_logits_token_by_token"]) for c in ref["cases"]]
+    )
+    return {
+        "cases": rows,
+        "top20_max": float(all_diffs.max()),
+        "top20_mean": float(all_diffs.mean()),
+        "llamacpp_self_max": float(spread.max()),
+        "llamacpp_self_mean": float(spread.mean()),
+        "greedy_ok": all(r["first_difference"] is None or r["near_tie_there"] for r in rows),
+        "top1_ok": all(r["top1_agrees"] for r in rows),
+    }
 
 
 def llamacpp_ppl(path: Path, text_file: Path, ctx: int, n_chunks: int) -> dict:
@@ -293,10 +355,16 @@ def llamacpp_ppl(path: Path, text_file: Path, ctx: int, n_chunks: int) -> dict:
     cache = path.with_suffix(f".ppl-{text_file.stem}-{ctx}x{n_chunks}.json")
     if cache.exists():
         return json.loads(cache.read_text())
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from requantized import _run_llamacpp_ppl; "
-            "print(json.dumps(_run_llamacpp_ppl(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))))")
-    proc = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent), str(path), str(text_file), str(ctx),
-                           str(n_chunks)], capture_output=True, text=True, check=True)
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); from requantized import _run_llamacpp_ppl; "
+        "print(json.dumps(_run_llamacpp_ppl(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(Path(__file__).parent), str(path), str(text_file), str(ctx), str(n_chunks)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     cache.write_text(json.dumps(out))
     return out
@@ -311,10 +379,10 @@ def _run_llamacpp_ppl(path: str, text_file: str, ctx: int, n_chunks: int) -> dic
     toks = m.tokenize(Path(text_file).read_text().encode(), add_bos=False)
     nll = []
     for i in range(n_chunks):
-        ids = [m.token_bos()] + toks[i * (ctx - 1):(i + 1) * (ctx - 1)]
+        ids = [m.token_bos()] + toks[i * (ctx - 1) : (i + 1) * (ctx - 1)]
         m.reset()
         m.eval(ids)
-        scores = np.array(m.scores[:len(ids)], dtype=np.float64)
+        scores = np.array(m.scores[: len(ids)], dtype=np.float64)
         for j in range(ctx // 2, len(ids) - 1):
             row = scores[j]
             top = row.max()

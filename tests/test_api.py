@@ -1,4 +1,5 @@
 """The Python surface on a tiny Gemma 3 with a chat template."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,7 @@
 """The layering of docs/ARCHITECTURE.md, checked on the source: no module imports one that
 imports it back (directly or through others), and no module imports from a layer above its
 own. Imports inside functions count: a lazy import is still a dependency."""
+
 from __future__ import annotations
 
 import ast
@@ -72,8 +73,12 @@ def test_every_module_has_a_layer():
 
 
 def test_no_import_goes_up_the_layers():
-    up = [f"{m} -> {d}" for m, deps in _graph().items() for d in deps
-          if _layer(m) != "__init__" and RANK[_layer(d)] > RANK[_layer(m)]]
+    up = [
+        f"{m} -> {d}"
+        for m, deps in _graph().items()
+        for d in deps
+        if _layer(m) != "__init__" and RANK[_layer(d)] > RANK[_layer(m)]
+    ]
     assert not up, up
 
 
@@ -88,7 +93,7 @@ def test_no_import_circles():
         path.append(m)
         for d in sorted(graph[m]):
             if state.get(d) == 1:
-                circles.append(path[path.index(d):] + [d])
+                circles.append(path[path.index(d) :] + [d])
             elif d not in state:
                 visit(d)
         path.pop()

@@ -2,6 +2,7 @@
 dense f32/f16/bf16 caches and compressed caches (every type but tqp: tq4/3/2, q8_0, q4_0, KVarN, KIVI,
 dense halves; head dims 64, 80, 96, 128, 256), GQA,
 sliding windows, sinks and recent pools, one and several query positions."""
+
 import pytest
 import torch
 
@@ -27,16 +28,31 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _steps(g, hkv, H, d, prefill, steps, T=1, shift=0.0):
-    yield torch.randn(H, prefill, d, generator=g), torch.randn(hkv, prefill, d, generator=g) + shift, \
-        torch.randn(hkv, prefill, d, generator=g)
+    yield (
+        torch.randn(H, prefill, d, generator=g),
+        torch.randn(hkv, prefill, d, generator=g) + shift,
+        torch.randn(hkv, prefill, d, generator=g),
+    )
     for _ in range(steps):
-        yield torch.randn(H, T, d, generator=g), torch.randn(hkv, T, d, generator=g) + shift, \
-            torch.randn(hkv, T, d, generator=g)
+        yield (
+            torch.randn(H, T, d, generator=g),
+            torch.randn(hkv, T, d, generator=g) + shift,
+            torch.randn(hkv, T, d, generator=g),
+        )
 
 
 @pytest.mark.parametrize("kind", ["f16", "bf16", "f32"])
-@pytest.mark.parametrize("hkv,H,d,window,T", [(1, 4, 256, None, 1), (2, 4, 64, 300, 1), (8, 16, 128, None, 1),
-                                             (2, 6, 96, 40, 3), (1, 1, 64, None, 16), (2, 8, 80, 300, 2)])
+@pytest.mark.parametrize(
+    "hkv,H,d,window,T",
+    [
+        (1, 4, 256, None, 1),
+        (2, 4, 64, 300, 1),
+        (8, 16, 128, None, 1),
+        (2, 6, 96, 40, 3),
+        (1, 1, 64, None, 16),
+        (2, 8, 80, 300, 2),
+    ],
+)
 def test_dense_fast_equals_reference(kind, hkv, H, d, window, T):
     g = torch.Generator().manual_seed(0)
     fast, ref = (DenseCache(kind, hkv, d, d, window) for _ in range(2))
@@ -148,9 +164,16 @@ def test_compressed_fast_equals_reference(spec, hkv, H, d, window, T, int8):
         cache._forget()
 
 
-@pytest.mark.parametrize("spec,hkv,H,d,bound", [("progressive", 1, 4, 256, 0.2), ("progressive", 8, 16, 128, 0.2),
-                                               ("progressive", 2, 14, 64, 0.2),
-                                               ("kvarn4", 1, 4, 256, 0.25), ("kvarn4", 2, 14, 64, 0.25)])
+@pytest.mark.parametrize(
+    "spec,hkv,H,d,bound",
+    [
+        ("progressive", 1, 4, 256, 0.2),
+        ("progressive", 8, 16, 128, 0.2),
+        ("progressive", 2, 14, 64, 0.2),
+        ("kvarn4", 1, 4, 256, 0.25),
+        ("kvarn4", 2, 14, 64, 0.25),
+    ],
+)
 def test_int8_path_error_is_small_next_to_the_codecs(spec, hkv, H, d, bound):
     """An integer path's distance from the float reference is a fraction of the reference's
     own distance from exact f32 attention: tq4 on VNNI about a tenth, tq4 keys on AVX2 (int8
@@ -167,11 +190,11 @@ def test_int8_path_error_is_small_next_to_the_codecs(spec, hkv, H, d, bound):
     cache.append(k0, v0, q0)
     cache._forget()
     exact.attend(q0, k0, v0, 1.0)
-    want = exact.attend(q * 2, k, v, d ** -0.5)
+    want = exact.attend(q * 2, k, v, d**-0.5)
     b = cache.append(k, v, q)
-    ref = cache.attend_stored(q * 2, b, d ** -0.5)
+    ref = cache.attend_stored(q * 2, b, d**-0.5)
     attn.set_backend("fast")
-    fast = cache.attend_stored(q * 2, b, d ** -0.5)
+    fast = cache.attend_stored(q * 2, b, d**-0.5)
     assert (fast - ref).norm() < bound * (ref - want).norm()
 
 
@@ -191,7 +214,7 @@ def test_kernel_faster_than_reference_at_depth():
     k, v = torch.randn(1, 4096, 256, generator=g), torch.randn(1, 4096, 256, generator=g)
     q = torch.randn(4, 4096, 256, generator=g)
     for s in range(0, 4096, 1024):
-        cache.append(k[:, s:s + 1024], v[:, s:s + 1024], q[:, s:s + 1024])
+        cache.append(k[:, s : s + 1024], v[:, s : s + 1024], q[:, s : s + 1024])
         cache._forget()
     q1 = torch.randn(4, 1, 256, generator=g)
     b = cache.append(torch.randn(1, 1, 256, generator=g), torch.randn(1, 1, 256, generator=g), q1)
@@ -219,8 +242,10 @@ def test_tq_encoder_matches_the_codec(name, d):
     assert torch.equal(one["idx"][:, 0], fast["idx"][:, 7]) and torch.equal(one["norm"][:, 0], fast["norm"][:, 7])
 
 
-@pytest.mark.parametrize("name,d,role", [("kvarn4", 256, "k"), ("kvarn4", 256, "v"), ("kvarn3", 96, "k"),
-                                         ("kvarn2", 64, "v"), ("kvarn3-paper", 128, "v")])
+@pytest.mark.parametrize(
+    "name,d,role",
+    [("kvarn4", 256, "k"), ("kvarn4", 256, "v"), ("kvarn3", 96, "k"), ("kvarn2", 64, "v"), ("kvarn3-paper", 128, "v")],
+)
 def test_kvarn_encoder_matches_the_codec(name, d, role):
     """The C++ KVarN encoder takes the codec's steps per tile, its Sinkhorn in double from the
     separable scales. The imbalance flattens out within a few steps, so which step is kept (and
@@ -232,8 +257,11 @@ def test_kvarn_encoder_matches_the_codec(name, d, role):
 
     g = torch.Generator().manual_seed(7)
     c = make_codec(name, d, role)
-    x = torch.randn(2, 3 * c.tile, d, generator=g) * (torch.rand(1, 1, d, generator=g) * 3) \
+    x = (
+        torch.randn(2, 3 * c.tile, d, generator=g)
+        * (torch.rand(1, 1, d, generator=g) * 3)
         * (torch.rand(1, 3 * c.tile, 1, generator=g) + 0.5)
+    )
     ref, fast = c.encode(x), fused.encode(c, x)
     assert fast.keys() == ref.keys()
     assert all(fast[n].shape == t.shape and fast[n].dtype == t.dtype for n, t in ref.items())

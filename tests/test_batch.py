@@ -1,6 +1,7 @@
 """Continuous batching in the engine: N sequences' next tokens in one forward pass
 (`decode_sequences`) give, bit for bit, the logits each sequence computes alone, for
 every cache type and with sequences that start at different times."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,8 +9,12 @@ import torch
 
 from tightkv.engine.generate import Sequence, decode_sequences, steps
 
-PROMPTS = ["The capital of France is", "Count: 1, 2, 3,", "def fibonacci(n):\n    ",
-           "Once upon a time, in a village by the sea, there lived"]
+PROMPTS = [
+    "The capital of France is",
+    "Count: 1, 2, 3,",
+    "def fibonacci(n):\n    ",
+    "Once upon a time, in a village by the sea, there lived",
+]
 
 
 class Recorder:
@@ -79,8 +84,9 @@ def test_prompt_chunks_beside_decode_rows_equal_each_sequence_alone(embedded, kv
     def make(p):
         rec = Recorder()
         ids = embedded.tokenize(p)
-        seq = Sequence(embedded.net, embedded.tokenizer, ids, embedded.new_cache(kv), rec, 8,
-                       prompt_cache=PromptCache(cuts=(3,)))  # two chunks: [0, 3) and the rest
+        seq = Sequence(
+            embedded.net, embedded.tokenizer, ids, embedded.new_cache(kv), rec, 8, prompt_cache=PromptCache(cuts=(3,))
+        )  # two chunks: [0, 3) and the rest
         return seq, rec
 
     alone = []

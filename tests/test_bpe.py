@@ -6,6 +6,7 @@ The GPT-2 ranks are `whisper/assets/gpt2.tiktoken` from the PyPI source package
 written into a vocab-only GGUF (`tokenizer.ggml.model` = 'gpt2') and read back
 through tightkv's reader.
 """
+
 from __future__ import annotations
 
 import base64
@@ -25,10 +26,14 @@ RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930
 EOT = 50256
 
 # Llama 3's and Qwen 2's regexes as their tokenizer.json (and tiktoken) write them
-HF_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-HF_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+HF_LLAMA3 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+HF_QWEN2 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 SAMPLES = {
     "korean": "KV 캐시 압축을 통해 문서 전체를 로드하세요. 한국어 토큰화 테스트입니다.",
@@ -36,8 +41,9 @@ SAMPLES = {
     "emoji": "Emoji: 👍🏽 👨‍👩‍👧‍👦 🇫🇷 ❤️ 🤖✨🎉 ok👌",
     "accents": "naïve façade — “quotes” and ‘single’ … ellipsis; ÀÉÎÕÜ àéîõü ñ ç ø å ß Ω Ж e\u0301 a\u0308",
     "scripts": "مرحبا بالعالم שלום नमस्ते สวัสดี Καλημέρα Привет мир 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝟘𝟙𝟚 ½ ² Ⅻ ∑∫√∞≈",
-    "whitespace": ("   three  two\t\ttabs \t mixed\n\n\n  \n   trailing   \r\nCRLF\r\n"
-                   "\u00a0nbsp\u2009thin\u3000wide end  "),
+    "whitespace": (
+        "   three  two\t\ttabs \t mixed\n\n\n  \n   trailing   \r\nCRLF\r\n\u00a0nbsp\u2009thin\u3000wide end  "
+    ),
     "python": (
         "def fib(n: int) -> int:\n"
         "    '''Return the n-th Fibonacci number.'''\n"
@@ -45,18 +51,19 @@ SAMPLES = {
         "    for _ in range(n):\n"
         "        a, b = b, a + b  # tuple swap\n"
         "    return a\n\n\n"
-        "if __name__ == \"__main__\":\n"
+        'if __name__ == "__main__":\n'
         "\tprint({i: fib(i) for i in range(10)}, [x**2 for x in (1, 2, 3)])\n"
     ),
     "numbers": "1,234,567.89 and -0.001e-5, 3.14159265358979, 1000000000000, 0x1F, 2024-06-25T12:34:56Z, 007",
     "contractions": "They're we've I'll he'd she's it'S WE'RE YOU'VE can't won't o'clock rock'n'roll '' 's",
-    "urls": "https://example.com/path?q=1&r=2#frag  a@b.org  C:\\Users\\x  $HOME/~u  <b>x</b> {\"k\": [1, 2]}",
+    "urls": 'https://example.com/path?q=1&r=2#frag  a@b.org  C:\\Users\\x  $HOME/~u  <b>x</b> {"k": [1, 2]}',
     "controls": "nul\x00 bell\x07 esc\x1b[31m del\x7f fs\x1c\x1d\x1e\x1f zwsp\u200b bom\ufeff end",
     "long": "x" * 3000 + " " + "ab" * 500 + " " * 700 + "!" * 300,
 }
 
 
 # -- the GPT-2 ranks and their GGUF --------------------------------------------
+
 
 @pytest.fixture(scope="session")
 def ranks_file() -> Path:
@@ -87,7 +94,7 @@ def _bpe_parts(ranks: dict[bytes, int], token: bytes, max_rank: int) -> list[byt
         if best is None:
             return parts
         i = best[1]
-        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
 
 
 def ranks_to_merges(ranks: dict[bytes, int]) -> list[str]:
@@ -98,6 +105,7 @@ def ranks_to_merges(ranks: dict[bytes, int]) -> list[str]:
     restricted to lower ranks, ends with: two parts (the reverse of how the ranks
     were trained; HF's tiktoken converter does the same).
     """
+
     def enc(b: bytes) -> str:
         return "".join(BYTE_TO_CHAR[x] for x in b)
 
@@ -142,8 +150,9 @@ def tok(gpt2_meta) -> BPETokenizer:
 def _tiktoken(ranks, pat_str):
     import tiktoken
 
-    return tiktoken.Encoding(name="gpt2-ranks", pat_str=pat_str, mergeable_ranks=ranks,
-                             special_tokens={"<|endoftext|>": EOT})
+    return tiktoken.Encoding(
+        name="gpt2-ranks", pat_str=pat_str, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": EOT}
+    )
 
 
 @pytest.fixture(scope="session")
@@ -153,10 +162,11 @@ def tt(ranks):
 
 def _first_difference(a: list[int], b: list[int]) -> str:
     k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    return f"first difference at {k}: ours {a[k:k + 6]}, tiktoken {b[k:k + 6]}"
+    return f"first difference at {k}: ours {a[k : k + 6]}, tiktoken {b[k : k + 6]}"
 
 
 # -- tiktoken on the GPT-2 ranks ------------------------------------------------
+
 
 def test_gpt2_vocab(tok, gpt2_meta):
     assert isinstance(tok, BPETokenizer) and isinstance(tok, Tokenizer)
@@ -242,6 +252,7 @@ def test_every_token_is_its_own_merge(tok):
 
 # -- pre-tokenizers (no download needed) ----------------------------------------
 
+
 def test_pre_tokenizer_table():
     for name, (regexes, _, _) in PRE_TOKENIZERS.items():
         PreTokenizer(regexes)  # every regex compiles
@@ -250,8 +261,9 @@ def test_pre_tokenizer_table():
     assert PRE_TOKENIZERS["qwen2"][1:] == (False, False)
 
 
-@pytest.mark.parametrize("pre, pat", [("gpt-2", GPT2), ("llama-bpe", HF_LLAMA3), ("qwen2", HF_QWEN2)],
-                         ids=["gpt-2", "llama-bpe", "qwen2"])
+@pytest.mark.parametrize(
+    "pre, pat", [("gpt-2", GPT2), ("llama-bpe", HF_LLAMA3), ("qwen2", HF_QWEN2)], ids=["gpt-2", "llama-bpe", "qwen2"]
+)
 def test_pre_tokenizer_equals_hf_split(pre, pat, essays_file):
     """Our split equals HF tokenizers' Split(Regex, 'isolated') on the tokenizer.json regex."""
     from tokenizers import Regex
@@ -284,15 +296,23 @@ def test_regex_chain_keeps_unmatched_text():
 
 # -- a tiny hand-made vocab -------------------------------------------------------
 
+
 def tiny_meta(pre="gpt-2", **extra):
     """Byte tokens, a few merges, and special tokens of each kind."""
     tokens = list(BYTE_TO_CHAR)
     types = [TYPE_NORMAL] * 256
     merges = ["h e", "l l", "he ll", "hell o", "Ġ w", "x y", "a b"]
-    for text, kind in [("he", TYPE_NORMAL), ("ll", TYPE_NORMAL), ("hell", TYPE_NORMAL), ("hello", TYPE_NORMAL),
-                       ("Ġw", TYPE_NORMAL), ("ba", TYPE_NORMAL),  # "ba": a token no merge makes
-                       ("<|begin_of_text|>", TYPE_CONTROL), ("<|eot_id|>", TYPE_CONTROL),
-                       ("<tool>", TYPE_USER_DEFINED)]:
+    for text, kind in [
+        ("he", TYPE_NORMAL),
+        ("ll", TYPE_NORMAL),
+        ("hell", TYPE_NORMAL),
+        ("hello", TYPE_NORMAL),
+        ("Ġw", TYPE_NORMAL),
+        ("ba", TYPE_NORMAL),  # "ba": a token no merge makes
+        ("<|begin_of_text|>", TYPE_CONTROL),
+        ("<|eot_id|>", TYPE_CONTROL),
+        ("<tool>", TYPE_USER_DEFINED),
+    ]:
         tokens.append(text)
         types.append(kind)
     meta = {
@@ -330,7 +350,8 @@ def test_tiny_llama3_rules():
     assert t.encode("ba") == [bos, t.ids["ba"]]  # a word that is a token is taken whole
     assert t.encode("ba", add_bos=False) == [t.ids["ba"]]
     assert load_tokenizer(tiny_meta("llama-bpe", **{"tokenizer.ggml.add_bos_token": False})).encode("ba") == [
-        t.ids["ba"]]
+        t.ids["ba"]
+    ]
     assert load_tokenizer(tiny_meta("qwen2")).add_bos is False
     assert load_tokenizer(tiny_meta("qwen2", **{"tokenizer.ggml.add_bos_token": True})).encode("") == [bos]
 

@@ -7,6 +7,7 @@ the GGUFs converted from them): Llama 3 8B Instruct, Llama 3.2 Instruct (also
 3.1), Qwen2.5 Instruct, Qwen3, Phi-3.5 mini instruct, Mistral 7B Instruct v0.1
 and v0.2, Gemma 3 (it), SmolLM2 Instruct.
 """
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -362,25 +363,41 @@ CHAT = [
 ]
 NO_SYSTEM = CHAT[1:]
 
-LLAMA3_TURNS = ("<|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>"
-                "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>"
-                "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
-                "<|start_header_id|>assistant<|end_header_id|>\n\n")
-CHATML_TURNS = ("<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n"
-                "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
+LLAMA3_TURNS = (
+    "<|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>"
+    "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>"
+    "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n"
+)
+CHATML_TURNS = (
+    "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n"
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+)
 QWEN_DEFAULT = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
 SMOL_DEFAULT = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
 
 # (family, messages, extra template variables) -> the prompt
 EXPECTED = [
-    ("llama3", CHAT, {}, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
-     + LLAMA3_TURNS),
-    ("llama3.2", CHAT, {"date_string": "26 Jul 2024"},
-     "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
-     "Today Date: 26 Jul 2024\n\nYou are terse.<|eot_id|>" + LLAMA3_TURNS),
-    ("llama3.2", NO_SYSTEM, {"date_string": "26 Jul 2024"},
-     "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
-     "Today Date: 26 Jul 2024\n\n<|eot_id|>" + LLAMA3_TURNS),
+    (
+        "llama3",
+        CHAT,
+        {},
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>" + LLAMA3_TURNS,
+    ),
+    (
+        "llama3.2",
+        CHAT,
+        {"date_string": "26 Jul 2024"},
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+        "Today Date: 26 Jul 2024\n\nYou are terse.<|eot_id|>" + LLAMA3_TURNS,
+    ),
+    (
+        "llama3.2",
+        NO_SYSTEM,
+        {"date_string": "26 Jul 2024"},
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+        "Today Date: 26 Jul 2024\n\n<|eot_id|>" + LLAMA3_TURNS,
+    ),
     ("qwen2.5", CHAT, {}, "<|im_start|>system\nYou are terse.<|im_end|>\n" + CHATML_TURNS),
     ("qwen2.5", NO_SYSTEM, {}, QWEN_DEFAULT + CHATML_TURNS),
     ("qwen3", CHAT, {}, "<|im_start|>system\nYou are terse.<|im_end|>\n" + CHATML_TURNS),
@@ -388,15 +405,29 @@ EXPECTED = [
     ("qwen3", NO_SYSTEM, {"enable_thinking": False}, CHATML_TURNS + "<think>\n\n</think>\n\n"),
     ("qwen3", NO_SYSTEM, {"enable_thinking": True}, CHATML_TURNS),
     # an earlier answer's reasoning is dropped from the history
-    ("qwen3", [NO_SYSTEM[0], {"role": "assistant", "content": "<think>\nA greeting.\n</think>\n\nHello."},
-               NO_SYSTEM[2]], {}, CHATML_TURNS),
-    ("phi3.5", CHAT, {}, "<|system|>\nYou are terse.<|end|>\n<|user|>\nHi!<|end|>\n<|assistant|>\nHello.<|end|>\n"
-     "<|user|>\nWhat is 2+2?<|end|>\n<|assistant|>\n"),
+    (
+        "qwen3",
+        [NO_SYSTEM[0], {"role": "assistant", "content": "<think>\nA greeting.\n</think>\n\nHello."}, NO_SYSTEM[2]],
+        {},
+        CHATML_TURNS,
+    ),
+    (
+        "phi3.5",
+        CHAT,
+        {},
+        "<|system|>\nYou are terse.<|end|>\n<|user|>\nHi!<|end|>\n<|assistant|>\nHello.<|end|>\n"
+        "<|user|>\nWhat is 2+2?<|end|>\n<|assistant|>\n",
+    ),
     ("mistral-v0.1", NO_SYSTEM, {}, "<s>[INST] Hi! [/INST]Hello.</s>[INST] What is 2+2? [/INST]"),
     ("mistral-v0.2", CHAT, {}, "<s> [INST] You are terse.\n\nHi! [/INST] Hello.</s> [INST] What is 2+2? [/INST]"),
     ("mistral-v0.2", NO_SYSTEM, {}, "<s> [INST] Hi! [/INST] Hello.</s> [INST] What is 2+2? [/INST]"),
-    ("gemma3", CHAT, {}, "<bos><start_of_turn>user\nYou are terse.\n\nHi!<end_of_turn>\n<start_of_turn>model\n"
-     "Hello.<end_of_turn>\n<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n"),
+    (
+        "gemma3",
+        CHAT,
+        {},
+        "<bos><start_of_turn>user\nYou are terse.\n\nHi!<end_of_turn>\n<start_of_turn>model\n"
+        "Hello.<end_of_turn>\n<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n",
+    ),
     ("smollm2", CHAT, {}, "<|im_start|>system\nYou are terse.<|im_end|>\n" + CHATML_TURNS),
     ("smollm2", NO_SYSTEM, {}, SMOL_DEFAULT + CHATML_TURNS),
 ]
@@ -407,8 +438,9 @@ def render(family: str, messages: list[dict], **extra) -> str:
     return render_chat(template, messages, bos_token=bos, eos_token=eos, add_generation_prompt=True, **extra)
 
 
-@pytest.mark.parametrize("family, messages, extra, expected", EXPECTED,
-                         ids=[f"{f}-{i}" for i, (f, *_) in enumerate(EXPECTED)])
+@pytest.mark.parametrize(
+    "family, messages, extra, expected", EXPECTED, ids=[f"{f}-{i}" for i, (f, *_) in enumerate(EXPECTED)]
+)
 def test_expected_prompt(family, messages, extra, expected):
     assert render(family, messages, **extra) == expected
 
@@ -423,29 +455,50 @@ def test_llama32_dates_today():
 def test_without_generation_prompt():
     template, bos, eos = FAMILIES["phi3.5"]
     text = render_chat(template, CHAT[:3], bos_token=bos, eos_token=eos, add_generation_prompt=False)
-    assert text == "<|system|>\nYou are terse.<|end|>\n<|user|>\nHi!<|end|>\n<|assistant|>\nHello.<|end|>\n<|endoftext|>"
+    assert (
+        text == "<|system|>\nYou are terse.<|end|>\n<|user|>\nHi!<|end|>\n<|assistant|>\nHello.<|end|>\n<|endoftext|>"
+    )
 
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city, in °C",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city, in °C",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 def test_tools_render_as_json():
     """tojson as transformers defines it: no HTML escaping, non-ASCII kept, indent honoured."""
     text = render("qwen2.5", NO_SYSTEM[:1], tools=[WEATHER])
-    assert '\n{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city, in °C"' in text
+    assert (
+        '\n{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city, in °C"'
+        in text
+    )
     text = render("llama3.2", NO_SYSTEM[:1], tools=[WEATHER], date_string="26 Jul 2024")
     assert '{\n    "type": "function",\n    "function": {\n        "name": "get_weather",' in text
     assert "Given the following functions" in text and text.count("Hi!") == 1
 
 
-@pytest.mark.parametrize("family, messages, message", [
-    ("mistral-v0.1", CHAT, "Conversation roles must alternate user/assistant/user/assistant/..."),
-    ("gemma3", [CHAT[1], CHAT[1]], "Conversation roles must alternate user/assistant/user/assistant/..."),
-    ("mistral-v0.2", [CHAT[0], CHAT[1], CHAT[1]], "After the optional system message, conversation roles must alternate"),
-    ("mistral-v0.2", [CHAT[0], CHAT[1], {"role": "tool", "content": "x"}], "Only user and assistant roles are supported"),
-])
+@pytest.mark.parametrize(
+    "family, messages, message",
+    [
+        ("mistral-v0.1", CHAT, "Conversation roles must alternate user/assistant/user/assistant/..."),
+        ("gemma3", [CHAT[1], CHAT[1]], "Conversation roles must alternate user/assistant/user/assistant/..."),
+        (
+            "mistral-v0.2",
+            [CHAT[0], CHAT[1], CHAT[1]],
+            "After the optional system message, conversation roles must alternate",
+        ),
+        (
+            "mistral-v0.2",
+            [CHAT[0], CHAT[1], {"role": "tool", "content": "x"}],
+            "Only user and assistant roles are supported",
+        ),
+    ],
+)
 def test_raise_exception_is_one_line_error(family, messages, message):
     with pytest.raises(TightKVError) as err:
         render(family, messages)
@@ -455,8 +508,10 @@ def test_raise_exception_is_one_line_error(family, messages, message):
 
 def test_generation_tag():
     """`{% generation %}` (transformers' assistant-mask marker) renders its body."""
-    template = ("{% for m in messages %}{% if m['role'] == 'assistant' %}{% generation %}[{{ m['content'] }}]"
-                "{% endgeneration %}{% else %}{{ m['content'] }}{% endif %}{% endfor %}")
+    template = (
+        "{% for m in messages %}{% if m['role'] == 'assistant' %}{% generation %}[{{ m['content'] }}]"
+        "{% endgeneration %}{% else %}{{ m['content'] }}{% endif %}{% endfor %}"
+    )
     assert render_chat(template, CHAT[1:3]) == "Hi![Hello.]"
 
 
@@ -467,19 +522,23 @@ def test_loop_controls():
 
 # -- the same templates through transformers ---------------------------------------
 
+
 def hf_render(family: str, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
     transformers = pytest.importorskip("transformers")
     tokenizers = pytest.importorskip("tokenizers")
     template, bos, eos = FAMILIES[family]
     backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({"<unk>": 0}, unk_token="<unk>"))
-    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=bos or None,
-                                               eos_token=eos, unk_token="<unk>")
-    return tok.apply_chat_template(messages, chat_template=template, tokenize=False,
-                                   add_generation_prompt=add_generation_prompt, **extra)
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token=bos or None, eos_token=eos, unk_token="<unk>"
+    )
+    return tok.apply_chat_template(
+        messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
+    )
 
 
-@pytest.mark.parametrize("family, messages, extra, expected", EXPECTED,
-                         ids=[f"{f}-{i}" for i, (f, *_) in enumerate(EXPECTED)])
+@pytest.mark.parametrize(
+    "family, messages, extra, expected", EXPECTED, ids=[f"{f}-{i}" for i, (f, *_) in enumerate(EXPECTED)]
+)
 def test_same_as_transformers(family, messages, extra, expected):
     assert hf_render(family, messages, **extra) == expected
 
@@ -511,10 +570,14 @@ def test_continuing_the_assistant_message():
     assert text == render_chat(template, msgs[:-1], bos, eos, add_generation_prompt=True) + "<think>\nFour"
     assert text == CHATML_TURNS + "<think>\nFour"
     gemma = FAMILIES["gemma3"]
-    assert render_continuation(gemma[0], [NO_SYSTEM[0], {"role": "assistant", "content": "Hel "}], *gemma[1:]) \
-        == "<bos><start_of_turn>user\nHi!<end_of_turn>\n<start_of_turn>model\nHel "  # not trimmed
-    assert render_continuation(template, [{"role": "assistant", "content": "Hello th"}], bos, eos) \
+    assert (
+        render_continuation(gemma[0], [NO_SYSTEM[0], {"role": "assistant", "content": "Hel "}], *gemma[1:])
+        == "<bos><start_of_turn>user\nHi!<end_of_turn>\n<start_of_turn>model\nHel "
+    )  # not trimmed
+    assert (
+        render_continuation(template, [{"role": "assistant", "content": "Hello th"}], bos, eos)
         == "<|im_start|>assistant\nHello th"
+    )
     assert continues(msgs) and not continues(NO_SYSTEM) and not continues(msgs, continue_final=False)
     assert not continues([{"role": "assistant", "content": "", "tool_calls": [{}]}])
     with pytest.raises(TightKVError):

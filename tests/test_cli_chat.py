@@ -1,6 +1,7 @@
 """`tightkv run` through a real terminal (a pty): the interactive chat keeps its KV
 cache across turns, and the REPL commands, Ctrl-C and Ctrl-D behave; plus the
 one-shot and piped forms."""
+
 from __future__ import annotations
 
 import re
@@ -12,8 +13,10 @@ import pytest
 from cli_helpers import Terminal, assert_one_line_error, cli, private_home
 from tiny_gguf import write_gemma3
 
-STATS = (r"prompt eval count: +(\d+) token\(s\) \((\d+) cached\)(?:.|\n)*?"
-         r"\neval count: +(\d+) token\(s\)(?:.|\n)*?finish reason: +\w+\n")
+STATS = (
+    r"prompt eval count: +(\d+) token\(s\) \((\d+) cached\)(?:.|\n)*?"
+    r"\neval count: +(\d+) token\(s\)(?:.|\n)*?finish reason: +\w+\n"
+)
 PROMPT = r"^>>> $"
 
 
@@ -138,8 +141,21 @@ def test_context_overflow_in_chat_is_an_error_not_an_exit(chat_model, home):
 
 def test_one_shot_streams_and_pipes(chat_model, home):
     env = {"TIGHTKV_HOME": str(home)}
-    r = cli("run", str(chat_model), "hello", "-n", "3", "--verbose", "--threads", "1", "-ctk", "q8_0", "-ctv", "tq4",
-            env=env)
+    r = cli(
+        "run",
+        str(chat_model),
+        "hello",
+        "-n",
+        "3",
+        "--verbose",
+        "--threads",
+        "1",
+        "-ctk",
+        "q8_0",
+        "-ctv",
+        "tq4",
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     assert re.search(r"prompt eval count: +\d+ token\(s\) \(0 cached\)", r.stderr)
     assert "eval count:           3 token(s)" in r.stderr and "Traceback" not in r.stderr

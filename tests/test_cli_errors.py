@@ -1,6 +1,7 @@
 """Each bad input gets one 'error: ...' line on stderr and a non-zero exit, no
 traceback (``--debug`` shows it): unknown names, missing and corrupt files, no disk
 space, bad flag values, an overflowing context, RoPE-scaling limits."""
+
 from __future__ import annotations
 
 import pytest
@@ -34,43 +35,55 @@ def one_line(capsys, rc: int, *needles: str) -> str:
     return lines[-1]
 
 
-@pytest.mark.parametrize("args,needles", [
-    (["run", "qwen3:8b", "hi"], ["unknown model 'qwen3:8b'"]),
-    (["show", "nosuch"], ["unknown model 'nosuch'"]),
-    (["pull", "llama9:1b"], ["unknown model 'llama9:1b'"]),
-    (["rm", "gemma3:270m"], ["model 'gemma3:270m' not found"]),
-    (["show", "qwen3:0.6b"], ["not pulled yet (run: tightkv pull qwen3:0.6b)"]),
-    (["run", "/nonexistent/model.gguf", "hi"], ["model.gguf", "no such file"]),
-    (["pull", "./local.gguf"], ["is a file path"]),
-    (["run", "TINY", "hi", "--kv", "q9_9"], ["unknown KV cache type 'q9_9'"]),
-    (["run", "TINY", "hi", "-ctk", "q8_0", "--kv", "f16"], ["either --kv or --cache-type-k"]),
-    (["run", "TINY", "hi", "-ctv", "q3_x"], ["error: -ctv: unknown KV cache type 'q3_x'"]),
-    (["run", "TINY", "hi", "--cache-type-k", "q3_x"], ["error: --cache-type-k: unknown KV cache type 'q3_x'"]),
-    (["run", "TINY", "hi", "-ctk", "q8_0", "-ctv", "progressive"], ["error: -ctv: "]),  # a preset is not one side
-    (["run", "TINY", "hi", "--kv", "q3_x"], ["error: --kv: unknown KV cache type 'q3_x'"]),
-    (["ppl", "TINY", "--file", "TINY", "--compare", "f16,tq4", "-ctk", "q8_0"], ["either --compare or --kv"]),
-    (["niah", "TINY", "-ctk", "q9"], ["error: -ctk: unknown KV cache type 'q9'"]),
-    (["niah", "TINY", "--needle", "x", "--question", "y?", "--answer", " "], ["must not be empty"]),
-    (["bench", "TINY", "--kv", "tq4", "--compare", "f16"], ["either --compare or --kv"]),
-    (["ask", "--doc", "TINY", "-ctv", "zz", "q?"], ["error: -ctv: unknown KV cache type 'zz'"]),
-    (["run", "TINY", "hi", "--temperature", "-1"], ["temperature must be >= 0"]),
-    (["run", "TINY", "hi", "-n", "0"], ["--max-tokens must be at least 1"]),
-    (["run", "TINY", "hi", "-n", "100000", "--threads", "1"], ["exceeds the context of 512 tokens"]),
-    (["run", "TINY", "hi", "-c", "1024", "--threads", "1"],
-     ["error: -c/--ctx 1024 exceeds the model's trained context of 512", "pass --rope-scale 2 to stretch it"]),
-    (["niah", "TINY", "-c", "1024", "--threads", "1"],  # no --rope-scale here: the verb that has it
-     ["error: -c/--ctx 1024 exceeds", "`tightkv run` can stretch it with --rope-scale 2"]),
-    (["run", "TINY", "hi", "-c", "4096", "--rope-scale", "2", "--threads", "1"], ["-c/--ctx 4096 exceeds 1024 tokens"]),
-    (["run", "TINY", "hi", "--rope-scale", "0.5", "--threads", "1"], ["factor must be >= 1"]),
-    (["run", "TINY", "hi", "--threads", "0"], ["--threads must be at least 1"]),
-])
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["run", "qwen3:8b", "hi"], ["unknown model 'qwen3:8b'"]),
+        (["show", "nosuch"], ["unknown model 'nosuch'"]),
+        (["pull", "llama9:1b"], ["unknown model 'llama9:1b'"]),
+        (["rm", "gemma3:270m"], ["model 'gemma3:270m' not found"]),
+        (["show", "qwen3:0.6b"], ["not pulled yet (run: tightkv pull qwen3:0.6b)"]),
+        (["run", "/nonexistent/model.gguf", "hi"], ["model.gguf", "no such file"]),
+        (["pull", "./local.gguf"], ["is a file path"]),
+        (["run", "TINY", "hi", "--kv", "q9_9"], ["unknown KV cache type 'q9_9'"]),
+        (["run", "TINY", "hi", "-ctk", "q8_0", "--kv", "f16"], ["either --kv or --cache-type-k"]),
+        (["run", "TINY", "hi", "-ctv", "q3_x"], ["error: -ctv: unknown KV cache type 'q3_x'"]),
+        (["run", "TINY", "hi", "--cache-type-k", "q3_x"], ["error: --cache-type-k: unknown KV cache type 'q3_x'"]),
+        (["run", "TINY", "hi", "-ctk", "q8_0", "-ctv", "progressive"], ["error: -ctv: "]),  # a preset is not one side
+        (["run", "TINY", "hi", "--kv", "q3_x"], ["error: --kv: unknown KV cache type 'q3_x'"]),
+        (["ppl", "TINY", "--file", "TINY", "--compare", "f16,tq4", "-ctk", "q8_0"], ["either --compare or --kv"]),
+        (["niah", "TINY", "-ctk", "q9"], ["error: -ctk: unknown KV cache type 'q9'"]),
+        (["niah", "TINY", "--needle", "x", "--question", "y?", "--answer", " "], ["must not be empty"]),
+        (["bench", "TINY", "--kv", "tq4", "--compare", "f16"], ["either --compare or --kv"]),
+        (["ask", "--doc", "TINY", "-ctv", "zz", "q?"], ["error: -ctv: unknown KV cache type 'zz'"]),
+        (["run", "TINY", "hi", "--temperature", "-1"], ["temperature must be >= 0"]),
+        (["run", "TINY", "hi", "-n", "0"], ["--max-tokens must be at least 1"]),
+        (["run", "TINY", "hi", "-n", "100000", "--threads", "1"], ["exceeds the context of 512 tokens"]),
+        (
+            ["run", "TINY", "hi", "-c", "1024", "--threads", "1"],
+            ["error: -c/--ctx 1024 exceeds the model's trained context of 512", "pass --rope-scale 2 to stretch it"],
+        ),
+        (
+            ["niah", "TINY", "-c", "1024", "--threads", "1"],  # no --rope-scale here: the verb that has it
+            ["error: -c/--ctx 1024 exceeds", "`tightkv run` can stretch it with --rope-scale 2"],
+        ),
+        (
+            ["run", "TINY", "hi", "-c", "4096", "--rope-scale", "2", "--threads", "1"],
+            ["-c/--ctx 4096 exceeds 1024 tokens"],
+        ),
+        (["run", "TINY", "hi", "--rope-scale", "0.5", "--threads", "1"], ["factor must be >= 1"]),
+        (["run", "TINY", "hi", "--threads", "0"], ["--threads must be at least 1"]),
+    ],
+)
 def test_bad_input_is_one_line(args, needles, tiny, home, capsys):
     args = [str(tiny) if a == "TINY" else a for a in args]
     one_line(capsys, main(args), *needles)
 
 
-@pytest.mark.parametrize("args", [["run", "hi", "--temperature", "abc"], ["run", "hi", "-n", "many"],
-                                  ["show", "gemma3", "-c", "x"], ["pull"]])
+@pytest.mark.parametrize(
+    "args",
+    [["run", "hi", "--temperature", "abc"], ["run", "hi", "-n", "many"], ["show", "gemma3", "-c", "x"], ["pull"]],
+)
 def test_unparsable_flag_values_are_one_line(args, capsys):
     with pytest.raises(SystemExit) as exc:
         main(args)
@@ -130,7 +143,9 @@ def test_cli_start_and_import_stay_light():
     import subprocess
     import sys
 
-    code = ("import sys, tightkv, tightkv.cli; tightkv.cli.build_parser(); "
-            "heavy = [m for m in ('torch', 'huggingface_hub') if m in sys.modules]; print(heavy)")
+    code = (
+        "import sys, tightkv, tightkv.cli; tightkv.cli.build_parser(); "
+        "heavy = [m for m in ('torch', 'huggingface_hub') if m in sys.modules]; print(heavy)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr)

@@ -2,6 +2,7 @@
 point 6): piped to a file, plain lines (never a carriage return) that move within
 a chunk, and a summary line at the end; on a terminal, a bar redrawn in place.
 A tiny model keeps these fast; the same code runs for the embedded one."""
+
 from __future__ import annotations
 
 import re
@@ -30,8 +31,23 @@ def percents(lines: list[str], prefix: str) -> list[int]:
 
 def test_ppl_piped_writes_a_line_per_forward_call_and_a_summary(tiny):
     model, text = tiny
-    r = cli("ppl", str(model), "--file", str(text), "-c", "256", "--chunks", "2", "-b", "64",
-            "--compare", "f16,q8_0", "--threads", "1", env=EVERY_UPDATE)
+    r = cli(
+        "ppl",
+        str(model),
+        "--file",
+        str(text),
+        "-c",
+        "256",
+        "--chunks",
+        "2",
+        "-b",
+        "64",
+        "--compare",
+        "f16,q8_0",
+        "--threads",
+        "1",
+        env=EVERY_UPDATE,
+    )
     assert r.returncode == 0, r.stderr
     assert "\r" not in r.stderr and "\x1b[" not in r.stderr
     lines = r.stderr.splitlines()
@@ -40,8 +56,11 @@ def test_ppl_piped_writes_a_line_per_forward_call_and_a_summary(tiny):
     first = percents(lines, "perplexity chunk 1/2")
     assert len(first) == 10 and first == sorted(first) and first[0] == 100 * 64 // 1532, lines  # moves within chunk 1
     assert len(percents(lines, "perplexity chunk 2/2")) == 9, lines
-    assert re.fullmatch(r"perplexity: 2 chunks x 2 KV types, 1532 tok in [\d.]+s \(\d+ tok/s\)  "
-                        r"f16 [\d.]+ q8_0 [\d.]+", lines[-1]), lines[-1]
+    assert re.fullmatch(
+        r"perplexity: 2 chunks x 2 KV types, 1532 tok in [\d.]+s \(\d+ tok/s\)  "
+        r"f16 [\d.]+ q8_0 [\d.]+",
+        lines[-1],
+    ), lines[-1]
     assert "Final estimate: PPL = " in r.stdout  # the table stays on stdout
 
 
@@ -58,21 +77,46 @@ def test_ppl_piped_by_default_is_a_few_lines_not_one_per_call(tiny):
 
 def test_bench_fill_piped_is_plain_lines_and_a_summary(tiny):
     model, _ = tiny
-    r = cli("bench", str(model), "--depths", "600", "-p", "16", "--n-gen", "2", "-r", "1", "--threads", "1",
-            env=EVERY_UPDATE)
+    r = cli(
+        "bench",
+        str(model),
+        "--depths",
+        "600",
+        "-p",
+        "16",
+        "--n-gen",
+        "2",
+        "-r",
+        "1",
+        "--threads",
+        "1",
+        env=EVERY_UPDATE,
+    )
     assert r.returncode == 0, r.stderr
     assert "\r" not in r.stderr and "\x1b[" not in r.stderr
     lines = r.stderr.splitlines()
     assert percents(lines, "tightkv f16 filling d600") == [85], lines  # 512 of 600, the prefill piece
     assert any(re.fullmatch(r"tightkv f16 filling d600: 600 tok in [\d.]+s \(\d+ tok/s\)", x) for x in lines), lines
-    assert lines.index(next(x for x in lines if x.startswith("tightkv f16 filling d600: 600 tok"))) < \
-        lines.index(next(x for x in lines if x.startswith("tightkv f16 tg2 @ d600: ")))
+    assert lines.index(next(x for x in lines if x.startswith("tightkv f16 filling d600: 600 tok"))) < lines.index(
+        next(x for x in lines if x.startswith("tightkv f16 tg2 @ d600: "))
+    )
 
 
 def test_niah_piped_moves_within_a_cell(tiny):
     model, text = tiny
-    r = cli("niah", str(model), "--lengths", "700", "--depths", "0,100", "--haystack", str(text), "--threads", "1",
-            env=EVERY_UPDATE)
+    r = cli(
+        "niah",
+        str(model),
+        "--lengths",
+        "700",
+        "--depths",
+        "0,100",
+        "--haystack",
+        str(text),
+        "--threads",
+        "1",
+        env=EVERY_UPDATE,
+    )
     assert r.returncode == 0, r.stderr
     assert "\r" not in r.stderr and "\x1b[" not in r.stderr
     lines = r.stderr.splitlines()
@@ -84,8 +128,25 @@ def test_niah_piped_moves_within_a_cell(tiny):
 
 def test_ppl_on_a_terminal_is_a_bar_redrawn_in_place(tiny, tmp_path):
     model, text = tiny
-    t = Terminal([sys.executable, "-m", "tightkv.cli", "ppl", str(model), "--file", str(text), "-c", "256",
-                  "--chunks", "2", "-b", "64", "--threads", "1"])
+    t = Terminal(
+        [
+            sys.executable,
+            "-m",
+            "tightkv.cli",
+            "ppl",
+            str(model),
+            "--file",
+            str(text),
+            "-c",
+            "256",
+            "--chunks",
+            "2",
+            "-b",
+            "64",
+            "--threads",
+            "1",
+        ]
+    )
     try:
         t.expect(r"perplexity: 2 chunks x 1 KV type, 766 tok in ", timeout=120)
         t.expect(r"Final estimate: PPL = ")
@@ -94,14 +155,31 @@ def test_ppl_on_a_terminal_is_a_bar_redrawn_in_place(tiny, tmp_path):
         t.kill()
     raw = t.raw.decode("utf-8", "replace")
     assert re.search(r"\rperplexity[^\r\n]*: +\d+%\|", raw), raw  # tqdm's bar, redrawn with \r
-    summary = raw[raw.index("perplexity: 2 chunks"):].split("\r\n")[0]  # the pty writes \n as \r\n
+    summary = raw[raw.index("perplexity: 2 chunks") :].split("\r\n")[0]  # the pty writes \n as \r\n
     assert "\r" not in summary and "%|" not in summary  # the bar is gone; the summary is a line of its own
 
 
 def test_bench_fill_on_a_terminal_is_a_bar_then_its_summary(tiny):
     model, _ = tiny
-    t = Terminal([sys.executable, "-m", "tightkv.cli", "bench", str(model), "--depths", "1500", "-p", "16",
-                  "--n-gen", "2", "-r", "1", "--threads", "1"])
+    t = Terminal(
+        [
+            sys.executable,
+            "-m",
+            "tightkv.cli",
+            "bench",
+            str(model),
+            "--depths",
+            "1500",
+            "-p",
+            "16",
+            "--n-gen",
+            "2",
+            "-r",
+            "1",
+            "--threads",
+            "1",
+        ]
+    )
     try:
         t.expect(r"tightkv f16 filling d1500: 1500 tok in [\d.]+s", timeout=120)
         t.expect(r"tightkv f16 tg2 @ d1500: ")
@@ -110,7 +188,7 @@ def test_bench_fill_on_a_terminal_is_a_bar_then_its_summary(tiny):
         t.kill()
     raw = t.raw.decode("utf-8", "replace")
     assert re.search(r"\rtightkv f16 filling d1500: +\d+%\|", raw), raw  # tqdm's bar while it fills
-    summary = raw[raw.index("tightkv f16 filling d1500: 1500 tok"):].split("\r\n")[0]
+    summary = raw[raw.index("tightkv f16 filling d1500: 1500 tok") :].split("\r\n")[0]
     assert "\r" not in summary and "%|" not in summary
 
 
@@ -121,16 +199,30 @@ def test_ask_piped_shows_the_document_prefill_and_each_rlv_read(tiny, tmp_path):
     doc = tmp_path / "doc.md"
     doc.write_text("# Ships\n\n" + TEXT[:1200] + "\n\n# Keepers\n\n" + TEXT[:1200].replace("fox", "keeper"))
     env = {**EVERY_UPDATE, "TIGHTKV_HOME": str(tmp_path / "home")}
-    full = cli("ask", "-m", str(model), "--doc", str(doc), "--mode", "full", "--threads", "1", "-n", "4",
-               "What jumps?", env=env)
+    full = cli(
+        "ask",
+        "-m",
+        str(model),
+        "--doc",
+        str(doc),
+        "--mode",
+        "full",
+        "--threads",
+        "1",
+        "-n",
+        "4",
+        "What jumps?",
+        env=env,
+    )
     assert full.returncode == 0, full.stderr
     assert "\r" not in full.stderr and "\x1b[" not in full.stderr
     lines = full.stderr.splitlines()
     moving = percents(lines, "prefill document")
     assert len(moving) >= 2 and moving == sorted(moving), lines  # lines within the prefill, not one at its end
     assert any(re.match(r"prefill document: \d+ tok in [\d.]+s \(\d+ tok/s\)", x) for x in lines), lines
-    rlv = cli("ask", "-m", str(model), "--doc", str(doc), "--mode", "rlv", "--threads", "1", "-n", "4",
-              "What jumps?", env=env)
+    rlv = cli(
+        "ask", "-m", str(model), "--doc", str(doc), "--mode", "rlv", "--threads", "1", "-n", "4", "What jumps?", env=env
+    )
     assert rlv.returncode == 0, rlv.stderr
     lines = rlv.stderr.splitlines()
     assert lines[0].startswith("mode: rlv") and "\r" not in rlv.stderr

@@ -1,5 +1,6 @@
 """The README's promises: the first screen's two commands, and the three-line
 Python example, run exactly as written."""
+
 from __future__ import annotations
 
 import os
@@ -13,10 +14,10 @@ import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 MAIN_JOB = 'tightkv run "The capital of France is" -n 64'
-THREE_LINES = '''from tightkv import Model
+THREE_LINES = """from tightkv import Model
 m = Model.from_pretrained("gemma3:270m")
 print(m.ask("What is gravity?"))
-'''
+"""
 
 
 def python_blocks(text: str) -> list[str]:
@@ -55,11 +56,17 @@ def test_first_screen_main_job_finishes(tmp_path):
 @pytest.mark.slow
 def test_three_line_python_example_runs_as_written(tmp_path):
     text = README.read_text()
-    section = text[text.index("## Python"):]
+    section = text[text.index("## Python") :]
     code = python_blocks(section)[0]
     assert code == THREE_LINES
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=900)
     except subprocess.TimeoutExpired:

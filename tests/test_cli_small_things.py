@@ -1,6 +1,7 @@
 """The small things a new user notices (issue 23, point 7), each run as the user
 runs it: --debug after the verb, `show` and `plan` on the embedded model by
 default, one unit family for sizes, a busy port for `serve`, help for every flag."""
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,15 @@ def env(tmp_path_factory):
     return {"TIGHTKV_HOME": str(home)}
 
 
-@pytest.mark.parametrize("args", [["--debug", "run", "qwen3:8b", "hi"], ["run", "--debug", "qwen3:8b", "hi"],
-                                  ["run", "qwen3:8b", "hi", "--debug"], ["show", "nosuch", "--debug"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--debug", "run", "qwen3:8b", "hi"],
+        ["run", "--debug", "qwen3:8b", "hi"],
+        ["run", "qwen3:8b", "hi", "--debug"],
+        ["show", "nosuch", "--debug"],
+    ],
+)
 def test_debug_before_or_after_the_verb_shows_the_traceback(args, env):
     r = cli(*args, env=env)
     assert r.returncode != 0 and "Traceback" in r.stderr and "unknown model" in r.stderr, r.stderr
@@ -38,15 +46,18 @@ def test_show_defaults_to_the_embedded_model_in_binary_units(env):
     f16 = re.search(r"^    f16 +[\d,]+ +([\d.]+) (MiB|GiB) +1\.00x$", r.stdout, re.M)
     assert f16, r.stdout
     assert not re.search(r"\d (KB|MB|GB)\b", r.stdout), r.stdout  # not Ollama's decimal units here
-    assert "KV cache at 32768 tokens" in r.stdout and "KV cache at 32768 tokens" in cli("show", "-c", "0", env=env).stdout
+    assert (
+        "KV cache at 32768 tokens" in r.stdout and "KV cache at 32768 tokens" in cli("show", "-c", "0", env=env).stdout
+    )
     assert re.search(r"^    cpu kernels +(avx512\S*|avx2|portable), \d+ threads$", r.stdout, re.M), r.stdout
 
 
 def test_show_says_when_the_kernels_are_off(env):
     r = cli("show", env={**env, "TIGHTKV_NO_COMPILE": "1"})
     assert r.returncode == 0, r.stderr
-    assert re.search(r"^    cpu kernels +unavailable \(.*TIGHTKV_NO_COMPILE.*\): the slow torch reference path runs$",
-                     r.stdout, re.M), r.stdout
+    assert re.search(
+        r"^    cpu kernels +unavailable \(.*TIGHTKV_NO_COMPILE.*\): the slow torch reference path runs$", r.stdout, re.M
+    ), r.stdout
 
 
 def test_plan_names_the_model_and_warns_past_the_trained_context(env):
@@ -54,8 +65,10 @@ def test_plan_names_the_model_and_warns_past_the_trained_context(env):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "model     gemma3:270m", lines[0]  # not the blob's path
-    assert lines[-1] == ("warning: 200000 tokens exceed the model's trained context of 32768; running it needs "
-                         "--rope-scale 7 (linear RoPE scaling, at some loss of quality)"), r.stdout
+    assert lines[-1] == (
+        "warning: 200000 tokens exceed the model's trained context of 32768; running it needs "
+        "--rope-scale 7 (linear RoPE scaling, at some loss of quality)"
+    ), r.stdout
     within = cli("plan", "-c", "0", "--mem", "16GB", env=env)
     assert within.returncode == 0 and "context   32768 tokens (trained 32768)" in within.stdout
     assert "warning" not in within.stdout and "\neverything fits\nrecommended: --kv f16 " in within.stdout
@@ -77,8 +90,12 @@ def test_serve_on_a_busy_port_is_one_error_line(env):
 def _flags_without_help() -> set[tuple[str, str]]:
     parser, _ = build_parser()
     verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-    return {(verb, (action.option_strings or [action.metavar or action.dest])[0])
-            for verb, sub in verbs.items() for action in sub._actions if not action.help}
+    return {
+        (verb, (action.option_strings or [action.metavar or action.dest])[0])
+        for verb, sub in verbs.items()
+        for action in sub._actions
+        if not action.help
+    }
 
 
 def test_every_flag_has_help():
@@ -92,15 +109,29 @@ def test_ask_cap_is_the_library_default():
     assert ANSWER_TOKENS == LIBRARY
 
 
-@pytest.mark.parametrize("verb,needles", [
-    ("rm", ["NAME", "a pulled model"]),
-    ("bench", ["--n-prompt", "prompt tokens", "--n-gen", "decode steps", "--json", "JSON file"]),
-    ("run", ["--temperature", "0 (the default) always picks the likeliest token", "--top-k", "--top-p", "--min-p",
-             "--repeat-penalty", "--seed", "-c CTX, --ctx CTX context length in tokens (default, or 0: the model's "
-             "trained context)", "--debug show tracebacks"]),
-    ("client", ["--temperature", "0 (the default)", "--top-k"]),
-    ("ask", ["answer tokens at most (default 96); the answer ends at the end of its first sentence or line"]),
-])
+@pytest.mark.parametrize(
+    "verb,needles",
+    [
+        ("rm", ["NAME", "a pulled model"]),
+        ("bench", ["--n-prompt", "prompt tokens", "--n-gen", "decode steps", "--json", "JSON file"]),
+        (
+            "run",
+            [
+                "--temperature",
+                "0 (the default) always picks the likeliest token",
+                "--top-k",
+                "--top-p",
+                "--min-p",
+                "--repeat-penalty",
+                "--seed",
+                "-c CTX, --ctx CTX context length in tokens (default, or 0: the model's trained context)",
+                "--debug show tracebacks",
+            ],
+        ),
+        ("client", ["--temperature", "0 (the default)", "--top-k"]),
+        ("ask", ["answer tokens at most (default 96); the answer ends at the end of its first sentence or line"]),
+    ],
+)
 def test_help_as_the_user_reads_it(verb, needles):
     r = cli(verb, "--help")
     assert r.returncode == 0, r.stderr

@@ -1,5 +1,6 @@
 """Whole-document QA on tiny models: prefix cache trim/restore, the disk store
 (size, corruption, mismatch), RAG and RLV on a small synthetic document, the CLI."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,18 @@ from tiny_gguf import write_gemma3
 
 from tightkv.documents import prompts
 from tightkv.documents.store import DocumentStore
-from tightkv.documents.text import (adds_information, answer_matches, answer_type_ok, first_sentence, fixed_chunks,
-                                    follow_up, grounded, keywords, read_documents, split_sections)
+from tightkv.documents.text import (
+    adds_information,
+    answer_matches,
+    answer_type_ok,
+    first_sentence,
+    fixed_chunks,
+    follow_up,
+    grounded,
+    keywords,
+    read_documents,
+    split_sections,
+)
 from tightkv.eval.docqa import company_report, long_document, summarize, wilson
 
 REPORT = company_report(seed=3)
@@ -44,13 +55,14 @@ def store(tmp_path):
 
 # --- text ---------------------------------------------------------------------------
 
+
 def test_sections_follow_headings_and_fit_the_window():
     secs = split_sections(REPORT.text, 60, words)
     titles = [s.title for s in secs]
     assert titles[0] == "1. Company overview"  # the document title joins its first section
     assert "4. Operations" in titles and "2. Leadership" in titles
     assert all(s.tokens <= 60 for s in secs)
-    assert all(REPORT.text[s.start:s.end] == s.text for s in secs)
+    assert all(REPORT.text[s.start : s.end] == s.text for s in secs)
     assert [s.index for s in secs] == list(range(len(secs)))
     plain = "One sentence here. " * 200
     win = split_sections(plain, 50, words)
@@ -58,8 +70,10 @@ def test_sections_follow_headings_and_fit_the_window():
 
 
 def test_a_short_section_keeps_its_title_beside_the_next():
-    text = ("# Annual report\n\n## Leadership\nThe Lumen division is led by Priya Okafor.\n\n"
-            "## Finances\n" + "Revenue grew nine percent in the year. " * 20 + "\n")
+    text = (
+        "# Annual report\n\n## Leadership\nThe Lumen division is led by Priya Okafor.\n\n"
+        "## Finances\n" + "Revenue grew nine percent in the year. " * 20 + "\n"
+    )
     secs = split_sections(text, 200, words)
     assert [s.title for s in secs] == ["Leadership / Finances"]  # the heading-only title adds nothing
     assert split_sections(text, 40, words)[0].title == "Leadership"  # big enough to stand alone
@@ -75,8 +89,10 @@ def test_answer_matching_keywords_and_checks():
     assert answer_matches("It employs 2,408 people.", ["2,408"])
     assert answer_matches("Sato", ["Jonas Sato", "Sato"]) and not answer_matches("Satoshi", ["Sato"])
     assert keywords("Who leads the division that runs the plant in Ghent?").split()[0] == "Ghent"
-    assert first_sentence("The revenue was 221 million euros. The margin was 9.5 percent.") == \
-        "The revenue was 221 million euros."
+    assert (
+        first_sentence("The revenue was 221 million euros. The margin was 9.5 percent.")
+        == "The revenue was 221 million euros."
+    )
     assert not answer_type_ok("Who leads the division?", "The Meridian division.")
     assert answer_type_ok("Who leads the division?", "Lena Castell")
     assert not answer_type_ok("How many people work there?", "many")
@@ -84,8 +100,10 @@ def test_answer_matching_keywords_and_checks():
     assert not answer_type_ok(colour, "The lighthouse on Skerra Island was painted in 1525.")
     assert answer_type_ok(colour, "Pale green.") and answer_type_ok("In which city was it built?", "In Krakow")
     assert answer_type_ok("What is the access code for the archive room?", "4821")
-    assert follow_up("Who leads the division that makes the Solace sensor?", "The Corvid division.") == \
-        "Who leads the Corvid division?"
+    assert (
+        follow_up("Who leads the division that makes the Solace sensor?", "The Corvid division.")
+        == "Who leads the Corvid division?"
+    )
     assert follow_up("Who is the CEO?", "Jonas") is None
     assert grounded("867 metres.", "The bridge is 867 metres long.")
     assert not grounded("100 metres.", "The bridge, 867 metres long, fell.")  # a misquoted number
@@ -149,7 +167,7 @@ def test_benchmark_sets_are_seeded():
     d = long_document(essays, words, min_tokens=20000, seed=1)
     assert words(d.text) >= 20000 and len(d.questions) == 12
     for q in d.questions:
-        assert q.answer[0] in d.text[q.position:q.position + 200]
+        assert q.answer[0] in d.text[q.position : q.position + 200]
     lo, hi = wilson(7, 10)
     assert 0.39 < lo < 0.40 and 0.89 < hi < 0.90
     assert summarize([{"correct": True, "seconds": 1.0, "kind": "fact"}])["accuracy"] == 1.0
@@ -176,12 +194,13 @@ def test_several_documents_are_split_apart_and_named(tiny, tmp_path):
 
 # --- quoted evidence ------------------------------------------------------------------
 
+
 def test_quotes_are_the_matching_sentences_in_document_order():
     from tightkv.documents.evidence import SentenceIndex, quotes_block, quotes_that_fit
 
     ev = SentenceIndex(REPORT.text)
     assert ev.sentences and not any(s.text.startswith("#") for s in ev.sentences)
-    assert all(REPORT.text[s.start:s.end].split() == s.text.split() for s in ev.sentences)
+    assert all(REPORT.text[s.start : s.end].split() == s.text.split() for s in ev.sentences)
     q = next(q for q in REPORT.questions if q.id == "r5")  # who leads the division that runs the plant in X?
     plant = q.question.rstrip("?").split()[-1]
     top = ev.top(q.question, 5)
@@ -199,12 +218,17 @@ def test_quotes_are_the_matching_sentences_in_document_order():
 def test_a_sentence_right_under_a_heading_is_quotable():
     from tightkv.documents.evidence import SentenceIndex
 
-    text = ("## Leadership\nThe Lumen division is led by Priya Okafor.\nThe Harbor division is led by Tomas Lind.\n\n"
-            "## Finances\n### 2025\nRevenue was 412 million euros.\n")
+    text = (
+        "## Leadership\nThe Lumen division is led by Priya Okafor.\nThe Harbor division is led by Tomas Lind.\n\n"
+        "## Finances\n### 2025\nRevenue was 412 million euros.\n"
+    )
     ev = SentenceIndex(text)
-    assert [s.text for s in ev.sentences] == ["The Lumen division is led by Priya Okafor.",
-                                              "The Harbor division is led by Tomas Lind.", "Revenue was 412 million euros."]
-    assert all(text[s.start:s.end].strip() == s.text for s in ev.sentences)
+    assert [s.text for s in ev.sentences] == [
+        "The Lumen division is led by Priya Okafor.",
+        "The Harbor division is led by Tomas Lind.",
+        "Revenue was 412 million euros.",
+    ]
+    assert all(text[s.start : s.end].strip() == s.text for s in ev.sentences)
     assert ev.top("Who leads the Lumen division?", 1)[0].text.startswith("The Lumen division")
 
 
@@ -225,8 +249,11 @@ def test_full_mode_quotes_before_the_question_and_within_the_context(tiny):
 
 # --- prefix cache: a question is trimmed away exactly ----------------------------------
 
-DOC = ("# Plants\n\nThe Lumen division runs the plant in Tampere. " * 6 + "\n\n# People\n\n"
-       + "Maria Okafor leads the Lumen division. The chief executive is Amara Lindqvist. " * 6)
+DOC = (
+    "# Plants\n\nThe Lumen division runs the plant in Tampere. " * 6
+    + "\n\n# People\n\n"
+    + "Maria Okafor leads the Lumen division. The chief executive is Amara Lindqvist. " * 6
+)
 
 
 @pytest.mark.parametrize("kv", ["f16", "tq4,window=16", "progressive"])
@@ -253,6 +280,7 @@ def test_session_answers_cite_and_time(tiny, store):
 
 
 # --- the disk store ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kv", ["f16", "progressive"])
 def test_store_round_trip_and_size(tiny, store, kv):
@@ -308,6 +336,7 @@ def test_corrupt_or_mismatched_file_is_rebuilt(tiny, store, damage):
 
 
 # --- modes: rag, rlv, auto ----------------------------------------------------------------
+
 
 def test_rag_retrieves_the_chunk_with_the_terms(tiny):
     from tightkv.documents.rag import RagIndex
@@ -410,8 +439,9 @@ def test_prefix_store_takes_the_longest_stored_mark_and_keeps_its_budget(tiny):
     whole = tiny.new_cache("progressive")  # the same chunks in one cache
     for a, b in ((0, 100), (100, 200), (200, 250)):
         prefill(tiny.net, ids[a:b], whole)
-    assert all(torch.equal(x, y) for a, b in zip(whole, restored) for x, y in zip(a.state().values(),
-                                                                                   b.state().values()))
+    assert all(
+        torch.equal(x, y) for a, b in zip(whole, restored) for x, y in zip(a.state().values(), b.state().values())
+    )
     assert ps.stats()["hits"] == 1 and ps.stats()["reused_tokens"] == 200
     small = PrefixStore(tiny, "progressive", ram_bytes=ps.bytes // 3)
     small.fill(ids, [100, 200])
@@ -464,6 +494,7 @@ def test_auto_mode_uses_the_working_memory(tiny):
 
 # --- the CLI --------------------------------------------------------------------------
 
+
 def test_cli_ask_json_cache_info_and_corrupt_notice(tiny_path, tmp_path):
     home = private_home(tmp_path)
     env = {"TIGHTKV_HOME": str(home)}
@@ -472,8 +503,9 @@ def test_cli_ask_json_cache_info_and_corrupt_notice(tiny_path, tmp_path):
     args = ["ask", "-m", str(tiny_path), "--doc", str(doc), "--mode", "full", "-n", "4", "--json"]
     r = cli(*args, "Who leads Lumen?", "Who runs the plant?", env=env)
     assert r.returncode == 0, r.stderr
-    assert [line for line in r.stderr.splitlines() if line.startswith("mode:")] == \
-        [f"mode: full (the document is {json.loads(r.stdout)['document']['doc_tokens']:,} tokens)"], r.stderr
+    assert [line for line in r.stderr.splitlines() if line.startswith("mode:")] == [
+        f"mode: full (the document is {json.loads(r.stdout)['document']['doc_tokens']:,} tokens)"
+    ], r.stderr
     out = json.loads(r.stdout)
     assert out["document"]["cache_source"] == "prefill" and len(out["answers"]) == 2
     path = Path(out["document"]["cache_file"])

@@ -1,5 +1,6 @@
 """Reading document files: text, HTML (headings kept for RLV's sections), PDF through pypdf,
 and the one-line errors for what cannot be read; the texts the library keeps."""
+
 from __future__ import annotations
 
 import pytest
@@ -29,9 +30,11 @@ def test_a_pdf_without_text_says_so():
 
 
 def test_html_keeps_headings_lists_and_drops_scripts():
-    page = ("<html><head><title>t</title><style>p{}</style></head><body><h1>Report</h1>"
-            "<p>First  paragraph,\n wrapped.</p><script>alert(1)</script><ul><li>one</li><li>two</li></ul>"
-            "<h2>Next</h2><p>A &amp; B</p></body></html>")
+    page = (
+        "<html><head><title>t</title><style>p{}</style></head><body><h1>Report</h1>"
+        "<p>First  paragraph,\n wrapped.</p><script>alert(1)</script><ul><li>one</li><li>two</li></ul>"
+        "<h2>Next</h2><p>A &amp; B</p></body></html>"
+    )
     assert html_text(page) == "# Report\n\nFirst paragraph, wrapped.\n\n- one\n- two\n\n## Next\n\nA & B\n"
 
 

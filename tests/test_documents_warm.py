@@ -1,6 +1,7 @@
 """Warm start on the embedded model: the second `tightkv ask` about a document of
 8K+ tokens, in a new process, loads the saved cache instead of prefilling, and
 reaches its first token in under 20% of the first run's time."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,19 @@ def test_second_ask_loads_the_saved_cache(tmp_path, essays_file):
     env = {"TIGHTKV_HOME": str(home)}
     doc = tmp_path / "essays.txt"
     doc.write_text(essays_file.read_text(encoding="utf-8")[:34500])  # 8.3K tokens
-    args = ["ask", "--doc", str(doc), "--mode", "full", "--kv", KV, "-n", "8", "--json",
-            "What do the essays say about addiction?"]
+    args = [
+        "ask",
+        "--doc",
+        str(doc),
+        "--mode",
+        "full",
+        "--kv",
+        KV,
+        "-n",
+        "8",
+        "--json",
+        "What do the essays say about addiction?",
+    ]
     cold = cli(*args, env=env, timeout=1200)
     assert cold.returncode == 0, cold.stderr[-2000:]
     warm = cli(*args, env=env, timeout=600)
@@ -32,8 +44,10 @@ def test_second_ask_loads_the_saved_cache(tmp_path, essays_file):
     assert c["document"]["doc_tokens"] >= 8192
     assert c["document"]["cache_source"] == "prefill" and w["document"]["cache_source"] == "disk"
     t_cold, t_warm = c["answers"][0]["ttft_s"], w["answers"][0]["ttft_s"]
-    print(f"\n{c['document']['doc_tokens']} tokens, kv {KV}: first token {t_cold:.2f}s cold, {t_warm:.2f}s warm "
-          f"(prefill {c['document'].get('prefill_s', 0):.1f}s, disk load {w['document'].get('load_s', 0):.2f}s)")
+    print(
+        f"\n{c['document']['doc_tokens']} tokens, kv {KV}: first token {t_cold:.2f}s cold, {t_warm:.2f}s warm "
+        f"(prefill {c['document'].get('prefill_s', 0):.1f}s, disk load {w['document'].get('load_s', 0):.2f}s)"
+    )
     assert t_warm < 0.2 * t_cold, (t_cold, t_warm)
     assert w["answers"][0]["answer"] == c["answers"][0]["answer"]
     # the file holds the cache's bytes plus per-layer counters and its JSON header
@@ -55,8 +69,21 @@ def test_docqa_smoke_quotes_join_the_two_hops(tmp_path):
     home = private_home(tmp_path)
     seed_embedded(home)
     out = tmp_path / "docqa.json"
-    r = cli("docqa", "--sets", "report", "--reports", "2", "--modes", "full,full-plain,rag", "--compare", "f16",
-            "--json", str(out), env={"TIGHTKV_HOME": str(home)}, timeout=900)
+    r = cli(
+        "docqa",
+        "--sets",
+        "report",
+        "--reports",
+        "2",
+        "--modes",
+        "full,full-plain,rag",
+        "--compare",
+        "f16",
+        "--json",
+        str(out),
+        env={"TIGHTKV_HOME": str(home)},
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["sets"]["report"]["docs"] == 2 and len(doc["sets"]["report"]["questions"]) == 14

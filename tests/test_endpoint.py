@@ -1,5 +1,6 @@
 """`--endpoint`: niah, ppl and docqa against a real `tightkv serve` on loopback give
 what the local engine gives; `plan`'s llama.cpp and vLLM equivalents."""
+
 from __future__ import annotations
 
 import json
@@ -55,8 +56,20 @@ def test_ppl_endpoint_equals_local_perplexity(server, text_file):
 
 def test_ppl_compare_mixes_local_types_and_endpoints(server, text_file, tmp_path):
     out = tmp_path / "ppl.json"
-    r = cli("ppl", "-f", str(text_file), "-c", "512", "--chunks", "1", "--compare", f"f16,q8_0,{server.url}",
-            "--json", str(out), timeout=600)
+    r = cli(
+        "ppl",
+        "-f",
+        str(text_file),
+        "-c",
+        "512",
+        "--chunks",
+        "1",
+        "--compare",
+        f"f16,q8_0,{server.url}",
+        "--json",
+        str(out),
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     assert "top 20 tokens" in r.stdout
     results = json.loads(out.read_text())["results"]
@@ -82,8 +95,20 @@ def test_niah_endpoint_gives_the_local_grid(server, tmp_path):
 
 def test_docqa_endpoint_answers_the_report(server, tmp_path):
     out = tmp_path / "docqa.json"
-    r = cli("docqa", "--sets", "report", "--reports", "1", "--modes", "full,rag,rlv", "--endpoint", server.url,
-            "--json", str(out), timeout=900)
+    r = cli(
+        "docqa",
+        "--sets",
+        "report",
+        "--reports",
+        "1",
+        "--modes",
+        "full,rag,rlv",
+        "--endpoint",
+        server.url,
+        "--json",
+        str(out),
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr
     assert "skipped" in r.stdout  # rlv reads into the local engine's cache
     runs = json.loads(out.read_text())["runs"]
@@ -134,8 +159,17 @@ def test_first_token_alternatives_in_both_response_formats():
     from tightkv.eval.endpoint import _first_alternatives
 
     openai = {"tokens": ["\n"], "token_logprobs": [-0.1], "top_logprobs": [{"\n": -0.1, " Paris": -2.5}]}
-    llamacpp = {"content": [{"token": "\n", "logprob": -0.1,
-                             "top_logprobs": [{"id": 108, "token": "\n", "logprob": -0.1},
-                                              {"id": 9079, "token": " Paris", "logprob": -2.5}]}]}
+    llamacpp = {
+        "content": [
+            {
+                "token": "\n",
+                "logprob": -0.1,
+                "top_logprobs": [
+                    {"id": 108, "token": "\n", "logprob": -0.1},
+                    {"id": 9079, "token": " Paris", "logprob": -2.5},
+                ],
+            }
+        ]
+    }
     assert _first_alternatives(openai) == _first_alternatives(llamacpp) == {"\n": -0.1, " Paris": -2.5}
     assert _first_alternatives(None) is None and _first_alternatives({"content": []}) is None

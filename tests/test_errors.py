@@ -1,4 +1,5 @@
 """Bad input gets a one-line error naming the file and the problem."""
+
 from __future__ import annotations
 
 import shutil
@@ -85,16 +86,21 @@ def test_unknown_model_name():
 
 
 def _cli(*args, input=None):
-    return subprocess.run([sys.executable, "-m", "tightkv.cli", *args], capture_output=True, text=True,
-                          input=input, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tightkv.cli", *args], capture_output=True, text=True, input=input, timeout=300
+    )
 
 
 def test_cli_errors_are_one_line(tmp_path, tiny):
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(tiny.read_bytes()[:5000])
-    for args in (["run", str(tmp_path / "missing.gguf"), "hi"], ["run", str(cut), "hi"],
-                 ["run", str(tiny), "hi", "-n", "100000"], ["run", str(tiny), "hi", "--kv", "q9_9"],
-                 ["run", str(tiny), "hi", "--temperature", "-1"]):
+    for args in (
+        ["run", str(tmp_path / "missing.gguf"), "hi"],
+        ["run", str(cut), "hi"],
+        ["run", str(tiny), "hi", "-n", "100000"],
+        ["run", str(tiny), "hi", "--kv", "q9_9"],
+        ["run", str(tiny), "hi", "--temperature", "-1"],
+    ):
         r = _cli(*args)
         assert r.returncode == 1, (args, r.stderr)
         assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, (args, r.stderr)

@@ -1,4 +1,5 @@
 """Smoke versions of the quality and speed commands (the full sweeps are in bench/)."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,7 @@ import pytest
 
 
 def _cli(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "tightkv.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "tightkv.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_ppl_smoke_f16_against_itself(embedded, essays_file):
@@ -28,8 +28,7 @@ def test_ppl_cli_writes_json(tmp_path, essays_file):
     text = tmp_path / "t.txt"
     text.write_text(essays_file.read_text()[:6000])
     out = tmp_path / "ppl.json"
-    r = _cli("ppl", "--file", str(text), "--ctx", "256", "--chunks", "1", "--compare", "f16,bf16",
-             "--json", str(out))
+    r = _cli("ppl", "--file", str(text), "--ctx", "256", "--chunks", "1", "--compare", "f16,bf16", "--json", str(out))
     assert r.returncode == 0, r.stderr
     assert "Final estimate: PPL = " in r.stdout
     # piped, the progress is plain lines and ends on its summary (tests/test_cli_progress.py has the rest)
@@ -43,8 +42,9 @@ def test_ppl_cli_takes_llamacpp_cache_type_flags(tmp_path, essays_file):
     text = tmp_path / "t.txt"
     text.write_text(essays_file.read_text()[:6000])
     out = tmp_path / "ppl.json"
-    r = _cli("ppl", "--file", str(text), "--ctx", "256", "--chunks", "1", "-ctk", "q8_0", "-ctv", "tq4",
-             "--json", str(out))
+    r = _cli(
+        "ppl", "--file", str(text), "--ctx", "256", "--chunks", "1", "-ctk", "q8_0", "-ctv", "tq4", "--json", str(out)
+    )
     assert r.returncode == 0, r.stderr
     results = json.loads(out.read_text())["results"]
     assert list(results) == ["f16", "q8_0:tq4"]  # f16 is the KLD baseline, measured in the same run
@@ -63,15 +63,29 @@ def test_bench_cli_table(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["machine"]["cpu"] and doc["llama_settings"] == {"flash_attn": True, "swa_full": False}
     rows = doc["rows"]
-    assert {(row["engine"], row["test"]) for row in rows} == {("tightkv", "pp32"), ("tightkv", "tg4 @ d16"),
-                                                               ("tightkv", "tg4 @ d64")}
+    assert {(row["engine"], row["test"]) for row in rows} == {
+        ("tightkv", "pp32"),
+        ("tightkv", "tg4 @ d16"),
+        ("tightkv", "tg4 @ d64"),
+    }
     assert all(row["tok_s"] > 0 and row["peak_rss"] > 100 * 2**20 for row in rows)
 
 
 def test_niah_cli_grid_json_and_png(tmp_path, essays_file):
     out, png = tmp_path / "niah.json", tmp_path / "niah.png"
-    r = _cli("niah", "--lengths", "192", "--depths", "0,50", "--haystack", str(essays_file), "--png", str(png),
-             "--json", str(out))
+    r = _cli(
+        "niah",
+        "--lengths",
+        "192",
+        "--depths",
+        "0,50",
+        "--haystack",
+        str(essays_file),
+        "--png",
+        str(png),
+        "--json",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     assert "kv f16:" in r.stdout and png.stat().st_size > 1000
     assert "\r" not in r.stderr and r.stderr.splitlines()[-1].startswith("niah: 2 cells, "), r.stderr
@@ -94,8 +108,11 @@ def test_niah_prompt_has_exact_length_and_needle(embedded):
 def test_user_needles_are_framed_and_matched_ignoring_case():
     from tightkv.eval.niah import ANSWER_TOKENS, DEFAULT_NEEDLES, Needle
 
-    n = Needle.from_user("The best thing to do in San Francisco is a picnic in Dolores Park.",
-                         "What is the best thing to do in San Francisco?", " Dolores Park ")
+    n = Needle.from_user(
+        "The best thing to do in San Francisco is a picnic in Dolores Park.",
+        "What is the best thing to do in San Francisco?",
+        " Dolores Park ",
+    )
     assert n.text == " The best thing to do in San Francisco is a picnic in Dolores Park. "
     assert n.question == "\n\nQuestion: What is the best thing to do in San Francisco?\nAnswer:"
     assert n.passed(" A picnic in dolores park.") and not n.passed(" Golden Gate Park")
@@ -107,9 +124,23 @@ def test_user_needles_are_framed_and_matched_ignoring_case():
 
 def test_niah_cli_with_a_users_needle(tmp_path, essays_file):
     out = tmp_path / "niah.json"
-    r = _cli("niah", "--lengths", "256", "--depths", "50", "--haystack", str(essays_file), "--json", str(out),
-             "--needle", "The best thing to do in San Francisco is eating a sandwich in Dolores Park.",
-             "--question", "What is the best thing to do in San Francisco?", "--answer", "Dolores Park")
+    r = _cli(
+        "niah",
+        "--lengths",
+        "256",
+        "--depths",
+        "50",
+        "--haystack",
+        str(essays_file),
+        "--json",
+        str(out),
+        "--needle",
+        "The best thing to do in San Francisco is eating a sandwich in Dolores Park.",
+        "--question",
+        "What is the best thing to do in San Francisco?",
+        "--answer",
+        "Dolores Park",
+    )
     assert r.returncode == 0, r.stderr
     (cell,) = json.loads(out.read_text())["results"]["f16"]["cells"]
     assert cell["passed"] and "dolores park" in cell["answer"].lower(), cell
@@ -119,8 +150,15 @@ def test_niah_cli_with_a_users_needle(tmp_path, essays_file):
 # one chunk; the 6-chunk figures are `python bench/make_benchmarks.py --only ppl` (docs/benchmarks.md).
 # One chunk scores 1,023 tokens, so ΔPPL gets the slack of its noise (about ±0.3%) beyond the 4- and
 # 3-bit bars; KLD keeps the issue's bars.
-KV_BARS = {"q8_0": (0.001, 0.001), "progressive": (0.008, 0.01), "tq4": (0.008, 0.01), "kvarn4": (0.008, 0.01),
-           "tq3": (0.013, 0.02), "aggressive": (0.013, 0.02), "q4_0": (0.092, 0.01)}
+KV_BARS = {
+    "q8_0": (0.001, 0.001),
+    "progressive": (0.008, 0.01),
+    "tq4": (0.008, 0.01),
+    "kvarn4": (0.008, 0.01),
+    "tq3": (0.013, 0.02),
+    "aggressive": (0.013, 0.02),
+    "q4_0": (0.092, 0.01),
+}
 
 
 def cache_recipe(kind: str, num_layers: int) -> tuple:
@@ -141,8 +179,14 @@ def test_kv_quality_smoke_one_chunk(embedded, essays_file):
     # window), is measured once: the run would repeat the same arithmetic
     recipes = {kind: cache_recipe(kind, embedded.args.num_layers) for kind in KV_BARS}
     run = {kind: next(k for k in KV_BARS if recipes[k] == recipes[kind]) for kind in KV_BARS}
-    r = perplexity(embedded, essays_file.read_text(), ctx=2048, n_chunks=1,
-                   kv_types=["f16", *dict.fromkeys(run.values())], progress=False)
+    r = perplexity(
+        embedded,
+        essays_file.read_text(),
+        ctx=2048,
+        n_chunks=1,
+        kv_types=["f16", *dict.fromkeys(run.values())],
+        progress=False,
+    )
     base = r["f16"]["ppl"]
     for kind, (max_dppl, max_kld) in KV_BARS.items():
         got = r[run[kind]]
@@ -175,13 +219,17 @@ def test_bench_rounds_pool_into_one_row_per_test():
     are read off its system info."""
     from tightkv.eval.bench import Row, llama_build, merge_runs
 
-    rows = [Row("tightkv", "f16", "tg32 @ d16", 16, 10.0, [10.0], 100, 5, 2.0),
-            Row("llama.cpp", "f16", "tg32 @ d16", 16, 8.0, [8.0], build="AVX2"),
-            Row("tightkv", "f16", "tg32 @ d16", 16, 30.0, [30.0], 100, 7, 6.0),
-            Row("tightkv", "f16", "tg32 @ d16", 16, 20.0, [20.0], 100, 6, 4.0)]
+    rows = [
+        Row("tightkv", "f16", "tg32 @ d16", 16, 10.0, [10.0], 100, 5, 2.0),
+        Row("llama.cpp", "f16", "tg32 @ d16", 16, 8.0, [8.0], build="AVX2"),
+        Row("tightkv", "f16", "tg32 @ d16", 16, 30.0, [30.0], 100, 7, 6.0),
+        Row("tightkv", "f16", "tg32 @ d16", 16, 20.0, [20.0], 100, 6, 4.0),
+    ]
     merged = merge_runs(rows)
-    assert [(r.engine, r.tok_s, r.tok_s_runs) for r in merged] == [("tightkv", 20.0, [10.0, 30.0, 20.0]),
-                                                                   ("llama.cpp", 8.0, [8.0])]
+    assert [(r.engine, r.tok_s, r.tok_s_runs) for r in merged] == [
+        ("tightkv", 20.0, [10.0, 30.0, 20.0]),
+        ("llama.cpp", 8.0, [8.0]),
+    ]
     assert merged[0].peak_rss == 7 and merged[0].gb_s == 4.0 and rows[0].tok_s_runs == [10.0]
     info = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 0 | FMA = 1 | LLAMAFILE = 1 | "
     assert llama_build(info) == "SSE3 AVX AVX2 FMA LLAMAFILE"

@@ -12,6 +12,7 @@ such name to map tensors with), so for it the reference is MistralForCausalLM
 built from the config transformers parses from the file, with the tensors mapped
 and un-permuted by transformers' own llama code (`hf_mistral`).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,12 +31,19 @@ from tightkv.kernels import library  # noqa: E402
 ATOL = 1e-3
 T = 32
 
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 64}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 _rng = np.random.default_rng(7)
-LONGROPE = {"long_factor": (1.0 + 5.0 * _rng.random(12)).round(3).tolist(),
-            "short_factor": (1.0 + 0.5 * _rng.random(12)).round(3).tolist(),
-            "original_max_position_embeddings": 16}
+LONGROPE = {
+    "long_factor": (1.0 + 5.0 * _rng.random(12)).round(3).tolist(),
+    "short_factor": (1.0 + 0.5 * _rng.random(12)).round(3).tolist(),
+    "original_max_position_embeddings": 16,
+}
 
 # name -> (writer, writer kwargs, transformers class, config given to transformers)
 CASES = {
@@ -46,17 +54,34 @@ CASES = {
     "qwen3": (write_qwen, {"arch": "qwen3"}, "Qwen3ForCausalLM", {"head_dim": 32}),
     "phi3": (write_phi3, {}, "Phi3ForCausalLM", {}),
     # RoPE variants: transformers' GGUF loader reads none of them, so its model is told
-    "llama-rope-llama3": (write_llama, {"rope_scaling": LLAMA3}, "LlamaForCausalLM",
-                    {"rope_parameters": {**LLAMA3, "rope_theta": 10000.0}}),
-    "llama-rope-linear": (write_llama, {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, "LlamaForCausalLM",
-                          {"rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}}),
-    "phi3-longrope": (write_phi3, {"context": 64, "longrope": LONGROPE}, "Phi3ForCausalLM",
-                      {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, **LONGROPE},
-                       "original_max_position_embeddings": 16}),
+    "llama-rope-llama3": (
+        write_llama,
+        {"rope_scaling": LLAMA3},
+        "LlamaForCausalLM",
+        {"rope_parameters": {**LLAMA3, "rope_theta": 10000.0}},
+    ),
+    "llama-rope-linear": (
+        write_llama,
+        {"rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+        "LlamaForCausalLM",
+        {"rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}},
+    ),
+    "phi3-longrope": (
+        write_phi3,
+        {"context": 64, "longrope": LONGROPE},
+        "Phi3ForCausalLM",
+        {
+            "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, **LONGROPE},
+            "original_max_position_embeddings": 16,
+        },
+    ),
     # Phi-4-mini rotates part of each head: rope.dimension_count 12 of head_dim 24
-    "phi3-partial-rope": (write_phi3, {"head_dim": 24, "rope_dim": 12}, "Phi3ForCausalLM",
-                          {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
-                                               "partial_rotary_factor": 0.5}}),
+    "phi3-partial-rope": (
+        write_phi3,
+        {"head_dim": 24, "rope_dim": 12},
+        "Phi3ForCausalLM",
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
+    ),
 }
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "phi3"]
 
@@ -81,8 +106,9 @@ def hf_mistral(path, **config):
     parsed = gu.load_gguf_checkpoint(str(path))["config"]
     assert parsed["model_type"] == "mistral"
     kwargs = {k: v for k, v in parsed.items() if k not in ("model_type", "_model_name_or_path")}
-    m = transformers.MistralForCausalLM._from_config(transformers.MistralConfig(**kwargs, **config),
-                                                     attn_implementation="eager", dtype=torch.float32)
+    m = transformers.MistralForCausalLM._from_config(
+        transformers.MistralConfig(**kwargs, **config), attn_implementation="eager", dtype=torch.float32
+    )
     processor = gu.LlamaTensorProcessor(config=parsed)
     names = gu.get_gguf_hf_weights_map(m, processor, model_type="llama")
     state = {}
@@ -100,8 +126,8 @@ def hf_model(gguf_dir, case: str, qtype: str, **override):
         m = hf_mistral(gguf_dir / f"{case}-{qtype}.gguf", **config)
     else:
         m = transformers.AutoModelForCausalLM.from_pretrained(
-            str(gguf_dir), gguf_file=f"{case}-{qtype}.gguf", dtype=torch.float32, attn_implementation="eager",
-            **config)
+            str(gguf_dir), gguf_file=f"{case}-{qtype}.gguf", dtype=torch.float32, attn_implementation="eager", **config
+        )
     assert type(m).__name__ == cls
     return m.eval()
 
@@ -233,5 +259,6 @@ def test_greedy_generation_matches_hf(gguf_dir, case):
     assert len(ours) >= 8
     with torch.inference_mode():
         ref = hf_model(gguf_dir, case, "F32").generate(
-            torch.tensor([ids]), max_new_tokens=len(ours), min_new_tokens=len(ours), do_sample=False)[0, len(ids):]
+            torch.tensor([ids]), max_new_tokens=len(ours), min_new_tokens=len(ours), do_sample=False
+        )[0, len(ids) :]
     assert ours == ref.tolist()

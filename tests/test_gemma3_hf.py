@@ -6,6 +6,7 @@ The tiny model (tests/tiny_gguf.py) has GQA (4 query / 2 KV heads), head_dim 32
 != hidden/heads, 5 sliding layers with window 8 and one global layer, so 32
 positions exercise both the window and the global RoPE base.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -39,10 +40,14 @@ def hf_model(gguf_dir, name: str, **config):
     from transformers import AutoModelForCausalLM
 
     m = AutoModelForCausalLM.from_pretrained(
-        str(gguf_dir), gguf_file=f"gemma3-{name}.gguf", dtype=torch.float32,
+        str(gguf_dir),
+        gguf_file=f"gemma3-{name}.gguf",
+        dtype=torch.float32,
         attn_implementation="eager",
         # the GGUF has no key for this; the HF default (256) belongs to the real checkpoints
-        query_pre_attn_scalar=HEAD_DIM, **config)
+        query_pre_attn_scalar=HEAD_DIM,
+        **config,
+    )
     assert type(m).__name__ == "Gemma3ForCausalLM"
     assert m.config.sliding_window == 8
     assert m.config.layer_types == ["sliding_attention"] * 5 + ["full_attention"]
@@ -145,8 +150,10 @@ def test_long_sequence_matches_hf(f32_pair, gguf_dir):
 def test_linear_rope_scaling_matches_hf(gguf_dir):
     """gemma3.rope.scaling.{type,factor} scale global-layer positions only (Gemma 3 4B+).
     transformers' GGUF loader ignores these keys, so the reference gets them as config."""
-    rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    rope = {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    }
     ids = random_ids(32, seed=4)
     ref = hf_logits(gguf_dir, "rope8", ids, rope_parameters=rope)
     m = Model(str(gguf_dir / "gemma3-rope8.gguf"), kv="f32", threads=1)

@@ -2,12 +2,16 @@
 its schema allows them (llama.cpp's, Ollama's and vLLM's default), and an unbounded integer
 has at most 16 digits (llama.cpp's), checked token by token against the embedded model's
 vocabulary."""
+
 import pytest
 
 from tightkv.engine.grammar import closed_objects
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-          "required": ["name", "age"]}
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
 
 
 def admits(model, schema, text: str) -> bool:
@@ -20,18 +24,24 @@ def admits(model, schema, text: str) -> bool:
     return c.finished
 
 
-@pytest.mark.parametrize("schema,text,ok", [
-    (PERSON, '{"name": "Ann", "age": 30}', True),
-    (PERSON, '{"name": "Ann", "age": 30, "city": "Rome"}', False),  # an invented key
-    ({**PERSON, "additionalProperties": True}, '{"name": "Ann", "age": 30, "city": "Rome"}', True),
-    ({"type": "object"}, '{"city": "Rome"}', True),  # names no properties: any object
-    ({"type": "array", "items": PERSON}, '[{"name": "Ann", "age": 3, "x": 1}]', False),
-    ({"$defs": {"p": PERSON}, "$ref": "#/$defs/p"}, '{"name": "Ann", "age": 30, "x": 1}', False),
-    (PERSON, '{"name": "Ann", "age": -9999999999999999}', True),  # llama.cpp's integers: up to 16 digits
-    (PERSON, '{"name": "Ann", "age": 12345678901234567}', False),
-    ({**PERSON, "properties": {**PERSON["properties"], "age": {"type": "integer", "minimum": 0}}},
-     '{"name": "Ann", "age": 12345678901234567}', True),  # the schema's own bounds stand
-])
+@pytest.mark.parametrize(
+    "schema,text,ok",
+    [
+        (PERSON, '{"name": "Ann", "age": 30}', True),
+        (PERSON, '{"name": "Ann", "age": 30, "city": "Rome"}', False),  # an invented key
+        ({**PERSON, "additionalProperties": True}, '{"name": "Ann", "age": 30, "city": "Rome"}', True),
+        ({"type": "object"}, '{"city": "Rome"}', True),  # names no properties: any object
+        ({"type": "array", "items": PERSON}, '[{"name": "Ann", "age": 3, "x": 1}]', False),
+        ({"$defs": {"p": PERSON}, "$ref": "#/$defs/p"}, '{"name": "Ann", "age": 30, "x": 1}', False),
+        (PERSON, '{"name": "Ann", "age": -9999999999999999}', True),  # llama.cpp's integers: up to 16 digits
+        (PERSON, '{"name": "Ann", "age": 12345678901234567}', False),
+        (
+            {**PERSON, "properties": {**PERSON["properties"], "age": {"type": "integer", "minimum": 0}}},
+            '{"name": "Ann", "age": 12345678901234567}',
+            True,
+        ),  # the schema's own bounds stand
+    ],
+)
 def test_objects_take_only_their_properties_unless_allowed(embedded, schema, text, ok):
     assert admits(embedded, schema, text) is ok
 

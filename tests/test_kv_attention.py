@@ -1,5 +1,6 @@
 """The compressed cache: attention on codes equals dequantize-then-attend, chunking does
 not change what a query sees, nbytes is the formula, trim/state work, specs parse."""
+
 import pytest
 import torch
 
@@ -132,9 +133,19 @@ def test_no_full_precision_history():
     assert max(seen) <= 256 and sum(seen) > 3 * 1000
 
 
-@pytest.mark.parametrize("spec,window", [("tq4", None), ("tq4", 200), ("kvarn4", 300), ("kivi2", None),
-                                         ("tq2,sink=2,window=16", 40), ("kivi4-paper:tq3", 260),
-                                         ("q4_0-paper", None), ("f16:q8_0", None)])
+@pytest.mark.parametrize(
+    "spec,window",
+    [
+        ("tq4", None),
+        ("tq4", 200),
+        ("kvarn4", 300),
+        ("kivi2", None),
+        ("tq2,sink=2,window=16", 40),
+        ("kivi4-paper:tq3", 260),
+        ("q4_0-paper", None),
+        ("f16:q8_0", None),
+    ],
+)
 def test_nbytes_is_the_formula(spec, window):
     g = torch.Generator().manual_seed(4)
     cache = parse_kv(spec).make_cache(0, 1, 2, 64, 64, window)
@@ -244,10 +255,14 @@ def test_per_layer_overrides():
     s = parse_kv("tq4,protect=2")
     assert [s.types(i, 18)[0] for i in range(18)] == ["q8_0"] * 2 + ["tq4"] * 14 + ["q8_0"] * 2
     s = parse_kv("tq4,L0..1=q8_0,L-1=f16:q8_0")
-    assert s.types(0, 18) == ("q8_0", "q8_0") and s.types(17, 18) == ("f16", "q8_0") and s.types(5, 18) == ("tq4", "tq4")
+    assert (
+        s.types(0, 18) == ("q8_0", "q8_0") and s.types(17, 18) == ("f16", "q8_0") and s.types(5, 18) == ("tq4", "tq4")
+    )
 
 
-@pytest.mark.parametrize("bad", ["tq5", "q8_0:nope", "a:b:c", "tq4,sink=-1", "tq4,foo=1", "tq4,sink", ",sink=1", "L0=tq4"])
+@pytest.mark.parametrize(
+    "bad", ["tq5", "q8_0:nope", "a:b:c", "tq4,sink=-1", "tq4,foo=1", "tq4,sink", ",sink=1", "L0=tq4"]
+)
 def test_bad_specs_are_one_line_errors(bad):
     with pytest.raises(TightKVError) as e:
         parse_kv(bad)
@@ -317,7 +332,15 @@ def test_tune_attention_error_ranks_types():
     from tightkv.kv import tune
 
     g = torch.Generator().manual_seed(11)
-    layers = [{"q": torch.randn(2, 300, 64, generator=g), "k": torch.randn(1, 300, 64, generator=g) + 1,
-               "v": torch.randn(1, 300, 64, generator=g), "window": w, "scale": 0.125} for w in (None, 200)]
+    layers = [
+        {
+            "q": torch.randn(2, 300, 64, generator=g),
+            "k": torch.randn(1, 300, 64, generator=g) + 1,
+            "v": torch.randn(1, 300, 64, generator=g),
+            "window": w,
+            "scale": 0.125,
+        }
+        for w in (None, 200)
+    ]
     errs = {s: tune.attention_error(layers, s, chunk=128)["mean"] for s in ("f16", "q8_0", "tq4", "tq2,window=128")}
     assert errs["f16"] < 1e-6 < errs["q8_0"] < errs["tq4"] < errs["tq2,window=128"]

@@ -1,4 +1,5 @@
 """`--kv auto`: the best-quality type that fits the budget, probed on the user's text."""
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,9 @@ def doc_file(tmp_path_factory):
 def test_f16_wins_without_a_probe_when_it_fits(embedded, plan):
     from tightkv.eval.auto import choose
 
-    choice = choose(embedded, "short prompt", memory=plan.weights + plan.working + (1 << 30), context=CTX,
-                    progress=False)
+    choice = choose(
+        embedded, "short prompt", memory=plan.weights + plan.working + (1 << 30), context=CTX, progress=False
+    )
     assert choice.kv == "f16" and choice.kld == 0.0 and choice.probe_tokens == 0
     assert "f16 fits" in choice.line()
 
@@ -62,16 +64,39 @@ def test_run_auto_picks_a_fitting_type_whose_kld_ppl_confirms(plan, doc_file, tm
     from tightkv.eval.auto import KLD_BAR
 
     mem = budget_between(plan, "kvarn4", "k8v4")
-    r = cli("run", "--kv", "auto", "-c", str(CTX), "--mem", str(mem), "-n", "4",
-            f"Summarize this:\n{doc_file.read_text()[:12000]}", timeout=900)
+    r = cli(
+        "run",
+        "--kv",
+        "auto",
+        "-c",
+        str(CTX),
+        "--mem",
+        str(mem),
+        "-n",
+        "4",
+        f"Summarize this:\n{doc_file.read_text()[:12000]}",
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stderr.splitlines() if x.startswith("kv auto: "))
     kv, kld = re.match(r"kv auto: (\S+) \(KLD ([\d.]+) vs f16 on 2,048 tokens of the prompt", line).groups()
     sizes = {row["kv"]: row["kv_bytes"] for row in plan.rows}
     assert sizes[kv] <= sizes["kvarn4"] and float(kld) <= KLD_BAR
     out = tmp_path / "ppl.json"
-    r = cli("ppl", "-f", str(doc_file), "-c", "2048", "--chunks", "1", "--compare", f"f16,{kv}", "--json", str(out),
-            timeout=900)
+    r = cli(
+        "ppl",
+        "-f",
+        str(doc_file),
+        "-c",
+        "2048",
+        "--chunks",
+        "1",
+        "--compare",
+        f"f16,{kv}",
+        "--json",
+        str(out),
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())["results"]
     assert res[kv]["kld_mean"] <= 0.01 and res[kv]["ppl"] / res["f16"]["ppl"] - 1 <= 0.005, res
@@ -83,8 +108,21 @@ def test_ask_auto_keeps_the_decision_with_the_document(plan, doc_file, tmp_path)
     seed_embedded(home)
     env = {"TIGHTKV_HOME": str(home)}
     mem = budget_between(plan, "q8_0", "f16")
-    r = cli("ask", "--doc", str(doc_file), "--kv", "auto", "-c", str(CTX), "--mem", str(mem), "--json",
-            "What does KVarN stand for?", env=env, timeout=900)
+    r = cli(
+        "ask",
+        "--doc",
+        str(doc_file),
+        "--kv",
+        "auto",
+        "-c",
+        str(CTX),
+        "--mem",
+        str(mem),
+        "--json",
+        "What does KVarN stand for?",
+        env=env,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr
     assert "kv auto: q8_0 (KLD" in r.stderr and "of the document" in r.stderr
     assert json.loads(r.stdout)["document"]["kv"] == "q8_0"
@@ -92,8 +130,20 @@ def test_ask_auto_keeps_the_decision_with_the_document(plan, doc_file, tmp_path)
     rows = json.loads(info.stdout)
     assert rows and rows[0]["kv_auto"]["kv"] == "q8_0" and rows[0]["kv_auto"]["kld"] <= 0.01
     # the probe is kept: asking again costs no probe
-    again = cli("ask", "--doc", str(doc_file), "--kv", "auto", "-c", str(CTX), "--mem", str(mem),
-                "Who wrote it?", env=env, timeout=900)
+    again = cli(
+        "ask",
+        "--doc",
+        str(doc_file),
+        "--kv",
+        "auto",
+        "-c",
+        str(CTX),
+        "--mem",
+        str(mem),
+        "Who wrote it?",
+        env=env,
+        timeout=900,
+    )
     assert again.returncode == 0 and "kv auto probe" not in again.stderr and "kv auto: q8_0" in again.stderr
     shown = cli("show", env=env)
     assert "--kv auto probes kept" in shown.stdout and re.search(r"q8_0\s+0\.0000\d", shown.stdout), shown.stdout
@@ -102,8 +152,9 @@ def test_ask_auto_keeps_the_decision_with_the_document(plan, doc_file, tmp_path)
 @pytest.mark.slow
 def test_serve_auto_shows_the_decision_in_ps_and_show(plan):
     mem = budget_between(plan, "q8_0", "f16")
-    with running("--kv", "auto", "-c", str(CTX), "--parallel", "1", "--cache-ram", "0", "--mem", str(mem),
-                 timeout=600) as srv:
+    with running(
+        "--kv", "auto", "-c", str(CTX), "--parallel", "1", "--cache-ram", "0", "--mem", str(mem), timeout=600
+    ) as srv:
         status, _, body = request(srv, "GET", "/api/ps")
         entry = json.loads(body)["models"][0]
         assert status == 200 and entry["kv_cache_type"] == "q8_0" and entry["kv_auto"]["kv"] == "q8_0"

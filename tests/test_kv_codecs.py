@@ -1,5 +1,6 @@
 """KV codecs: bit-exact llama.cpp blocks, TurboQuant error at the Lloyd-Max table,
 QJL unbiasedness, packing, and the documented bits per element."""
+
 import math
 
 import numpy as np
@@ -10,8 +11,17 @@ from gguf import quants as gq
 
 from tightkv.errors import TightKVError
 from tightkv.kv import bits
-from tightkv.kv.codecs import (LLOYD_MAX, LLOYD_MAX_MSE, Q4_0, Q8_0, TurboQuant, TurboQuantProd,
-                               codec_names, lloyd_max_codebook, make_codec)
+from tightkv.kv.codecs import (
+    LLOYD_MAX,
+    LLOYD_MAX_MSE,
+    Q4_0,
+    Q8_0,
+    TurboQuant,
+    TurboQuantProd,
+    codec_names,
+    lloyd_max_codebook,
+    make_codec,
+)
 from tightkv.kv.rotation import hadamard, rotation_matrix
 
 
@@ -50,8 +60,11 @@ def test_ggml_bits():
 
 def test_lloyd_max_table_pinned():
     # KV_ALGORITHMS.md section 1.1 (4 decimals); a mis-scaled table doubles the error
-    table = {2: (0.4528, 1.5104), 3: (0.2451, 0.7560, 1.3439, 2.1519),
-             4: (0.1284, 0.3880, 0.6568, 0.9423, 1.2562, 1.6180, 2.0690, 2.7326)}
+    table = {
+        2: (0.4528, 1.5104),
+        3: (0.2451, 0.7560, 1.3439, 2.1519),
+        4: (0.1284, 0.3880, 0.6568, 0.9423, 1.2562, 1.6180, 2.0690, 2.7326),
+    }
     for b, half in table.items():
         assert np.allclose(LLOYD_MAX[b], half, atol=6e-5)
         cb = lloyd_max_codebook(b)
@@ -61,7 +74,7 @@ def test_lloyd_max_table_pinned():
         xs = torch.linspace(-8, 8, 400_001, dtype=torch.float64)
         cb = lloyd_max_codebook(b).double()
         err = (xs[:, None] - cb[None]).abs().min(1).values ** 2
-        mse = float((err * torch.exp(-xs**2 / 2)).sum() * (xs[1] - xs[0]) / math.sqrt(2 * math.pi))
+        mse = float((err * torch.exp(-(xs**2) / 2)).sum() * (xs[1] - xs[0]) / math.sqrt(2 * math.pi))
         assert abs(mse - LLOYD_MAX_MSE[b]) < 2e-5
 
 
@@ -120,8 +133,17 @@ def test_every_codec_round_trips_and_counts_its_bytes(name, role):
 
 def test_documented_bits():
     d = 128
-    expect = {"tq4": 4 + 16 / d, "tq3": 3 + 16 / d, "tq2": 2 + 16 / d, "tqp": 4 + 32 / d, "tqp3": 3 + 32 / d,
-              "kivi4": 5, "kivi2": 3, "f16": 16, "f32": 32}
+    expect = {
+        "tq4": 4 + 16 / d,
+        "tq3": 3 + 16 / d,
+        "tq2": 2 + 16 / d,
+        "tqp": 4 + 32 / d,
+        "tqp3": 3 + 32 / d,
+        "kivi4": 5,
+        "kivi2": 3,
+        "f16": 16,
+        "f32": 32,
+    }
     for name, b in expect.items():
         assert make_codec(name, d).bits == b
     assert make_codec("kvarn4", d, "k").bits == 4 + (2 * d + 128) * 16 / (128 * d)

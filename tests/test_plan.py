@@ -1,4 +1,5 @@
 """`tightkv plan` reads only the header, and its KV figures equal the caches' own nbytes."""
+
 from __future__ import annotations
 
 import subprocess
@@ -28,8 +29,9 @@ def test_plan_kv_bytes_equal_cache_nbytes(tiny_path, kv):
 
 
 def test_plan_cli_names_the_lever(tiny_path):
-    run = lambda *a: subprocess.run([sys.executable, "-m", "tightkv.cli", "plan", str(tiny_path), *a],
-                                    capture_output=True, text=True, timeout=120)
+    run = lambda *a: subprocess.run(
+        [sys.executable, "-m", "tightkv.cli", "plan", str(tiny_path), *a], capture_output=True, text=True, timeout=120
+    )
     ok = run("--mem", "16GB")
     assert ok.returncode == 0 and "everything fits" in ok.stdout and "progressive" in ok.stdout
     small = run("--mem", "1MB")

@@ -1,5 +1,6 @@
 """`tightkv plan`'s weight lever (issue 19): file-type sizes from the model's shapes, the
 sentence naming a weight type and KV type that fit, and AQLM's representational ratio."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,8 +25,19 @@ def sizes(plan) -> dict[str, int]:
 def test_sizes_shrink_with_bits_and_include_the_files_own_type(gemma):
     plan = make_plan(gemma, 8192, 8 * GIB, ["f16", "kvarn4"])
     s = sizes(plan)
-    assert list(s) == ["Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "IQ4_XS", "Q3_K_M", "IQ3_S", "IQ2_M", "Q2_K", "TQ1_0",
-                       "Q1_0"]
+    assert list(s) == [
+        "Q8_0",
+        "Q6_K",
+        "Q5_K_M",
+        "Q4_K_M",
+        "IQ4_XS",
+        "Q3_K_M",
+        "IQ3_S",
+        "IQ2_M",
+        "Q2_K",
+        "TQ1_0",
+        "Q1_0",
+    ]
     assert s["Q8_0"] > s["Q6_K"] > s["Q4_K_M"] > s["IQ4_XS"] > s["IQ3_S"] and s["Q1_0"] == min(s.values())
     assert abs(s["Q4_K_M"] / plan.weights - 1) < 0.01  # the embedded file is Q4_K_M
 
@@ -49,8 +61,10 @@ def test_the_weight_lever_sentence(gemma):
     assert line in format_plan(tight)
     # only 1-bit weights would fit: never advised for a model trained in float (its Q1_0 file is noise)
     tighter = make_plan(gemma, 32768, int(0.6 * GIB), kv)
-    assert weight_lever(tighter).startswith("no weight type of this model holds 32,768 tokens in 0.60 GiB with any "
-                                            "KV type (Q1_0 would, but it suits only models trained with 1-bit weights")
+    assert weight_lever(tighter).startswith(
+        "no weight type of this model holds 32,768 tokens in 0.60 GiB with any "
+        "KV type (Q1_0 would, but it suits only models trained with 1-bit weights"
+    )
     assert [o["type"] for o in tighter.smaller_weights()][-1] == "Q2_K"
     hopeless = make_plan(gemma, 32768, int(0.4 * GIB), ["f16"])
     assert weight_lever(hopeless).startswith("no weight type of this model holds 32,768 tokens")

@@ -1,4 +1,5 @@
 """QuantLinear: the fast path matches the reference, rows dequantize exactly."""
+
 import ctypes
 import warnings
 
@@ -52,8 +53,12 @@ def check_gemv(lib, qtype: str, rows: int, threads: int = 2, k: int = IN) -> Non
     w = quants.dequantize(lin.raw, qtype, (OUT, k))
     x = torch.randn(rows, k)
     y = torch.empty(rows, OUT)
-    assert lib.tk_gemv(qm.TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), OUT, k, x.data_ptr(), rows,
-                       y.data_ptr(), threads) == 0
+    assert (
+        lib.tk_gemv(
+            qm.TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), OUT, k, x.data_ptr(), rows, y.data_ptr(), threads
+        )
+        == 0
+    )
     assert rel_err(y, gemv_reference(lib, x, w)) < 1e-3  # the int8 error itself is ~5e-3 (vs float x)
 
 
@@ -100,7 +105,7 @@ def test_rows_that_end_in_a_partial_step(target):
         pytest.skip(library.status())
     lib = library.load(None if target == "native" else target)
     for qtype in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "MXFP4", "Q1_0"):
-        for k in ((128, 384, 640) if qtype == "Q1_0" else (32, 96, 224, 352)):
+        for k in (128, 384, 640) if qtype == "Q1_0" else (32, 96, 224, 352):
             for rows in (1, 2, 5):
                 check_gemv(lib, qtype, rows, k=k)
 
@@ -189,7 +194,9 @@ def test_other_simd_builds(target, simd):
         w = quants.dequantize(lin.raw, qtype, (OUT, IN))
         check_gemv(lib, qtype, 13)  # a pass of 8 rows, then 5
         out = torch.empty(OUT, IN)
-        assert lib.tk_dequant(qm.TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), OUT, IN, out.data_ptr(), 2) == 0
+        assert (
+            lib.tk_dequant(qm.TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), OUT, IN, out.data_ptr(), 2) == 0
+        )
         assert torch.equal(out.view(torch.int32), w.view(torch.int32))
     check_stacked(lib)
 
@@ -198,10 +205,12 @@ def check_stacked(lib, types=("Q5_0", "Q8_0", "Q4_K", "IQ4_XS"), rows=(1, 3, 6))
     """tk_gemv_parts of mixed types side by side equals each part's tk_gemv exactly."""
     parts = [make_linear(t, out=OUT + 16 * i, seed=i) for i, t in enumerate(types)]
     n = len(parts)
-    args = [(ctypes.c_int * n)(*(qm.TYPE_IDS[t] for t in types)),
-            (ctypes.c_void_p * n)(*(p.raw.data_ptr() for p in parts)),
-            (ctypes.c_int64 * n)(*(p.raw.stride(0) for p in parts)),
-            (ctypes.c_int64 * n)(*(p.out_features for p in parts))]
+    args = [
+        (ctypes.c_int * n)(*(qm.TYPE_IDS[t] for t in types)),
+        (ctypes.c_void_p * n)(*(p.raw.data_ptr() for p in parts)),
+        (ctypes.c_int64 * n)(*(p.raw.stride(0) for p in parts)),
+        (ctypes.c_int64 * n)(*(p.out_features for p in parts)),
+    ]
     width = sum(p.out_features for p in parts)
     for m in rows:
         x = torch.randn(m, IN)
@@ -210,8 +219,20 @@ def check_stacked(lib, types=("Q5_0", "Q8_0", "Q4_K", "IQ4_XS"), rows=(1, 3, 6))
         col = 0
         for t, p in zip(types, parts):
             alone = torch.empty(m, p.out_features)
-            assert lib.tk_gemv(qm.TYPE_IDS[t], p.raw.data_ptr(), p.raw.stride(0), p.out_features, IN, x.data_ptr(),
-                               m, alone.data_ptr(), 1) == 0
+            assert (
+                lib.tk_gemv(
+                    qm.TYPE_IDS[t],
+                    p.raw.data_ptr(),
+                    p.raw.stride(0),
+                    p.out_features,
+                    IN,
+                    x.data_ptr(),
+                    m,
+                    alone.data_ptr(),
+                    1,
+                )
+                == 0
+            )
             assert torch.equal(y[:, col : col + p.out_features], alone), (t, m)
             col += p.out_features
 

@@ -1,4 +1,5 @@
 """The torch block codecs are bit-exact with gguf-py's numpy ones."""
+
 import numpy as np
 import pytest
 import torch
@@ -11,14 +12,48 @@ from tightkv.gguf import quants
 BLOCK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 # the types added for every GGUF file type llama.cpp writes (issue 19); Q1_0 and Q2_0 have no
 # gguf-py dequantizer (tests/test_quants_lowbit.py checks them against llama.cpp's layout)
-LOWBIT_TYPES = ["IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M",
-                "TQ1_0", "TQ2_0", "MXFP4", "NVFP4"]
+LOWBIT_TYPES = [
+    "IQ4_NL",
+    "IQ4_XS",
+    "IQ3_XXS",
+    "IQ3_S",
+    "IQ2_XXS",
+    "IQ2_XS",
+    "IQ2_S",
+    "IQ1_S",
+    "IQ1_M",
+    "TQ1_0",
+    "TQ2_0",
+    "MXFP4",
+    "NVFP4",
+]
 # byte offsets of the fp16 fields in each block, kept finite in random data
 F16_FIELDS = {
-    "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
-    "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
-    "IQ4_NL": [0], "IQ4_XS": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ2_XXS": [0], "IQ2_XS": [0], "IQ2_S": [0],
-    "IQ1_S": [0], "IQ1_M": [], "TQ1_0": [52], "TQ2_0": [64], "MXFP4": [], "NVFP4": [], "Q1_0": [0], "Q2_0": [0],
+    "Q4_0": [0],
+    "Q4_1": [0, 2],
+    "Q5_0": [0],
+    "Q5_1": [0, 2],
+    "Q8_0": [0],
+    "Q2_K": [80, 82],
+    "Q3_K": [108],
+    "Q4_K": [0, 2],
+    "Q5_K": [0, 2],
+    "Q6_K": [208],
+    "IQ4_NL": [0],
+    "IQ4_XS": [0],
+    "IQ3_XXS": [0],
+    "IQ3_S": [0],
+    "IQ2_XXS": [0],
+    "IQ2_XS": [0],
+    "IQ2_S": [0],
+    "IQ1_S": [0],
+    "IQ1_M": [],
+    "TQ1_0": [52],
+    "TQ2_0": [64],
+    "MXFP4": [],
+    "NVFP4": [],
+    "Q1_0": [0],
+    "Q2_0": [0],
 }
 QUANTIZABLE = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
 
@@ -30,7 +65,7 @@ def random_blocks(qtype: str, rows: int, cols: int, seed: int = 0) -> np.ndarray
     n = rows * cols // block
     raw = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
     for off in F16_FIELDS[qtype]:
-        raw[:, off:off + 2] = rng.uniform(-2, 2, size=(n, 1)).astype(np.float16).view(np.uint8)
+        raw[:, off : off + 2] = rng.uniform(-2, 2, size=(n, 1)).astype(np.float16).view(np.uint8)
     if qtype == "MXFP4":  # an exponent byte whose products stay finite
         raw[:, 0] = rng.integers(112, 140, size=n, dtype=np.uint8)
     if qtype == "IQ1_M":  # d is the top nibbles of the 4 u16 scales (bytes 48..55), low nibble first
@@ -85,7 +120,9 @@ def test_float_types():
     assert_bit_exact(quants.dequantize(torch.from_numpy(h), "F16", w.shape), gq.dequantize(h, GGMLQuantizationType.F16))
     assert_bit_exact(quants.dequantize(torch.from_numpy(h.view(np.uint8)), "F16", w.shape), h.astype(np.float32))
     b = gq.quantize(w, GGMLQuantizationType.BF16)  # uint8 bytes, as the reader gives them
-    assert_bit_exact(quants.dequantize(torch.from_numpy(b), "BF16", w.shape), gq.dequantize(b, GGMLQuantizationType.BF16))
+    assert_bit_exact(
+        quants.dequantize(torch.from_numpy(b), "BF16", w.shape), gq.dequantize(b, GGMLQuantizationType.BF16)
+    )
 
 
 def test_unsupported_type_is_one_line_error():

@@ -12,6 +12,7 @@ on random blocks. Checked here:
 - random blocks of every type against llama.cpp's C dequantizers (Q1_0 and Q2_0 included);
 - (slow) each file's greedy continuations and top-20 logits against llama.cpp running it.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,17 +29,44 @@ from tightkv.kernels import qmatmul as qm
 pytestmark = pytest.mark.skipif(
     llama_cpp_version() is None,
     reason="llama-cpp-python is not installed: the requantized-file tests need llama.cpp's quantizer "
-           "(pip install llama-cpp-python==0.3.36; random-block tests cover every type without it)")
+    "(pip install llama-cpp-python==0.3.36; random-block tests cover every type without it)",
+)
 
-NEW_TYPES = ["IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M",
-             "TQ1_0", "TQ2_0", "MXFP4", "NVFP4", "Q1_0", "Q2_0"]
+NEW_TYPES = [
+    "IQ4_NL",
+    "IQ4_XS",
+    "IQ3_XXS",
+    "IQ3_S",
+    "IQ2_XXS",
+    "IQ2_XS",
+    "IQ2_S",
+    "IQ1_S",
+    "IQ1_M",
+    "TQ1_0",
+    "TQ2_0",
+    "MXFP4",
+    "NVFP4",
+    "Q1_0",
+    "Q2_0",
+]
 # llama.cpp file type -> the new block types its file holds (Gemma's 640-wide rows fall back to
 # IQ4_NL or Q4_0 where a 256-block type does not fit); NVFP4 and MXFP4 are not written for it
 FILE_TYPES = {
-    "IQ4_NL": {"IQ4_NL"}, "IQ4_XS": {"IQ4_XS", "IQ4_NL"}, "IQ3_S": {"IQ3_S", "IQ4_NL"}, "IQ3_M": {"IQ3_S", "IQ4_NL"},
-    "IQ3_XXS": {"IQ3_XXS", "IQ3_S", "IQ4_NL"}, "IQ2_XXS": {"IQ2_XXS", "IQ4_NL"}, "IQ2_XS": {"IQ2_XS", "IQ4_NL"},
-    "IQ2_S": {"IQ2_XS", "IQ3_S", "IQ4_NL"}, "IQ2_M": {"IQ2_S", "IQ3_S", "IQ4_NL"}, "IQ1_S": {"IQ1_S", "IQ2_XXS", "IQ4_NL"},
-    "IQ1_M": {"IQ1_M", "IQ2_XXS", "IQ4_NL"}, "TQ1_0": {"TQ1_0"}, "TQ2_0": {"TQ2_0"}, "Q1_0": {"Q1_0"}, "Q2_0": {"Q2_0"},
+    "IQ4_NL": {"IQ4_NL"},
+    "IQ4_XS": {"IQ4_XS", "IQ4_NL"},
+    "IQ3_S": {"IQ3_S", "IQ4_NL"},
+    "IQ3_M": {"IQ3_S", "IQ4_NL"},
+    "IQ3_XXS": {"IQ3_XXS", "IQ3_S", "IQ4_NL"},
+    "IQ2_XXS": {"IQ2_XXS", "IQ4_NL"},
+    "IQ2_XS": {"IQ2_XS", "IQ4_NL"},
+    "IQ2_S": {"IQ2_XS", "IQ3_S", "IQ4_NL"},
+    "IQ2_M": {"IQ2_S", "IQ3_S", "IQ4_NL"},
+    "IQ1_S": {"IQ1_S", "IQ2_XXS", "IQ4_NL"},
+    "IQ1_M": {"IQ1_M", "IQ2_XXS", "IQ4_NL"},
+    "TQ1_0": {"TQ1_0"},
+    "TQ2_0": {"TQ2_0"},
+    "Q1_0": {"Q1_0"},
+    "Q2_0": {"Q2_0"},
 }
 
 
@@ -117,13 +145,16 @@ def test_llamacpp_block_dots_use_our_weights(requant, ftype):
 # paths alone put their logits 0.7-6 apart on average). Measured per type, with both spreads:
 # python bench/weight_types.py, docs/bench/weight_types.json.
 MEETS_BARS = {"IQ4_NL", "IQ2_S", "IQ1_M"}
-GAP = ("misses the issue's bars against llama.cpp (docs/bench/weight_types.json: llama.cpp's own batch vs "
-       "token-by-token spread, our activation-rounding noise floor)")
+GAP = (
+    "misses the issue's bars against llama.cpp (docs/bench/weight_types.json: llama.cpp's own batch vs "
+    "token-by-token spread, our activation-rounding noise floor)"
+)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ftype", [f if f in MEETS_BARS else pytest.param(f, marks=pytest.mark.xfail(reason=GAP))
-                                   for f in FILE_TYPES])
+@pytest.mark.parametrize(
+    "ftype", [f if f in MEETS_BARS else pytest.param(f, marks=pytest.mark.xfail(reason=GAP)) for f in FILE_TYPES]
+)
 def test_file_against_llamacpp(requant, ftype):
     """Greedy continuations agree up to llama.cpp's first near tie (top-2 margin < 0.5), top-1
     agrees where the margin is clear, and the top-20 logits stay within the bounds the

@@ -1,6 +1,7 @@
 """The 1- to 4-bit block types of issue 19 beyond gguf-py's random-block check in test_quants.py:
 Q1_0 and Q2_0 against llama.cpp's reference layout (ggml-quants.c, written out here as
 loops), quantized data round trips, the grids and sign table taken from gguf-py."""
+
 import numpy as np
 import pytest
 import torch
@@ -83,13 +84,21 @@ def test_round_trip_through_gguf_quantize(qtype):
     w = (rng.standard_normal((6, 512)) * rng.uniform(0.01, 3, size=(6, 1))).astype(np.float32)
     w[0, :256] = 0.0
     raw = gq.quantize(w, GGMLQuantizationType[qtype])
-    assert_bit_exact(quants.dequantize(torch.from_numpy(raw), qtype, w.shape),
-                     gq.dequantize(raw, GGMLQuantizationType[qtype]))
+    assert_bit_exact(
+        quants.dequantize(torch.from_numpy(raw), qtype, w.shape), gq.dequantize(raw, GGMLQuantizationType[qtype])
+    )
 
 
 def test_grids_and_signs_come_from_gguf():
-    shapes = {"IQ2_XXS": (256, 8), "IQ2_XS": (512, 8), "IQ2_S": (1024, 8), "IQ3_XXS": (256, 4),
-              "IQ3_S": (512, 4), "IQ1_S": (2048, 8), "IQ1_M": (2048, 8)}
+    shapes = {
+        "IQ2_XXS": (256, 8),
+        "IQ2_XS": (512, 8),
+        "IQ2_S": (1024, 8),
+        "IQ3_XXS": (256, 4),
+        "IQ3_S": (512, 4),
+        "IQ1_S": (2048, 8),
+        "IQ1_M": (2048, 8),
+    }
     for qtype, shape in shapes.items():
         grid = quants.iq_grid(qtype)
         assert tuple(grid.shape) == shape and grid.dtype == torch.float32
@@ -105,7 +114,7 @@ def test_odd_shapes_and_views(qtype):
     """A column slice of row bytes (non-contiguous) decodes as its contiguous copy."""
     block, size = quants.BLOCK_SIZES[qtype]
     raw = torch.from_numpy(random_blocks(qtype, 3, 4 * block, seed=7))
-    part = raw[:, size:3 * size]  # blocks 1 and 2 of each row
+    part = raw[:, size : 3 * size]  # blocks 1 and 2 of each row
     want = quants.dequantize(part.contiguous(), qtype, (3, 2 * block))
     assert torch.equal(quants.dequantize(part, qtype, (3, 2 * block)), want)
 
@@ -128,10 +137,12 @@ def test_reader_takes_q2_0_tensors(tmp_path):
     data = bytearray(path.read_bytes())
     info = data.index(b"w", 24) + 1  # then n_dims u32, dims u64 x 2, type u32
     assert np.frombuffer(data, np.uint64, 2, info + 4).tolist() == [36, 3]
-    data[info + 4:info + 12] = np.uint64(128).tobytes()
-    data[info + 20:info + 24] = np.uint32(42).tobytes()
+    data[info + 4 : info + 12] = np.uint64(128).tobytes()
+    data[info + 20 : info + 24] = np.uint32(42).tobytes()
     path.write_bytes(bytes(data))
     t = read_gguf(path).tensors["w"]
     assert t.qtype == "Q2_0" and t.shape == (3, 128)
-    assert_bit_exact(quants.dequantize(torch.from_numpy(np.array(t.data)), "Q2_0", t.shape),
-                     q2_0_reference(raw.reshape(-1, 18)).reshape(3, 128))
+    assert_bit_exact(
+        quants.dequantize(torch.from_numpy(np.array(t.data)), "Q2_0", t.shape),
+        q2_0_reference(raw.reshape(-1, 18)).reshape(3, 128),
+    )

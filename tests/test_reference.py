@@ -1,4 +1,5 @@
 """The embedded model against llama.cpp's own outputs (tests/reference)."""
+
 from __future__ import annotations
 
 import numpy as np

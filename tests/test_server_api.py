@@ -2,6 +2,7 @@
 framing byte for byte, Ollama routes, API key, concurrent streams, bad input.
 
 One `tightkv serve` subprocess serves the whole module."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,17 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from test_server_helpers import (LiveServer, ndjson_records, post, request, sse_events, stream_socket, wait_idle,
-                                 read_until, hard_close)
+from test_server_helpers import (
+    LiveServer,
+    ndjson_records,
+    post,
+    request,
+    sse_events,
+    stream_socket,
+    wait_idle,
+    read_until,
+    hard_close,
+)
 from tiny_gguf import write_gemma3
 
 KEY = "test-key-123"
@@ -32,23 +42,37 @@ def server(tmp_path_factory):
 
 
 def chat_body(content="hello", **kw):
-    return {"model": "tiny-chat", "messages": [{"role": "user", "content": content}], "max_tokens": 8,
-            "temperature": 0, **kw}
+    return {
+        "model": "tiny-chat",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 8,
+        "temperature": 0,
+        **kw,
+    }
 
 
 # --- auth, health, listing -------------------------------------------------------------
 def test_api_key_required_everywhere_but_health(server):
     assert request(server, "GET", "/health", auth=False)[0] == 200
     assert request(server, "HEAD", "/health", auth=False)[0] == 200
-    for method, path in [("GET", "/v1/models"), ("POST", CHAT), ("GET", "/api/tags"), ("GET", "/metrics"),
-                         ("GET", "/openapi.json")]:
+    for method, path in [
+        ("GET", "/v1/models"),
+        ("POST", CHAT),
+        ("GET", "/api/tags"),
+        ("GET", "/metrics"),
+        ("GET", "/openapi.json"),
+    ]:
         status, headers, raw = request(server, method, path, chat_body() if method == "POST" else None, auth=False)
         assert status == 401, path
         body = json.loads(raw)
         if path.startswith("/api/"):
             assert body == {"error": body["error"]} and isinstance(body["error"], str)
         else:
-            assert body["error"]["type"] == "authentication_error" and set(body["error"]) >= {"message", "param", "code"}
+            assert body["error"]["type"] == "authentication_error" and set(body["error"]) >= {
+                "message",
+                "param",
+                "code",
+            }
     bad = {"Authorization": "Bearer wrong"}
     assert request(server, "GET", "/v1/models", headers=bad)[0] == 401
     assert request(server, "GET", "/v1/models")[0] == 200
@@ -87,8 +111,9 @@ def test_sse_chat_framing_byte_for_byte(server):
     assert len(ids) == 1 and next(iter(ids)).startswith("chatcmpl-")
     for e in events:
         assert e["object"] == "chat.completion.chunk" and e["model"] == "tiny-chat" and "usage" in e
-    assert first["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                 "finish_reason": None}]
+    assert first["choices"] == [
+        {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+    ]
     for e in middle:
         (choice,) = e["choices"]
         assert set(choice["delta"]) == {"content"} and choice["finish_reason"] is None and e["usage"] is None
@@ -98,7 +123,7 @@ def test_sse_chat_framing_byte_for_byte(server):
     assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] and u["prompt_tokens"] > 0
     # each event is compact JSON on one line, exactly as serialized
     for line in raw.split(b"\n\n")[:-2]:
-        payload = line[len(b"data: "):]
+        payload = line[len(b"data: ") :]
         assert payload == json.dumps(json.loads(payload), ensure_ascii=False, separators=(",", ":")).encode()
 
     # the same request without streaming gives the same text, and usage
@@ -119,8 +144,9 @@ def test_completions_stream_and_json(server):
     body = {"prompt": "hello world", "max_tokens": 6, "temperature": 0}
     status, doc = post(server, "/v1/completions", body)
     assert status == 200 and doc["object"] == "text_completion" and doc["usage"]["completion_tokens"] <= 6
-    status, headers, raw = request(server, "POST", "/v1/completions",
-                                   {**body, "stream": True, "stream_options": {"include_usage": True}})
+    status, headers, raw = request(
+        server, "POST", "/v1/completions", {**body, "stream": True, "stream_options": {"include_usage": True}}
+    )
     events = sse_events(raw)
     usage = events[-1]["usage"]
     assert events[-1]["choices"] == [] and usage["total_tokens"] == doc["usage"]["total_tokens"]
@@ -134,13 +160,23 @@ def test_completions_stream_and_json(server):
 
 
 # --- Ollama framing ----------------------------------------------------------------------
-FINAL_FIELDS = ["done_reason", "total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration",
-                "eval_count", "eval_duration"]
+FINAL_FIELDS = [
+    "done_reason",
+    "total_duration",
+    "load_duration",
+    "prompt_eval_count",
+    "prompt_eval_duration",
+    "eval_count",
+    "eval_duration",
+]
 
 
 def test_ndjson_chat_framing(server):
-    body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "a <b> & c"}],
-            "options": {"num_predict": 6, "temperature": 0}}
+    body = {
+        "model": "tiny-chat",
+        "messages": [{"role": "user", "content": "a <b> & c"}],
+        "options": {"num_predict": 6, "temperature": 0},
+    }
     status, headers, raw = request(server, "POST", "/api/chat", body)
     assert status == 200 and headers["content-type"] == "application/x-ndjson"
     records = ndjson_records(raw)
@@ -167,8 +203,10 @@ def test_ndjson_generate_and_context(server):
     status, headers, raw = request(server, "POST", "/api/generate", body)
     records = ndjson_records(raw)
     last = records[-1]
-    assert status == 200 and list(last) == ["model", "created_at", "response", "done", "done_reason", "context"] \
-        + FINAL_FIELDS[1:]
+    assert (
+        status == 200
+        and list(last) == ["model", "created_at", "response", "done", "done_reason", "context"] + FINAL_FIELDS[1:]
+    )
     assert all(list(r) == ["model", "created_at", "response", "done"] for r in records[:-1])
     assert len(last["context"]) == last["prompt_eval_count"] + last["eval_count"]  # a prompt not seen before
     # the context continues a conversation, whose first turn is a stored prefix: fewer tokens evaluated
@@ -217,8 +255,9 @@ def test_stop_string_and_context_overflow(server):
 def test_eight_concurrent_streams_are_complete_and_correct(server):
     """8 clients stream ~30 tokens each at once; each stream equals the same request
     answered alone (seeded sampling, so the streams differ); /health stays fast."""
-    bodies = [chat_body(f"client {i} says hi", max_tokens=30, temperature=3.0, repeat_penalty=1.5, seed=i)
-              for i in range(8)]
+    bodies = [
+        chat_body(f"client {i} says hi", max_tokens=30, temperature=3.0, repeat_penalty=1.5, seed=i) for i in range(8)
+    ]
     expected = [post(server, CHAT, b)[1]["choices"][0]["message"]["content"] for b in bodies]
     assert len(set(expected)) > 4  # the check below can tell the streams apart
     results: list = [None] * 8
@@ -280,44 +319,73 @@ def test_disconnects_stop_generation(server):
 # --- bad input ----------------------------------------------------------------------------------
 MSG = [{"role": "user", "content": "hi"}]
 BAD_V1 = [
-    (CHAT, b"{", 400), (CHAT, b"", 400), (CHAT, b"[]", 400), (CHAT, b"null", 400), (CHAT, b'"x"', 400),
-    (CHAT, b"\xff\xfe{}", 400), (CHAT, b"[" * 100000, 400),
+    (CHAT, b"{", 400),
+    (CHAT, b"", 400),
+    (CHAT, b"[]", 400),
+    (CHAT, b"null", 400),
+    (CHAT, b'"x"', 400),
+    (CHAT, b"\xff\xfe{}", 400),
+    (CHAT, b"[" * 100000, 400),
     (CHAT, b'{"messages":[{"role":"user","content":"hi"}],"temperature":NaN}', 400),
     (CHAT, b'{"messages":[{"role":"user","content":"hi"}],"temperature":1e999}', 400),
-    (CHAT, {}, 400), (CHAT, {"messages": []}, 400), (CHAT, {"messages": "hi"}, 400), (CHAT, {"messages": [1]}, 400),
-    (CHAT, {"messages": [{"role": "user"}]}, 400), (CHAT, {"messages": [{"content": "x"}]}, 400),
+    (CHAT, {}, 400),
+    (CHAT, {"messages": []}, 400),
+    (CHAT, {"messages": "hi"}, 400),
+    (CHAT, {"messages": [1]}, 400),
+    (CHAT, {"messages": [{"role": "user"}]}, 400),
+    (CHAT, {"messages": [{"content": "x"}]}, 400),
     (CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, 400),
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400),
     (CHAT, {"messages": [{"role": "user", "content": 5}]}, 400),
-    (CHAT, {"messages": MSG, "max_tokens": "10"}, 400), (CHAT, {"messages": MSG, "max_tokens": -1}, 400),
-    (CHAT, {"messages": MSG, "max_tokens": 0}, 400), (CHAT, {"messages": MSG, "max_tokens": 1.5}, 400),
-    (CHAT, {"messages": MSG, "max_tokens": True}, 400), (CHAT, {"messages": MSG, "max_tokens": 10**30}, 400),
+    (CHAT, {"messages": MSG, "max_tokens": "10"}, 400),
+    (CHAT, {"messages": MSG, "max_tokens": -1}, 400),
+    (CHAT, {"messages": MSG, "max_tokens": 0}, 400),
+    (CHAT, {"messages": MSG, "max_tokens": 1.5}, 400),
+    (CHAT, {"messages": MSG, "max_tokens": True}, 400),
+    (CHAT, {"messages": MSG, "max_tokens": 10**30}, 400),
     (CHAT, {"messages": MSG, "max_completion_tokens": "x"}, 400),
-    (CHAT, {"messages": MSG, "temperature": "hot"}, 400), (CHAT, {"messages": MSG, "temperature": -1}, 400),
-    (CHAT, {"messages": MSG, "top_p": -0.1}, 400), (CHAT, {"messages": MSG, "top_p": 2}, 400),
-    (CHAT, {"messages": MSG, "top_k": -1}, 400), (CHAT, {"messages": MSG, "min_p": 3}, 400),
-    (CHAT, {"messages": MSG, "repeat_penalty": 0}, 400), (CHAT, {"messages": MSG, "stop": 5}, 400),
-    (CHAT, {"messages": MSG, "stop": [1, 2]}, 400), (CHAT, {"messages": MSG, "stop": ["a"] * 17}, 400),
-    (CHAT, {"messages": MSG, "seed": "x"}, 400), (CHAT, {"messages": MSG, "seed": 1.5}, 400),
-    (CHAT, {"messages": MSG, "stream": "yes"}, 400), (CHAT, {"messages": MSG, "stream_options": 1}, 400),
-    (CHAT, {"messages": MSG, "n": 5}, 400), (CHAT, {"messages": MSG, "presence_penalty": 3}, 400),
-    (CHAT, {"messages": MSG, "logit_bias": {"a": 1}}, 400), (CHAT, {"messages": MSG, "logit_bias": {"\u00b2": 1}}, 400),
+    (CHAT, {"messages": MSG, "temperature": "hot"}, 400),
+    (CHAT, {"messages": MSG, "temperature": -1}, 400),
+    (CHAT, {"messages": MSG, "top_p": -0.1}, 400),
+    (CHAT, {"messages": MSG, "top_p": 2}, 400),
+    (CHAT, {"messages": MSG, "top_k": -1}, 400),
+    (CHAT, {"messages": MSG, "min_p": 3}, 400),
+    (CHAT, {"messages": MSG, "repeat_penalty": 0}, 400),
+    (CHAT, {"messages": MSG, "stop": 5}, 400),
+    (CHAT, {"messages": MSG, "stop": [1, 2]}, 400),
+    (CHAT, {"messages": MSG, "stop": ["a"] * 17}, 400),
+    (CHAT, {"messages": MSG, "seed": "x"}, 400),
+    (CHAT, {"messages": MSG, "seed": 1.5}, 400),
+    (CHAT, {"messages": MSG, "stream": "yes"}, 400),
+    (CHAT, {"messages": MSG, "stream_options": 1}, 400),
+    (CHAT, {"messages": MSG, "n": 5}, 400),
+    (CHAT, {"messages": MSG, "presence_penalty": 3}, 400),
+    (CHAT, {"messages": MSG, "logit_bias": {"a": 1}}, 400),
+    (CHAT, {"messages": MSG, "logit_bias": {"\u00b2": 1}}, 400),
     (CHAT, {"messages": MSG, "logit_bias": [1]}, 400),
     (CHAT, {"messages": MSG, "functions": [{"name": "f", "parameters": {}}]}, 400),
-    (CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400), (CHAT, {"messages": MSG, "model": 5}, 400),
+    (CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400),
+    (CHAT, {"messages": MSG, "model": 5}, 400),
     (CHAT, {"messages": MSG, "model": "nope"}, 404),
     (CHAT, {"messages": MSG * 300, "max_tokens": 1}, 400),
-    ("/v1/completions", {}, 400), ("/v1/completions", {"prompt": []}, 400),
-    ("/v1/completions", {"prompt": [10**9]}, 400), ("/v1/completions", {"prompt": [-1]}, 400),
-    ("/v1/completions", {"prompt": ["a", [1]]}, 400), ("/v1/completions", {"prompt": [[1], [10**9]]}, 400),
-    ("/v1/completions", {"prompt": ["x"] * 100}, 400), ("/v1/completions", {"prompt": 5}, 400),
+    ("/v1/completions", {}, 400),
+    ("/v1/completions", {"prompt": []}, 400),
+    ("/v1/completions", {"prompt": [10**9]}, 400),
+    ("/v1/completions", {"prompt": [-1]}, 400),
+    ("/v1/completions", {"prompt": ["a", [1]]}, 400),
+    ("/v1/completions", {"prompt": [[1], [10**9]]}, 400),
+    ("/v1/completions", {"prompt": ["x"] * 100}, 400),
+    ("/v1/completions", {"prompt": 5}, 400),
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "text"}]}]}, 400),
     ("/v1/completions", {"prompt": "x", "model": "nope"}, 404),
     ("/v1/nothing", {}, 404),
 ]
 BAD_OLLAMA = [
-    ("/api/chat", b"{", 400), ("/api/chat", {}, 400), ("/api/chat", {"messages": MSG}, 400),
-    ("/api/chat", {"model": "nope", "messages": MSG}, 404), ("/api/chat", {"model": "tiny-chat", "messages": []}, 400),
+    ("/api/chat", b"{", 400),
+    ("/api/chat", {}, 400),
+    ("/api/chat", {"messages": MSG}, 400),
+    ("/api/chat", {"model": "nope", "messages": MSG}, 404),
+    ("/api/chat", {"model": "tiny-chat", "messages": []}, 400),
     ("/api/chat", {"model": "tiny-chat", "messages": "x"}, 400),
     ("/api/chat", {"model": "tiny-chat", "messages": MSG, "options": {"temperature": "x"}}, 400),
     ("/api/chat", {"model": "tiny-chat", "messages": MSG, "options": {"num_predict": "x"}}, 400),
@@ -329,7 +397,9 @@ BAD_OLLAMA = [
     ("/api/generate", {"model": "tiny-chat", "prompt": "x", "context": [10**9]}, 400),
     ("/api/generate", {"model": "tiny-chat", "prompt": "x", "stream": "no"}, 400),
     ("/api/generate", {"model": "nope", "prompt": "x"}, 404),
-    ("/api/show", {}, 400), ("/api/show", {"model": "nope"}, 404), ("/api/nothing", {}, 404),
+    ("/api/show", {}, 400),
+    ("/api/show", {"model": "nope"}, 404),
+    ("/api/nothing", {}, 404),
 ]
 
 
@@ -350,8 +420,10 @@ def test_wrong_methods_and_huge_bodies(server):
     assert status == 405 and "error" in json.loads(raw)
     # a body over the limit is refused from its Content-Length, before it is read
     s = socket.create_connection((server.host, server.port), timeout=10)
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n"
-              + f"Authorization: Bearer {KEY}\r\n\r\n".encode())
+    s.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n"
+        + f"Authorization: Bearer {KEY}\r\n\r\n".encode()
+    )
     reply = read_until(s, b"\r\n\r\n")
     s.close()
     assert reply.startswith(b"HTTP/1.1 413")
@@ -361,16 +433,59 @@ def test_fuzzed_requests_never_5xx(server):
     """A seeded fuzz over the request fields (our stand-in for schemathesis):
     every answer is 200 or a documented 4xx, quickly; the server stays healthy."""
     rng = random.Random(7)
-    values = [None, True, 0, -1, 1, 2, 0.5, 1e308, -1e308, "", "x", "0", [], {}, [1], ["a"], {"a": 1}, "tiny-chat",
-              [{"role": "user", "content": "x"}], 10**20]
-    fields = ["model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
-              "repeat_penalty", "seed", "stop", "stream", "stream_options", "n", "prompt", "options", "context",
-              "logit_bias", "presence_penalty", "frequency_penalty",
-              "raw", "format", "keep_alive", "response_format", "logprobs", "system"]
+    values = [
+        None,
+        True,
+        0,
+        -1,
+        1,
+        2,
+        0.5,
+        1e308,
+        -1e308,
+        "",
+        "x",
+        "0",
+        [],
+        {},
+        [1],
+        ["a"],
+        {"a": 1},
+        "tiny-chat",
+        [{"role": "user", "content": "x"}],
+        10**20,
+    ]
+    fields = [
+        "model",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repeat_penalty",
+        "seed",
+        "stop",
+        "stream",
+        "stream_options",
+        "n",
+        "prompt",
+        "options",
+        "context",
+        "logit_bias",
+        "presence_penalty",
+        "frequency_penalty",
+        "raw",
+        "format",
+        "keep_alive",
+        "response_format",
+        "logprobs",
+        "system",
+    ]
     paths = [CHAT, "/v1/completions", "/api/chat", "/api/generate", "/api/show"]
     for i in range(120):
-        body = {"model": "tiny-chat", "messages": MSG, "prompt": "hi", "max_tokens": 2,
-                "options": {"num_predict": 2}}
+        body = {"model": "tiny-chat", "messages": MSG, "prompt": "hi", "max_tokens": 2, "options": {"num_predict": 2}}
         for _ in range(rng.randint(1, 4)):
             body[rng.choice(fields)] = rng.choice(values)
         if rng.random() < 0.3:
@@ -378,8 +493,10 @@ def test_fuzzed_requests_never_5xx(server):
         if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
             body["max_tokens"] = 2  # keep valid requests short
         if not isinstance(body.get("options"), dict) or "num_predict" not in body["options"]:
-            body["options"] = {**(body.get("options") if isinstance(body.get("options"), dict) else {}),
-                               "num_predict": 2}
+            body["options"] = {
+                **(body.get("options") if isinstance(body.get("options"), dict) else {}),
+                "num_predict": 2,
+            }
         path = paths[i % len(paths)]
         t = time.perf_counter()
         status, _, raw = request(server, "POST", path, body, timeout=60)
@@ -396,16 +513,27 @@ def test_tightkv_client_with_api_key(server):
     import subprocess
     import sys
 
-    _, doc = post(server, CHAT, {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 6,
-                                 "temperature": 0})
+    _, doc = post(server, CHAT, {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 6, "temperature": 0})
     want = doc["choices"][0]["message"]["content"]
-    base = [sys.executable, "-m", "tightkv.cli", "client", "hello", "--url", server.url + "/v1", "-n", "6",
-            "--temperature", "0"]
+    base = [
+        sys.executable,
+        "-m",
+        "tightkv.cli",
+        "client",
+        "hello",
+        "--url",
+        server.url + "/v1",
+        "-n",
+        "6",
+        "--temperature",
+        "0",
+    ]
     for extra in ([], ["--no-stream"]):
         out = subprocess.run(base + extra + ["--api-key", KEY], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and out.stdout == want + "\n", out.stderr
-    out = subprocess.run(base, capture_output=True, text=True, timeout=60,
-                         env={**__import__("os").environ, "TIGHTKV_API_KEY": "wrong"})
+    out = subprocess.run(
+        base, capture_output=True, text=True, timeout=60, env={**__import__("os").environ, "TIGHTKV_API_KEY": "wrong"}
+    )
     assert out.returncode == 1 and out.stderr.startswith("error: server answered 401")
     out = subprocess.run(base[:5] + ["--url", "http://127.0.0.1:9"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "cannot reach" in out.stderr and "Traceback" not in out.stderr

@@ -2,6 +2,7 @@
 TIGHTKV_HOME): upload (file or text), the load as SSE, asking with quoted spans, the clear
 errors, the store shared with `tightkv ask`, and chat streams that keep flowing while a
 document loads."""
+
 from __future__ import annotations
 
 import json
@@ -50,7 +51,7 @@ def test_upload_follow_the_load_and_ask(server):
     assert status == 200 and FACT in answer["answer"] and answer["mode"] == "full"
     _, _, raw = request(server, "GET", f"/v1/documents/{rec['id']}/text")
     text = json.loads(raw)["text"]
-    assert any(FACT in q["text"] and text[q["start"]:q["end"]] == q["text"] for q in answer["quotes"])
+    assert any(FACT in q["text"] and text[q["start"] : q["end"]] == q["text"] for q in answer["quotes"])
 
     evs = events(server, f"/v1/documents/{rec['id']}/ask", {"question": QUESTION, "stream": True})
     deltas = "".join(e["text"] for e in evs if e["type"] == "delta")
@@ -64,8 +65,12 @@ def test_upload_follow_the_load_and_ask(server):
 
 
 def test_pdf_html_and_pasted_text(server):
-    status, rec = upload(server, "kestrel.pdf", tiny_pdf(["The keeper of the Kestrel Point lighthouse is Orla Brennan.",
-                                                          "The tower stands 31 metres tall."]), mode="full")
+    status, rec = upload(
+        server,
+        "kestrel.pdf",
+        tiny_pdf(["The keeper of the Kestrel Point lighthouse is Orla Brennan.", "The tower stands 31 metres tall."]),
+        mode="full",
+    )
     assert status == 202, rec
     assert loaded(server, rec["id"])["mode"] == "full"
     status, rec = upload(server, "page.html", b"<h1>Ferries</h1><p>The ferry leaves at noon.</p>")
@@ -149,8 +154,9 @@ def test_chat_streams_flow_while_a_document_loads(server, essays_file):
     first, done = threading.Event(), threading.Event()
 
     def chat():
-        stream = client.completions.create(model="gemma3:270m", prompt="Once upon a time", max_tokens=400,
-                                           temperature=0, stream=True)
+        stream = client.completions.create(
+            model="gemma3:270m", prompt="Once upon a time", max_tokens=400, temperature=0, stream=True
+        )
         for chunk in stream:
             if chunk.choices and chunk.choices[0].text:
                 stamps.append(time.monotonic())
@@ -200,8 +206,9 @@ def test_a_server_at_capacity_says_so(home):
         first = threading.Event()
 
         def chat():
-            for chunk in client.completions.create(model="gemma3:270m", prompt="Once upon a time", max_tokens=120,
-                                                   temperature=0, stream=True):
+            for chunk in client.completions.create(
+                model="gemma3:270m", prompt="Once upon a time", max_tokens=120, temperature=0, stream=True
+            ):
                 first.set()
 
         worker = threading.Thread(target=chat)

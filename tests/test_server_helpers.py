@@ -1,5 +1,6 @@
 """Helpers for the server tests (no tests here): a live `tightkv serve`
 subprocess on a free loopback port, and small raw-HTTP clients."""
+
 from __future__ import annotations
 
 import contextlib
@@ -34,16 +35,33 @@ class LiveServer:
         self.host = "127.0.0.1"
         self.api_key = api_key
         self.log = tempfile.NamedTemporaryFile(prefix="tightkv-serve-", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "tightkv.cli", "serve", *args, "--host", self.host, "--port", str(self.port),
-               "--log-level", "warning"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tightkv.cli",
+            "serve",
+            *args,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+        ]
         if "--threads" not in args:
             cmd += ["--threads", "1"]
         if "--cache-disk" not in args:
             cmd += ["--cache-disk", "0"]  # no prompt files in the shared home unless a test asks
         if api_key:
             cmd += ["--api-key", api_key]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, **(env or {})}, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
 
     @property
     def url(self) -> str:
@@ -85,8 +103,15 @@ class LiveServer:
         return {**h, **(extra or {})}
 
 
-def request(server: LiveServer, method: str, path: str, body=None, headers: dict | None = None,
-            timeout: float = 60.0, auth: bool = True) -> tuple[int, dict, bytes]:
+def request(
+    server: LiveServer,
+    method: str,
+    path: str,
+    body=None,
+    headers: dict | None = None,
+    timeout: float = 60.0,
+    auth: bool = True,
+) -> tuple[int, dict, bytes]:
     """One HTTP request; body: dict/list (sent as JSON), bytes or str (sent as is). -> (status, headers, raw body)."""
     conn = http.client.HTTPConnection(server.host, server.port, timeout=timeout)
     try:
@@ -116,7 +141,7 @@ def sse_events(raw: bytes) -> list:
     pos, out = 0, []
     while pos < len(raw):
         m = SSE_EVENT.match(raw, pos)
-        assert m, f"bad SSE framing at byte {pos}: {raw[pos:pos + 80]!r}"
+        assert m, f"bad SSE framing at byte {pos}: {raw[pos : pos + 80]!r}"
         out.append(m.group(1))
         pos = m.end()
     assert out and out[-1] == b"[DONE]", "an SSE stream must end with data: [DONE]"
@@ -163,8 +188,12 @@ def wait_idle(server: LiveServer, timeout: float = 30.0) -> dict[str, float]:
 def stream_socket(server: LiveServer, path: str, body: dict, timeout: float = 60.0) -> socket.socket:
     """Send a POST on a raw socket and return it, unread."""
     payload = json.dumps(body).encode()
-    head = [f"POST {path} HTTP/1.1", f"Host: {server.host}:{server.port}", "Content-Type: application/json",
-            f"Content-Length: {len(payload)}"]
+    head = [
+        f"POST {path} HTTP/1.1",
+        f"Host: {server.host}:{server.port}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(payload)}",
+    ]
     if server.api_key:
         head.append(f"Authorization: Bearer {server.api_key}")
     sock = socket.create_connection((server.host, server.port), timeout=timeout)

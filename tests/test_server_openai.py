@@ -3,6 +3,7 @@ of the embedded Gemma 3 270M; queue overflow and clients killed mid-stream.
 
 One server subprocess for the module: context 2048, 2 requests decoded at once,
 2 more may wait."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,7 @@ import pytest
 
 from tightkv.server.scheduler import RELEASE_AFTER_S
 
-from test_server_helpers import (hard_close, openai_client, post, read_until, request,
-                                 running, stream_socket, wait_idle)
+from test_server_helpers import hard_close, openai_client, post, read_until, request, running, stream_socket, wait_idle
 
 openai = pytest.importorskip("openai")
 
@@ -37,8 +37,9 @@ def client(server):
 
 
 def ask(client, content, **kw):
-    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
-                                          temperature=0, **kw)
+    return client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": content}], temperature=0, **kw
+    )
 
 
 def test_models_list(client):
@@ -53,8 +54,7 @@ def test_chat_streamed_and_not_agree_with_usage(client):
     assert whole.usage.completion_tokens <= 16 and whole.usage.prompt_tokens > 0
     assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
 
-    chunks = list(ask(client, "Name three colors.", max_tokens=16, stream=True,
-                      stream_options={"include_usage": True}))
+    chunks = list(ask(client, "Name three colors.", max_tokens=16, stream=True, stream_options={"include_usage": True}))
     *content, last = chunks
     assert last.choices == [] and last.usage.completion_tokens == whole.usage.completion_tokens
     assert all(c.usage is None for c in content)
@@ -71,19 +71,30 @@ def test_stop_strings(client):
     assert len(words) >= 4, text
     stop = " " + words[2]
     cut = text[: text.index(stop)]
-    r = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=16, temperature=0,
-                                  stop=[stop, "never-seen"])
+    r = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=16, temperature=0, stop=[stop, "never-seen"]
+    )
     assert r.choices[0].text == cut and r.choices[0].finish_reason == "stop"
-    streamed = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=16,
-                                         temperature=0, stop=stop, stream=True)
+    streamed = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=16, temperature=0, stop=stop, stream=True
+    )
     assert "".join(c.choices[0].text for c in streamed) == cut
 
 
 def test_sampling_extras_and_seed(client):
     extra = {"top_k": 40, "min_p": 0.05, "repeat_penalty": 1.1}
-    a, b = (client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=10, temperature=0.9,
-        top_p=0.95, seed=42, extra_body=extra) for _ in range(2))
+    a, b = (
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Tell me a story."}],
+            max_tokens=10,
+            temperature=0.9,
+            top_p=0.95,
+            seed=42,
+            extra_body=extra,
+        )
+        for _ in range(2)
+    )
     assert a.choices[0].message.content == b.choices[0].message.content
 
 
@@ -94,8 +105,9 @@ def test_logit_bias_and_penalties(server, client):
     prompt = "The cat sat on the mat. The cat sat on the mat. The cat sat on the"
 
     def complete(**kw):
-        return client.completions.create(model=MODEL, prompt=prompt, **{"max_tokens": 8, "temperature": 0, **kw}
-                                         ).choices[0]
+        return client.completions.create(
+            model=MODEL, prompt=prompt, **{"max_tokens": 8, "temperature": 0, **kw}
+        ).choices[0]
 
     base = complete().text
     _, toks = post(server, "/tokenize", {"content": base, "add_special": False, "with_pieces": True})
@@ -106,12 +118,31 @@ def test_logit_bias_and_penalties(server, client):
     assert complete(logit_bias={str(forced["tokens"][0]): 100}, max_tokens=1).text == " dog"
     steered = complete(frequency_penalty=1.5, presence_penalty=1.0).text
     assert steered != base
-    status, doc = post(server, "/api/generate", {"model": MODEL, "prompt": prompt, "raw": True, "stream": False,
-                                                 "options": {"num_predict": 8, "temperature": 0, "repeat_penalty": 1.0,
-                                                             "frequency_penalty": 1.5, "presence_penalty": 1.0}})
+    status, doc = post(
+        server,
+        "/api/generate",
+        {
+            "model": MODEL,
+            "prompt": prompt,
+            "raw": True,
+            "stream": False,
+            "options": {
+                "num_predict": 8,
+                "temperature": 0,
+                "repeat_penalty": 1.0,
+                "frequency_penalty": 1.5,
+                "presence_penalty": 1.0,
+            },
+        },
+    )
     assert status == 200 and doc["response"] == steered
-    for bad in ({"logit_bias": {"x": 1}}, {"logit_bias": {"5": 101}}, {"logit_bias": {"99999999": 1}},
-                {"presence_penalty": 2.5}, {"frequency_penalty": -3}):
+    for bad in (
+        {"logit_bias": {"x": 1}},
+        {"logit_bias": {"5": 101}},
+        {"logit_bias": {"99999999": 1}},
+        {"presence_penalty": 2.5},
+        {"frequency_penalty": -3},
+    ):
         with pytest.raises(openai.BadRequestError):
             complete(**bad)
 
@@ -132,8 +163,9 @@ def test_concurrent_clients_get_their_own_answers(client):
     together: list = [None] * 3
 
     def run(i):
-        together[i] = "".join(c.choices[0].delta.content or "" for c in ask(client, prompts[i], max_tokens=12,
-                                                                            stream=True))
+        together[i] = "".join(
+            c.choices[0].delta.content or "" for c in ask(client, prompts[i], max_tokens=12, stream=True)
+        )
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
     for t in threads:
@@ -144,18 +176,40 @@ def test_concurrent_clients_get_their_own_answers(client):
 
 
 def test_ollama_chat_on_the_real_model(server):
-    status, doc = post(server, "/api/chat", {"model": MODEL, "stream": False, "messages": [
-        {"role": "user", "content": "Say hello."}], "options": {"num_predict": 8, "temperature": 0}})
+    status, doc = post(
+        server,
+        "/api/chat",
+        {
+            "model": MODEL,
+            "stream": False,
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "options": {"num_predict": 8, "temperature": 0},
+        },
+    )
     assert status == 200 and doc["message"]["content"] and doc["eval_count"] <= 8
-    status, doc = post(server, "/api/generate", {"model": "gemma3", "prompt": "1, 2, 3,", "stream": False,
-                                                 "options": {"num_predict": 6, "temperature": 0}})
+    status, doc = post(
+        server,
+        "/api/generate",
+        {"model": "gemma3", "prompt": "1, 2, 3,", "stream": False, "options": {"num_predict": 6, "temperature": 0}},
+    )
     assert status == 200 and doc["response"]
 
 
 def test_tightkv_client_both_modes(server, client):
     want = ask(client, "Say hello.", max_tokens=10).choices[0].message.content
-    base = [sys.executable, "-m", "tightkv.cli", "client", "Say hello.", "--url", server.url, "-n", "10",
-            "--temperature", "0"]
+    base = [
+        sys.executable,
+        "-m",
+        "tightkv.cli",
+        "client",
+        "Say hello.",
+        "--url",
+        server.url,
+        "-n",
+        "10",
+        "--temperature",
+        "0",
+    ]
     for extra in ([], ["--no-stream"]):
         out = subprocess.run(base + extra, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
@@ -171,9 +225,18 @@ def test_tightkv_client_samples_like_run_by_default(server, client):
     for _ in range(2):
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0 and out.stdout == greedy + "\n", (out.stdout, out.stderr)
-    sampled = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=12, temperature=1.5, seed=7,
-        extra_body={"top_k": 50, "repeat_penalty": 1.3}).choices[0].message.content
+    sampled = (
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": question}],
+            max_tokens=12,
+            temperature=1.5,
+            seed=7,
+            extra_body={"top_k": 50, "repeat_penalty": 1.3},
+        )
+        .choices[0]
+        .message.content
+    )
     flags = ["--temperature", "1.5", "--seed", "7", "--top-k", "50", "--repeat-penalty", "1.3"]
     out = subprocess.run(cmd + flags, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout == sampled + "\n", (out.stdout, out.stderr)
@@ -183,8 +246,12 @@ def test_tightkv_client_samples_like_run_by_default(server, client):
 def test_full_queue_answers_503_with_retry_after(server):
     """2 decoding + 2 waiting fill this server; more are refused at once."""
     wait_idle(server)
-    body = {"messages": [{"role": "user", "content": "Count to one hundred."}], "max_tokens": 300,
-            "temperature": 0, "stream": True}
+    body = {
+        "messages": [{"role": "user", "content": "Count to one hundred."}],
+        "max_tokens": 300,
+        "temperature": 0,
+        "stream": True,
+    }
     socks = [stream_socket(server, CHAT, body) for _ in range(6)]
     try:
         heads = [read_until(s, b"\r\n\r\n") for s in socks]
@@ -226,8 +293,9 @@ def test_killed_clients_leave_no_leaked_generation(server):
     the baseline."""
     proc = psutil.Process(server.proc.pid)
     wait_idle(server)
-    status, _, _ = request(server, "POST", CHAT, {"messages": [{"role": "user", "content": "warm up"}],
-                                                  "max_tokens": 30, "stream": True})
+    status, _, _ = request(
+        server, "POST", CHAT, {"messages": [{"role": "user", "content": "warm up"}], "max_tokens": 30, "stream": True}
+    )
     assert status == 200
     before = wait_idle(server)
     time.sleep(RELEASE_AFTER_S + 0.5)  # the idle worker has handed freed memory back
@@ -240,8 +308,17 @@ def test_killed_clients_leave_no_leaked_generation(server):
             child.wait(10)
             child.stdout.close()
         else:
-            sock = stream_socket(server, CHAT, {"messages": [{"role": "user", "content": f"Story number {i}."}],
-                                                "max_tokens": 400, "stream": True, "temperature": 0.7, "seed": i})
+            sock = stream_socket(
+                server,
+                CHAT,
+                {
+                    "messages": [{"role": "user", "content": f"Story number {i}."}],
+                    "max_tokens": 400,
+                    "stream": True,
+                    "temperature": 0.7,
+                    "seed": i,
+                },
+            )
             read_until(sock, b"data: ", 3)
             hard_close(sock, reset=i % 2 == 0)
     after = wait_idle(server, timeout=15)

@@ -1,6 +1,7 @@
 """Structured output, logprobs, echo and the tokenizer routes through the official `openai`
 and `ollama` clients against a live `tightkv serve` of the embedded Gemma 3 270M (a base
 model: none of this needs a chat template)."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,12 @@ openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
 MODEL = "gemma3:270m"
-PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
-          "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0}}}
+PERSON = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "age"],
+    "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0}},
+}
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +42,13 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 def test_json_schema_reply_validates(client):
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
-    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Invent a person."}],
-                                           response_format=fmt, temperature=0, max_tokens=60)
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Invent a person."}],
+        response_format=fmt,
+        temperature=0,
+        max_tokens=60,
+    )
     doc = json.loads(reply.choices[0].message.content)
     jsonschema.validate(doc, PERSON)
     assert reply.choices[0].finish_reason == "stop"  # the grammar completed, not the token budget
@@ -48,9 +58,15 @@ def test_json_object_streamed_and_sampled(client):
     """A sampled base model may ramble inside an object past any budget (seeds 1, 3 and 4 did at
     200 tokens): the first of a few seeds whose object closes in time is whole, valid JSON."""
     for seed in (5, 2, 3):
-        parts = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Some JSON, please."}],
-                                               response_format={"type": "json_object"}, temperature=0.8, seed=seed,
-                                               max_tokens=80, stream=True)
+        parts = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Some JSON, please."}],
+            response_format={"type": "json_object"},
+            temperature=0.8,
+            seed=seed,
+            max_tokens=80,
+            stream=True,
+        )
         chunks = list(parts)
         if chunks[-1].choices[0].finish_reason == "stop":
             break
@@ -60,30 +76,43 @@ def test_json_object_streamed_and_sampled(client):
 
 
 def test_gbnf_grammar_extra_field(server):
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Is the sky blue?"}], "max_tokens": 8,
-            "grammar": 'root ::= ("yes" | "no") "."'}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Is the sky blue?"}],
+        "max_tokens": 8,
+        "grammar": 'root ::= ("yes" | "no") "."',
+    }
     status, doc = post(server, "/v1/chat/completions", body)
     assert status == 200 and doc["choices"][0]["message"]["content"] in ("yes.", "no.")
 
 
 def test_bad_grammars_are_400s(server):
-    for extra in ({"grammar": "root ::= ("}, {"response_format": {"type": "xml"}},
-                  {"response_format": {"type": "json_schema", "json_schema": {"schema": 5}}},
-                  {"grammar": 'root ::= "a"', "json_schema": PERSON}):
+    for extra in (
+        {"grammar": "root ::= ("},
+        {"response_format": {"type": "xml"}},
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": 5}}},
+        {"grammar": 'root ::= "a"', "json_schema": PERSON},
+    ):
         body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4, **extra}
         status, doc = post(server, "/v1/chat/completions", body)
         assert status == 400 and doc["error"]["message"], (extra, doc)
 
 
 def test_chat_logprobs_match_the_model(client, embedded):
-    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count to five."}],
-                                           temperature=0, max_tokens=6, logprobs=True, top_logprobs=3)
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Count to five."}],
+        temperature=0,
+        max_tokens=6,
+        logprobs=True,
+        top_logprobs=3,
+    )
     content = reply.choices[0].logprobs.content
     assert len(content) == reply.usage.completion_tokens == 6
     ids = embedded.chat_ids([{"role": "user", "content": "Count to five."}])
     out = embedded.generate(ids, max_tokens=6).ids
     # Model.logits scores every position in one prefill: its weight path rounds otherwise (int8 rows)
-    logits = embedded.logits(ids + out[:-1])[len(ids) - 1:]
+    logits = embedded.logits(ids + out[:-1])[len(ids) - 1 :]
     steps = [s.logprob for s in embedded.generate(ids, max_tokens=6, logprobs=3, stream=True) if s.logprob]  # same path
     for i, entry in enumerate(content):
         want = log_softmax(logits[i])
@@ -93,8 +122,14 @@ def test_chat_logprobs_match_the_model(client, embedded):
         assert [t.logprob for t in entry.top_logprobs] == pytest.approx([v for _, v in steps[i].top], abs=1e-4)
         assert entry.top_logprobs[0].logprob >= entry.logprob - 1e-6  # greedy: the best token was taken
 
-    streamed = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count to five."}],
-                                              temperature=0, max_tokens=6, logprobs=True, stream=True)
+    streamed = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Count to five."}],
+        temperature=0,
+        max_tokens=6,
+        logprobs=True,
+        stream=True,
+    )
     got = [e.logprob for c in streamed if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert got == pytest.approx([e.logprob for e in content], abs=1e-5)
 
@@ -125,8 +160,16 @@ def test_completion_of_several_prompts(client):
     assert [c.text for c in r.choices] == [alone[0].choices[0].text] * 2 + [alone[1].choices[0].text] * 2
     assert r.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
     assert r.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone) * 2
-    parts = list(client.completions.create(model=MODEL, prompt=prompts, max_tokens=4, temperature=0, stream=True,
-                                           stream_options={"include_usage": True}))
+    parts = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=prompts,
+            max_tokens=4,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     texts = ["", ""]
     for p in parts:
         for c in p.choices:
@@ -144,8 +187,11 @@ def test_completion_logprobs_streamed(client):
     lp = whole.choices[0].logprobs
     assert len(lp.tokens) == 5 and all(len(t) == 2 for t in lp.top_logprobs)
     assert "".join(lp.tokens) == whole.choices[0].text
-    parts = list(client.completions.create(model=MODEL, prompt="One, two, three,", max_tokens=5, temperature=0,
-                                           logprobs=2, stream=True))
+    parts = list(
+        client.completions.create(
+            model=MODEL, prompt="One, two, three,", max_tokens=5, temperature=0, logprobs=2, stream=True
+        )
+    )
     streamed = [x for p in parts if p.choices and p.choices[0].logprobs for x in p.choices[0].logprobs.token_logprobs]
     assert streamed == pytest.approx(lp.token_logprobs, abs=1e-5)
 
@@ -164,8 +210,12 @@ def test_tokenize_routes(server, embedded):
 def test_ollama_format_schema(server):
     ollama = pytest.importorskip("ollama")
     c = ollama.Client(host=server.url)
-    r = c.chat(model=MODEL, messages=[{"role": "user", "content": "Invent a person."}], format=PERSON,
-               options={"temperature": 0, "num_predict": 60})
+    r = c.chat(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Invent a person."}],
+        format=PERSON,
+        options={"temperature": 0, "num_predict": 60},
+    )
     jsonschema.validate(json.loads(r.message.content), PERSON)
     r = c.generate(model=MODEL, prompt="A JSON object:", format="json", options={"temperature": 0, "num_predict": 60})
     assert isinstance(json.loads(r.response), dict)
@@ -173,10 +223,19 @@ def test_ollama_format_schema(server):
 
 def test_extreme_sampling_values_answer(server):
     """Fuzz findings: a vanishing temperature and repeat penalty once gave NaN probabilities (a 500)."""
-    for extra in ({"temperature": 1e-38}, {"repeat_penalty": 1e-45, "temperature": 0.7},
-                  {"temperature": 1e-38, "repeat_penalty": 1e-45}, {"top_p": 0, "temperature": 1.0}):
-        body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi, hi, hi."}], "max_tokens": 6,
-                "seed": 1, **extra}
+    for extra in (
+        {"temperature": 1e-38},
+        {"repeat_penalty": 1e-45, "temperature": 0.7},
+        {"temperature": 1e-38, "repeat_penalty": 1e-45},
+        {"top_p": 0, "temperature": 1.0},
+    ):
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Say hi, hi, hi."}],
+            "max_tokens": 6,
+            "seed": 1,
+            **extra,
+        }
         status, doc = post(server, "/v1/chat/completions", body)
         assert status == 200 and doc["choices"][0]["finish_reason"] in ("stop", "length"), (extra, doc)
 
@@ -194,8 +253,18 @@ def test_n_choices_share_the_prompt(client):
     assert 2 <= r.usage.completion_tokens <= 16 and r.usage.prompt_tokens > 0  # the prompt counted once
     one = client.chat.completions.create(model=MODEL, messages=ask, temperature=1.0, seed=5, max_tokens=8)
     assert r.choices[0].message.content == one.choices[0].message.content  # choice 0 draws with the seed itself
-    parts = list(client.chat.completions.create(model=MODEL, messages=ask, n=2, temperature=1.0, seed=5,
-                                                max_tokens=8, stream=True, stream_options={"include_usage": True}))
+    parts = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=ask,
+            n=2,
+            temperature=1.0,
+            seed=5,
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     texts = ["", ""]
     for p in parts:
         for c in p.choices:
@@ -228,8 +297,11 @@ def test_langchain_with_structured_output(client, server):
     got = llm.with_structured_output(Person, method="json_schema", strict=True).invoke("Invent a person.")
     assert isinstance(got, Person)
     lo = pytest.importorskip("langchain_ollama")
-    got = lo.ChatOllama(base_url=server.url, model=MODEL, temperature=0, num_predict=100).with_structured_output(
-        Person, method="json_schema").invoke("Invent a person.")
+    got = (
+        lo.ChatOllama(base_url=server.url, model=MODEL, temperature=0, num_predict=100)
+        .with_structured_output(Person, method="json_schema")
+        .invoke("Invent a person.")
+    )
     assert isinstance(got, Person)
 
 
@@ -244,7 +316,7 @@ def test_ollama_chat_logprobs_match_the_model(server, embedded):
     ids = embedded.chat_ids(ask)
     out = embedded.generate(ids, max_tokens=6, stop=embedded.chat_stops()).ids
     steps = [s.logprob for s in embedded.generate(ids, max_tokens=6, logprobs=3, stream=True) if s.logprob]
-    logits = embedded.logits(ids + out[:-1])[len(ids) - 1:]
+    logits = embedded.logits(ids + out[:-1])[len(ids) - 1 :]
     assert len(r.logprobs) == r.eval_count == len(out)
     assert "".join(e.token for e in r.logprobs) == r.message.content
     for i, entry in enumerate(r.logprobs):
@@ -271,8 +343,11 @@ def test_ollama_generate_logprobs_streamed_and_whole(server):
         assert "".join(e["token"] for e in rec.get("logprobs", [])) == rec["response"]
     status, plain = post(server, "/api/generate", {**body, "logprobs": False, "stream": False})
     assert "logprobs" not in plain
-    status, err = post(server, "/api/chat", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
-                                             "logprobs": True, "top_logprobs": 21})
+    status, err = post(
+        server,
+        "/api/chat",
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
+    )
     assert status == 400 and err == {"error": "top_logprobs must be between 0 and 20"}
 
 
@@ -287,10 +362,10 @@ def test_plain_continuation_without_a_template(client, server, embedded):
     want = embedded.generate(ids, max_tokens=8, stop=embedded.chat_stops())
     r = client.chat.completions.create(model=MODEL, messages=history, temperature=0, max_tokens=8)
     assert r.choices[0].message.content == want.text and r.usage.prompt_tokens == len(ids)
-    r = ollama.Client(host=server.url).chat(model=MODEL, messages=history,
-                                            options={**GREEDY, "num_predict": 8})
+    r = ollama.Client(host=server.url).chat(model=MODEL, messages=history, options={**GREEDY, "num_predict": 8})
     assert r.message.content == want.text
     # vLLM's way of asking for a new turn instead
-    turn = client.chat.completions.create(model=MODEL, messages=history, temperature=0, max_tokens=2,
-                                          extra_body={"continue_final_message": False})
+    turn = client.chat.completions.create(
+        model=MODEL, messages=history, temperature=0, max_tokens=2, extra_body={"continue_final_message": False}
+    )
     assert turn.usage.prompt_tokens == len(embedded.tokenize(text + "\nAssistant:"))

@@ -5,6 +5,7 @@ the start of a chat turn, after a turn's last paragraph break), or the whole pro
 with its logits. Reuse is exact: greedy output equals a server that
 stores nothing (`--cache-ram 0`), and usage says what was reused. Prefixes of 1,024
 tokens or more are also kept on disk, so a restarted server starts warm."""
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,9 @@ def document(essays_file):
 
 
 def _chat(server, content, model=MODEL, max_tokens=12):
-    r = _client(server).chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
-                                                temperature=0, max_tokens=max_tokens)
+    r = _client(server).chat.completions.create(
+        model=model, messages=[{"role": "user", "content": content}], temperature=0, max_tokens=max_tokens
+    )
     return r.choices[0].message.content, r.usage
 
 
@@ -70,11 +72,27 @@ def test_repeat_and_new_question_reuse_the_document_exactly(gemma, document):
     assert u2.prompt_tokens_details.cached_tokens == _paragraph_cut(q2) > 1024
     assert (text1, text2) == (_chat(cold, q1)[0], _chat(cold, q2)[0])  # what a server storing nothing says
     # Ollama counts the evaluated tokens only
-    status, doc = post(warm, "/api/chat", {"model": MODEL, "messages": [{"role": "user", "content": q2}],
-                                           "stream": False, "options": {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 12}})
+    status, doc = post(
+        warm,
+        "/api/chat",
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": q2}],
+            "stream": False,
+            "options": {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 12},
+        },
+    )
     assert status == 200 and doc["prompt_eval_count"] == 0 and doc["message"]["content"] == text2
-    status, doc = post(cold, "/api/chat", {"model": MODEL, "messages": [{"role": "user", "content": q2}],
-                                           "stream": False, "options": {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 12}})
+    status, doc = post(
+        cold,
+        "/api/chat",
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": q2}],
+            "stream": False,
+            "options": {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 12},
+        },
+    )
     assert doc["prompt_eval_count"] == u2.prompt_tokens
 
 
@@ -111,27 +129,29 @@ def test_paragraph_cuts_hold_as_a_conversation_grows(chatml_path):
     model = Model(str(chatml_path))
     first = [{"role": "user", "content": "One paragraph.\n\nAnother one.\n\nQuestion: which?"}]
     ids1 = model.chat_ids(first)
-    ids2 = model.chat_ids(first + [{"role": "assistant", "content": "The first."},
-                                   {"role": "user", "content": "More text.\n\nAnd now?"}])
+    ids2 = model.chat_ids(
+        first + [{"role": "assistant", "content": "The first."}, {"role": "user", "content": "More text.\n\nAnd now?"}]
+    )
     turn = model.turn_cuts(ids1)[-1]  # the assistant's turn opens here in both prompts
     assert ids2[:turn] == ids1[:turn]
     cuts1, cuts2 = model.prompt_cuts(ids1), model.prompt_cuts(ids2)
     assert [c for c in cuts2 if c <= turn] == cuts1 and len(cuts2) > len(cuts1)
     breaks = model.paragraph_cuts(ids1, model.turn_cuts(ids1))
-    assert len(breaks) == 1 and model.tokenizer.decode(ids1[breaks[0]:turn]).startswith("Question: which?")
-    assert model.tokenizer.decode(ids1[:breaks[0]]).endswith("Another one.\n\n")
+    assert len(breaks) == 1 and model.tokenizer.decode(ids1[breaks[0] : turn]).startswith("Question: which?")
+    assert model.tokenizer.decode(ids1[: breaks[0]]).endswith("Another one.\n\n")
 
 
 def test_a_conversation_prefills_only_its_new_turn(chatml, chatml_path):
     """Turn 2 reuses turn 1 up to the start of the assistant's turn (a chunk end of both
     prompts), and answers as a server that stores nothing does."""
     warm, cold = chatml
-    history = [{"role": "system", "content": "You answer in one word."},
-               {"role": "user", "content": "Name a colour of the sea, please, in a single word."}]
+    history = [
+        {"role": "system", "content": "You answer in one word."},
+        {"role": "user", "content": "Name a colour of the sea, please, in a single word."},
+    ]
 
     def turn(server, messages):
-        r = _client(server).chat.completions.create(model="tiny-chatml", messages=messages, temperature=0,
-                                                    max_tokens=6)
+        r = _client(server).chat.completions.create(model="tiny-chatml", messages=messages, temperature=0, max_tokens=6)
         return r.choices[0].message.content, r.usage
 
     first, u1 = turn(warm, history)
@@ -152,7 +172,8 @@ def test_a_new_conversation_reuses_the_system_prompt(chatml, chatml_path):
     warm, cold = chatml
     system = {"role": "system", "content": "You are a terse assistant who names things."}
     ask = lambda server, q: _client(server).chat.completions.create(  # noqa: E731
-        model="tiny-chatml", messages=[system, {"role": "user", "content": q}], temperature=0, max_tokens=6)
+        model="tiny-chatml", messages=[system, {"role": "user", "content": q}], temperature=0, max_tokens=6
+    )
     ask(warm, "Name a bird.")
     r = ask(warm, "Name a tree that grows by rivers.")
     from tightkv import Model
@@ -213,8 +234,12 @@ def test_concurrent_streams_decode_in_one_batch_and_answer_as_alone(batching):
     them), and each answers exactly what it answers alone."""
     import threading
 
-    prompts = ["Name three colours.", "Count from one to ten.", "Write a haiku about rain.",
-               "What is the capital of Italy?"]
+    prompts = [
+        "Name three colours.",
+        "Count from one to ten.",
+        "Write a haiku about rain.",
+        "What is the capital of Italy?",
+    ]
 
     def metric(name):
         _, _, raw = request(batching, "GET", "/metrics")

@@ -1,5 +1,6 @@
 """Ollama's /api/pull (progress as NDJSON records) and /api/delete against a live server,
 the downloads from a hub-like server on loopback (tests/fake_hub.py)."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,9 @@ def hub_and_server(tmp_path_factory):
     data = write_gemma3(tmp / "hub.gguf").read_bytes()
     with FakeHub() as hub:
         hub.add(SMOL.repo, SMOL.file, data)
-        srv = LiveServer(str(write_gemma3(tmp / "tiny-chat.gguf")),
-                         env={"HF_ENDPOINT": hub.url, "TIGHTKV_HOME": str(tmp / "home")})
+        srv = LiveServer(
+            str(write_gemma3(tmp / "tiny-chat.gguf")), env={"HF_ENDPOINT": hub.url, "TIGHTKV_HOME": str(tmp / "home")}
+        )
         try:
             yield hub, srv.wait_ready()
         finally:

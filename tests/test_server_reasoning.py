@@ -7,6 +7,7 @@ bigram model (`tiny_gguf.write_scripted_qwen3`) whose greedy reply after the gen
 prompt is ``<think>plan</think>ok``, streamed as the tokens "<th", "ink>", "pl", "an", "</",
 "think>", "ok": both tags arrive cut in two, as a byte-level vocabulary without tag tokens
 would cut them."""
+
 from __future__ import annotations
 
 import pytest
@@ -26,8 +27,9 @@ MODEL = "tiny-think"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    path = write_scripted_qwen3(tmp_path_factory.mktemp("think") / f"{MODEL}.gguf", CHAIN, QWEN3,
-                                extra_tokens=("<th", "ink>", "</", "think>"))
+    path = write_scripted_qwen3(
+        tmp_path_factory.mktemp("think") / f"{MODEL}.gguf", CHAIN, QWEN3, extra_tokens=("<th", "ink>", "</", "think>")
+    )
     with running(str(path), "--kv", "f16") as srv:
         yield srv
 
@@ -38,8 +40,9 @@ def client(server):
 
 
 def ollama_chat(server, **kw):
-    return ollama.Client(host=server.url).chat(model=MODEL, messages=kw.pop("messages", ASK),
-                                               options={"temperature": 0, "num_predict": 12}, **kw)
+    return ollama.Client(host=server.url).chat(
+        model=MODEL, messages=kw.pop("messages", ASK), options={"temperature": 0, "num_predict": 12}, **kw
+    )
 
 
 # --- Ollama ------------------------------------------------------------------------------------
@@ -62,8 +65,9 @@ def test_ollama_chat_streamed(server):
     assert "".join(p.message.content for p in parts) == "ok"
     # the reasoning flows before the closing tag comes: "pl" and "an" each in a record of its own
     assert [p.message.thinking for p in parts if p.message.thinking] == ["pl", "an"]
-    status, _, raw = request(server, "POST", "/api/chat", {"model": MODEL, "messages": ASK,
-                                                           "options": {"temperature": 0}})
+    status, _, raw = request(
+        server, "POST", "/api/chat", {"model": MODEL, "messages": ASK, "options": {"temperature": 0}}
+    )
     records = ndjson_records(raw)
     assert status == 200 and records[-1]["done"] is True
     for rec in records[:-1]:  # Ollama's field order; thinking only where there is some
@@ -83,8 +87,9 @@ def test_ollama_generate_thinks(server):
 
 def test_ollama_think_values_and_capabilities(server):
     status, err = post(server, "/api/chat", {"model": MODEL, "messages": ASK, "think": "hard", "stream": False})
-    assert status == 400 and err == {"error": 'invalid think value: "hard" (must be "high", "medium", "low", "max", '
-                                              'true, or false)'}
+    assert status == 400 and err == {
+        "error": 'invalid think value: "hard" (must be "high", "medium", "low", "max", true, or false)'
+    }
     caps = ollama.Client(host=server.url).show(MODEL).capabilities
     assert "thinking" in caps and "completion" in caps
 
@@ -108,25 +113,37 @@ def test_openai_reasoning_content(client):
 def test_openai_reasoning_streamed(server, client):
     parts = list(client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, stream=True))
     deltas = [p.choices[0].delta for p in parts if p.choices]
-    assert [getattr(d, "reasoning_content", None) for d in deltas if getattr(d, "reasoning_content", None)] \
-        == ["pl", "an"]
+    assert [getattr(d, "reasoning_content", None) for d in deltas if getattr(d, "reasoning_content", None)] == [
+        "pl",
+        "an",
+    ]
     assert "".join(d.content or "" for d in deltas) == "ok"
-    status, _, raw = request(server, "POST", "/v1/chat/completions",
-                             {"messages": ASK, "temperature": 0, "stream": True})
+    status, _, raw = request(
+        server, "POST", "/v1/chat/completions", {"messages": ASK, "temperature": 0, "stream": True}
+    )
     events = sse_events(raw)
     keys = [list(e["choices"][0]["delta"]) for e in events]
     assert keys == [["role", "content"], ["reasoning_content"], ["reasoning_content"], ["content"], []]
 
 
 def test_openai_thinking_off_or_left_in_the_content(client):
-    off = client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=12,
-                                         extra_body={"chat_template_kwargs": {"enable_thinking": False}})
-    assert off.choices[0].message.content == REPLY and getattr(off.choices[0].message, "reasoning_content", None) is None
-    effort = client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=12,
-                                            reasoning_effort="none")
+    off = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        temperature=0,
+        max_tokens=12,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    assert (
+        off.choices[0].message.content == REPLY and getattr(off.choices[0].message, "reasoning_content", None) is None
+    )
+    effort = client.chat.completions.create(
+        model=MODEL, messages=ASK, temperature=0, max_tokens=12, reasoning_effort="none"
+    )
     assert effort.choices[0].message.content == REPLY
-    kept = client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=12,
-                                          extra_body={"reasoning_format": "none"})
+    kept = client.chat.completions.create(
+        model=MODEL, messages=ASK, temperature=0, max_tokens=12, extra_body={"reasoning_format": "none"}
+    )
     assert kept.choices[0].message.content == REPLY
 
 
@@ -134,8 +151,11 @@ def test_constrained_reply_does_not_think(server):
     """A grammar constrains the whole reply, so the request is rendered without thinking."""
     body = {"messages": ASK, "max_tokens": 4, "grammar": 'root ::= "yes" | "no"'}
     status, doc = post(server, "/v1/chat/completions", body)
-    assert status == 200 and doc["choices"][0]["message"] == {"role": "assistant", "content": doc["choices"][0][
-        "message"]["content"]} and doc["choices"][0]["message"]["content"] in ("yes", "no")
+    assert (
+        status == 200
+        and doc["choices"][0]["message"] == {"role": "assistant", "content": doc["choices"][0]["message"]["content"]}
+        and doc["choices"][0]["message"]["content"] in ("yes", "no")
+    )
 
 
 def test_continuing_an_assistant_message_inside_its_reasoning(server, client):
@@ -149,8 +169,11 @@ def test_continuing_an_assistant_message_inside_its_reasoning(server, client):
 
 
 def test_bad_reasoning_fields_are_400s(server):
-    for extra in ({"chat_template_kwargs": {"messages": []}}, {"reasoning_format": "xml"},
-                  {"continue_final_message": True, "add_generation_prompt": True},
-                  {"continue_final_message": True}):
+    for extra in (
+        {"chat_template_kwargs": {"messages": []}},
+        {"reasoning_format": "xml"},
+        {"continue_final_message": True, "add_generation_prompt": True},
+        {"continue_final_message": True},
+    ):
         status, doc = post(server, "/v1/chat/completions", {"messages": ASK, "max_tokens": 2, **extra})
         assert status == 400 and doc["error"]["message"], (extra, doc)

@@ -2,6 +2,7 @@
 the real Qwen2.5-Coder-0.5B-Instruct (its chat template takes tools, Hermes-style
 ``<tool_call>``): a named call with valid arguments, the tool's result answered, streamed
 deltas, tool_choice none and auto. The model is assembled from PyPI (bench/qwen_model.py)."""
+
 from __future__ import annotations
 
 import json
@@ -16,13 +17,27 @@ openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 pytestmark = pytest.mark.slow
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The current weather in a city",
-    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
-                   "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}}}}}
-TIME = {"type": "function", "function": {"name": "get_time", "description": "The local time in a city",
-                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                        "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["city", "unit"],
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The local time in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 ASK = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
 
 
@@ -51,8 +66,9 @@ def model_id(client) -> str:
 
 def test_named_call_then_the_result_answered(client):
     named = {"type": "function", "function": {"name": "get_weather"}}
-    r = client.chat.completions.create(model=model_id(client), messages=ASK, tools=[WEATHER, TIME],
-                                       tool_choice=named, temperature=0, max_tokens=80)
+    r = client.chat.completions.create(
+        model=model_id(client), messages=ASK, tools=[WEATHER, TIME], tool_choice=named, temperature=0, max_tokens=80
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls
@@ -61,11 +77,19 @@ def test_named_call_then_the_result_answered(client):
     jsonschema.validate(args, WEATHER["function"]["parameters"])
     assert "paris" in args["city"].lower()
 
-    history = ASK + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-                     {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21, "sky": "sunny"}'}]
+    history = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21, "sky": "sunny"}'},
+    ]
     # the 0.5B model, left to choose, calls the tool again: "none" asks for the answer
-    answer = client.chat.completions.create(model=model_id(client), messages=history, tools=[WEATHER, TIME],
-                                            tool_choice="none", temperature=0, max_tokens=60)
+    answer = client.chat.completions.create(
+        model=model_id(client),
+        messages=history,
+        tools=[WEATHER, TIME],
+        tool_choice="none",
+        temperature=0,
+        max_tokens=60,
+    )
     text = answer.choices[0].message.content
     assert answer.choices[0].finish_reason == "stop" and not answer.choices[0].message.tool_calls
     assert "21" in text
@@ -75,9 +99,18 @@ def test_required_call_streamed_as_fragments(client):
     """OpenAI's stream of a call: a first delta with id, type, name and empty arguments, then
     the arguments in fragments as the model writes them; the client's own accumulation
     (`chat.completions.stream`) puts the call back together."""
-    parts = list(client.chat.completions.create(model=model_id(client), messages=ASK, tools=[WEATHER, TIME],
-                                                tool_choice="required", temperature=0, max_tokens=80, stream=True,
-                                                parallel_tool_calls=False))
+    parts = list(
+        client.chat.completions.create(
+            model=model_id(client),
+            messages=ASK,
+            tools=[WEATHER, TIME],
+            tool_choice="required",
+            temperature=0,
+            max_tokens=80,
+            stream=True,
+            parallel_tool_calls=False,
+        )
+    )
     deltas = [d for p in parts if p.choices for d in (p.choices[0].delta.tool_calls or [])]
     assert parts[-1].choices[0].finish_reason == "tool_calls"
     first, *rest = deltas
@@ -88,15 +121,27 @@ def test_required_call_streamed_as_fragments(client):
     arguments = "".join(d.function.arguments for d in rest)
     assert isinstance(json.loads(arguments), dict)
 
-    whole = client.chat.completions.create(model=model_id(client), messages=ASK, tools=[WEATHER, TIME],
-                                           tool_choice="required", temperature=0, max_tokens=80,
-                                           parallel_tool_calls=False)
+    whole = client.chat.completions.create(
+        model=model_id(client),
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        temperature=0,
+        max_tokens=80,
+        parallel_tool_calls=False,
+    )
     (call,) = whole.choices[0].message.tool_calls
     assert (call.function.name, call.function.arguments) == (first.function.name, arguments)
 
-    with client.chat.completions.stream(model=model_id(client), messages=ASK, tools=[WEATHER, TIME],
-                                        tool_choice="required", temperature=0, max_tokens=80,
-                                        parallel_tool_calls=False) as stream:
+    with client.chat.completions.stream(
+        model=model_id(client),
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        temperature=0,
+        max_tokens=80,
+        parallel_tool_calls=False,
+    ) as stream:
         events = [e.type for e in stream]
         final = stream.get_final_completion()
     assert "tool_calls.function.arguments.delta" in events and "tool_calls.function.arguments.done" in events
@@ -106,18 +151,23 @@ def test_required_call_streamed_as_fragments(client):
 
 
 def test_auto_and_none(client):
-    r = client.chat.completions.create(model=model_id(client), messages=ASK, tools=[WEATHER], temperature=0,
-                                       max_tokens=80)
+    r = client.chat.completions.create(
+        model=model_id(client), messages=ASK, tools=[WEATHER], temperature=0, max_tokens=80
+    )
     calls = r.choices[0].message.tool_calls or []
     assert all(c.function.name == "get_weather" for c in calls)  # the model chooses; what it calls parses
-    r = client.chat.completions.create(model=model_id(client), messages=ASK, tools=[WEATHER], tool_choice="none",
-                                       temperature=0, max_tokens=8)
+    r = client.chat.completions.create(
+        model=model_id(client), messages=ASK, tools=[WEATHER], tool_choice="none", temperature=0, max_tokens=8
+    )
     assert not r.choices[0].message.tool_calls and r.choices[0].finish_reason in ("stop", "length")
 
 
 def test_bad_tools_are_400s(server, client):
-    for extra in ({"tools": [{"type": "function"}]}, {"tools": [WEATHER], "tool_choice": "sometimes"},
-                  {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}):
+    for extra in (
+        {"tools": [{"type": "function"}]},
+        {"tools": [WEATHER], "tool_choice": "sometimes"},
+        {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+    ):
         body = {"messages": ASK, "max_tokens": 4, **extra}
         status, doc = post(server, "/v1/chat/completions", body)
         assert status == 400 and doc["error"]["message"], (extra, doc)
@@ -144,8 +194,9 @@ def test_langchain_bind_tools_and_structured_output(client):
     lc = pytest.importorskip("langchain_openai")
     from pydantic import BaseModel
 
-    llm = lc.ChatOpenAI(base_url=str(client.base_url), api_key="unused", model=model_id(client), temperature=0,
-                        max_tokens=80)
+    llm = lc.ChatOpenAI(
+        base_url=str(client.base_url), api_key="unused", model=model_id(client), temperature=0, max_tokens=80
+    )
     msg = llm.bind_tools([WEATHER], tool_choice="get_weather").invoke(ASK[0]["content"])
     (call,) = msg.tool_calls
     assert call["name"] == "get_weather" and "paris" in call["args"]["city"].lower()
@@ -174,8 +225,9 @@ def test_langchain_streamed_call_chunks_merge(client):
     import operator
 
     lc = pytest.importorskip("langchain_openai")
-    llm = lc.ChatOpenAI(base_url=str(client.base_url), api_key="unused", model=model_id(client), temperature=0,
-                        max_tokens=80)
+    llm = lc.ChatOpenAI(
+        base_url=str(client.base_url), api_key="unused", model=model_id(client), temperature=0, max_tokens=80
+    )
     chunks = list(llm.bind_tools([WEATHER], tool_choice="get_weather").stream(ASK[0]["content"]))
     assert sum(1 for c in chunks if c.tool_call_chunks) >= 3
     merged = functools.reduce(operator.add, chunks)
@@ -202,8 +254,10 @@ def test_assistant_message_last_is_continued(server, client, qwen):
     before it with the generation prompt, then its content as written, no end of turn."""
     from tightkv import Model
 
-    history = [{"role": "user", "content": "Write a Python function that adds two numbers."},
-               {"role": "assistant", "content": "```python\ndef add("}]
+    history = [
+        {"role": "user", "content": "Write a Python function that adds two numbers."},
+        {"role": "assistant", "content": "```python\ndef add("},
+    ]
     m = Model(str(qwen), kv="kvarn4")
     text = m.chat_text(history[:1]) + history[1]["content"]
     assert m.chat_text(history) == text and text.endswith("<|im_start|>assistant\n```python\ndef add(")
@@ -212,9 +266,21 @@ def test_assistant_message_last_is_continued(server, client, qwen):
     r = client.chat.completions.create(model=model_id(client), messages=history, temperature=0, max_tokens=8)
     assert r.usage.prompt_tokens == len(ids) and r.choices[0].message.content == want
     assert "a" in want and "<|im_start|>" not in want  # the signature goes on: no new turn
-    o = pytest.importorskip("ollama").Client(host=server.url).chat(
-        model=model_id(client), messages=history, options={"temperature": 0, "num_predict": 8, "repeat_penalty": 1.0})
+    o = (
+        pytest.importorskip("ollama")
+        .Client(host=server.url)
+        .chat(
+            model=model_id(client),
+            messages=history,
+            options={"temperature": 0, "num_predict": 8, "repeat_penalty": 1.0},
+        )
+    )
     assert o.message.content == want and o.prompt_eval_count <= len(ids)
-    vllm = client.chat.completions.create(model=model_id(client), messages=history, temperature=0, max_tokens=8,
-                                          extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    vllm = client.chat.completions.create(
+        model=model_id(client),
+        messages=history,
+        temperature=0,
+        max_tokens=8,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False},
+    )
     assert vllm.choices[0].message.content == want

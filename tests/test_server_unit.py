@@ -1,5 +1,6 @@
 """The server app in-process (no subprocess): /health while loading and after a
 failed load, the OpenAPI document, scheduler limits, CLI errors."""
+
 from __future__ import annotations
 
 import subprocess
@@ -126,11 +127,16 @@ def test_serve_cli_errors_are_one_line(tmp_path, gguf):
 
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(gguf.read_bytes()[:1000])
-    for args, text in [(["no-such-model-xyz"], "error:"), ([str(tmp_path / "missing.gguf")], "error:"),
-                       (["--port", "70000"], "--port"), (["--parallel", "0"], "--parallel"),
-                       ([str(bad), "--port", str(free_port())], "corrupt or truncated")]:
-        out = subprocess.run([sys.executable, "-m", "tightkv.cli", "serve", *args], capture_output=True, text=True,
-                             timeout=120)
+    for args, text in [
+        (["no-such-model-xyz"], "error:"),
+        ([str(tmp_path / "missing.gguf")], "error:"),
+        (["--port", "70000"], "--port"),
+        (["--parallel", "0"], "--parallel"),
+        ([str(bad), "--port", str(free_port())], "corrupt or truncated"),
+    ]:
+        out = subprocess.run(
+            [sys.executable, "-m", "tightkv.cli", "serve", *args], capture_output=True, text=True, timeout=120
+        )
         assert out.returncode != 0 and text in out.stderr, out.stderr
         assert "Traceback" not in out.stderr
 

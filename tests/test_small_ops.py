@@ -1,4 +1,5 @@
 """The kernel's per-token ops (RMS norm, residual add and norm, NeoX RoPE, q/k/v heads, greedy argmax) equal torch's."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -38,7 +39,9 @@ def test_rope_matches_torch(H, T, D, rot):
     assert not torch.equal(fast, x)
 
 
-@pytest.mark.parametrize("H,Hkv,T,D,rot,norms", [(4, 1, 1, 256, 256, True), (14, 2, 5, 64, 64, False), (2, 2, 3, 96, 64, True)])
+@pytest.mark.parametrize(
+    "H,Hkv,T,D,rot,norms", [(4, 1, 1, 256, 256, True), (14, 2, 5, 64, 64, False), (2, 2, 3, 96, 64, True)]
+)
 def test_qkv_heads_equals_the_ops_one_by_one(H, Hkv, T, D, rot, norms):
     """The fused split, per-head norms and RoPE give exactly what the separate kernel ops give
     (a row must compute the same in any path), and torch's ops within rounding."""

@@ -1,5 +1,6 @@
 """A block's sublayers in one kernel call (`kernels/sublayers.py`) against the same steps
 run one by one, and the gated unit's kernel (`tk_glu`) against float64."""
+
 from __future__ import annotations
 
 import math
@@ -46,6 +47,7 @@ def test_sublayers_in_one_call_equal_the_steps_one_by_one(tmp_path, monkeypatch,
             out = fn(*args)
             taken[name] += out is not None
             return out
+
         return wrapped
 
     monkeypatch.setattr(sublayers, "ffn_block", counting("ffn", sublayers.ffn_block))
@@ -77,10 +79,10 @@ def test_gated_unit_kernel_against_float64(act):
     up = torch.linspace(-2, 2, gate.numel())
     ours = glu(torch.cat([gate, up])[None], act)[0].double()
     g, u = gate.double(), up.double()
-    z = g if act == "silu" else 2 * math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)
+    z = g if act == "silu" else 2 * math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)
     ref = g * torch.sigmoid(z) * u
     if act == "gelu":  # the tanh form, as torch and llama.cpp write it
         assert torch.allclose(ref, 0.5 * g * (1 + torch.tanh(z / 2)) * u, rtol=1e-12, atol=1e-12)
     err = (ours - ref).abs()
-    assert (err <= (4 + 2 * z.abs()) * 2.0 ** -24 * ref.abs() + 1e-12).all(), float(err.max())
+    assert (err <= (4 + 2 * z.abs()) * 2.0**-24 * ref.abs() + 1e-12).all(), float(err.max())
     assert np.isfinite(ours.numpy()).all()

@@ -1,4 +1,5 @@
 """Tokenizer tests: llama.cpp's ids for Gemma 3 270M, round trips, special tokens, speed."""
+
 import json
 import time
 
@@ -6,7 +7,13 @@ import pytest
 
 from tightkv.errors import GGUFError
 from tightkv.gguf.tokenizer import (
-    TYPE_BYTE, TYPE_CONTROL, TYPE_NORMAL, TYPE_USER_DEFINED, SPMTokenizer, Tokenizer, load_tokenizer,
+    TYPE_BYTE,
+    TYPE_CONTROL,
+    TYPE_NORMAL,
+    TYPE_USER_DEFINED,
+    SPMTokenizer,
+    Tokenizer,
+    load_tokenizer,
 )
 
 from conftest import REFERENCE
@@ -18,24 +25,119 @@ CHAT = "<start_of_turn>user\nHi<end_of_turn>"
 # The hidden strings of reference/scripts/mkref.py. No llama.cpp ids exist for them;
 # these ids agree with HF transformers' Gemma tokenizer built from the same GGUF.
 HIDDEN = {
-    "KV 캐시 압축을 통해 문서 전체를 로드하세요.":
-        [2, 57137, 84583, 237462, 97782, 240067, 237293, 48010, 162745, 63887, 237482, 35184, 238001, 152748, 236761],
-    "naïve façade — “quotes” and ‘single’ … ellipsis":
-        [2, 1789, 238527, 560, 96008, 2192, 999, 52231, 236919, 532, 2141, 18999, 236858, 7881, 212696],
+    "KV 캐시 압축을 통해 문서 전체를 로드하세요.": [
+        2,
+        57137,
+        84583,
+        237462,
+        97782,
+        240067,
+        237293,
+        48010,
+        162745,
+        63887,
+        237482,
+        35184,
+        238001,
+        152748,
+        236761,
+    ],
+    "naïve façade — “quotes” and ‘single’ … ellipsis": [
+        2,
+        1789,
+        238527,
+        560,
+        96008,
+        2192,
+        999,
+        52231,
+        236919,
+        532,
+        2141,
+        18999,
+        236858,
+        7881,
+        212696,
+    ],
     "   \n\n\t\t mixed   whitespace   ": [2, 139, 108, 255969, 9726, 139, 203201, 139],
-    "SELECT * FROM users WHERE id = 42;":
-        [2, 12874, 808, 10912, 5089, 17347, 1846, 578, 236743, 236812, 236778, 236793],
-    "https://example.com/path?q=1&r=2#frag":
-        [2, 2574, 1411, 8358, 236761, 854, 236786, 2337, 236881, 236809, 236784, 236770, 236880, 236750, 236784,
-         236778, 236865, 45265],
-    "ÀÉÎÕÜ àéîõü ñ ç ø å":
-        [2, 238974, 237642, 239259, 241985, 238194, 1608, 236859, 237411, 237391, 236959, 131079, 5436, 32465, 10437],
+    "SELECT * FROM users WHERE id = 42;": [
+        2,
+        12874,
+        808,
+        10912,
+        5089,
+        17347,
+        1846,
+        578,
+        236743,
+        236812,
+        236778,
+        236793,
+    ],
+    "https://example.com/path?q=1&r=2#frag": [
+        2,
+        2574,
+        1411,
+        8358,
+        236761,
+        854,
+        236786,
+        2337,
+        236881,
+        236809,
+        236784,
+        236770,
+        236880,
+        236750,
+        236784,
+        236778,
+        236865,
+        45265,
+    ],
+    "ÀÉÎÕÜ àéîõü ñ ç ø å": [
+        2,
+        238974,
+        237642,
+        239259,
+        241985,
+        238194,
+        1608,
+        236859,
+        237411,
+        237391,
+        236959,
+        131079,
+        5436,
+        32465,
+        10437,
+    ],
     "x" * 300: [2] + [130987] * 37 + [56936],
-    "1,234,567.89 and -0.001e-5":
-        [2, 236770, 236764, 236778, 236800, 236812, 236764, 236810, 236825, 236832, 236761, 236828, 236819, 532, 753,
-         236771, 236761, 236771, 236771, 236770, 236744, 236772, 236810],
-    "中文测试：模型量化与长上下文。":
-        [2, 55041, 30203, 237184, 26609, 237509, 237474, 237658, 237839, 201433, 236924],
+    "1,234,567.89 and -0.001e-5": [
+        2,
+        236770,
+        236764,
+        236778,
+        236800,
+        236812,
+        236764,
+        236810,
+        236825,
+        236832,
+        236761,
+        236828,
+        236819,
+        532,
+        753,
+        236771,
+        236761,
+        236771,
+        236771,
+        236770,
+        236744,
+        236772,
+        236810,
+    ],
+    "中文测试：模型量化与长上下文。": [2, 55041, 30203, 237184, 26609, 237509, 237474, 237658, 237839, 201433, 236924],
     "Tabs\tand\u00a0nbsp\u2009thin": [2, 76222, 255968, 624, 432, 398, 11539, 464, 366, 375, 46910],
 }
 
@@ -46,7 +148,7 @@ ODD = [
     "<0x41> is not a byte token",
     "trailing space ",
     " ",
-    "\U00020000\U0002A6D6 rare CJK \U0001FAE8",
+    "\U00020000\U0002a6d6 rare CJK \U0001fae8",
 ]
 
 
@@ -150,13 +252,13 @@ def test_unsupported_model():
 
 # -- a tiny hand-made vocab ---------------------------------------------------
 
+
 def tiny(add_space_prefix=True):
     """A llama-2-style vocab: <unk> <s> </s>, bytes, a few pieces with scores."""
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     types = [TYPE_CONTROL] * 3 + [TYPE_BYTE] * 256
     scores = [0.0] * len(tokens)
-    for text, score in [("▁", -1), ("a", -2), ("b", -3), ("ab", -4), ("ba", -5), ("aba", -6),
-                        ("▁a", -7), ("<tag>", 0)]:
+    for text, score in [("▁", -1), ("a", -2), ("b", -3), ("ab", -4), ("ba", -5), ("aba", -6), ("▁a", -7), ("<tag>", 0)]:
         tokens.append(text)
         types.append(TYPE_USER_DEFINED if text == "<tag>" else TYPE_NORMAL)
         scores.append(float(score))

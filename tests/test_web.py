@@ -3,6 +3,7 @@ through Playwright): the API key asked once, a document with a planted fact adde
 the page's one file input, its load, a question answered with the fact and a highlighted
 quote, the document listed and reopened warm after a reload and after a server restart,
 the clear errors that keep what was typed, and a phone's width."""
+
 from __future__ import annotations
 
 import re
@@ -43,8 +44,11 @@ def ask(page, question: str):
     page.press("#message", "Enter")
     answer = page.locator(".msg.assistant").nth(before)
     answer.locator(".meta, .body").first.wait_for(timeout=LOAD_MS)
-    page.wait_for_function("n => !document.querySelectorAll('.msg.assistant')[n].classList.contains('pending')",
-                           arg=before, timeout=LOAD_MS)
+    page.wait_for_function(
+        "n => !document.querySelectorAll('.msg.assistant')[n].classList.contains('pending')",
+        arg=before,
+        timeout=LOAD_MS,
+    )
     return answer
 
 

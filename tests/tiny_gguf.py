@@ -7,6 +7,7 @@ independent reference, by transformers' GGUF loader.
 
     path = write_gemma3(tmp_path / "g3.gguf", qtype="Q8_0")
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -45,8 +46,12 @@ class Vocab:
         return self.tokens.index(text)
 
 
-def spm_vocab(size: int = 300, specials: tuple[str, ...] = ("<pad>", "<eos>", "<bos>", "<unk>"),
-              control: tuple[str, ...] = ("<start_of_turn>", "<end_of_turn>"), **kwargs: Any) -> Vocab:
+def spm_vocab(
+    size: int = 300,
+    specials: tuple[str, ...] = ("<pad>", "<eos>", "<bos>", "<unk>"),
+    control: tuple[str, ...] = ("<start_of_turn>", "<end_of_turn>"),
+    **kwargs: Any,
+) -> Vocab:
     """A minimal valid SPM vocab of `size` entries, Gemma's layout by default.
 
     specials are (pad, eos, bos, unk) in that order and are control tokens (unk is
@@ -108,9 +113,16 @@ def quantizable(name: str, t: np.ndarray, qtype: str) -> bool:
     return t.ndim == 2 and t.shape[-1] % block == 0
 
 
-def write_gguf(path: str | Path, arch: str, metadata: Mapping[str, Any], tensors: Mapping[str, np.ndarray],
-               vocab: Vocab | None = None, qtype: str = "F32", qtypes: Mapping[str, str] | None = None,
-               name: str | None = None) -> Path:
+def write_gguf(
+    path: str | Path,
+    arch: str,
+    metadata: Mapping[str, Any],
+    tensors: Mapping[str, np.ndarray],
+    vocab: Vocab | None = None,
+    qtype: str = "F32",
+    qtypes: Mapping[str, str] | None = None,
+    name: str | None = None,
+) -> Path:
     """Write a GGUF file and return its path.
 
     metadata: keys with '{arch}' filled in (e.g. "{arch}.block_count"), values
@@ -155,9 +167,20 @@ def dequantized_tensors(path: str | Path) -> dict[str, np.ndarray]:
     return out
 
 
-GEMMA3_DEFAULTS = dict(hidden=64, heads=4, kv_heads=2, head_dim=32, layers=6, intermediate=128,
-                       sliding_window=8, context=512, vocab=300, rope_base=1e6, eps=1e-6,
-                       rope_scaling_factor=None)
+GEMMA3_DEFAULTS = dict(
+    hidden=64,
+    heads=4,
+    kv_heads=2,
+    head_dim=32,
+    layers=6,
+    intermediate=128,
+    sliding_window=8,
+    context=512,
+    vocab=300,
+    rope_base=1e6,
+    eps=1e-6,
+    rope_scaling_factor=None,
+)
 
 GEMMA3_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
@@ -197,8 +220,9 @@ def gemma3_tensors(seed: int = 0, **cfg: Any) -> dict[str, np.ndarray]:
     return t
 
 
-def write_gemma3(path: str | Path, seed: int = 0, qtype: str = "F32", qtypes: Mapping[str, str] | None = None,
-                 **cfg: Any) -> Path:
+def write_gemma3(
+    path: str | Path, seed: int = 0, qtype: str = "F32", qtypes: Mapping[str, str] | None = None, **cfg: Any
+) -> Path:
     """A tiny random Gemma 3 text model (tied output) as llama.cpp would write it.
 
     Defaults (GEMMA3_DEFAULTS): hidden 64, 4 query / 2 KV heads of dim 32, 6 layers
@@ -233,16 +257,60 @@ def write_gemma3(path: str | Path, seed: int = 0, qtype: str = "F32", qtypes: Ma
 # (`llama_permute`), Phi-3's q/k/v and gate/up fused, RoPE factors as tensors.
 
 FAMILY_DEFAULTS = {
-    "llama": dict(hidden=64, heads=4, kv_heads=2, head_dim=16, layers=2, intermediate=96, context=512,
-                  vocab=300, rope_base=10000.0, eps=1e-5, tied=False),
-    "qwen2": dict(hidden=64, heads=4, kv_heads=2, head_dim=16, layers=2, intermediate=96, context=512,
-                  vocab=300, rope_base=1e6, eps=1e-6, tied=True),
+    "llama": dict(
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        layers=2,
+        intermediate=96,
+        context=512,
+        vocab=300,
+        rope_base=10000.0,
+        eps=1e-5,
+        tied=False,
+    ),
+    "qwen2": dict(
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        layers=2,
+        intermediate=96,
+        context=512,
+        vocab=300,
+        rope_base=1e6,
+        eps=1e-6,
+        tied=True,
+    ),
     # Qwen3's head_dim (32) differs from hidden / heads (16), as in the real models
-    "qwen3": dict(hidden=64, heads=4, kv_heads=2, head_dim=32, layers=2, intermediate=96, context=512,
-                  vocab=300, rope_base=1e6, eps=1e-6, tied=True),
+    "qwen3": dict(
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        head_dim=32,
+        layers=2,
+        intermediate=96,
+        context=512,
+        vocab=300,
+        rope_base=1e6,
+        eps=1e-6,
+        tied=True,
+    ),
     # Phi-3's head_dim is not a power of two (96 in Phi-3.5 mini; 24 here)
-    "phi3": dict(hidden=96, heads=4, kv_heads=2, head_dim=24, layers=2, intermediate=128, context=512,
-                 vocab=300, rope_base=10000.0, eps=1e-5, tied=False),
+    "phi3": dict(
+        hidden=96,
+        heads=4,
+        kv_heads=2,
+        head_dim=24,
+        layers=2,
+        intermediate=128,
+        context=512,
+        vocab=300,
+        rope_base=10000.0,
+        eps=1e-5,
+        tied=False,
+    ),
 }
 FAMILY_DEFAULTS["mistral"] = dict(FAMILY_DEFAULTS["llama"], sliding_window=None)
 
@@ -270,8 +338,14 @@ def gpt2_byte_chars() -> list[str]:
     return [chars[b] for b in range(256)]
 
 
-def bpe_vocab(size: int = 300, pre: str = "qwen2", specials: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>",
-              "<|im_end|>"), bos: str | None = None, eos: str = "<|im_end|>", **kwargs: Any) -> Vocab:
+def bpe_vocab(
+    size: int = 300,
+    pre: str = "qwen2",
+    specials: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+    bos: str | None = None,
+    eos: str = "<|im_end|>",
+    **kwargs: Any,
+) -> Vocab:
     """A minimal valid GPT-2 byte-level BPE vocab of `size` entries: the 256 byte
     tokens, merges of letter pairs (and ' '+letter) with their tokens, then the
     special (control) tokens last, as in Qwen and Llama 3 vocabularies."""
@@ -299,8 +373,14 @@ def llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def llama3_rope_factors(head_dim: int, base: float, factor: float = 8.0, low_freq_factor: float = 1.0,
-                        high_freq_factor: float = 4.0, original_context: int = 8192) -> np.ndarray:
+def llama3_rope_factors(
+    head_dim: int,
+    base: float,
+    factor: float = 8.0,
+    low_freq_factor: float = 1.0,
+    high_freq_factor: float = 4.0,
+    original_context: int = 8192,
+) -> np.ndarray:
     """The `rope_freqs.weight` divisors convert_hf_to_gguf writes for rope_type llama3."""
     freqs = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
     low_wavelen, high_wavelen = original_context / low_freq_factor, original_context / high_freq_factor
@@ -317,8 +397,9 @@ def llama3_rope_factors(head_dim: int, base: float, factor: float = 8.0, low_fre
     return np.array(out, dtype=np.float32)
 
 
-def hf_layout_tensors(seed: int, c: Mapping[str, Any], qkv_bias: bool = False,
-                      qk_norm: bool = False) -> dict[str, np.ndarray]:
+def hf_layout_tensors(
+    seed: int, c: Mapping[str, Any], qkv_bias: bool = False, qk_norm: bool = False
+) -> dict[str, np.ndarray]:
     """Random llama-like decoder weights in llama.cpp names but HF layout."""
     rng = np.random.default_rng(seed)
     h, hd, ff = c["hidden"], c["head_dim"], c["intermediate"]
@@ -371,9 +452,16 @@ def _family_metadata(c: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def write_llama(path: str | Path, seed: int = 0, qtype: str = "F32", qtypes: Mapping[str, str] | None = None,
-                arch: str = "llama", name: str | None = None, rope_scaling: Mapping[str, Any] | None = None,
-                **cfg: Any) -> Path:
+def write_llama(
+    path: str | Path,
+    seed: int = 0,
+    qtype: str = "F32",
+    qtypes: Mapping[str, str] | None = None,
+    arch: str = "llama",
+    name: str | None = None,
+    rope_scaling: Mapping[str, Any] | None = None,
+    **cfg: Any,
+) -> Path:
     """A tiny random Llama as convert_hf_to_gguf writes one (Q/K rows permuted).
 
     arch "mistral" writes the same model under that architecture name (with
@@ -395,21 +483,37 @@ def write_llama(path: str | Path, seed: int = 0, qtype: str = "F32", qtypes: Map
     rs = dict(rope_scaling or {})
     if rs.get("rope_type") == "llama3":
         t["rope_freqs.weight"] = llama3_rope_factors(
-            c["head_dim"], c["rope_base"], rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"],
-            rs["original_max_position_embeddings"])
+            c["head_dim"],
+            c["rope_base"],
+            rs["factor"],
+            rs["low_freq_factor"],
+            rs["high_freq_factor"],
+            rs["original_max_position_embeddings"],
+        )
     elif rs.get("rope_type") == "linear":
         metadata["{arch}.rope.scaling.type"] = "linear"
         metadata["{arch}.rope.scaling.factor"] = float(rs["factor"])
     if rs.get("rope_type") == "llama3":  # Llama 3's BPE vocab
-        vocab = bpe_vocab(c["vocab"], pre="llama-bpe", specials=("<|begin_of_text|>", "<|eot_id|>"),
-                          bos="<|begin_of_text|>", eos="<|eot_id|>")
+        vocab = bpe_vocab(
+            c["vocab"],
+            pre="llama-bpe",
+            specials=("<|begin_of_text|>", "<|eot_id|>"),
+            bos="<|begin_of_text|>",
+            eos="<|eot_id|>",
+        )
     else:
         vocab = llama_vocab(c["vocab"])
     return write_gguf(path, arch, metadata, t, vocab, qtype=qtype, qtypes=qtypes, name=name)
 
 
-def write_qwen(path: str | Path, arch: str = "qwen2", seed: int = 0, qtype: str = "F32",
-               qtypes: Mapping[str, str] | None = None, **cfg: Any) -> Path:
+def write_qwen(
+    path: str | Path,
+    arch: str = "qwen2",
+    seed: int = 0,
+    qtype: str = "F32",
+    qtypes: Mapping[str, str] | None = None,
+    **cfg: Any,
+) -> Path:
     """A tiny random Qwen2 (q/k/v biases) or Qwen3 (Q/K norms), tied output, NeoX RoPE,
     GPT-2 BPE vocab (pre-tokenizer 'qwen2')."""
     c = {**FAMILY_DEFAULTS[arch], **cfg}
@@ -418,8 +522,14 @@ def write_qwen(path: str | Path, arch: str = "qwen2", seed: int = 0, qtype: str 
     return write_gguf(path, arch, _family_metadata(c), t, vocab, qtype=qtype, qtypes=qtypes)
 
 
-def write_phi3(path: str | Path, seed: int = 0, qtype: str = "F32", qtypes: Mapping[str, str] | None = None,
-               longrope: Mapping[str, Any] | None = None, **cfg: Any) -> Path:
+def write_phi3(
+    path: str | Path,
+    seed: int = 0,
+    qtype: str = "F32",
+    qtypes: Mapping[str, str] | None = None,
+    longrope: Mapping[str, Any] | None = None,
+    **cfg: Any,
+) -> Path:
     """A tiny random Phi-3: fused attn_qkv and ffn_up (gate rows, then up rows).
 
     rope_dim: rotated dims per head when fewer than head_dim (Phi-4-mini's partial rotary).
@@ -440,15 +550,17 @@ def write_phi3(path: str | Path, seed: int = 0, qtype: str = "F32", qtypes: Mapp
         scale = c["context"] / orig
         metadata["{arch}.rope.scaling.original_context_length"] = orig
         metadata["{arch}.rope.scaling.attn_factor"] = (
-            float(np.sqrt(1 + np.log(scale) / np.log(orig))) if scale > 1.0 else 1.0)
+            float(np.sqrt(1 + np.log(scale) / np.log(orig))) if scale > 1.0 else 1.0
+        )
         t["rope_factors_long.weight"] = np.asarray(longrope["long_factor"], dtype=np.float32)
         t["rope_factors_short.weight"] = np.asarray(longrope["short_factor"], dtype=np.float32)
     vocab = llama_vocab(c["vocab"])
     return write_gguf(path, "phi3", metadata, t, vocab, qtype=qtype, qtypes=qtypes)
 
 
-def write_scripted_qwen3(path: str | Path, chain: list[str], template: str, extra_tokens: tuple[str, ...] = (),
-                         seed: int = 0) -> Path:
+def write_scripted_qwen3(
+    path: str | Path, chain: list[str], template: str, extra_tokens: tuple[str, ...] = (), seed: int = 0
+) -> Path:
     """A tiny Qwen3 whose greedy reply is written in advance: a bigram model. Attention and
     MLP write nothing (their output matrices are zero), so each step's logits depend on the
     last token alone, and the output matrix sends chain[i] to chain[i + 1]. chain[0] is the

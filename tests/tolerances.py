@@ -1,4 +1,5 @@
 """Tolerances that depend on the kernel build under test."""
+
 from tightkv.kernels import library
 
 

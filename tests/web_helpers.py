@@ -1,6 +1,7 @@
 """Helpers for the document routes' and the web page's tests (no tests here): a document
 with a planted fact, a tiny PDF written by hand, SSE events, and Debian's Chromium
 driven by Playwright (never a downloaded browser)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -14,8 +15,16 @@ import pytest
 from test_server_helpers import LiveServer, request
 
 CHROMIUM = os.environ.get("TIGHTKV_CHROMIUM", "/usr/bin/chromium")  # Debian's `chromium` package
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 FACT = "Orla Brennan"
 QUESTION = "Who is the keeper of the Kestrel Point lighthouse?"
@@ -55,8 +64,13 @@ def browser_page(width: int = 1400, height: int = 860):
 
     executable = chromium()
     with tempfile.TemporaryDirectory(prefix="tightkv-chromium-") as profile, sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(profile, executable_path=executable, headless=True,
-                                                        args=CHROMIUM_ARGS, viewport={"width": width, "height": height})
+        context = pw.chromium.launch_persistent_context(
+            profile,
+            executable_path=executable,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": width, "height": height},
+        )
         try:
             yield context.pages[0] if context.pages else context.new_page()
         finally:
@@ -65,15 +79,19 @@ def browser_page(width: int = 1400, height: int = 860):
 
 def tiny_pdf(lines: list[str]) -> bytes:
     """A one-page PDF whose text layer is `lines` (Helvetica), written by hand."""
+
     def esc(s: str) -> str:
         return s.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
 
     content = "BT /F1 11 Tf 14 TL 60 740 Td " + " ".join(f"({esc(line)}) '" for line in lines) + " ET"
-    objects = ["<< /Type /Catalog /Pages 2 0 R >>", "<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-               "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 4 0 R >> >> "
-               "/Contents 5 0 R >>",
-               "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
-               f"<< /Length {len(content)} >>\nstream\n{content}\nendstream"]
+    objects = [
+        "<< /Type /Catalog /Pages 2 0 R >>",
+        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 4 0 R >> >> "
+        "/Contents 5 0 R >>",
+        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+        f"<< /Length {len(content)} >>\nstream\n{content}\nendstream",
+    ]
     out, offsets = b"%PDF-1.4\n", []
     for i, body in enumerate(objects, 1):
         offsets.append(len(out))
@@ -88,10 +106,16 @@ def tiny_pdf(lines: list[str]) -> bytes:
 def multipart(name: str, data: bytes, fields: dict | None = None) -> tuple[bytes, str]:
     """A multipart/form-data body with one file field `file` (and text fields): (body, content type)."""
     boundary = "tightkv-test-boundary-7f3a"
-    parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
-             for k, v in (fields or {}).items()]
-    parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
-                 f"Content-Type: application/octet-stream\r\n\r\n".encode() + data + b"\r\n")
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+        for k, v in (fields or {}).items()
+    ]
+    parts.append(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
+        f"Content-Type: application/octet-stream\r\n\r\n".encode()
+        + data
+        + b"\r\n"
+    )
     return b"".join(parts) + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
 
 

@@ -3,6 +3,7 @@
 `Model` is imported lazily so that `import tightkv` (and `tightkv --help`) never
 imports torch.
 """
+
 from __future__ import annotations
 
 __version__ = "0.1.0"

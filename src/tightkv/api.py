@@ -1,9 +1,10 @@
 """The Python API: `Model` opens a GGUF and generates.
 
-    from tightkv import Model
-    m = Model.from_pretrained("gemma3:270m")
-    print(m.ask("What is gravity?"))
+from tightkv import Model
+m = Model.from_pretrained("gemma3:270m")
+print(m.ask("What is gravity?"))
 """
+
 from __future__ import annotations
 
 import os
@@ -47,9 +48,15 @@ class Model:
                 print(step.text, end="", flush=True)
     """
 
-    def __init__(self, path_or_name: str | os.PathLike | None = None, *, kv: str | None = None,
-                 context_length: int | None = None, threads: int | None = None,
-                 rope_scaling: float | dict | None = None):
+    def __init__(
+        self,
+        path_or_name: str | os.PathLike | None = None,
+        *,
+        kv: str | None = None,
+        context_length: int | None = None,
+        threads: int | None = None,
+        rope_scaling: float | dict | None = None,
+    ):
         import torch
 
         from .gguf.reader import read_gguf
@@ -128,10 +135,14 @@ class Model:
             raise TightKVError(f"context_length must be positive, got {n}")
         if n > self.max_context_length:
             if self.rope_factor:
-                raise TightKVError(f"context_length {n} exceeds {self.max_context_length} tokens, the model's "
-                                   f"trained context of {trained} times the RoPE scaling factor {self.rope_factor:g}")
-            raise TightKVError(f"context_length {n} exceeds the model's trained context of {trained} tokens "
-                               f"(pass rope_scaling={-(-n // trained)} to stretch it, at some loss of quality)")
+                raise TightKVError(
+                    f"context_length {n} exceeds {self.max_context_length} tokens, the model's "
+                    f"trained context of {trained} times the RoPE scaling factor {self.rope_factor:g}"
+                )
+            raise TightKVError(
+                f"context_length {n} exceeds the model's trained context of {trained} tokens "
+                f"(pass rope_scaling={-(-n // trained)} to stretch it, at some loss of quality)"
+            )
         return n
 
     # --- low-level surface -------------------------------------------------
@@ -143,8 +154,15 @@ class Model:
         """Text for token ids."""
         return self.tokenizer.decode(list(ids))
 
-    def choose_kv(self, text: str | None = None, memory: int | None = None, context: int | None = None,
-                  slots: int = 1, text_name: str = "the prompt", quiet: bool = False):
+    def choose_kv(
+        self,
+        text: str | None = None,
+        memory: int | None = None,
+        context: int | None = None,
+        slots: int = 1,
+        text_name: str = "the prompt",
+        quiet: bool = False,
+    ):
         """Choose the cache type as `kv="auto"` does and make it this model's: the
         best-quality type whose bytes at `context` (default this model's) for `slots`
         sequences fit `memory` bytes (default: the RAM available less 1 GiB) and whose
@@ -204,8 +222,7 @@ class Model:
             for s in range(0, len(ids) - 1, chunk):
                 part = torch.tensor(ids[s : s + chunk])
                 logits = self.net(part, cache, logits_at=torch.arange(part.numel()))  # (n, vocab)
-                out += [token_logprob(row, ids[s + i + 1], top) for i, row in enumerate(logits)
-                        if s + i + 1 < len(ids)]
+                out += [token_logprob(row, ids[s + i + 1], top) for i, row in enumerate(logits) if s + i + 1 < len(ids)]
         return out
 
     # --- generation ----------------------------------------------------------
@@ -214,11 +231,26 @@ class Model:
             return self.tokenize(prompt, add_bos=True, special=False)
         return [int(t) for t in prompt]
 
-    def generate(self, prompt: str | list[int], max_tokens: int | None = 256, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
-                 seed: int | None = None, stop: list[str] | str | None = None, stream: bool = False,
-                 cache: list | None = None, progress=None, prompt_cache=None, json_schema: dict | bool | None = None,
-                 grammar: str | None = None, logprobs: int | None = None, **penalties):
+    def generate(
+        self,
+        prompt: str | list[int],
+        max_tokens: int | None = 256,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        repeat_penalty: float = 1.0,
+        seed: int | None = None,
+        stop: list[str] | str | None = None,
+        stream: bool = False,
+        cache: list | None = None,
+        progress=None,
+        prompt_cache=None,
+        json_schema: dict | bool | None = None,
+        grammar: str | None = None,
+        logprobs: int | None = None,
+        **penalties,
+    ):
         """Generate a continuation of a prompt (text or token ids).
 
         Returns a `GenerationResult` (.text, .ids, .stats); with stream=True, an
@@ -234,17 +266,49 @@ class Model:
         """
         from .engine.generate import steps
 
-        seq = self.sequence(prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, seed, stop,
-                            cache, progress, prompt_cache, json_schema, grammar, logprobs, **penalties)
+        seq = self.sequence(
+            prompt,
+            max_tokens,
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            repeat_penalty,
+            seed,
+            stop,
+            cache,
+            progress,
+            prompt_cache,
+            json_schema,
+            grammar,
+            logprobs,
+            **penalties,
+        )
         pieces = steps(seq)
         return pieces if stream else _collect(pieces)
 
-    def sequence(self, prompt: str | list[int], max_tokens: int | None = 256, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
-                 seed: int | None = None, stop: list[str] | str | None = None, cache: list | None = None,
-                 progress=None, prompt_cache=None, json_schema: dict | bool | None = None, grammar: str | None = None,
-                 logprobs: int | None = None, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-                 repeat_last_n: int = 64, logit_bias: dict[int, float] | None = None):
+    def sequence(
+        self,
+        prompt: str | list[int],
+        max_tokens: int | None = 256,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        repeat_penalty: float = 1.0,
+        seed: int | None = None,
+        stop: list[str] | str | None = None,
+        cache: list | None = None,
+        progress=None,
+        prompt_cache=None,
+        json_schema: dict | bool | None = None,
+        grammar: str | None = None,
+        logprobs: int | None = None,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        repeat_last_n: int = 64,
+        logit_bias: dict[int, float] | None = None,
+    ):
         """The generation `generate` runs, as an `engine.generate.Sequence` of explicit
         steps (prefill chunks, tokens), for a scheduler that runs many at once."""
         from .engine.generate import PromptCache, Sequence, check_context
@@ -252,17 +316,36 @@ class Model:
 
         ids = self._prompt_ids(prompt)
         limit = check_context(len(ids), max_tokens, self.context_length)
-        params = self.sampling_params(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                      repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-                                      presence_penalty=presence_penalty, repeat_last_n=repeat_last_n,
-                                      logit_bias=logit_bias, seed=seed)
+        params = self.sampling_params(
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            repeat_penalty=repeat_penalty,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            repeat_last_n=repeat_last_n,
+            logit_bias=logit_bias,
+            seed=seed,
+        )
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         cache = cache if cache is not None else self.new_cache()
         if prompt_cache is None:
             prompt_cache = PromptCache(cuts=tuple(self.prompt_cuts(ids)))  # chunks end at chat turns, blank lines
         constraint = self.constraint(json_schema, grammar)
-        return Sequence(self.net, self.tokenizer, ids, cache, Sampler(params), limit, stops, progress, prompt_cache,
-                        constraint, logprobs)
+        return Sequence(
+            self.net,
+            self.tokenizer,
+            ids,
+            cache,
+            Sampler(params),
+            limit,
+            stops,
+            progress,
+            prompt_cache,
+            constraint,
+            logprobs,
+        )
 
     def sampling_params(self, **options):
         """`engine.sampling.SamplingParams` from its fields, checked (logit_bias's token ids
@@ -319,9 +402,15 @@ class Model:
         as for `chat_text`."""
         return self.chat_tokens(self.chat_text(messages, tools, **options))
 
-    def chat_text(self, messages: list[dict], tools: list[dict] | None = None, *,
-                  continue_final: bool | None = None, add_generation_prompt: bool = True,
-                  template_vars: dict | None = None) -> str:
+    def chat_text(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        *,
+        continue_final: bool | None = None,
+        add_generation_prompt: bool = True,
+        template_vars: dict | None = None,
+    ) -> str:
         """The prompt text of a conversation: through the chat template, or as plain text
         for a model without one. A last message from the assistant is continued, not
         answered in a new turn (`continue_final` None: whenever the assistant speaks last;
@@ -339,8 +428,14 @@ class Model:
             extra["tools"] = tools
         if cont:
             return render_continuation(self.chat_template, messages, bos_token=bos, eos_token=eos, **extra)
-        return render_chat(self.chat_template, messages, bos_token=bos, eos_token=eos,
-                           add_generation_prompt=add_generation_prompt, **extra)
+        return render_chat(
+            self.chat_template,
+            messages,
+            bos_token=bos,
+            eos_token=eos,
+            add_generation_prompt=add_generation_prompt,
+            **extra,
+        )
 
     def chat_tokens(self, text: str) -> list[int]:
         """The token ids of a prompt `chat_text` made (control tokens parsed in a template's
@@ -408,7 +503,7 @@ class Model:
             return None
         if not full.startswith(head) or len(full) == len(head):
             return None
-        ids = self.tokenize(full[len(head):], add_bos=False, special=True)
+        ids = self.tokenize(full[len(head) :], add_bos=False, special=True)
         attrs = getattr(self.tokenizer, "attrs", None)
         if ids and attrs is not None and attrs[ids[0]] & (ATTR_CONTROL | ATTR_USER_DEFINED):
             return ids[0]
@@ -430,8 +525,16 @@ class Model:
             self._chat_cache = cache = self.new_cache()
         return cache
 
-    def load_document(self, path_or_text, *more, kv: str | None = None, mode: str = "auto", cache: bool = True,
-                      progress: bool = True, **kwargs):
+    def load_document(
+        self,
+        path_or_text,
+        *more,
+        kv: str | None = None,
+        mode: str = "auto",
+        cache: bool = True,
+        progress: bool = True,
+        **kwargs,
+    ):
         """A `DocumentSession` over one or more documents (paths, or text): `.ask(question)`.
 
         In full mode the document is prefilled once into the KV cache (kv defaults to
@@ -444,8 +547,7 @@ class Model:
         """
         from .documents.session import DocumentSession
 
-        return DocumentSession(self, [path_or_text, *more], kv=kv, mode=mode, store=cache, progress=progress,
-                               **kwargs)
+        return DocumentSession(self, [path_or_text, *more], kv=kv, mode=mode, store=cache, progress=progress, **kwargs)
 
     def close(self) -> None:
         """Release the cache and the mapped weights."""

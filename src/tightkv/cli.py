@@ -2,6 +2,7 @@
 
 User errors print one line to stderr and exit 1; `--debug` shows the traceback.
 """
+
 from __future__ import annotations
 
 import argparse

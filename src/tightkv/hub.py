@@ -14,6 +14,7 @@ drawn on stderr the way Ollama draws it::
     writing manifest
     success
 """
+
 from __future__ import annotations
 
 import errno
@@ -107,8 +108,10 @@ def pull(entry: Entry, quiet: bool = False, report=None) -> Installed:
     remote = remote_file(entry)
     expected = entry.sha256 or remote.sha256
     if entry.sha256 and remote.sha256 and remote.sha256 != entry.sha256:
-        raise TightKVError(f"{entry.repo}/{entry.file} on the hub has sha256 {remote.sha256}, but {entry.name} "
-                           f"is pinned to {entry.sha256}; the repo changed, refusing to pull it")
+        raise TightKVError(
+            f"{entry.repo}/{entry.file} on the hub has sha256 {remote.sha256}, but {entry.name} "
+            f"is pinned to {entry.sha256}; the repo changed, refusing to pull it"
+        )
     label = f"pulling {(expected or remote.etag)[:12]}"
     key = expected or f"etag-{re.sub(r'[^0-9a-zA-Z]', '', remote.etag)[:64]}"
     partial = blobs_dir() / f"sha256-{key}-partial"
@@ -123,15 +126,25 @@ def pull(entry: Entry, quiet: bool = False, report=None) -> Installed:
             digest, size = expected, remote.size
         else:
             digest_id = f"sha256:{expected}" if expected else remote.etag
-            _download(remote, partial, label, quiet,
-                      None if report is None else lambda done: report({"status": label, "digest": digest_id,
-                                                                       "total": remote.size, "completed": done}))
+            _download(
+                remote,
+                partial,
+                label,
+                quiet,
+                None
+                if report is None
+                else lambda done: report(
+                    {"status": label, "digest": digest_id, "total": remote.size, "completed": done}
+                ),
+            )
             say("verifying sha256 digest")
             digest = _sha256_file(partial)
             if expected and digest != expected:
                 partial.unlink(missing_ok=True)
-                raise TightKVError(f"sha256 mismatch for {entry.name} ({entry.repo}/{entry.file}): expected "
-                                   f"{expected}, got {digest}; the download was deleted, run the pull again")
+                raise TightKVError(
+                    f"sha256 mismatch for {entry.name} ({entry.repo}/{entry.file}): expected "
+                    f"{expected}, got {digest}; the download was deleted, run the pull again"
+                )
             size = partial.stat().st_size
             os.replace(partial, blob_path(digest))
         say("writing manifest")
@@ -177,12 +190,15 @@ def _download(remote: RemoteFile, partial: Path, label: str, quiet: bool, progre
                 http_get(remote.url, _Flushing(f, progress), **kwargs)
     except OSError as err:
         if err.errno == errno.ENOSPC:
-            raise TightKVError(f"no space left on device in {partial.parent} after {human_bytes(_size(partial))}; "
-                               "free some space and pull again to resume") from None
+            raise TightKVError(
+                f"no space left on device in {partial.parent} after {human_bytes(_size(partial))}; "
+                "free some space and pull again to resume"
+            ) from None
         if err.errno is None and "Consistency check failed" in str(err):
             partial.unlink(missing_ok=True)
-            raise TightKVError(f"download of {remote.url} ended at the wrong size; the partial file was deleted, "
-                               "pull again") from None
+            raise TightKVError(
+                f"download of {remote.url} ended at the wrong size; the partial file was deleted, pull again"
+            ) from None
         raise TightKVError(f"{partial}: {err.strerror or err}") from None
     finally:
         constants.DOWNLOAD_CHUNK_SIZE = old_chunk
@@ -228,8 +244,9 @@ def check_disk_space(needed: int, where: Path) -> None:
     except OSError:
         return
     if needed > free:
-        raise TightKVError(f"not enough disk space in {where}: the download needs {human_bytes(needed)}, "
-                           f"{human_bytes(free)} free")
+        raise TightKVError(
+            f"not enough disk space in {where}: the download needs {human_bytes(needed)}, {human_bytes(free)} free"
+        )
 
 
 def _sha256_file(path: Path) -> str:
@@ -262,8 +279,9 @@ class _hub_errors:
             msg = f"{name}repository {self.entry.repo if self.entry else what} not found on {endpoint()} ({self.url})"
         elif isinstance(err, hf.RevisionNotFoundError):
             msg = f"{name}revision not found ({self.url})"
-        elif isinstance(err, tuple(getattr(hf, n) for n in ("RemoteEntryNotFoundError", "EntryNotFoundError")
-                                   if hasattr(hf, n))):
+        elif isinstance(
+            err, tuple(getattr(hf, n) for n in ("RemoteEntryNotFoundError", "EntryNotFoundError") if hasattr(hf, n))
+        ):
             msg = f"{name}file {what} not found on {endpoint()} (404 for {self.url}); the registry entry is wrong"
         elif isinstance(err, hf.OfflineModeIsEnabled):
             msg = f"{name}cannot pull: HF_HUB_OFFLINE is set"
@@ -271,8 +289,10 @@ class _hub_errors:
             status = getattr(getattr(err, "response", None), "status_code", "?")
             msg = f"{name}the hub answered HTTP {status} for {self.url}"
         elif _is_network_error(err):
-            msg = f"{name}cannot reach {_origin(self.url)} ({type(err).__name__}: {_first_line(err)}); " \
-                  "check the network or HF_ENDPOINT, then pull again to resume"
+            msg = (
+                f"{name}cannot reach {_origin(self.url)} ({type(err).__name__}: {_first_line(err)}); "
+                "check the network or HF_ENDPOINT, then pull again to resume"
+            )
         else:
             return False
         raise TightKVError(msg) from None
@@ -309,6 +329,7 @@ def _say(quiet: bool, report=None):
             print(message, file=sys.stderr, flush=True)
         if report is not None:
             report({"status": message})
+
     return say
 
 
@@ -355,8 +376,9 @@ class ProgressBar:
 
     WIDTH = 25
 
-    def __init__(self, label: str, total: int | None = None, initial: int = 0, quiet: bool = False,
-                 stream: IO[str] | None = None):
+    def __init__(
+        self, label: str, total: int | None = None, initial: int = 0, quiet: bool = False, stream: IO[str] | None = None
+    ):
         self.label, self.total, self.n = label, total, initial
         self.quiet = quiet
         self.stream = stream or sys.stderr
@@ -413,8 +435,10 @@ class ProgressBar:
             elapsed = time.monotonic() - self.start
             rate = rate or (self.n / elapsed if elapsed > 0 else 0.0)
         eta = human_duration((total - self.n) / rate) if rate > 0 else "?"
-        return (f"{self.label}: {int(frac * 100):3d}% {bar} {human_bytes(self.n)}/{human_bytes(total)}  "
-                f"{human_bytes(rate)}/s  {eta}")
+        return (
+            f"{self.label}: {int(frac * 100):3d}% {bar} {human_bytes(self.n)}/{human_bytes(total)}  "
+            f"{human_bytes(rate)}/s  {eta}"
+        )
 
     def draw(self, force: bool = False) -> None:
         if self.quiet or self.closed:

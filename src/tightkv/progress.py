@@ -8,6 +8,7 @@ passed since the last one, and a summary line at the end:
     perplexity chunk 2/3:  41% 1918/4605 tok  410 tok/s  6.6s left  f16 14.262
     perplexity: 3 chunks x 1 KV type, 4605 tok in 11s (408 tok/s)  f16 14.108
 """
+
 from __future__ import annotations
 
 import os
@@ -53,8 +54,16 @@ class Progress:
     unless `summary=False`. `enabled=False` writes nothing at all.
     """
 
-    def __init__(self, label: str, total: int, unit: str = "tok", stream: IO[str] | None = None,
-                 enabled: bool = True, leave: bool = False, summary: bool = True):
+    def __init__(
+        self,
+        label: str,
+        total: int,
+        unit: str = "tok",
+        stream: IO[str] | None = None,
+        enabled: bool = True,
+        leave: bool = False,
+        summary: bool = True,
+    ):
         self.label, self.total, self.unit = label, int(total), unit
         self.stream = stream or sys.stderr
         self.enabled, self.leave, self.summary = enabled, leave, summary
@@ -70,9 +79,16 @@ class Progress:
             from tqdm import tqdm
 
             sized = _columns(self.stream) > 0  # a pty may report 0x0, where tqdm would draw nothing
-            self.bar = tqdm(total=self.total, desc=label, unit=unit, file=self.stream, leave=leave,
-                            mininterval=0.5, dynamic_ncols=sized,
-                            **({} if sized else {"ncols": 80, "nrows": 24}))
+            self.bar = tqdm(
+                total=self.total,
+                desc=label,
+                unit=unit,
+                file=self.stream,
+                leave=leave,
+                mininterval=0.5,
+                dynamic_ncols=sized,
+                **({} if sized else {"ncols": 80, "nrows": 24}),
+            )
 
     # --- feeding it ------------------------------------------------------------
     def describe(self, desc: str) -> None:
@@ -121,7 +137,9 @@ class Progress:
         elapsed = time.monotonic() - self.start
         tail = f"  {self.postfix}" if self.postfix else ""
         what = f"{self.detail}, " if self.detail else ""
-        return f"{self.label}: {what}{self.n} {self.unit} in {duration(elapsed)} ({self.rate():.0f} {self.unit}/s){tail}"
+        return (
+            f"{self.label}: {what}{self.n} {self.unit} in {duration(elapsed)} ({self.rate():.0f} {self.unit}/s){tail}"
+        )
 
     def close(self, summary: bool = True) -> None:
         """End the bar; the summary line comes unless summary=False (or the

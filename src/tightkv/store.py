@@ -10,6 +10,7 @@ default ``~/.cache/tightkv``)::
 
 `registry` maps names to entries; `hub` downloads into this store.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -103,8 +104,15 @@ def read_manifest(path: Path) -> Installed | None:
     try:
         doc = json.loads(path.read_text())
         digest = str(doc["digest"]).removeprefix("sha256:")
-        return Installed(doc["name"], digest, int(doc["size"]), path.stat().st_mtime, doc.get("source", ""),
-                         doc.get("revision"), path)
+        return Installed(
+            doc["name"],
+            digest,
+            int(doc["size"]),
+            path.stat().st_mtime,
+            doc.get("source", ""),
+            doc.get("revision"),
+            path,
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -125,9 +133,17 @@ def installed(entry: Entry) -> Installed | None:
 def write_manifest(entry: Entry, sha256: str, size: int, revision: str | None = None) -> Installed:
     path = manifest_path(entry)
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"schema": 1, "name": entry.name, "source": entry.source, "repo": entry.repo, "file": entry.file,
-           "revision": revision, "digest": f"sha256:{sha256}", "size": size,
-           "pulled_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    doc = {
+        "schema": 1,
+        "name": entry.name,
+        "source": entry.source,
+        "repo": entry.repo,
+        "file": entry.file,
+        "revision": revision,
+        "digest": f"sha256:{sha256}",
+        "size": size,
+        "pulled_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     os.replace(tmp, path)
@@ -139,8 +155,9 @@ def list_installed() -> list[Installed]:
     root = manifests_dir()
     if not root.is_dir():
         return []
-    found = [m for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")
-             if (m := read_manifest(p)) is not None]
+    found = [
+        m for p in root.rglob("*") if p.is_file() and not p.name.startswith(".") if (m := read_manifest(p)) is not None
+    ]
     return sorted(found, key=lambda m: m.modified, reverse=True)
 
 

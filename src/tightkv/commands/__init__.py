@@ -2,6 +2,7 @@
 
 Modules import their heavy dependencies inside `run`, so `tightkv --help` stays light.
 """
+
 VERBS = ["run", "ppl", "bench", "serve", "client"]
 VERBS += ["pull", "list", "rm", "show"]
 VERBS += ["niah"]

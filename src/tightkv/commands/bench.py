@@ -1,4 +1,5 @@
 """`tightkv bench`: llama-bench-style speed table."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,9 @@ HELP = "prompt and generation speed, optionally beside llama.cpp"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None, help="registry name or .gguf path (default: embedded)")
     p.add_argument("--depths", default="16,2048", help="context depths for tg, comma-separated")
-    p.add_argument("--n-prompt", "-p", type=int, default=512, help="prompt tokens of the pp test (0 skips it, as in llama-bench)")
+    p.add_argument(
+        "--n-prompt", "-p", type=int, default=512, help="prompt tokens of the pp test (0 skips it, as in llama-bench)"
+    )
     p.add_argument("--n-gen", type=int, default=128, help="decode steps of each tg test")
     p.add_argument("--reps", "-r", type=int, default=3, help="repetitions; the median is reported")
     p.add_argument("--compare", default=None, help="comma-separated KV types")
@@ -33,7 +36,15 @@ def run(ns: argparse.Namespace) -> int:
     from ..api import Model, default_threads
     from itertools import zip_longest
 
-    from ..eval.bench import LLAMA_KV_TYPES, LLAMA_SETTINGS, format_table, machine, merge_runs, run_llamacpp, run_tightkv
+    from ..eval.bench import (
+        LLAMA_KV_TYPES,
+        LLAMA_SETTINGS,
+        format_table,
+        machine,
+        merge_runs,
+        run_llamacpp,
+        run_tightkv,
+    )
 
     depths = int_list(ns.depths, "--depths")
     threads = ns.threads or default_threads()
@@ -52,8 +63,12 @@ def run(ns: argparse.Namespace) -> int:
 
     theirs = [k for k in dict.fromkeys(["f16", "q8_0"] + kinds) if k in LLAMA_KV_TYPES] if ns.vs_llamacpp else []
     for rnd in range(ns.reps):  # rounds, the engines and types taking turns, so drift hits all alike
-        jobs = [j for pair in zip_longest([("tightkv", k) for k in kinds], [("llama.cpp", k) for k in theirs])
-                for j in pair if j]
+        jobs = [
+            j
+            for pair in zip_longest([("tightkv", k) for k in kinds], [("llama.cpp", k) for k in theirs])
+            for j in pair
+            if j
+        ]
         for engine, kind in jobs if rnd % 2 == 0 else jobs[::-1]:
             if engine == "tightkv":
                 rows += run_tightkv(model, kind, depths, ns.n_prompt, ns.n_gen, 1, on_row=show)
@@ -64,13 +79,24 @@ def run(ns: argparse.Namespace) -> int:
     print(format_table(rows))
     mach = machine()
     build = next((r.build for r in rows if r.build), "")
-    print(f"model {model.path.name}, {threads} threads, medians of {ns.reps} rounds (engines and types in turn); "
-          f"{mach['cpu']}, kernels {mach['kernels']}" + (f"; llama.cpp built with {build}" if build else ""))
+    print(
+        f"model {model.path.name}, {threads} threads, medians of {ns.reps} rounds (engines and types in turn); "
+        f"{mach['cpu']}, kernels {mach['kernels']}" + (f"; llama.cpp built with {build}" if build else "")
+    )
     if ns.json:
         name = Path(ns.model).name if ns.model else "gemma3:270m"
         command = "tightkv " + shlex.join(sys.argv[1:])  # as typed (an in-process call records its own argv)
-        doc = {"command": command, "model": str(model.path), "model_name": name, "threads": threads, "reps": ns.reps,
-               "machine": mach, "simd_forced": os.environ.get("TIGHTKV_SIMD", ""),
-               "llama_settings": LLAMA_SETTINGS, "llama_build": build, "rows": [r.as_dict() for r in rows]}
+        doc = {
+            "command": command,
+            "model": str(model.path),
+            "model_name": name,
+            "threads": threads,
+            "reps": ns.reps,
+            "machine": mach,
+            "simd_forced": os.environ.get("TIGHTKV_SIMD", ""),
+            "llama_settings": LLAMA_SETTINGS,
+            "llama_build": build,
+            "rows": [r.as_dict() for r in rows],
+        }
         Path(ns.json).write_text(json.dumps(doc, indent=1))
     return 0

@@ -1,9 +1,10 @@
 """`tightkv cache`: the stored KV prefixes (documents, RLV reads, server prompts).
 
-    tightkv cache                      # list: kind, KV type, tokens, KV and file bytes
-    tightkv cache rm NAME... | --all   # delete files (NAME as the list shows it)
-    tightkv cache prune --max 2GB      # least recently used out, per kind or all
+tightkv cache                      # list: kind, KV type, tokens, KV and file bytes
+tightkv cache rm NAME... | --all   # delete files (NAME as the list shows it)
+tightkv cache prune --max 2GB      # least recently used out, per kind or all
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,14 +18,22 @@ HELP = "list, remove or prune the stored KV prefixes (documents, RLV reads, serv
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", nargs="?", default="ls", choices=["ls", "rm", "prune"],
-                   help="ls (default): list; rm: delete the named files; prune: delete the least recently "
-                        "used down to --max")
+    p.add_argument(
+        "action",
+        nargs="?",
+        default="ls",
+        choices=["ls", "rm", "prune"],
+        help="ls (default): list; rm: delete the named files; prune: delete the least recently used down to --max",
+    )
     p.add_argument("names", nargs="*", metavar="NAME", help="rm: files as `tightkv cache` lists them")
     p.add_argument("--all", action="store_true", help="rm: every stored prefix")
     p.add_argument("--max", default=None, metavar="SIZE", help="prune: keep at most this much, e.g. 2GB")
-    p.add_argument("--kind", default=None, choices=["document", "rlv read", "prompt"],
-                   help="prune: only this kind (default: each kind to --max)")
+    p.add_argument(
+        "--kind",
+        default=None,
+        choices=["document", "rlv read", "prompt"],
+        help="prune: only this kind (default: each kind to --max)",
+    )
     p.add_argument("--json", action="store_true", help="ls: print the entries as JSON")
 
 

@@ -1,5 +1,6 @@
 """`tightkv client "message"`: chat with a running `tightkv serve` (or any
 OpenAI-compatible server) through /v1/chat/completions; streams by default."""
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,18 @@ def request_sampling(ns: argparse.Namespace) -> dict:
     explicitly since an OpenAI server's own default is temperature 1.0; the
     extras (top_k, min_p, the penalties) only when set, for servers without them."""
     fields = {"temperature": ns.temperature}
-    for name in ("model", "max_tokens", "seed", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty",
-                 "frequency_penalty", "repeat_last_n"):
+    for name in (
+        "model",
+        "max_tokens",
+        "seed",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repeat_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "repeat_last_n",
+    ):
         value = getattr(ns, name)
         if value is not None and value != SAMPLING_DEFAULTS.get(name):
             fields[name] = value
@@ -63,7 +74,9 @@ def run(ns: argparse.Namespace) -> int:
         raise TightKVError('no message given (usage: tightkv client "message")')
     url = _endpoint(ns.url or os.environ.get("TIGHTKV_URL") or DEFAULT_URL)
     key = ns.api_key or os.environ.get("TIGHTKV_API_KEY")
-    messages = ([{"role": "system", "content": ns.system}] if ns.system else []) + [{"role": "user", "content": message}]
+    messages = ([{"role": "system", "content": ns.system}] if ns.system else []) + [
+        {"role": "user", "content": message}
+    ]
     body = {"messages": messages, "stream": ns.stream, **request_sampling(ns)}
     headers = {"Content-Type": "application/json"}
     if key:

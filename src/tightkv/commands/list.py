@@ -1,4 +1,5 @@
 """`tightkv list`: the pulled models, as Ollama lists them (NAME ID SIZE MODIFIED)."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """`tightkv niah`: needle-in-a-haystack grid, JSON and a PNG heatmap."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,14 +19,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--depths", default="0,25,50,75,100", help="needle depths in percent of the haystack")
     p.add_argument("--haystack", default=None, help="haystack text file (default: a built-in generated text)")
     p.add_argument("--needle", action="append", default=None, help="needle sentence (repeatable)")
-    p.add_argument("--question", action="append", default=None,
-                   help="question about it, one per needle; a plain question is asked as \"Question: ...\\nAnswer:\"")
-    p.add_argument("--answer", action="append", default=None,
-                   help="the key fact the answer must contain (ignoring case), one per needle")
-    p.add_argument("--compare", default=None,
-                   help="comma-separated KV types (or endpoint URLs) run on the same grid")
+    p.add_argument(
+        "--question",
+        action="append",
+        default=None,
+        help='question about it, one per needle; a plain question is asked as "Question: ...\\nAnswer:"',
+    )
+    p.add_argument(
+        "--answer",
+        action="append",
+        default=None,
+        help="the key fact the answer must contain (ignoring case), one per needle",
+    )
+    p.add_argument("--compare", default=None, help="comma-separated KV types (or endpoint URLs) run on the same grid")
     p.add_argument("--png", default=None, help="write the heatmap here")
-    p.add_argument("--json", default=None, metavar="FILE", help="also write the grid and every answer to this JSON file")
+    p.add_argument(
+        "--json", default=None, metavar="FILE", help="also write the grid and every answer to this JSON file"
+    )
     add_model_flags(p, kv_default="f16")
     add_endpoint_flags(p)
 
@@ -67,8 +77,13 @@ def run(ns: argparse.Namespace) -> int:
         haystack = path.read_text(encoding="utf-8", errors="replace")
     else:
         haystack = generated_haystack()
-    tokens, targets = open_targets(entries, lambda: Model(ns.model, threads=ns.threads, context_length=ns.ctx or None),
-                                   ns.model is not None, ns.api_key, ns.served_model)
+    tokens, targets = open_targets(
+        entries,
+        lambda: Model(ns.model, threads=ns.threads, context_length=ns.ctx or None),
+        ns.model is not None,
+        ns.api_key,
+        ns.served_model,
+    )
     local = next((t.model for t in targets if isinstance(t, LocalTarget)), None)
     if local is not None and max(lengths) + 16 > local.context_length:
         raise TightKVError(f"length {max(lengths)} does not fit the context of {local.context_length}")
@@ -79,7 +94,12 @@ def run(ns: argparse.Namespace) -> int:
         heatmap(results, lengths, depths, ns.png, model=label, needles=needles)
         print(f"heatmap: {ns.png}")
     if ns.json:
-        doc = {"model": tokens.source, "lengths": lengths, "depths": depths,
-               "needles": [n.__dict__ for n in needles], "results": results}
+        doc = {
+            "model": tokens.source,
+            "lengths": lengths,
+            "depths": depths,
+            "needles": [n.__dict__ for n in needles],
+            "results": results,
+        }
         Path(ns.json).write_text(json.dumps(doc, indent=1))
     return 0

@@ -1,4 +1,5 @@
 """`tightkv plan`: will this model and context fit, and which lever decides it."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--ctx", type=int, default=None, help=CTX_HELP)
     p.add_argument("--mem", default=None, help="memory budget, e.g. 16GB or 8GiB (default: this machine's RAM)")
     p.add_argument("--compare", default=None, help="comma-separated KV types (default: a standard set)")
-    p.add_argument("--file", "-f", default=None, metavar="TEXT",
-                   help="probe the types' quality on this text, as --kv auto does (loads the model)")
+    p.add_argument(
+        "--file",
+        "-f",
+        default=None,
+        metavar="TEXT",
+        help="probe the types' quality on this text, as --kv auto does (loads the model)",
+    )
     p.add_argument("--json", default=None, metavar="FILE", help="also write the plan to this JSON file")
 
 
@@ -31,8 +37,7 @@ def _probed_choice(ns: argparse.Namespace, plan, memory: int):
     if not path.is_file():
         raise TightKVError(f"{path}: no such text file")
     model = Model(ns.model, context_length=plan.context if plan.context <= plan.trained_context else None)
-    return choose(model, path.read_text(encoding="utf-8", errors="replace"), memory, plan.context,
-                  text_name=path.name)
+    return choose(model, path.read_text(encoding="utf-8", errors="replace"), memory, plan.context, text_name=path.name)
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -55,11 +60,22 @@ def run(ns: argparse.Namespace) -> int:
     choice = _probed_choice(ns, plan, memory) if ns.file else None
     print(format_plan(plan, choice))
     if ns.json:
-        doc = {"model": plan.model, "file": plan.file, "context": plan.context, "memory": plan.memory, "weights": plan.weights,
-               "working": plan.working, "lever": lever(plan), "rows": plan.rows}
+        doc = {
+            "model": plan.model,
+            "file": plan.file,
+            "context": plan.context,
+            "memory": plan.memory,
+            "weights": plan.weights,
+            "working": plan.working,
+            "lever": lever(plan),
+            "rows": plan.rows,
+        }
         best = choice.kv if choice is not None else (recommended(plan) or {}).get("kv")
         if best is not None:
-            doc["recommended"] = {"kv": best, "equivalents": [asdict(e) for e in equivalents(
-                best, plan.layout, plan.context)], "kv_auto": choice.as_dict() if choice else None}
+            doc["recommended"] = {
+                "kv": best,
+                "equivalents": [asdict(e) for e in equivalents(best, plan.layout, plan.context)],
+                "kv_auto": choice.as_dict() if choice else None,
+            }
         Path(ns.json).write_text(json.dumps(doc, indent=1))
     return 0

@@ -1,4 +1,5 @@
 """`tightkv ppl`: perplexity and KLD against f16."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,8 +16,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None, help="registry name or .gguf path (default: embedded)")
     p.add_argument("--file", "-f", required=True, help="text file to score")
     p.add_argument("--chunks", type=int, default=None, help="number of chunks (default: all)")
-    p.add_argument("--compare", default=None,
-                   help="comma-separated KV types or presets, e.g. f16,q8_0,tq4, or endpoint URLs; the first is the baseline")
+    p.add_argument(
+        "--compare",
+        default=None,
+        help="comma-separated KV types or presets, e.g. f16,q8_0,tq4, or endpoint URLs; the first is the baseline",
+    )
     p.add_argument("--json", default=None, help="write the results as JSON")
     p.add_argument("-b", "--batch", type=int, default=512, help="tokens per forward call within a chunk (default 512)")
     add_model_flags(p, kv_default="f16", ctx_help="tokens per scored chunk (default 2048)")
@@ -42,8 +46,9 @@ def run(ns: argparse.Namespace) -> int:
     entries = measured_entries(ns)
     text = path.read_text(encoding="utf-8", errors="replace")
     if any(map(is_endpoint, entries)):
-        tokens, targets = open_targets(entries, lambda: Model(ns.model, threads=ns.threads), ns.model is not None,
-                                       ns.api_key, ns.served_model)
+        tokens, targets = open_targets(
+            entries, lambda: Model(ns.model, threads=ns.threads), ns.model is not None, ns.api_key, ns.served_model
+        )
         results, source = perplexity_targets(tokens, text, ns.ctx, ns.chunks, targets), tokens.source
     else:
         model = Model(ns.model, threads=ns.threads)
@@ -54,8 +59,10 @@ def run(ns: argparse.Namespace) -> int:
     base = next(iter(results.values()))
     print(f"Final estimate: PPL = {base['ppl']:.4f} +/- {base['ppl_stderr']:.5f}")
     if any(map(is_endpoint, entries)) and len(entries) > 1:
-        print(f"KLD over the baseline's top {TOP} tokens and the rest as one outcome (a lower bound of the full "
-              f"KLD): an endpoint gives at most {TOP} alternatives per position")
+        print(
+            f"KLD over the baseline's top {TOP} tokens and the rest as one outcome (a lower bound of the full "
+            f"KLD): an endpoint gives at most {TOP} alternatives per position"
+        )
     if ns.json:
         doc = {"model": source, "text": path.name, "ctx": ns.ctx, "chunks": ns.chunks, "results": results}
         Path(ns.json).write_text(json.dumps(doc, indent=1))

@@ -1,4 +1,5 @@
 """`tightkv pull NAME...`: download models into the store, with progress, resume and sha256 check."""
+
 from __future__ import annotations
 
 import argparse

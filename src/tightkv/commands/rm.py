@@ -1,4 +1,5 @@
 """`tightkv rm NAME...`: delete pulled models (blobs that no other model uses go too)."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,7 +11,9 @@ HELP = "remove pulled models"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from .common import one_line_errors
 
-    p.add_argument("models", nargs="+", metavar="NAME", help="a pulled model (as `tightkv list` names it); several may follow")
+    p.add_argument(
+        "models", nargs="+", metavar="NAME", help="a pulled model (as `tightkv list` names it); several may follow"
+    )
     one_line_errors(p)
 
 

@@ -6,6 +6,7 @@ embedded model. With a prompt (or piped stdin) it answers once, streaming to
 stdout; with neither, on a terminal, it opens a chat whose KV cache persists
 across turns (see `tightkv.repl`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,13 +22,22 @@ HELP = "chat with a model, or answer one prompt (the embedded model by default)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("args", nargs="*", metavar="[MODEL] [PROMPT]",
-                   help="a registry name (e.g. gemma3:270m, qwen3:4b) or .gguf path, then the prompt")
+    p.add_argument(
+        "args",
+        nargs="*",
+        metavar="[MODEL] [PROMPT]",
+        help="a registry name (e.g. gemma3:270m, qwen3:4b) or .gguf path, then the prompt",
+    )
     p.add_argument("--verbose", action="store_true", help="print token counts, speeds and KV size")
     add_model_flags(p)
     add_auto_flags(p)
-    p.add_argument("--rope-scale", type=float, default=None, metavar="FACTOR",
-                   help="linear RoPE scaling: allows --ctx up to FACTOR x the trained context")
+    p.add_argument(
+        "--rope-scale",
+        type=float,
+        default=None,
+        metavar="FACTOR",
+        help="linear RoPE scaling: allows --ctx up to FACTOR x the trained context",
+    )
     p.add_argument("--system", default=None, help="system message (chat models)")
     add_sampling_flags(p)
     one_line_errors(p)
@@ -68,8 +78,9 @@ def open_model(name: str | None, ns: argparse.Namespace, text: str | None = None
     rope = getattr(ns, "rope_scale", None)
     t0 = time.perf_counter()
     kv = kv_spec(ns)
-    model = Model(name, kv=None if kv == "auto" else kv, context_length=ns.ctx or None, threads=ns.threads,
-                  rope_scaling=rope)
+    model = Model(
+        name, kv=None if kv == "auto" else kv, context_length=ns.ctx or None, threads=ns.threads, rope_scaling=rope
+    )
     if kv == "auto":
         model.choose_kv(text, memory=auto_memory(ns))
     model.load_seconds = time.perf_counter() - t0
@@ -94,8 +105,9 @@ def run(ns: argparse.Namespace) -> int:
         shown = Path(name).name if name and looks_like_path(name) else lookup(name or DEFAULT_MODEL).name
         return run_repl(model, options, verbose=ns.verbose, system=ns.system, name=shown)
     if model.chat_template:
-        messages = ([{"role": "system", "content": ns.system}] if ns.system else []) + \
-                   [{"role": "user", "content": prompt}]
+        messages = ([{"role": "system", "content": ns.system}] if ns.system else []) + [
+            {"role": "user", "content": prompt}
+        ]
         ids = model.chat_ids(messages)
     else:
         ids = prompt  # a base model: plain text completion

@@ -1,4 +1,5 @@
 """`tightkv serve [MODEL]`: OpenAI- and Ollama-compatible HTTP server."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,25 +19,52 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None, help="registry name or .gguf path (default: embedded)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on every route but /health (or $TIGHTKV_API_KEY)")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every route but /health (or $TIGHTKV_API_KEY)",
+    )
     p.add_argument("--parallel", "-np", type=int, default=4, help="requests decoded at once, in turn (default 4)")
-    p.add_argument("--max-queue", type=int, default=32,
-                   help="requests that may wait for a slot; more are answered 503 (default 32)")
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=32,
+        help="requests that may wait for a slot; more are answered 503 (default 32)",
+    )
     p.add_argument("--alias", default=None, help="the model id clients see (default: the model's name)")
-    p.add_argument("--cache-ram", default=None, metavar="SIZE",
-                   help="RAM for reusable prompt prefixes (compressed KV caches, least recently used out), "
-                        "e.g. 2GB; 0 turns prefix reuse off (default: a quarter of the RAM available at start)")
-    p.add_argument("--cache-disk", default="4GB", metavar="SIZE",
-                   help="disk for prompt prefixes of at least --cache-disk-tokens tokens, kept in the document "
-                        "store ($TIGHTKV_HOME/documents) so a restarted server starts warm; least recently "
-                        "used out; 0 keeps them in RAM only (default 4GB)")
-    p.add_argument("--cache-disk-tokens", type=int, default=1024, metavar="N",
-                   help="the shortest prefix written to disk, in tokens (default 1024)")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
-                   help="the HTTP server's log detail (default info: one line per request)")
-    add_model_flags(p, ctx_help="context length in tokens (default: the trained context, at most 4096; "
-                                "0: the model's trained context)")
+    p.add_argument(
+        "--cache-ram",
+        default=None,
+        metavar="SIZE",
+        help="RAM for reusable prompt prefixes (compressed KV caches, least recently used out), "
+        "e.g. 2GB; 0 turns prefix reuse off (default: a quarter of the RAM available at start)",
+    )
+    p.add_argument(
+        "--cache-disk",
+        default="4GB",
+        metavar="SIZE",
+        help="disk for prompt prefixes of at least --cache-disk-tokens tokens, kept in the document "
+        "store ($TIGHTKV_HOME/documents) so a restarted server starts warm; least recently "
+        "used out; 0 keeps them in RAM only (default 4GB)",
+    )
+    p.add_argument(
+        "--cache-disk-tokens",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="the shortest prefix written to disk, in tokens (default 1024)",
+    )
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="the HTTP server's log detail (default info: one line per request)",
+    )
+    add_model_flags(
+        p,
+        ctx_help="context length in tokens (default: the trained context, at most 4096; "
+        "0: the model's trained context)",
+    )
     add_auto_flags(p)
 
 
@@ -56,8 +84,10 @@ def check_port_free(host: str, port: int) -> None:
             sock.bind(address)
         except OSError as err:
             if err.errno == errno.EADDRINUSE:
-                raise TightKVError(f"port {port} on {host} is already in use (another `tightkv serve`?); "
-                                   "stop it or pick another with --port") from None
+                raise TightKVError(
+                    f"port {port} on {host} is already in use (another `tightkv serve`?); "
+                    "stop it or pick another with --port"
+                ) from None
             raise TightKVError(f"cannot listen on {host}:{port}: {err.strerror}") from None
 
 
@@ -89,10 +119,20 @@ def run(ns: argparse.Namespace) -> int:
 
     from ..server.app import ServerConfig, create_app
 
-    config = ServerConfig(model=ns.model, kv=kv, ctx=ns.ctx, threads=ns.threads, api_key=api_key,
-                          parallel=ns.parallel, max_queue=ns.max_queue, alias=ns.alias,
-                          cache_ram=ns.cache_ram_bytes, cache_disk=ns.cache_disk_bytes,
-                          cache_disk_tokens=ns.cache_disk_tokens, mem=auto_memory(ns))
+    config = ServerConfig(
+        model=ns.model,
+        kv=kv,
+        ctx=ns.ctx,
+        threads=ns.threads,
+        api_key=api_key,
+        parallel=ns.parallel,
+        max_queue=ns.max_queue,
+        alias=ns.alias,
+        cache_ram=ns.cache_ram_bytes,
+        cache_disk=ns.cache_disk_bytes,
+        cache_disk_tokens=ns.cache_disk_tokens,
+        mem=auto_memory(ns),
+    )
     logging.basicConfig(level=ns.log_level.upper(), format="tightkv: %(message)s", stream=sys.stderr)
     failures: list[BaseException] = []
     server: uvicorn.Server | None = None
@@ -104,14 +144,21 @@ def run(ns: argparse.Namespace) -> int:
 
     def on_ready(model) -> None:
         where = f"http://{'[' + ns.host + ']' if ':' in ns.host else ns.host}:{ns.port}"
-        print(f"tightkv: serving '{app.state.tk.served.id}' on {where} (context {model.context_length}, "
-              f"kv {model.kv}, {ns.parallel} parallel)", file=sys.stderr, flush=True)
+        print(
+            f"tightkv: serving '{app.state.tk.served.id}' on {where} (context {model.context_length}, "
+            f"kv {model.kv}, {ns.parallel} parallel)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     app = create_app(config, on_failure=on_failure, on_ready=on_ready)
     if ns.host not in LOOPBACK and not api_key:
         print(f"tightkv: warning: listening on {ns.host} without --api-key", file=sys.stderr)
-    server = uvicorn.Server(uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level,
-                                           timeout_graceful_shutdown=3, limit_concurrency=512))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=ns.host, port=ns.port, log_level=ns.log_level, timeout_graceful_shutdown=3, limit_concurrency=512
+        )
+    )
     try:
         server.run()
     except SystemExit:  # uvicorn's exit when it cannot bind: the port was taken since check_port_free

@@ -1,4 +1,5 @@
 """`tightkv show NAME`: what a model is, and what its KV cache costs per token."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,19 +8,42 @@ NAME = "show"
 HELP = "show a model's architecture, size, context, template and KV bytes per token"
 
 # The cache types `show` prices: dense, llama.cpp's, ours, and the presets.
-KV_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "tq4", "tq3", "tq2", "kvarn4", "kvarn3", "kvarn2",
-            "kivi4", "kivi2", "q8_0:tq4", "progressive", "aggressive", "k8v4"]
+KV_TYPES = [
+    "f32",
+    "f16",
+    "bf16",
+    "q8_0",
+    "q4_0",
+    "tq4",
+    "tq3",
+    "tq2",
+    "kvarn4",
+    "kvarn3",
+    "kvarn2",
+    "kivi4",
+    "kivi2",
+    "q8_0:tq4",
+    "progressive",
+    "aggressive",
+    "k8v4",
+]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from .common import one_line_errors
 
-    p.add_argument("model", nargs="?", default=None,
-                   help="a registry name (pulled) or a .gguf path (default: the embedded model)")
+    p.add_argument(
+        "model", nargs="?", default=None, help="a registry name (pulled) or a .gguf path (default: the embedded model)"
+    )
     p.add_argument("--template", action="store_true", help="print only the chat template")
     p.add_argument("--metadata", action="store_true", help="also print every GGUF metadata key")
-    p.add_argument("-c", "--ctx", type=int, default=None,
-                   help="context for the KV table (default, or 0: the model's trained context)")
+    p.add_argument(
+        "-c",
+        "--ctx",
+        type=int,
+        default=None,
+        help="context for the KV table (default, or 0: the model's trained context)",
+    )
     one_line_errors(p)
 
 
@@ -76,8 +100,17 @@ def run(ns: argparse.Namespace) -> int:
         raise TightKVError(f"-c/--ctx must be positive (or 0 for the model's context), got {ns.ctx}")
     context = ns.ctx or int(g.metadata.get(f"{g.architecture}.context_length", 0) or 4096)
     print("  Model")
-    print(format_pairs([("name", name), *describe(g), ("file", path), ("size", human_bytes(path.stat().st_size)),
-                        ("cpu kernels", library.summary())]))
+    print(
+        format_pairs(
+            [
+                ("name", name),
+                *describe(g),
+                ("file", path),
+                ("size", human_bytes(path.stat().st_size)),
+                ("cpu kernels", library.summary()),
+            ]
+        )
+    )
     print()
     print("  Chat template")
     if template:

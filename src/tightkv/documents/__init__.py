@@ -7,6 +7,7 @@ past the model's working memory (`rlv`, `memory`).
     doc = Model().load_document("report.md")
     print(doc.ask("Who leads the Lumen division?"))
 """
+
 from .reading import Answer, PrefixCache
 from .session import MODES, DocumentSession
 

@@ -22,6 +22,7 @@ in document order, so a multi-hop question's two facts, which BM25 finds
 separately, stand next to each other. The model still reads the whole document;
 the quotes only point at it. `quotes=0` turns them off (plain full mode).
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -37,8 +38,9 @@ class SentenceIndex:
     """The sentences of a text (headings and bare numbers left out), searchable with BM25."""
 
     def __init__(self, text: str):
-        spans = [(a, b) for a, b in ((past_headings(text, a, b), b) for a, b in sentences(text))
-                 if _is_sentence(text[a:b])]
+        spans = [
+            (a, b) for a, b in ((past_headings(text, a, b), b) for a, b in sentences(text)) if _is_sentence(text[a:b])
+        ]
         self.sentences = [Section(i, a, b, _quote(text[a:b]), "", 0) for i, (a, b) in enumerate(spans)]
         self.index = BM25Index(self.sentences)
 

@@ -6,6 +6,7 @@ text (headings kept as `#` lines, so RLV's sections follow them), PDF through py
 `tightkv ask --doc` and the server's upload route both read files through here, so
 the same file gives the same text, the same tokens and so the same cached KV.
 """
+
 from __future__ import annotations
 
 import io
@@ -36,8 +37,9 @@ def document_text(name: str, data: bytes) -> str:
     elif suffix in TEXT_SUFFIXES:
         text = _decode(name, data)
     else:
-        raise TightKVError(f"{name}: only text, Markdown, HTML and PDF documents are supported "
-                           "(.txt, .md, .html, .pdf)")
+        raise TightKVError(
+            f"{name}: only text, Markdown, HTML and PDF documents are supported (.txt, .md, .html, .pdf)"
+        )
     if not text.strip():
         raise TightKVError(f"{name}: the document is empty")
     return text
@@ -78,9 +80,36 @@ def pdf_text(name: str, data: bytes) -> str:
 
 # --- HTML ---------------------------------------------------------------------------------------
 _SKIP = {"script", "style", "head", "noscript", "template", "svg", "nav", "footer"}
-_BLOCK = {"p", "div", "section", "article", "main", "header", "aside", "blockquote", "table", "tr", "ul", "ol",
-          "dl", "dt", "dd", "figure", "figcaption", "form", "hr", "pre", "br", "li",
-          "h1", "h2", "h3", "h4", "h5", "h6"}
+_BLOCK = {
+    "p",
+    "div",
+    "section",
+    "article",
+    "main",
+    "header",
+    "aside",
+    "blockquote",
+    "table",
+    "tr",
+    "ul",
+    "ol",
+    "dl",
+    "dt",
+    "dd",
+    "figure",
+    "figcaption",
+    "form",
+    "hr",
+    "pre",
+    "br",
+    "li",
+    "h1",
+    "h2",
+    "h3",
+    "h4",
+    "h5",
+    "h6",
+}
 _LINE = {"br", "li", "tr", "dt", "dd"}  # blocks that start a line, not a paragraph
 
 

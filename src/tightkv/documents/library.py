@@ -9,6 +9,7 @@ the cache files' headers carry too (`doc_sha256`), so a text finds its caches.
 `tightkv ask` and the server keep what they read here; the KV caches stay in
 `store.DocumentStore`, which decides warm or cold.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,15 @@ class DocumentLibrary:
         if meta_path.exists():
             return ident
         self.root.mkdir(parents=True, exist_ok=True)
-        meta = {"id": ident, "name": ", ".join(doc.names), "names": list(doc.names), "starts": list(doc.starts),
-                "sha256": doc.sha256, "chars": len(doc.text), "added": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        meta = {
+            "id": ident,
+            "name": ", ".join(doc.names),
+            "names": list(doc.names),
+            "starts": list(doc.starts),
+            "sha256": doc.sha256,
+            "chars": len(doc.text),
+            "added": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
         _write(self.root / f"{ident}.txt", doc.text)
         _write(meta_path, json.dumps(meta))
         return ident

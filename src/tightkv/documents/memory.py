@@ -14,6 +14,7 @@ Lookup order: a measurement saved by the user (``home()/documents/
 working_memory.json``), then the built-in measurements below, then an
 unmeasured default (a quarter of the context, at most 2048 tokens) that says so.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,9 @@ BUILTIN: dict[str, dict] = {
     "sha256:a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818": {
         # planted facts answered with the whole text in context (f16): 1K 8/8, 2K 8/9, 4K 6/10, 8K 7/10,
         # 16K 5/10; 4K is the first length under 75% of the peak
-        "tokens": 2048, "source": "measured by tightkv docqa --measure-wm (docs/bench/docqa.json)"},
+        "tokens": 2048,
+        "source": "measured by tightkv docqa --measure-wm (docs/bench/docqa.json)",
+    },
 }
 
 
@@ -66,7 +69,10 @@ def save_working_memory(model, tokens: int, detail: dict | None = None) -> Path:
         saved = json.loads(path.read_text())
     except (OSError, ValueError):
         saved = {}
-    saved[_identity(model)] = {"tokens": int(tokens), "source": "measured by tightkv docqa --measure-wm",
-                               "detail": detail or {}}
+    saved[_identity(model)] = {
+        "tokens": int(tokens),
+        "source": "measured by tightkv docqa --measure-wm",
+        "detail": detail or {},
+    }
     path.write_text(json.dumps(saved, indent=1))
     return path

@@ -19,6 +19,7 @@ and the prompt's own length, whose entry brings the logits after it (nothing is
 prefilled then). A store belongs to one model and one KV spec; the disk files
 carry the same checks as the document cache (`store.cache_key`).
 """
+
 from __future__ import annotations
 
 import collections
@@ -61,17 +62,28 @@ class PrefixStore:
         reused_tokens: tokens taken from the store instead of prefilled.
     """
 
-    def __init__(self, model, kv, *, ram_bytes: int | None = None, disk: DocumentStore | None = None,
-                 disk_tokens: int = 0, disk_bytes: int | None = None, doc=None, kind: str = "prefix",
-                 notice: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        model,
+        kv,
+        *,
+        ram_bytes: int | None = None,
+        disk: DocumentStore | None = None,
+        disk_tokens: int = 0,
+        disk_bytes: int | None = None,
+        doc=None,
+        kind: str = "prefix",
+        notice: Callable[[str], None] | None = None,
+    ):
         self.model, self.kv = model, kv
         self.ram_bytes = default_ram_budget() if ram_bytes is None else ram_bytes
         self.disk, self.disk_tokens, self.disk_bytes = disk, disk_tokens, disk_bytes
         self.doc, self.kind = doc, kind  # named in the disk files' headers
         self.notice = notice
         # (ids, cuts: `_key`) -> (each layer's state, bytes, the logits after the last token or None)
-        self._ram: collections.OrderedDict[tuple, tuple[list[dict], int, torch.Tensor | None]] = \
+        self._ram: collections.OrderedDict[tuple, tuple[list[dict], int, torch.Tensor | None]] = (
             collections.OrderedDict()
+        )
         self.bytes = 0
         self.hits = self.misses = self.reused_tokens = 0
 
@@ -97,8 +109,9 @@ class PrefixStore:
         self._remember(key, [c.state() for c in cache], logits)
         return cache, logits
 
-    def best(self, ids: list[int], ends: list[int], complete: bool = False, cuts: tuple = ()
-             ) -> tuple[int, list | None, torch.Tensor | None]:
+    def best(
+        self, ids: list[int], ends: list[int], complete: bool = False, cuts: tuple = ()
+    ) -> tuple[int, list | None, torch.Tensor | None]:
         """The longest stored prefix of `ids` among the lengths `ends`: (its length, a fresh
         cache holding it, the logits after it or None), or (0, None, None). Only an entry
         filled with the same chunk ends counts (`cuts`: those off the grid; what a row
@@ -118,8 +131,9 @@ class PrefixStore:
         return n
 
     # --- fill and store -------------------------------------------------------------------
-    def fill(self, ids: list[int], marks: list[int],
-             progress: Callable[[int, int], None] | None = None) -> tuple[int, list]:
+    def fill(
+        self, ids: list[int], marks: list[int], progress: Callable[[int, int], None] | None = None
+    ) -> tuple[int, list]:
         """A cache holding `ids`: the longest stored prefix at a mark, then prefilled
         with chunks ending at each mark (`len(ids)` is always one), each new mark stored.
         Returns (tokens taken from the store, the cache). `progress(done, total)` counts
@@ -133,8 +147,14 @@ class PrefixStore:
             if progress:
                 progress(0, len(ids) - reused)
             keep = set(ends)
-            prefill(self.model.net, ids[reused:], cache, progress=progress, cuts=ends,
-                    after=lambda e: self.put(ids[:e], cache) if e in keep else None)
+            prefill(
+                self.model.net,
+                ids[reused:],
+                cache,
+                progress=progress,
+                cuts=ends,
+                after=lambda e: self.put(ids[:e], cache) if e in keep else None,
+            )
         return reused, cache
 
     def put(self, ids: list[int], cache: list, logits: torch.Tensor | None = None, cuts: tuple = ()) -> None:
@@ -152,8 +172,9 @@ class PrefixStore:
         self._remember(key, [c.state() for c in cache], None if logits is None else logits.clone())
         if self.disk is not None and len(ids) >= self.disk_tokens:
             extras = {"logits": logits} if logits is not None else None
-            path = self.disk.save(self.model, self.doc, self.kv, list(ids), cache, kind=self.kind, extras=extras,
-                                  cuts=key[1])
+            path = self.disk.save(
+                self.model, self.doc, self.kv, list(ids), cache, kind=self.kind, extras=extras, cuts=key[1]
+            )
             if self.disk_bytes is not None:
                 self.disk.prune(self.disk_bytes, self.kind, keep=path)
 
@@ -176,6 +197,12 @@ class PrefixStore:
     def stats(self) -> dict:
         """Entries, bytes, budget and hit counts (for logs, /metrics and /api/ps)."""
         looked = self.hits + self.misses
-        return {"entries": len(self._ram), "bytes": self.bytes, "budget_bytes": self.ram_bytes,
-                "hits": self.hits, "misses": self.misses, "hit_rate": round(self.hits / looked, 4) if looked else 0.0,
-                "reused_tokens": self.reused_tokens}
+        return {
+            "entries": len(self._ram),
+            "bytes": self.bytes,
+            "budget_bytes": self.ram_bytes,
+            "hits": self.hits,
+            "misses": self.misses,
+            "hit_rate": round(self.hits / looked, 4) if looked else 0.0,
+            "reused_tokens": self.reused_tokens,
+        }

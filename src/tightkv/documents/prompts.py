@@ -7,6 +7,7 @@ The document part is a fixed prefix, so its KV cache can be reused (and saved)
 while questions change. Full mode, RAG and RLV share this format; only what stands
 under "Document:" differs (the whole document, retrieved chunks, read sections).
 """
+
 from __future__ import annotations
 
 ANSWER_STOP = ["\n"]
@@ -39,12 +40,16 @@ def chunks_context(chunks) -> str:
 
 def verify_suffix(question: str, answer: str) -> str:
     """A yes/no judgement after the context: the next token is " Yes" or " No"."""
-    return (f"Question: {question.strip()}\nProposed answer: {answer.strip()}\n"
-            f"Does the document above state this answer? Yes or No?\nReply:")
+    return (
+        f"Question: {question.strip()}\nProposed answer: {answer.strip()}\n"
+        f"Does the document above state this answer? Yes or No?\nReply:"
+    )
 
 
 def reformulate_prompt(question: str) -> str:
     """Ask the model for a search query (the optional third RLV query variant)."""
-    return ("Rewrite each question as a short search query.\n"
-            "Question: When did the company open its first factory?\nQuery: company first factory opened year\n"
-            f"Question: {question.strip()}\nQuery:")
+    return (
+        "Rewrite each question as a short search query.\n"
+        "Question: When did the company open its first factory?\nQuery: company first factory opened year\n"
+        f"Question: {question.strip()}\nQuery:"
+    )

@@ -5,6 +5,7 @@ What RLV is measured against: the document is cut every `chunk_tokens` tokens
 query, the top `top_k` chunks go into the prompt in rank order, and the model's
 answer is returned as is: no verification, no second look.
 """
+
 from __future__ import annotations
 
 import time
@@ -19,8 +20,15 @@ from .text import DocumentText, Section, first_sentence, fixed_chunks
 class RagIndex:
     """Chunks of a document and their BM25 index; `ask` answers from the top-k chunks."""
 
-    def __init__(self, model, doc: DocumentText, kv: str | None = None, chunk_tokens: int = 200, top_k: int = 3,
-                 log: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        model,
+        doc: DocumentText,
+        kv: str | None = None,
+        chunk_tokens: int = 200,
+        top_k: int = 3,
+        log: Callable[[str], None] | None = None,
+    ):
         self.model, self.kv, self.top_k = model, kv, top_k
         self.log = log or (lambda s: None)
         ids = model.tokenize(doc.text, add_bos=False)
@@ -40,7 +48,14 @@ class RagIndex:
         ids = self.model.tokenize(prompt, add_bos=True)
         r = answer_line(self.model, ids, max_tokens, self.model.new_cache(self.kv))
         top = chunks[0] if chunks else None
-        return Answer(first_sentence(r.text), "rag", top.title if top else "", top.index if top else None,
-                      ttft=time.perf_counter() - t0 - r.seconds + r.ttft,
-                      seconds=time.perf_counter() - t0, prompt_tokens=len(ids), min_margin=r.min_margin,
-                      stages=[{"stage": "retrieve", "chunks": [c.index for c in chunks]}])
+        return Answer(
+            first_sentence(r.text),
+            "rag",
+            top.title if top else "",
+            top.index if top else None,
+            ttft=time.perf_counter() - t0 - r.seconds + r.ttft,
+            seconds=time.perf_counter() - t0,
+            prompt_tokens=len(ids),
+            min_margin=r.min_margin,
+            stages=[{"stage": "retrieve", "chunks": [c.index for c in chunks]}],
+        )

@@ -11,6 +11,7 @@ next question costs no document prefill. Rolling back is exact:
   `state()`, taken once after the prefix. `snapshot_bytes` and the restore time
   say what this costs.
 """
+
 from __future__ import annotations
 
 import time
@@ -59,10 +60,19 @@ class Answer:
         return self.text
 
     def as_dict(self) -> dict:
-        return {"answer": self.text, "mode": self.mode, "citation": self.citation, "section": self.section,
-                "verified": self.verified, "ttft_s": round(self.ttft, 4), "seconds": round(self.seconds, 4),
-                "prompt_tokens": self.prompt_tokens, "min_margin": self.min_margin, "stages": self.stages,
-                "quotes": [list(q) for q in self.quotes]}
+        return {
+            "answer": self.text,
+            "mode": self.mode,
+            "citation": self.citation,
+            "section": self.section,
+            "verified": self.verified,
+            "ttft_s": round(self.ttft, 4),
+            "seconds": round(self.seconds, 4),
+            "prompt_tokens": self.prompt_tokens,
+            "min_margin": self.min_margin,
+            "stages": self.stages,
+            "quotes": [list(q) for q in self.quotes],
+        }
 
 
 class PrefixCache:
@@ -92,12 +102,18 @@ class PrefixCache:
 
         held = self.cache[0].offset
         if len(self.prefix) >= self.model.context_length:
-            raise ContextOverflowError(f"the document is {len(self.prefix)} tokens; the context is "
-                                       f"{self.model.context_length} (use --mode rlv or rag)")
+            raise ContextOverflowError(
+                f"the document is {len(self.prefix)} tokens; the context is "
+                f"{self.model.context_length} (use --mode rlv or rag)"
+            )
         t = time.perf_counter()
         if held < len(self.prefix):
-            prefill(self.model.net, self.prefix[held:], self.cache,
-                    progress=(lambda d, n: progress(held + d, len(self.prefix))) if progress else None)
+            prefill(
+                self.model.net,
+                self.prefix[held:],
+                self.cache,
+                progress=(lambda d, n: progress(held + d, len(self.prefix))) if progress else None,
+            )
         self.prefill_seconds += time.perf_counter() - t
         self._snap = None
 
@@ -120,8 +136,9 @@ class PrefixCache:
                 c.load_state(s)
         self.restore_seconds = time.perf_counter() - t
 
-    def generate(self, suffix: list[int], max_tokens: int = prompts.ANSWER_TOKENS,
-                 on_text: Callable[[str], None] | None = None) -> "Reply":
+    def generate(
+        self, suffix: list[int], max_tokens: int = prompts.ANSWER_TOKENS, on_text: Callable[[str], None] | None = None
+    ) -> "Reply":
         """Greedy answer line after prefix + suffix; the cache is back at the prefix afterwards.
         `on_text(piece)` is told each generated piece of text as it comes."""
         if not self.filled:
@@ -164,8 +181,29 @@ class Reply:
     min_margin: float | None = None
 
 
-_DANGLING = {"was", "is", "are", "were", "be", "the", "a", "an", "of", "by", "to", "in", "at", "on", "for", "and",
-             "named", "called", "after", "from", "with"}
+_DANGLING = {
+    "was",
+    "is",
+    "are",
+    "were",
+    "be",
+    "the",
+    "a",
+    "an",
+    "of",
+    "by",
+    "to",
+    "in",
+    "at",
+    "on",
+    "for",
+    "and",
+    "named",
+    "called",
+    "after",
+    "from",
+    "with",
+}
 
 
 def _dangling(line: str) -> bool:
@@ -247,8 +285,9 @@ def answer_text(pieces) -> tuple[str, int]:
     return " ".join(lines), len(lines)
 
 
-def answer_line(model, ids: list[int], max_tokens: int, cache: list,
-                on_text: Callable[[str], None] | None = None) -> Reply:
+def answer_line(
+    model, ids: list[int], max_tokens: int, cache: list, on_text: Callable[[str], None] | None = None
+) -> Reply:
     """Greedy decoding of one answer line after ids (the cache may already hold a
     prefix of them), starting on the prompt's last line (`AnswerStart`), read by
     `answer_text`; `on_text` sees each generated piece as it comes (a stream)."""
@@ -258,8 +297,7 @@ def answer_line(model, ids: list[int], max_tokens: int, cache: list,
     t0 = time.perf_counter()
     limit = check_context(len(ids), max_tokens, model.context_length)
     pick = AnswerStart(model.tokenizer)
-    pieces = stream(model.net, model.tokenizer, list(ids), cache, SamplingParams(temperature=0.0), limit,
-                    sampler=pick)
+    pieces = stream(model.net, model.tokenizer, list(ids), cache, SamplingParams(temperature=0.0), limit, sampler=pick)
     first: list[float] = []
     stats: list = []
 
@@ -279,8 +317,13 @@ def answer_line(model, ids: list[int], max_tokens: int, cache: list,
         pieces.close()
     # stopped early, every choice so far was yielded: one margin per choice
     n = stats[0].generated_tokens if stats else len(pick.margins)
-    return Reply(text, n, first[0] if first else time.perf_counter() - t0, time.perf_counter() - t0,
-                 round(min(pick.margins), 3) if pick.margins else None)
+    return Reply(
+        text,
+        n,
+        first[0] if first else time.perf_counter() - t0,
+        time.perf_counter() - t0,
+        round(min(pick.margins), 3) if pick.margins else None,
+    )
 
 
 def yes_no_tokens(model) -> tuple[int, int]:

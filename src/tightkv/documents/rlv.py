@@ -44,6 +44,7 @@ the model only reads a few sections, answers, and judges its own answer:
 Every model call (read + question + answer + verify) is checked to stay within
 the model's working memory. The answer cites the section it came from.
 """
+
 from __future__ import annotations
 
 import time
@@ -62,11 +63,24 @@ QUOTE_ROOM = 256  # tokens kept for the quoted sentences of a read
 
 
 class RLV:
-    def __init__(self, model, sections: list[Section], *, kv: str | None = None, working_memory: int = 2048,
-                 reads: int = 3, group: int = 2, reformulate: bool = False, threshold: float | None = None,
-                 evidence: SentenceIndex | None = None, quotes: int = QUOTES, prefixes: PrefixStore | None = None,
-                 progress: bool = False, log: Callable[[str], None] | None = None,
-                 listen: Callable[[dict], None] | None = None):
+    def __init__(
+        self,
+        model,
+        sections: list[Section],
+        *,
+        kv: str | None = None,
+        working_memory: int = 2048,
+        reads: int = 3,
+        group: int = 2,
+        reformulate: bool = False,
+        threshold: float | None = None,
+        evidence: SentenceIndex | None = None,
+        quotes: int = QUOTES,
+        prefixes: PrefixStore | None = None,
+        progress: bool = False,
+        log: Callable[[str], None] | None = None,
+        listen: Callable[[dict], None] | None = None,
+    ):
         self.model, self.sections, self.kv = model, sections, kv
         self.listen = listen or (lambda event: None)  # the session's events (see DocumentSession)
         # reads made before (in this process, or on disk) are not prefilled again
@@ -97,8 +111,9 @@ class RLV:
             out["keywords"] = kw
         if self.reformulate:
             ids = self.model.tokenize(prompts.reformulate_prompt(question))
-            r = self.model.generate(ids, max_tokens=16, temperature=0.0, stop=["\n"],
-                                    cache=self.model.new_cache(self.kv))
+            r = self.model.generate(
+                ids, max_tokens=16, temperature=0.0, stop=["\n"], cache=self.model.new_cache(self.kv)
+            )
             if r.text.strip():
                 out["reformulation"] = r.text.strip()
         return out
@@ -139,8 +154,9 @@ class RLV:
             marks.append(len(ids))
         return ids, marks
 
-    def read(self, question: str, group: list[int], max_tokens: int = prompts.ANSWER_TOKENS,
-             label: str = "rlv read") -> dict:
+    def read(
+        self, question: str, group: list[int], max_tokens: int = prompts.ANSWER_TOKENS, label: str = "rlv read"
+    ) -> dict:
         """Lookup and verify one group of sections: the answer and its checks. The
         sections are the cached prefix; the quotes and the question follow them."""
         secs = [self.sections[i] for i in group]
@@ -152,8 +168,11 @@ class RLV:
         pc = PrefixCache(self.model, prefix, self.kv, cache)
         quoted = quotes_block(quotes)
         q = self.model.tokenize(quoted + prompts.question_suffix(question), add_bos=False)
-        r = pc.generate(q, max_tokens=max(1, min(max_tokens, self.wm - len(prefix) - len(q))),
-                        on_text=lambda piece: self.listen({"type": "text", "text": piece}))
+        r = pc.generate(
+            q,
+            max_tokens=max(1, min(max_tokens, self.wm - len(prefix) - len(q))),
+            on_text=lambda piece: self.listen({"type": "text", "text": piece}),
+        )
         answer = first_sentence(r.text)
         ttft = time.perf_counter() - t - r.seconds + r.ttft
         margin, vlen = float("-inf"), 0
@@ -170,10 +189,22 @@ class RLV:
         judged = self.threshold is None or margin > self.threshold
         cited = secs + self._holding(quotes)
         cite = max(cited, key=lambda s: (support(answer, s.text), s.index in group)) if answer else cited[0]
-        return {"sections": group, "quotes": [[q.start, q.end] for q in quotes], "tokens": len(prefix),
-                "reused_tokens": reused, "answer": answer, "margin": margin, "grounded": grounded,
-                "typed": typed, "verified": bool(answer) and grounded and typed and judged, "cite": cite.index,
-                "ttft": ttft, "seconds": time.perf_counter() - t, "call_tokens": calls, "min_margin": r.min_margin}
+        return {
+            "sections": group,
+            "quotes": [[q.start, q.end] for q in quotes],
+            "tokens": len(prefix),
+            "reused_tokens": reused,
+            "answer": answer,
+            "margin": margin,
+            "grounded": grounded,
+            "typed": typed,
+            "verified": bool(answer) and grounded and typed and judged,
+            "cite": cite.index,
+            "ttft": ttft,
+            "seconds": time.perf_counter() - t,
+            "call_tokens": calls,
+            "min_margin": r.min_margin,
+        }
 
     def quotes_for(self, question: str) -> list[Section]:
         """The question's best-matching sentences of the whole document, as many as fit
@@ -186,8 +217,9 @@ class RLV:
         """The sections that contain the quoted sentences."""
         return [s for s in self.sections if any(s.start <= q.start < s.end for q in quotes)]
 
-    def _next_group(self, question: str, ranked: list[int], done: list[dict], seen: set[int],
-                    tried: set) -> tuple[str, list[int], str] | None:
+    def _next_group(
+        self, question: str, ranked: list[int], done: list[dict], seen: set[int], tried: set
+    ) -> tuple[str, list[int], str] | None:
         """The next read after unverified ones: follow-up, the quotes alone, bridge,
         neighbours, next candidates. Returns (kind, sections, the question to ask)."""
         n = len(self.sections)
@@ -204,8 +236,11 @@ class RLV:
             return "quotes", [], question
         if last["answer"] and last["grounded"] and ("bridge", last["answer"]) not in tried:
             tried.add(("bridge", last["answer"]))
-            hop = [i for i, _ in self.fuse({"bridge": f"{keywords(question)} {last['answer']}",
-                                            "answer": last["answer"]}) if i not in seen]
+            hop = [
+                i
+                for i, _ in self.fuse({"bridge": f"{keywords(question)} {last['answer']}", "answer": last["answer"]})
+                if i not in seen
+            ]
             if hop:
                 return "bridge", self._fit(hop[:1], must=[last["cite"]]), question
         top = ranked[0] if ranked else 0
@@ -221,8 +256,9 @@ class RLV:
         t0 = time.perf_counter()
         fused, variants = self.locate(question)
         ranked = [i for i, _ in fused] or list(range(len(self.sections)))
-        stages: list[dict] = [{"stage": "locate", "variants": variants,
-                               "top": [[i, round(s, 5)] for i, s in fused[:8]]}]
+        stages: list[dict] = [
+            {"stage": "locate", "variants": variants, "top": [[i, round(s, 5)] for i, s in fused[:8]]}
+        ]
         self.log("locate: " + "; ".join(f"{k}={v!r}" for k, v in variants.items()))
         self.log("locate: RRF top " + ", ".join(f"{self.sections[i].label}({s:.4f})" for i, s in fused[:6]))
         done: list[dict] = []
@@ -232,31 +268,52 @@ class RLV:
         while step is not None and len(done) < self.reads:
             kind, group, asked = step
             labels = "+".join(self.sections[i].label for i in group) or "nothing else"
-            self.listen({"type": "read", "read": len(done) + 1, "kind": kind,
-                         "sections": [self.sections[i].label for i in group]})
+            self.listen(
+                {
+                    "type": "read",
+                    "read": len(done) + 1,
+                    "kind": kind,
+                    "sections": [self.sections[i].label for i in group],
+                }
+            )
             rec = self.read(asked, group, max_tokens, label=f"rlv read {len(done) + 1} ({labels})")
             rec["kind"], rec["asked"] = kind, asked
             done.append(rec)
             seen.update(group)
-            self.log(f"{'lookup' if kind == 'lookup' else 'research (' + kind + ')'} {len(done)}: read {labels} "
-                     f"and {len(rec['quotes'])} quoted sentences ({rec['tokens']} tokens, {rec['reused_tokens']} of them "
-                     f"stored) -> {rec['answer']!r}")
-            self.log(f"verify {len(done)}: grounded {rec['grounded']}, type {'ok' if rec['typed'] else 'wrong'}, "
-                     f"yes-no margin {rec['margin']:+.2f} -> {'verified' if rec['verified'] else 'not verified'}")
-            stages.append({"stage": "lookup" if kind == "lookup" else "research",
-                           **{k: _num(v) for k, v in rec.items()}})
+            self.log(
+                f"{'lookup' if kind == 'lookup' else 'research (' + kind + ')'} {len(done)}: read {labels} "
+                f"and {len(rec['quotes'])} quoted sentences ({rec['tokens']} tokens, {rec['reused_tokens']} of them "
+                f"stored) -> {rec['answer']!r}"
+            )
+            self.log(
+                f"verify {len(done)}: grounded {rec['grounded']}, type {'ok' if rec['typed'] else 'wrong'}, "
+                f"yes-no margin {rec['margin']:+.2f} -> {'verified' if rec['verified'] else 'not verified'}"
+            )
+            stages.append(
+                {"stage": "lookup" if kind == "lookup" else "research", **{k: _num(v) for k, v in rec.items()}}
+            )
             if rec["verified"] or len(done) >= self.reads:
                 break
             step = self._next_group(question, ranked, done, seen, tried)
-        best = max(done, key=lambda r: (r["verified"], r["grounded"] and r["typed"], r["grounded"],
-                                        r["margin"])) if done else None
+        best = (
+            max(done, key=lambda r: (r["verified"], r["grounded"] and r["typed"], r["grounded"], r["margin"]))
+            if done
+            else None
+        )
         sec = self.sections[best["cite"]] if best and self.sections else None
-        return Answer(best["answer"] if best else "", "rlv", f"{sec.label} {sec.title}" if sec else "",
-                      sec.index if sec else None, verified=bool(best and best["verified"]),
-                      ttft=done[0]["ttft"] if done else 0.0, seconds=time.perf_counter() - t0,
-                      prompt_tokens=max((r["call_tokens"] for r in done), default=0),
-                      min_margin=best["min_margin"] if best else None, stages=stages,
-                      quotes=sorted(tuple(q) for q in best["quotes"]) if best else [])
+        return Answer(
+            best["answer"] if best else "",
+            "rlv",
+            f"{sec.label} {sec.title}" if sec else "",
+            sec.index if sec else None,
+            verified=bool(best and best["verified"]),
+            ttft=done[0]["ttft"] if done else 0.0,
+            seconds=time.perf_counter() - t0,
+            prompt_tokens=max((r["call_tokens"] for r in done), default=0),
+            min_margin=best["min_margin"] if best else None,
+            stages=stages,
+            quotes=sorted(tuple(q) for q in best["quotes"]) if best else [],
+        )
 
 
 class _LazyProgress:

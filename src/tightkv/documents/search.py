@@ -1,6 +1,7 @@
 """Lexical search over pieces of a document: BM25 (`bm25s`) with our terms, and
 Reciprocal Rank Fusion of several queries' rankings. Used by the RAG baseline
 (chunks), RLV (sections) and full mode's quoted evidence (sentences)."""
+
 from __future__ import annotations
 
 from .text import Section, terms

@@ -2,6 +2,7 @@
 gist index, the cache (loaded from disk when the store has it), and `ask`, in
 full, RAG or RLV mode (`reading` has what the modes share).
 """
+
 from __future__ import annotations
 
 import sys
@@ -34,12 +35,25 @@ class DocumentSession:
     that it can be listed and opened again by its id.
     """
 
-    def __init__(self, model, sources, *, kv: str | None = None, mode: str = "auto", store=True,
-                 progress: bool = True, log: Callable[[str], None] | None = None,
-                 section_tokens: int | None = None, rag_chunk_tokens: int = 200, rag_top_k: int = 3,
-                 quotes: int = QUOTES, rlv_options: dict | None = None,
-                 notice: Callable[[str], None] | None = None, listen: Callable[[dict], None] | None = None,
-                 keep_text: bool = False):
+    def __init__(
+        self,
+        model,
+        sources,
+        *,
+        kv: str | None = None,
+        mode: str = "auto",
+        store=True,
+        progress: bool = True,
+        log: Callable[[str], None] | None = None,
+        section_tokens: int | None = None,
+        rag_chunk_tokens: int = 200,
+        rag_top_k: int = 3,
+        quotes: int = QUOTES,
+        rlv_options: dict | None = None,
+        notice: Callable[[str], None] | None = None,
+        listen: Callable[[dict], None] | None = None,
+        keep_text: bool = False,
+    ):
         from .memory import working_memory
         from .store import DocumentStore
 
@@ -49,8 +63,9 @@ class DocumentSession:
         if isinstance(sources, DocumentText):
             self.doc = sources
         else:
-            self.doc = read_documents([sources] if isinstance(sources, str) or not hasattr(sources, "__iter__")
-                                      else list(sources))
+            self.doc = read_documents(
+                [sources] if isinstance(sources, str) or not hasattr(sources, "__iter__") else list(sources)
+            )
         self.kv = resolve_kv(kv)  # the default (or $TIGHTKV_KV_CACHE_TYPE), whatever the model's cache
         self.progress = progress
         self.log = log or (lambda s: None)
@@ -79,8 +94,10 @@ class DocumentSession:
         self.pc: PrefixCache | None = None
         self.cache_source = ""  # "disk", "prefill" or ""
         self.mode = self.resolve_mode(mode)
-        self.log(f"document: {self.doc_tokens} tokens ({', '.join(self.doc.names)}); working memory "
-                 f"{self.wm} tokens ({self.wm_source}); mode {mode} -> {self.mode}")
+        self.log(
+            f"document: {self.doc_tokens} tokens ({', '.join(self.doc.names)}); working memory "
+            f"{self.wm} tokens ({self.wm_source}); mode {mode} -> {self.mode}"
+        )
         if self.mode == "full":
             self.load()
 
@@ -100,8 +117,7 @@ class DocumentSession:
             return f"mode: {self.mode} ({size})"
         if self.mode == "full":
             return f"mode: full (auto: {size}, within the model's working memory of {self.wm:,})"
-        return (f"mode: rlv (auto: {size}, past the model's working memory of {self.wm:,}; "
-                f"--mode full reads it whole)")
+        return f"mode: rlv (auto: {size}, past the model's working memory of {self.wm:,}; --mode full reads it whole)"
 
     @property
     def sections(self) -> list[Section]:
@@ -116,7 +132,7 @@ class DocumentSession:
                     s.index, s.start, s.end = len(secs), s.start + start, s.end + start
                     if len(self.doc.starts) > 1:
                         head = f"Document {k + 1}: {self.doc.names[k]}"
-                        title = s.title[len(head):].strip() if s.title.startswith(head) else s.title
+                        title = s.title[len(head) :].strip() if s.title.startswith(head) else s.title
                         s.title = f"{self.doc.names[k]}: {title}" if title else self.doc.names[k]
                     secs.append(s)
             self._sections = secs
@@ -143,8 +159,10 @@ class DocumentSession:
             self.pc = PrefixCache(self.model, self.prefix, self.kv, cache)
             self.cache_source = "disk"
             self.timings["load_s"] = time.perf_counter() - t
-            self.log(f"cache: loaded {self.store.path_for(self.model, self.doc, self.kv, self.prefix).name} "
-                     f"({self.pc.nbytes / 1e6:.1f} MB KV) in {self.timings['load_s']:.2f}s")
+            self.log(
+                f"cache: loaded {self.store.path_for(self.model, self.doc, self.kv, self.prefix).name} "
+                f"({self.pc.nbytes / 1e6:.1f} MB KV) in {self.timings['load_s']:.2f}s"
+            )
         else:
             self.pc = PrefixCache(self.model, self.prefix, self.kv)
             self.listen({"type": "prefill", "done": 0, "total": len(self.prefix)})
@@ -152,8 +170,10 @@ class DocumentSession:
                 self.pc.fill(lambda done, total: self._prefilled(bar, done, total))
             self.cache_source = "prefill"
             self.timings["prefill_s"] = self.pc.prefill_seconds
-            self.log(f"cache: prefilled {len(self.prefix)} tokens in {self.pc.prefill_seconds:.1f}s "
-                     f"({self.pc.nbytes / 1e6:.1f} MB KV, kv {self.kv})")
+            self.log(
+                f"cache: prefilled {len(self.prefix)} tokens in {self.pc.prefill_seconds:.1f}s "
+                f"({self.pc.nbytes / 1e6:.1f} MB KV, kv {self.kv})"
+            )
             if self.store is not None:
                 ts = time.perf_counter()
                 path = self.store.save(self.model, self.doc, self.kv, self.prefix, self.pc.cache)
@@ -163,8 +183,10 @@ class DocumentSession:
         ts = time.perf_counter()
         self.pc.snapshot()
         self.timings["snapshot_s"] = time.perf_counter() - ts
-        self.log(f"snapshot: {self.pc.snapshot_bytes / 1e6:.1f} MB of non-trimmable layer state "
-                 f"in {self.timings['snapshot_s'] * 1e3:.1f} ms")
+        self.log(
+            f"snapshot: {self.pc.snapshot_bytes / 1e6:.1f} MB of non-trimmable layer state "
+            f"in {self.timings['snapshot_s'] * 1e3:.1f} ms"
+        )
         return self.pc
 
     def _prefilled(self, bar: Progress, done: int, total: int) -> None:
@@ -185,13 +207,22 @@ class DocumentSession:
         text = first_sentence(reply.text)
         sec = self.cite(text)
         ttft = (time.perf_counter() - t0 - reply.seconds + reply.ttft) if fresh else reply.ttft
-        self.log(f"full: {len(suffix)} question tokens ({len(quotes)} quoted sentences) after {len(self.prefix)} "
-                 f"cached; restore {pc.restore_seconds * 1e3:.1f} ms; smallest answer-token margin {reply.min_margin}")
-        return Answer(text, "full", sec.label + " " + sec.title if sec else "", sec.index if sec else None,
-                      ttft=ttft, seconds=time.perf_counter() - t0, prompt_tokens=len(self.prefix) + len(suffix),
-                      min_margin=reply.min_margin,
-                      stages=[{"stage": "quotes", "sentences": [[q.start, q.end] for q in quotes]}],
-                      quotes=sorted((q.start, q.end) for q in quotes))
+        self.log(
+            f"full: {len(suffix)} question tokens ({len(quotes)} quoted sentences) after {len(self.prefix)} "
+            f"cached; restore {pc.restore_seconds * 1e3:.1f} ms; smallest answer-token margin {reply.min_margin}"
+        )
+        return Answer(
+            text,
+            "full",
+            sec.label + " " + sec.title if sec else "",
+            sec.index if sec else None,
+            ttft=ttft,
+            seconds=time.perf_counter() - t0,
+            prompt_tokens=len(self.prefix) + len(suffix),
+            min_margin=reply.min_margin,
+            stages=[{"stage": "quotes", "sentences": [[q.start, q.end] for q in quotes]}],
+            quotes=sorted((q.start, q.end) for q in quotes),
+        )
 
     def quotes_for(self, question: str, reserve: int) -> list[Section]:
         """Full mode's quoted evidence for a question: the best-matching sentences
@@ -223,17 +254,32 @@ class DocumentSession:
             if self._rag is None:
                 from .rag import RagIndex
 
-                self._rag = RagIndex(self.model, self.doc, kv=self.kv, chunk_tokens=self.rag_chunk_tokens,
-                                     top_k=self.rag_top_k, log=self.log)
+                self._rag = RagIndex(
+                    self.model,
+                    self.doc,
+                    kv=self.kv,
+                    chunk_tokens=self.rag_chunk_tokens,
+                    top_k=self.rag_top_k,
+                    log=self.log,
+                )
             return self._rag.ask(question, **kwargs)
         if mode == "rlv":
             if self._rlv is None:
                 from .rlv import RLV
 
-                self._rlv = RLV(self.model, self.sections, kv=self.kv, working_memory=self.wm, log=self.log,
-                                evidence=self.evidence if self.quotes > 0 else None, quotes=self.quotes,
-                                prefixes=self.prefixes, progress=self.progress,
-                                listen=lambda event: self.listen(event), **self.rlv_options)
+                self._rlv = RLV(
+                    self.model,
+                    self.sections,
+                    kv=self.kv,
+                    working_memory=self.wm,
+                    log=self.log,
+                    evidence=self.evidence if self.quotes > 0 else None,
+                    quotes=self.quotes,
+                    prefixes=self.prefixes,
+                    progress=self.progress,
+                    listen=lambda event: self.listen(event),
+                    **self.rlv_options,
+                )
             return self._rlv.ask(question, **kwargs)
         raise TightKVError(f"unknown mode '{mode}'")
 
@@ -243,8 +289,9 @@ class DocumentSession:
         if self._prefixes is None:
             from .prefixes import PrefixStore
 
-            self._prefixes = PrefixStore(self.model, self.kv, disk=self.store, doc=self.doc, kind="rlv read",
-                                         notice=self.notice)
+            self._prefixes = PrefixStore(
+                self.model, self.kv, disk=self.store, doc=self.doc, kind="rlv read", notice=self.notice
+            )
         return self._prefixes
 
     @property

@@ -23,6 +23,7 @@ repeats the key's parts and carries a sha256 of every tensor's bytes: a file
 that is truncated, altered, renamed or written for another model, document or
 spec is detected, reported in one line, deleted and rebuilt. It is never trusted.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -95,8 +96,14 @@ def _spec_text(kv) -> str:
 def cache_key(model, kv, ids: list[int], cuts: tuple = ()) -> dict:
     """The fields that must all match for a file to be used. `cuts`: the prefill chunk
     ends off the grid that the cache was filled with (`engine.generate.chunk_ends`)."""
-    key = {"format": FORMAT, "model": model_identity(model), "ids_sha256": ids_digest(ids),
-           "tokens": str(len(ids)), "kv": _spec_text(kv), "code": code_fingerprint()}
+    key = {
+        "format": FORMAT,
+        "model": model_identity(model),
+        "ids_sha256": ids_digest(ids),
+        "tokens": str(len(ids)),
+        "kv": _spec_text(kv),
+        "code": code_fingerprint(),
+    }
     if cuts:
         key["cuts"] = ",".join(map(str, cuts))
     return key
@@ -120,8 +127,17 @@ class DocumentStore:
         return self.root / f"{_key_hash(cache_key(model, kv, ids, cuts))}.safetensors"
 
     # --- save -------------------------------------------------------------------------
-    def save(self, model, doc, kv, ids: list[int], cache: list, kind: str = "document",
-             extras: dict[str, torch.Tensor] | None = None, cuts: tuple = ()) -> Path:
+    def save(
+        self,
+        model,
+        doc,
+        kv,
+        ids: list[int],
+        cache: list,
+        kind: str = "document",
+        extras: dict[str, torch.Tensor] | None = None,
+        cuts: tuple = (),
+    ) -> Path:
         """Write the cache's per-layer states (atomically: a temp file, then rename).
         `kind` says what the prefix is (a whole document, an RLV read, a server prompt),
         for listings and pruning; `extras` are more tensors kept beside it (the logits
@@ -137,12 +153,20 @@ class DocumentStore:
                 tensors[f"{i}.{name}"] = t.contiguous()
             classes.append(type(c).__name__)
         meta = dict(cache_key(model, kv, ids, cuts))
-        meta.update({
-            "checksum": tensors_digest(tensors), "layers": str(len(cache)), "classes": json.dumps(classes),
-            "kv_bytes": str(sum(c.nbytes for c in cache)), "kv_spec": str(parse_kv(kv)),
-            "model_path": str(model.path), "documents": json.dumps(list(getattr(doc, "names", []))),
-            "doc_sha256": getattr(doc, "sha256", ""), "kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        })
+        meta.update(
+            {
+                "checksum": tensors_digest(tensors),
+                "layers": str(len(cache)),
+                "classes": json.dumps(classes),
+                "kv_bytes": str(sum(c.nbytes for c in cache)),
+                "kv_spec": str(parse_kv(kv)),
+                "model_path": str(model.path),
+                "documents": json.dumps(list(getattr(doc, "names", []))),
+                "doc_sha256": getattr(doc, "sha256", ""),
+                "kind": kind,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            }
+        )
         choice = getattr(model, "kv_choice", None)
         if choice is not None and choice.kv == str(parse_kv(kv)):  # `--kv auto` chose this type: why
             meta["kv_auto"] = json.dumps(choice.as_dict())
@@ -163,8 +187,9 @@ class DocumentStore:
         line through `notice` and deleted, so the caller prefills and saves afresh)."""
         return self.load_entry(model, kv, ids, notice)[0]
 
-    def load_entry(self, model, kv, ids: list[int], notice: Callable[[str], None] | None = None,
-                   cuts: tuple = ()) -> tuple[list | None, dict[str, torch.Tensor]]:
+    def load_entry(
+        self, model, kv, ids: list[int], notice: Callable[[str], None] | None = None, cuts: tuple = ()
+    ) -> tuple[list | None, dict[str, torch.Tensor]]:
         """(the cache, its extras) from disk, or (None, {}) as `load` says. A file read is
         touched, so pruning takes the least recently used first."""
         path = self.path_for(model, None, kv, ids, cuts)
@@ -208,7 +233,7 @@ class DocumentStore:
         try:
             for i, c in enumerate(cache):
                 prefix = f"{i}."
-                c.load_state({k[len(prefix):]: t for k, t in tensors.items() if k.startswith(prefix)})
+                c.load_state({k[len(prefix) :]: t for k, t in tensors.items() if k.startswith(prefix)})
         except (KeyError, ValueError, RuntimeError) as err:
             raise CacheRejected(f"layer state does not load ({err})") from None
         if any(c.offset != len(ids) for c in cache):
@@ -234,11 +259,20 @@ class DocumentStore:
                         for d in shape:
                             n *= d
                         tensor_bytes += n * _DTYPE_BYTES.get(dtype, 0)
-                row.update({"kind": meta.get("kind", "document"), "kv": meta.get("kv_spec"), "tokens": int(meta.get("tokens", 0)),
-                            "kv_bytes": int(meta.get("kv_bytes", 0)), "tensor_bytes": tensor_bytes,
-                            "documents": json.loads(meta.get("documents", "[]")), "model": meta.get("model_path"),
-                            "created": meta.get("created"), "kv_auto": json.loads(meta.get("kv_auto", "null")),
-                            "doc_sha256": meta.get("doc_sha256", "")})
+                row.update(
+                    {
+                        "kind": meta.get("kind", "document"),
+                        "kv": meta.get("kv_spec"),
+                        "tokens": int(meta.get("tokens", 0)),
+                        "kv_bytes": int(meta.get("kv_bytes", 0)),
+                        "tensor_bytes": tensor_bytes,
+                        "documents": json.loads(meta.get("documents", "[]")),
+                        "model": meta.get("model_path"),
+                        "created": meta.get("created"),
+                        "kv_auto": json.loads(meta.get("kv_auto", "null")),
+                        "doc_sha256": meta.get("doc_sha256", ""),
+                    }
+                )
                 row["overhead_bytes"] = row["file_bytes"] - row["kv_bytes"]
             except Exception as err:
                 row["error"] = f"unreadable ({type(err).__name__})"
@@ -288,19 +322,36 @@ class DocumentStore:
         return n
 
 
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-                "U16": 2, "U32": 4, "U64": 8}
+_DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "U16": 2,
+    "U32": 4,
+    "U64": 8,
+}
 
 
 def format_entries(rows: list[dict]) -> str:
     if not rows:
         return f"no cached documents in {documents_dir()}"
-    lines = [f"{'file':<44} {'kind':<9} {'kv':<14} {'tokens':>7} {'KV bytes':>12} {'file bytes':>12} {'overhead':>9}  documents"]
+    lines = [
+        f"{'file':<44} {'kind':<9} {'kv':<14} {'tokens':>7} {'KV bytes':>12} {'file bytes':>12} {'overhead':>9}  documents"
+    ]
     for r in rows:
         name = Path(r["path"]).name
         if "error" in r:
             lines.append(f"{name:<44} {r['error']}")
             continue
-        lines.append(f"{name:<44} {r['kind']:<9} {str(r['kv']):<14} {r['tokens']:>7} {r['kv_bytes']:>12,} {r['file_bytes']:>12,} "
-                     f"{r['overhead_bytes']:>9,}  {', '.join(r['documents'])}")
+        lines.append(
+            f"{name:<44} {r['kind']:<9} {str(r['kv']):<14} {r['tokens']:>7} {r['kv_bytes']:>12,} {r['file_bytes']:>12,} "
+            f"{r['overhead_bytes']:>9,}  {', '.join(r['documents'])}"
+        )
     return "\n".join(lines)

@@ -4,6 +4,7 @@ fixed-size chunks (the RAG baseline), BM25 terms, keywords and answer matching.
 Nothing here needs torch or a model: token counts come from a `count` callable
 (a model's tokenizer in practice), so the splitting is testable on its own.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -17,14 +18,16 @@ from ..errors import TightKVError
 from .formats import SUFFIXES, document_text
 
 # a short English stop list: question words and function words carry no topic
-STOPWORDS = frozenset("""
+STOPWORDS = frozenset(
+    """
 a about above after again against all am an and any are as at be because been before being below between both but by
 can could did do does doing down during each few for from further had has have having he her here hers herself him
 himself his how i if in into is it its itself just me more most my myself no nor not now of off on once only or other
 our ours ourselves out over own same she should so some such than that the their theirs them themselves then there
 these they this those through to too under until up very was we were what when where which while who whom why will
 with would you your yours yourself yourselves name named called tell says said according document text passage
-""".split())
+""".split()
+)
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+|\n\s*\n")
@@ -84,7 +87,7 @@ def _looks_like_path(src: str) -> bool:
             return True
     except OSError:  # a name too long for the file system (or otherwise not a path): text
         return False
-    return (" " not in src.strip() and (p.suffix.lower() in SUFFIXES - {""} or "/" in src))
+    return " " not in src.strip() and (p.suffix.lower() in SUFFIXES - {""} or "/" in src)
 
 
 def _read_one(src: str | Path, i: int) -> tuple[str, str]:
@@ -106,6 +109,7 @@ def clean_text(text: str) -> str:
 
 
 # --- sections (RLV gist) and chunks (RAG) --------------------------------------------
+
 
 @dataclass
 class Section:
@@ -156,8 +160,8 @@ def split_sections(text: str, max_tokens: int, count: Callable[[str], int]) -> l
     small = max(8, max_tokens // 8)
     merged = [bounds[0]]
     for a, b in zip(bounds[1:-1], bounds[2:]):
-        if count(text[merged[-1]:a]) < small:
-            own = titles.get(merged[-1], "") if has_body(text[merged[-1]:a]) else ""
+        if count(text[merged[-1] : a]) < small:
+            own = titles.get(merged[-1], "") if has_body(text[merged[-1] : a]) else ""
             titles[merged[-1]] = " / ".join(t for t in (own, titles.get(a, "")) if t)
             continue
         merged.append(a)
@@ -236,6 +240,7 @@ def fixed_chunks(ids: list[int], size: int, decode: Callable[[list[int]], str]) 
 
 # --- terms, keywords, answers ------------------------------------------------------
 
+
 def _stem(word: str) -> str:
     if len(word) > 4 and word.endswith("ies"):
         return word[:-3] + "y"
@@ -293,13 +298,54 @@ def support(answer: str, passage: str) -> float:
 
 # --- answer checks (RLV verify) ------------------------------------------------------
 
-_NUMBER_WORDS = {"one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
-                 "twenty", "thirty", "forty", "fifty", "hundred", "thousand", "million", "billion", "dozen"}
-_NOT_A_PERSON = {"division", "company", "department", "board", "committee", "team", "group", "office", "plant",
-                 "council", "ministry", "unit", "inc", "ltd", "corporation", "government", "document", "section"}
+_NUMBER_WORDS = {
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "twenty",
+    "thirty",
+    "forty",
+    "fifty",
+    "hundred",
+    "thousand",
+    "million",
+    "billion",
+    "dozen",
+}
+_NOT_A_PERSON = {
+    "division",
+    "company",
+    "department",
+    "board",
+    "committee",
+    "team",
+    "group",
+    "office",
+    "plant",
+    "council",
+    "ministry",
+    "unit",
+    "inc",
+    "ltd",
+    "corporation",
+    "government",
+    "document",
+    "section",
+}
 _NUMERIC_Q = re.compile(r"^(how (many|much|long|old|far|tall|high|big|large|often)|(in )?(what|which) year|when)\b")
-_WORDS_Q = re.compile(r"^(what colou?r|where\b|((in|on|at|from) )?(what|which) (city|country|town|village|mountain|"
-                      r"island|river|day|month|company|colou?r|street|language|ingredient)\b)")
+_WORDS_Q = re.compile(
+    r"^(what colou?r|where\b|((in|on|at|from) )?(what|which) (city|country|town|village|mountain|"
+    r"island|river|day|month|company|colou?r|street|language|ingredient)\b)"
+)
 _PERSON_Q = re.compile(r"^(who|whom)\b|\b(by|to|with|after|for) whom\b|^after which (astronomer|person|scientist)\b")
 
 
@@ -346,8 +392,11 @@ def answer_type_ok(question: str, answer: str) -> bool:
     return True
 
 
-_RELATIVE = re.compile(r"^(?P<head>(who|what|which|where|when|how many|how much)\b.*?)\s+the\s+(?P<noun>[\w-]+)"
-                       r"\s+(that|which|who|whose)\s+.+\?$", re.IGNORECASE)
+_RELATIVE = re.compile(
+    r"^(?P<head>(who|what|which|where|when|how many|how much)\b.*?)\s+the\s+(?P<noun>[\w-]+)"
+    r"\s+(that|which|who|whose)\s+.+\?$",
+    re.IGNORECASE,
+)
 
 
 def follow_up(question: str, answer: str) -> str | None:

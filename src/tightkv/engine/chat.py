@@ -2,6 +2,7 @@
 as transformers' ``apply_chat_template`` renders them (same environment options,
 ``raise_exception``, ``strftime_now``, ``tojson`` with its options, loop controls,
 the ``{% generation %}`` tag, ``tools``/``documents`` defined as none)."""
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -30,8 +31,9 @@ def _compile(source: str):
     def raise_exception(message):
         raise TightKVError(f"chat template: {message}")
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols", Generation])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", Generation]
+    )
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     env.filters["tojson"] = _tojson
@@ -48,8 +50,14 @@ def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=F
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def render_chat(template: str, messages: list[dict], bos_token: str = "", eos_token: str = "",
-                add_generation_prompt: bool = True, **extra) -> str:
+def render_chat(
+    template: str,
+    messages: list[dict],
+    bos_token: str = "",
+    eos_token: str = "",
+    add_generation_prompt: bool = True,
+    **extra,
+) -> str:
     """The prompt text for messages [{role, content}, ...] under a jinja chat template.
 
     extra: further template variables, e.g. ``tools=[...]``, ``enable_thinking=False``
@@ -60,16 +68,20 @@ def render_chat(template: str, messages: list[dict], bos_token: str = "", eos_to
             raise TightKVError("each message needs a 'role' and a 'content'")
     extra = {"tools": None, "documents": None, **extra}
     try:
-        return _compile(template).render(messages=messages, bos_token=bos_token, eos_token=eos_token,
-                                         add_generation_prompt=add_generation_prompt, **extra)
+        return _compile(template).render(
+            messages=messages,
+            bos_token=bos_token,
+            eos_token=eos_token,
+            add_generation_prompt=add_generation_prompt,
+            **extra,
+        )
     except TightKVError:
         raise
     except Exception as err:
         raise TightKVError(f"chat template failed: {err}") from None
 
 
-def render_continuation(template: str, messages: list[dict], bos_token: str = "", eos_token: str = "",
-                        **extra) -> str:
+def render_continuation(template: str, messages: list[dict], bos_token: str = "", eos_token: str = "", **extra) -> str:
     """The prompt that continues the last message, an assistant's, instead of opening a new
     turn (llama.cpp's server does it so): the conversation before it with the generation
     prompt, then its content as written, with no end of turn. A conversation of that one

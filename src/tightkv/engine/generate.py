@@ -7,6 +7,7 @@ carries the `GenerationStats`); `decode_sequences` runs the next token of many
 sequences in one forward pass, and beside them the next prompt chunk of one more
 (the server's step); `stream` runs one sequence.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -49,10 +50,15 @@ class GenerationStats:
 
     def as_dict(self) -> dict:
         return {
-            "prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens,
-            "prompt_tps": round(self.prompt_tps, 2), "generation_tps": round(self.generation_tps, 2),
-            "prompt_seconds": round(self.prompt_seconds, 4), "generation_seconds": round(self.generation_seconds, 4),
-            "finish_reason": self.finish_reason, "kv_bytes": self.kv_bytes, "cached_tokens": self.cached_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "prompt_tps": round(self.prompt_tps, 2),
+            "generation_tps": round(self.generation_tps, 2),
+            "prompt_seconds": round(self.prompt_seconds, 4),
+            "generation_seconds": round(self.generation_seconds, 4),
+            "finish_reason": self.finish_reason,
+            "kv_bytes": self.kv_bytes,
+            "cached_tokens": self.cached_tokens,
         }
 
 
@@ -120,9 +126,15 @@ def chunk_ends(start: int, end: int, chunk: int = PREFILL_CHUNK, cuts=()) -> lis
     return sorted(ends)
 
 
-def prefill(model, ids: list[int], cache: list, chunk: int = PREFILL_CHUNK,
-            progress: Callable[[int, int], None] | None = None, cuts=(),
-            after: Callable[[int], None] | None = None) -> torch.Tensor | None:
+def prefill(
+    model,
+    ids: list[int],
+    cache: list,
+    chunk: int = PREFILL_CHUNK,
+    progress: Callable[[int, int], None] | None = None,
+    cuts=(),
+    after: Callable[[int], None] | None = None,
+) -> torch.Tensor | None:
     """Run ids into the cache in chunks (`chunk_ends`: on the absolute grid, and at `cuts`);
     return the logits (vocab,) after the last one. `after(position)` runs after each chunk."""
     logits = None
@@ -218,8 +230,11 @@ def forward_rows(model, parts: list[list[int]], caches: list[list], logits_at: l
     `qmatmul.kernel_rows()` and every part would take the block-dot kernel alone."""
     tokens = [t for p in parts for t in p]
     with torch_threads_for(len(tokens)):
-        return model(torch.tensor(tokens), batch_layers(caches, [len(p) for p in parts]),
-                     logits_at=torch.tensor(logits_at, dtype=torch.long))
+        return model(
+            torch.tensor(tokens),
+            batch_layers(caches, [len(p) for p in parts]),
+            logits_at=torch.tensor(logits_at, dtype=torch.long),
+        )
 
 
 @torch.inference_mode()
@@ -239,14 +254,18 @@ def check_context(prompt_len: int, max_tokens: int | None, context_length: int) 
     if prompt_len >= context_length:
         raise ContextOverflowError(
             f"prompt of {prompt_len} tokens does not fit the context of {context_length} tokens",
-            prompt_len, context_length)
+            prompt_len,
+            context_length,
+        )
     room = context_length - prompt_len
     if max_tokens is None:
         return room
     if max_tokens > room:
         raise ContextOverflowError(
             f"prompt of {prompt_len} tokens plus max_tokens {max_tokens} exceeds the context of {context_length} tokens",
-            prompt_len, context_length)
+            prompt_len,
+            context_length,
+        )
     return max_tokens
 
 
@@ -290,9 +309,20 @@ class Sequence:
     alternatives, 0-20) adds a `TokenLogprob` to each step.
     """
 
-    def __init__(self, model, tokenizer, prompt: list[int], cache: list, sampler, max_tokens: int,
-                 stop: list[str] | None = None, progress=None, prompt_cache: PromptCache | None = None,
-                 constraint=None, logprobs: int | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        prompt: list[int],
+        cache: list,
+        sampler,
+        max_tokens: int,
+        stop: list[str] | None = None,
+        progress=None,
+        prompt_cache: PromptCache | None = None,
+        constraint=None,
+        logprobs: int | None = None,
+    ):
         self.model, self.tokenizer, self.prompt, self.cache = model, tokenizer, list(prompt), cache
         self.sampler, self.max_tokens, self.progress = sampler, max_tokens, progress
         self.constraint, self.logprobs = constraint, logprobs
@@ -408,11 +438,20 @@ class Sequence:
         stopped = self.finish_reason == "stop"
         self.decoder.reset()  # a character cut by the token budget is dropped, not replaced by U+FFFD
         tail = "" if stopped else self.matcher.flush()
-        return GenerationStep(tail, None, GenerationStats(
-            prompt_tokens=len(self.prompt), generated_tokens=len(self.ids), prompt_seconds=self.prompt_seconds,
-            generation_seconds=time.perf_counter() - self._t1 if self._t1 else 0.0,
-            finish_reason=self.finish_reason, kv_bytes=sum(c.nbytes for c in self.cache),
-            cached_tokens=self.cached, ids=self.ids))
+        return GenerationStep(
+            tail,
+            None,
+            GenerationStats(
+                prompt_tokens=len(self.prompt),
+                generated_tokens=len(self.ids),
+                prompt_seconds=self.prompt_seconds,
+                generation_seconds=time.perf_counter() - self._t1 if self._t1 else 0.0,
+                finish_reason=self.finish_reason,
+                kv_bytes=sum(c.nbytes for c in self.cache),
+                cached_tokens=self.cached,
+                ids=self.ids,
+            ),
+        )
 
 
 def decode_sequences(model, seqs: list[Sequence], filling: Sequence | None = None) -> None:
@@ -453,7 +492,7 @@ class StopMatcher:
                 return out, True
         hold = max((_overlap(self.pending, s) for s in self.stops), default=0)
         out = self.pending[: len(self.pending) - hold]
-        self.pending = self.pending[len(out):]
+        self.pending = self.pending[len(out) :]
         return out, False
 
     def flush(self) -> str:
@@ -469,14 +508,23 @@ def _overlap(text: str, stop: str) -> int:
     return 0
 
 
-def stream(model, tokenizer, prompt: list[int], cache: list, params: SamplingParams,
-           max_tokens: int, stop: list[str] | None = None, progress=None,
-           sampler: Callable[[torch.Tensor, list[int]], int] | None = None,
-           prompt_cache: PromptCache | None = None) -> Iterator[GenerationStep]:
+def stream(
+    model,
+    tokenizer,
+    prompt: list[int],
+    cache: list,
+    params: SamplingParams,
+    max_tokens: int,
+    stop: list[str] | None = None,
+    progress=None,
+    sampler: Callable[[torch.Tensor, list[int]], int] | None = None,
+    prompt_cache: PromptCache | None = None,
+) -> Iterator[GenerationStep]:
     """Yield one `GenerationStep` per token, then a last one carrying the stats and the generated ids.
     `sampler` (logits, history) -> token replaces the one `params` describe."""
-    return steps(Sequence(model, tokenizer, prompt, cache, sampler or Sampler(params), max_tokens, stop, progress,
-                          prompt_cache))
+    return steps(
+        Sequence(model, tokenizer, prompt, cache, sampler or Sampler(params), max_tokens, stop, progress, prompt_cache)
+    )
 
 
 def steps(seq: Sequence) -> Iterator[GenerationStep]:

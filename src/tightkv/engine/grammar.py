@@ -6,6 +6,7 @@ transformers needed): it builds its token trie from our own vocab (`token_table`
 and answers each step's allowed-token bitmask in tens of microseconds even for
 Gemma's 262,144 tokens (`bench/grammar_overhead.py` measures it beside xgrammar).
 """
+
 from __future__ import annotations
 
 import json
@@ -37,7 +38,9 @@ class _Vocab:
                 self.tokens.append(tokenizer.token_bytes(i))
         self.eos_token_id = tokenizer.eos_id if tokenizer.eos_id is not None else min(tokenizer.eot_ids)
         self.bos_token_id = tokenizer.bos_id
-        self.special_token_ids = [i for i in range(tokenizer.vocab_size) if attrs is not None and attrs[i] & ATTR_CONTROL]
+        self.special_token_ids = [
+            i for i in range(tokenizer.vocab_size) if attrs is not None and attrs[i] & ATTR_CONTROL
+        ]
 
     def __call__(self, text: str) -> list[int]:
         return self.tok.encode(text, add_bos=False, special=False)
@@ -71,7 +74,8 @@ def json_schema_grammar(schema: dict | bool | None) -> str:
         raise TightKVError("a JSON schema must be an object")
     return llguidance.LLMatcher.grammar_from_json_schema(
         json.dumps(closed_objects(schema)),
-        defaults={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "})
+        defaults={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
+    )
 
 
 # where a schema holds subschemas: maps of them, lists of them, one
@@ -95,8 +99,9 @@ def closed_objects(schema):
 
 def _has_intersection(schema) -> bool:
     if isinstance(schema, dict):
-        return (isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1) or \
-            any(_has_intersection(v) for v in schema.values())
+        return (isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1) or any(
+            _has_intersection(v) for v in schema.values()
+        )
     return isinstance(schema, list) and any(_has_intersection(v) for v in schema)
 
 
@@ -113,8 +118,11 @@ def _close(schema):
     for key in _SCHEMA_ONE:
         if isinstance(out.get(key), dict):
             out[key] = _close(out[key])
-    if ("properties" in out or "patternProperties" in out) and "additionalProperties" not in out \
-            and "unevaluatedProperties" not in out:
+    if (
+        ("properties" in out or "patternProperties" in out)
+        and "additionalProperties" not in out
+        and "unevaluatedProperties" not in out
+    ):
         out["additionalProperties"] = False
     if out.get("type") == "integer" and not {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"} & set(out):
         out["minimum"], out["maximum"] = -INTEGER_BOUND, INTEGER_BOUND
@@ -186,8 +194,9 @@ class Constraint:
     def accept(self, token: int) -> None:
         self._fresh = False
         if not self.matcher.consume_token(token):
-            raise TightKVError(f"constrained decoding: token {token} was not allowed "
-                               f"({self.matcher.get_error() or 'grammar'})")
+            raise TightKVError(
+                f"constrained decoding: token {token} was not allowed ({self.matcher.get_error() or 'grammar'})"
+            )
 
     @property
     def finished(self) -> bool:

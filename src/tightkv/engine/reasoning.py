@@ -10,6 +10,7 @@ prompt ends with ``<think>``, or an assistant message being continued inside its
 reasoning), the reply starts inside the reasoning; where the prompt closed it (Qwen3's
 ``enable_thinking=False`` writes an empty block), everything is content.
 """
+
 from __future__ import annotations
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -82,7 +83,7 @@ class ReasoningSplitter:
     def _before(self, content: list[str]) -> None:
         stripped = self.buf.lstrip()
         if stripped.startswith(self.open):
-            self.buf = stripped[len(self.open):]
+            self.buf = stripped[len(self.open) :]
             self.state, self.eat_space = INSIDE, True
         elif not stripped or self.open.startswith(stripped):
             return  # whitespace, or a tag not complete yet
@@ -99,14 +100,14 @@ class ReasoningSplitter:
         end = self.buf.find(self.close)
         if end >= 0:
             reasoning.append(self.buf[:end].rstrip())
-            self.buf = self.buf[end + len(self.close):]
+            self.buf = self.buf[end + len(self.close) :]
             self.state, self.eat_space = AFTER, True
             return
         keep = _overlap(self.buf, self.close)
         body = self.buf[: len(self.buf) - keep]
         sure = body.rstrip()  # trailing whitespace waits: it may come right before the closing tag
         reasoning.append(sure)
-        self.buf = self.buf[len(sure):]
+        self.buf = self.buf[len(sure) :]
 
     def _after(self, content: list[str]) -> None:
         if self.eat_space:

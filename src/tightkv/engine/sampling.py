@@ -4,6 +4,7 @@ frequency and presence penalties, seed.
 The order follows llama.cpp's default chain: logit bias, penalties, top-k, top-p,
 min-p, temperature, then a draw.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -58,8 +59,9 @@ class SamplingParams:
 
     @property
     def penalizes(self) -> bool:
-        return self.repeat_last_n != 0 and (self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0
-                                           or self.presence_penalty != 0.0)
+        return self.repeat_last_n != 0 and (
+            self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+        )
 
 
 class Sampler:
@@ -82,7 +84,7 @@ class Sampler:
         if self.bias.numel():
             logits = logits.index_add(0, self.bias_ids, self.bias)
         if p.penalizes and history:  # an extreme penalty stays finite
-            window = history if p.repeat_last_n < 0 else history[-p.repeat_last_n:]
+            window = history if p.repeat_last_n < 0 else history[-p.repeat_last_n :]
             logits = penalize(logits, window, p).clamp(-FLT_MAX, FLT_MAX)
         return logits
 
@@ -167,7 +169,8 @@ def _sorted_head(logits: torch.Tensor, p: SamplingParams, total: torch.Tensor) -
         if k == n:
             return values, ids
         mass = float(torch.exp(values - total).sum())
-        if (p.top_p < 1.0 and mass >= p.top_p) or \
-                (p.top_p >= 1.0 and float(values[-1] - values[0]) < math.log(p.min_p)):
+        if (p.top_p < 1.0 and mass >= p.top_p) or (
+            p.top_p >= 1.0 and float(values[-1] - values[0]) < math.log(p.min_p)
+        ):
             return values, ids
         k *= 8

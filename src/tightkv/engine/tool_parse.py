@@ -19,6 +19,7 @@ Only names among the request's tools are calls. A block that holds no call stays
 content as written; text that may still turn into a call (a tag or fence cut short, a JSON
 object opening the reply) is held until it is decided, or until the reply ends (`final`).
 """
+
 from __future__ import annotations
 
 import json

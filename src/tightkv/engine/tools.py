@@ -7,6 +7,7 @@ Formats, by what the template says (`engine.tool_parse` reads them all back):
 - ``mistral``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}]``.
 - ``llama3``: a bare JSON object ``{"name": ..., "parameters": {...}}`` (Llama 3.1-3.3).
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,12 @@ def tool_format(template: str | None) -> str | None:
 def _call_schema(tool: dict, args_key: str) -> dict:
     fn = tool.get("function", tool)
     params = fn.get("parameters") or {"type": "object"}
-    return {"type": "object", "additionalProperties": False, "required": ["name", args_key],
-            "properties": {"name": {"const": fn["name"]}, args_key: params}}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name", args_key],
+        "properties": {"name": {"const": fn["name"]}, args_key: params},
+    }
 
 
 def call_grammar(fmt: str, tools: list[dict], name: str | None = None, parallel: bool = True) -> str:

@@ -15,6 +15,7 @@ quantization would make the room.
 
 Probes are cached per model file, type and text span in `$TIGHTKV_HOME/kv_probes.json`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -54,10 +55,15 @@ class KVChoice:
     def line(self) -> str:
         """The one stderr line: type, KLD, bytes at the context, what f16 would need."""
         mib = 2**20
-        how = ("f16 fits" if self.kv == "f16" else
-               f"KLD {self.kld:.5f} vs f16 on {self.probe_tokens:,} tokens of {self.text}")
-        return (f"kv auto: {self.kv} ({how}; {self.kv_bytes / mib:.1f} MiB KV at {self.context:,} tokens, "
-                f"f16 would need {self.f16_bytes / mib:.1f} MiB; budget {self.memory / 2**30:.2f} GiB)")
+        how = (
+            "f16 fits"
+            if self.kv == "f16"
+            else f"KLD {self.kld:.5f} vs f16 on {self.probe_tokens:,} tokens of {self.text}"
+        )
+        return (
+            f"kv auto: {self.kv} ({how}; {self.kv_bytes / mib:.1f} MiB KV at {self.context:,} tokens, "
+            f"f16 would need {self.f16_bytes / mib:.1f} MiB; budget {self.memory / 2**30:.2f} GiB)"
+        )
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -180,8 +186,15 @@ class Prober:
         return kld
 
 
-def choose(model, text: str | None = None, memory: int | None = None, context: int | None = None,
-           slots: int = 1, text_name: str = "the prompt", progress: bool = True) -> KVChoice:
+def choose(
+    model,
+    text: str | None = None,
+    memory: int | None = None,
+    context: int | None = None,
+    slots: int = 1,
+    text_name: str = "the prompt",
+    progress: bool = True,
+) -> KVChoice:
     """The best-quality type whose bytes at `context` (default the model's) for `slots`
     sequences fit `memory` (default `default_memory()`) and whose probed KLD is within
     KLD_BAR. Raises TightKVError with the largest context that would fit when none does."""
@@ -192,8 +205,10 @@ def choose(model, text: str | None = None, memory: int | None = None, context: i
     plan = make_plan(model.path, context, memory, QUALITY_ORDER)
     budget = memory - plan.weights - plan.working
     if budget <= 0:
-        raise TightKVError(f"the weights ({plan.weights / 2**30:.2f} GiB) and working buffers do not fit in "
-                           f"{memory / 2**30:.2f} GiB: {weight_room(plan, -budget) or 'a smaller model is needed'}")
+        raise TightKVError(
+            f"the weights ({plan.weights / 2**30:.2f} GiB) and working buffers do not fit in "
+            f"{memory / 2**30:.2f} GiB: {weight_room(plan, -budget) or 'a smaller model is needed'}"
+        )
     f16_bytes = next(r["kv_bytes"] for r in plan.rows if r["kv"] == "f16") * slots
     prober, tried, t0 = Prober(model, text, text_name, progress), [], time.perf_counter()
     for row in plan.rows:
@@ -204,8 +219,18 @@ def choose(model, text: str | None = None, memory: int | None = None, context: i
             continue
         entry["kld"] = prober.kld(kv) if kv != "f16" else None
         if (entry["kld"] or 0.0) <= KLD_BAR:
-            return KVChoice(kv, entry["kld"] or 0.0, need, f16_bytes, context, memory, prober.what,
-                            len(prober.ids or []), round(time.perf_counter() - t0, 2), tried)
+            return KVChoice(
+                kv,
+                entry["kld"] or 0.0,
+                need,
+                f16_bytes,
+                context,
+                memory,
+                prober.what,
+                len(prober.ids or []),
+                round(time.perf_counter() - t0, 2),
+                tried,
+            )
     raise TightKVError(no_fit(plan, context, slots, budget, tried, prober))
 
 
@@ -219,8 +244,10 @@ def no_fit(plan, context: int, slots: int, budget: int, tried: list[dict], probe
     longest = best["max_context"] // slots if slots > 1 else best["max_context"]
     room = weight_room(plan, best["kv_bytes"] * slots - budget)
     why = f" ({', '.join(failed)} fit but miss the KLD bar of {KLD_BAR} on this text)" if failed else ""
-    return (f"no KV type holds {context:,} tokens in {plan.memory / 2**30:.2f} GiB{why}: {best['kv']} holds "
-            f"up to {longest:,} (-c {longest}); {room or 'no smaller weight type makes the room'}")
+    return (
+        f"no KV type holds {context:,} tokens in {plan.memory / 2**30:.2f} GiB{why}: {best['kv']} holds "
+        f"up to {longest:,} (-c {longest}); {room or 'no smaller weight type makes the room'}"
+    )
 
 
 def weight_room(plan, need: int) -> str | None:
@@ -229,6 +256,8 @@ def weight_room(plan, need: int) -> str | None:
     model's own shapes) that saves that much; None if none does."""
     for opt in plan.smaller_weights():
         if plan.weights - opt["bytes"] >= need:
-            return (f"{opt['type']} weights ({opt['bytes'] / 2**30:.2f} GiB instead of {plan.weights / 2**30:.2f}) "
-                    f"would make room")
+            return (
+                f"{opt['type']} weights ({opt['bytes'] / 2**30:.2f} GiB instead of {plan.weights / 2**30:.2f}) "
+                f"would make room"
+            )
     return None

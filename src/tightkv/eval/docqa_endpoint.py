@@ -7,6 +7,7 @@ completion each (two: the first token is chosen as the local engine's
 line or sentence (`answer_text`). RLV, which reads sections into the engine's
 own cache and compares logits, runs only locally.
 """
+
 from __future__ import annotations
 
 import time
@@ -43,13 +44,16 @@ def _prompt(model: TokenCounter, d: DocSet, question: str, mode: str, evidence, 
     prefix = model.tokenize(prompts.document_prefix(d.text))
     quotes = []
     if mode == "full" and evidence is not None:
-        room = model.context_length - len(prefix) - len(model.tokenize(asked, add_bos=False)) - prompts.ANSWER_TOKENS - 8
+        room = (
+            model.context_length - len(prefix) - len(model.tokenize(asked, add_bos=False)) - prompts.ANSWER_TOKENS - 8
+        )
         quotes = evidence.quote(question, QUOTES, room, model)
     return prefix + model.tokenize(quotes_block(quotes) + asked, add_bos=False)
 
 
-def run_target_config(target, tokens, docs: list[DocSet], mode: str, context_length: int,
-                      log: Callable[[str], None] = print) -> dict:
+def run_target_config(
+    target, tokens, docs: list[DocSet], mode: str, context_length: int, log: Callable[[str], None] = print
+) -> dict:
     """Every question of a set in one mode on one target; a record shaped as
     `docqa.run_config`'s (accuracy, its interval, seconds per question)."""
     model = TokenCounter(tokens, context_length)
@@ -63,12 +67,30 @@ def run_target_config(target, tokens, docs: list[DocSet], mode: str, context_len
             text, _ = answer_text([target.answer_line(ids, prompts.ANSWER_TOKENS)])
             ok = answer_matches(text, q.answer)
             seconds = time.perf_counter() - t0
-            log(f"  [{mode}/{target.label}] {d.meta.get('seed', '')}/{q.id} {'OK ' if ok else 'BAD'} {text[:60]!r} "
-                f"(want {q.answer[0]!r}) {seconds:.1f}s")
-            items.append({"id": q.id, "doc": d.meta.get("seed"), "kind": q.kind, "question": q.question,
-                          "expected": q.answer[0], "answer": text, "correct": ok, "prompt_tokens": len(ids),
-                          "seconds": round(seconds, 3)})
+            log(
+                f"  [{mode}/{target.label}] {d.meta.get('seed', '')}/{q.id} {'OK ' if ok else 'BAD'} {text[:60]!r} "
+                f"(want {q.answer[0]!r}) {seconds:.1f}s"
+            )
+            items.append(
+                {
+                    "id": q.id,
+                    "doc": d.meta.get("seed"),
+                    "kind": q.kind,
+                    "question": q.question,
+                    "expected": q.answer[0],
+                    "answer": text,
+                    "correct": ok,
+                    "prompt_tokens": len(ids),
+                    "seconds": round(seconds, 3),
+                }
+            )
     rec = summarize(items)
-    rec.update({"mode": mode, "kv": target.label, "docs": len(docs),
-                "doc_tokens": sum(len(model.tokenize(prompts.document_prefix(d.text))) for d in docs)})
+    rec.update(
+        {
+            "mode": mode,
+            "kv": target.label,
+            "docs": len(docs),
+            "doc_tokens": sum(len(model.tokenize(prompts.document_prefix(d.text))) for d in docs),
+        }
+    )
     return rec

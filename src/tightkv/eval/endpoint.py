@@ -21,6 +21,7 @@ target is taken over the baseline's top 20 tokens and the rest of the vocabulary
 as one outcome: a lower bound of the full KLD, which llama-perplexity and the
 local path compute over the whole vocabulary.
 """
+
 from __future__ import annotations
 
 import json
@@ -82,7 +83,9 @@ class Endpoint:
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.base + path, data=data, headers=headers, method="GET" if body is None else "POST")
+        req = urllib.request.Request(
+            self.base + path, data=data, headers=headers, method="GET" if body is None else "POST"
+        )
         try:
             with self._opener.open(req, timeout=self.timeout) as response:
                 return json.loads(response.read())
@@ -107,9 +110,11 @@ class Endpoint:
     def context_length(self) -> int | None:
         """The served context in tokens, where the server says it (vLLM's and our
         max_model_len, llama.cpp's /props n_ctx); None if it does not."""
-        for path, body, keys in (("/tokenize", {"model": self.model, "content": "", "prompt": ""}, ["max_model_len"]),
-                                 ("/props", None, ["default_generation_settings", "n_ctx"]),
-                                 ("/v1/models", None, ["data", 0, "max_model_len"])):
+        for path, body, keys in (
+            ("/tokenize", {"model": self.model, "content": "", "prompt": ""}, ["max_model_len"]),
+            ("/props", None, ["default_generation_settings", "n_ctx"]),
+            ("/v1/models", None, ["data", 0, "max_model_len"]),
+        ):
             try:
                 value = self.request(path, body)
                 for k in keys:
@@ -127,8 +132,15 @@ class Endpoint:
 
     def tokenize(self, text: str, special: bool = False) -> tuple[list[int], list[str] | None] | None:
         """(ids, pieces or None) from the server's /tokenize; None if it has none."""
-        body = {"model": self.model, "content": text, "prompt": text, "add_special": special,
-                "add_special_tokens": special, "with_pieces": True, "return_token_strs": True}
+        body = {
+            "model": self.model,
+            "content": text,
+            "prompt": text,
+            "add_special": special,
+            "add_special_tokens": special,
+            "with_pieces": True,
+            "return_token_strs": True,
+        }
         try:
             doc = self.request("/tokenize", body)
         except EndpointError as err:
@@ -139,13 +151,16 @@ class Endpoint:
         if not isinstance(tokens, list):
             return None
         if tokens and isinstance(tokens[0], dict):  # llama.cpp's with_pieces
-            pieces = [t["piece"] if isinstance(t["piece"], str) else bytes(t["piece"]).decode("utf-8", "replace")
-                      for t in tokens]
+            pieces = [
+                t["piece"] if isinstance(t["piece"], str) else bytes(t["piece"]).decode("utf-8", "replace")
+                for t in tokens
+            ]
             return [int(t["id"]) for t in tokens], pieces
         return [int(t) for t in tokens], doc.get("token_strs")
 
-    def complete(self, prompt: list[int] | str, max_tokens: int, stop: list[str] | None = None,
-                 top: int | None = None) -> tuple[str, dict | None]:
+    def complete(
+        self, prompt: list[int] | str, max_tokens: int, stop: list[str] | None = None, top: int | None = None
+    ) -> tuple[str, dict | None]:
         """A greedy completion of the prompt (token ids or text), and with `top` the
         alternatives ({text: logprob}) for its first token (None if the server gives none)."""
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "seed": 0}
@@ -164,25 +179,28 @@ class Endpoint:
         """Each prompt token's log-probability given those before it, and the `top`
         best alternatives ({text: logprob}) at its position (None for the first):
         an echo with `logprobs` on /v1/completions."""
-        body = {"model": self.model, "prompt": ids, "max_tokens": 1, "echo": True, "logprobs": top,
-                "temperature": 0.0}
+        body = {"model": self.model, "prompt": ids, "max_tokens": 1, "echo": True, "logprobs": top, "temperature": 0.0}
         try:
             try:
                 doc = self.request("/v1/completions", body)
             except EndpointError:  # a prompt as long as the context has no room for the one token: ask for none
                 doc = self.request("/v1/completions", {**body, "max_tokens": 0})
         except EndpointError as err:
-            raise EndpointError(f"{self.label} gives no prompt logprobs (echo with logprobs on /v1/completions; "
-                                f"llama-server and Ollama do not): {err}") from None
+            raise EndpointError(
+                f"{self.label} gives no prompt logprobs (echo with logprobs on /v1/completions; "
+                f"llama-server and Ollama do not): {err}"
+            ) from None
         try:
             lp = doc["choices"][0]["logprobs"]
             values, tops = lp["token_logprobs"][: len(ids)], lp["top_logprobs"][: len(ids)]
         except (KeyError, IndexError, TypeError):
             values, tops = [], []
         if len(values) < len(ids) or any(v is None for v in values[1:]):
-            raise EndpointError(f"{self.label} gives no prompt logprobs (echo with logprobs on /v1/completions "
-                                f"returned {len(values)} of {len(ids)} prompt tokens; llama-server and Ollama do "
-                                "not echo): perplexity and KLD cannot be measured there, needles and docqa can")
+            raise EndpointError(
+                f"{self.label} gives no prompt logprobs (echo with logprobs on /v1/completions "
+                f"returned {len(values)} of {len(ids)} prompt tokens; llama-server and Ollama do "
+                "not echo): perplexity and KLD cannot be measured there, needles and docqa can"
+            )
         return values, tops
 
 
@@ -207,15 +225,22 @@ class Tokens:
 
     @classmethod
     def local(cls, model) -> "Tokens":
-        return cls(lambda text: model.tokenize(text, add_bos=False), lambda i: token_text(model.tokenizer, i),
-                   model.detokenize, model.tokenize(""), str(model.path))
+        return cls(
+            lambda text: model.tokenize(text, add_bos=False),
+            lambda i: token_text(model.tokenizer, i),
+            model.detokenize,
+            model.tokenize(""),
+            str(model.path),
+        )
 
     @classmethod
     def remote(cls, endpoint: Endpoint) -> "Tokens":
         got = endpoint.tokenize(PROBE)
         if got is None:
-            raise EndpointError(f"{endpoint.base} has no /tokenize: name the model on the command line "
-                                "(a registry name or .gguf path) for its tokenizer")
+            raise EndpointError(
+                f"{endpoint.base} has no /tokenize: name the model on the command line "
+                "(a registry name or .gguf path) for its tokenizer"
+            )
         pieces: dict[int, str] = {}
 
         def tokenize(text: str) -> list[int]:
@@ -250,8 +275,14 @@ class LocalTarget:
         self.model, self.kv, self.label = model, kv, kv
 
     def answer(self, ids: list[int], max_tokens: int, stop: list[str] | None = None, progress=None) -> str:
-        out = self.model.generate(ids, max_tokens=max_tokens, temperature=0.0, stop=stop,
-                                  cache=self.model.new_cache(self.kv), progress=progress)
+        out = self.model.generate(
+            ids,
+            max_tokens=max_tokens,
+            temperature=0.0,
+            stop=stop,
+            cache=self.model.new_cache(self.kv),
+            progress=progress,
+        )
         return out.text
 
     def score(self, ids: list[int], first: int, top: int = TOP) -> tuple[list[float], list[dict]]:
@@ -318,14 +349,17 @@ class EndpointTarget:
 
     def score(self, ids: list[int], first: int, top: int = TOP) -> tuple[list[float], list[dict]]:
         if not self.as_ids:
-            raise EndpointError(f"{self.label} does not tokenize as {self.tokens.source}: perplexity needs "
-                                "the same token ids on both sides")
+            raise EndpointError(
+                f"{self.label} does not tokenize as {self.tokens.source}: perplexity needs "
+                "the same token ids on both sides"
+            )
         values, tops = self.endpoint.prompt_logprobs(ids, top)
         return [float(v) for v in values[first + 1 :]], [t or {} for t in tops[first + 1 :]]
 
 
-def open_targets(entries: list[str], load_model, model_named: bool, api_key: str | None = None,
-                 served: str | None = None) -> tuple[Tokens, list]:
+def open_targets(
+    entries: list[str], load_model, model_named: bool, api_key: str | None = None, served: str | None = None
+) -> tuple[Tokens, list]:
     """(tokens, targets): one target per entry, a URL (or URL#model) or a local KV type
     on the model `load_model()` returns (loaded once, only if needed). The prompts'
     tokenizer is the local model's when one is named on the command line

@@ -13,13 +13,23 @@ layer at its window, as llama.cpp with `swa_full` off and vLLM's hybrid
 allocator hold it): llama.cpp's from its block sizes; vLLM's TurboQuant types
 estimated from their layout (the codes and an fp16 norm per head vector).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 # bits per element of each engine's cache types
-LLAMACPP_BITS = {"f32": 32.0, "f16": 16.0, "bf16": 16.0, "q8_0": 8.5, "q5_1": 6.0, "q5_0": 5.5, "q4_1": 5.0,
-                 "q4_0": 4.5, "iq4_nl": 4.5}
+LLAMACPP_BITS = {
+    "f32": 32.0,
+    "f16": 16.0,
+    "bf16": 16.0,
+    "q8_0": 8.5,
+    "q5_1": 6.0,
+    "q5_0": 5.5,
+    "q4_1": 5.0,
+    "q4_0": 4.5,
+    "iq4_nl": 4.5,
+}
 VLLM_BITS = {"auto": 16.0, "fp8": 8.0}  # turboquant: codes plus a norm per vector (`_vllm_bits`)
 VLLM_TURBOQUANT = {"turboquant_k8v4": (8, 4), "turboquant_4bit_nc": (4, 4), "turboquant_3bit_nc": (3, 3)}
 
@@ -34,9 +44,11 @@ _EQUIVALENTS = {
     "progressive": (("q4_0", "q4_0", False), ("turboquant_4bit_nc", False)),  # tq4 with an exact sink and window
     "tq3": (("q4_0", "q4_0", False), ("turboquant_3bit_nc", True)),
 }
-_NEAREST_BY_BITS = {4: (("q4_0", "q4_0", False), ("turboquant_4bit_nc", False)),
-                    3: (("q4_0", "q4_0", False), ("turboquant_3bit_nc", False)),
-                    2: (("q4_0", "q4_0", False), ("turboquant_3bit_nc", False))}
+_NEAREST_BY_BITS = {
+    4: (("q4_0", "q4_0", False), ("turboquant_4bit_nc", False)),
+    3: (("q4_0", "q4_0", False), ("turboquant_3bit_nc", False)),
+    2: (("q4_0", "q4_0", False), ("turboquant_3bit_nc", False)),
+}
 
 
 @dataclass
@@ -81,13 +93,22 @@ def equivalents(spec: str, layout: list[tuple[int, int, int, int | None]], conte
     """llama.cpp's and vLLM's settings for a tightkv type (exact or nearest), each with
     the KV bytes that engine holds per sequence at `context`."""
     base = spec.split(",")[0].strip().lower()
-    (ck, cv, c_exact), (vd, v_exact) = _EQUIVALENTS.get(base) or _NEAREST_BY_BITS.get(_bits_of(base),
-                                                                                      _NEAREST_BY_BITS[4])
+    (ck, cv, c_exact), (vd, v_exact) = _EQUIVALENTS.get(base) or _NEAREST_BY_BITS.get(
+        _bits_of(base), _NEAREST_BY_BITS[4]
+    )
     quantized_v = cv not in ("f16", "f32", "bf16")
-    llama = Equivalent("llama.cpp", f"-ctk {ck} -ctv {cv}" + (" -fa on" if quantized_v else ""), c_exact,
-                       sequence_bytes(layout, context, LLAMACPP_BITS[ck], LLAMACPP_BITS[cv]))
-    vllm = Equivalent("vLLM", f"--kv-cache-dtype {vd}", v_exact,
-                      sequence_bytes(layout, context, lambda d: _vllm_bits(vd, d)[0], lambda d: _vllm_bits(vd, d)[1]))
+    llama = Equivalent(
+        "llama.cpp",
+        f"-ctk {ck} -ctv {cv}" + (" -fa on" if quantized_v else ""),
+        c_exact,
+        sequence_bytes(layout, context, LLAMACPP_BITS[ck], LLAMACPP_BITS[cv]),
+    )
+    vllm = Equivalent(
+        "vLLM",
+        f"--kv-cache-dtype {vd}",
+        v_exact,
+        sequence_bytes(layout, context, lambda d: _vllm_bits(vd, d)[0], lambda d: _vllm_bits(vd, d)[1]),
+    )
     return [llama, vllm]
 
 
@@ -96,6 +117,8 @@ def format_equivalents(spec: str, items: list[Equivalent], context: int) -> list
     lines = []
     for e in items:
         what = e.flags if e.exact else f"no equivalent of {spec}; nearest: {e.flags}"
-        lines.append(f"  {e.engine + ':':<10} {what} ({e.bytes_per_sequence / 2**20:.1f} MiB KV per sequence "
-                     f"at {context} tokens)")
+        lines.append(
+            f"  {e.engine + ':':<10} {what} ({e.bytes_per_sequence / 2**20:.1f} MiB KV per sequence "
+            f"at {context} tokens)"
+        )
     return lines

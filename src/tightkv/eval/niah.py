@@ -5,6 +5,7 @@ The prompt is [BOS] + haystack[:pos] + needle + haystack[pos:] + question, with
 the haystack cut so the whole prompt is `length` tokens. The needle goes at the
 sentence boundary nearest below `depth` percent of the haystack.
 """
+
 from __future__ import annotations
 
 import random
@@ -43,15 +44,60 @@ DEFAULT_NEEDLES = [Needle(DEFAULT_NEEDLE, DEFAULT_QUESTION, DEFAULT_ANSWER)]
 def generated_haystack(n_words: int = 60000, seed: int = 0) -> str:
     """A deterministic filler text of plain sentences, for a fresh install with no file."""
     rng = random.Random(seed)
-    subjects = ["The river", "A farmer", "The old library", "Every winter", "The committee", "A young engineer",
-                "The market", "Our neighbour", "The museum", "A small boat", "The valley", "The teacher"]
-    verbs = ["described", "remembered", "carried", "measured", "painted", "repaired", "visited", "studied",
-             "ignored", "collected", "followed", "explained"]
-    objects = ["the northern road", "a box of letters", "the evening light", "three wooden chairs",
-               "the price of bread", "a map of the coast", "the broken clock", "an unfinished song",
-               "the flooded field", "a list of names", "the quiet harbour", "the first snow"]
-    tails = ["before noon", "without a word", "for many years", "after the storm", "with great care",
-             "in the spring", "once again", "as usual", "near the bridge", "at dawn"]
+    subjects = [
+        "The river",
+        "A farmer",
+        "The old library",
+        "Every winter",
+        "The committee",
+        "A young engineer",
+        "The market",
+        "Our neighbour",
+        "The museum",
+        "A small boat",
+        "The valley",
+        "The teacher",
+    ]
+    verbs = [
+        "described",
+        "remembered",
+        "carried",
+        "measured",
+        "painted",
+        "repaired",
+        "visited",
+        "studied",
+        "ignored",
+        "collected",
+        "followed",
+        "explained",
+    ]
+    objects = [
+        "the northern road",
+        "a box of letters",
+        "the evening light",
+        "three wooden chairs",
+        "the price of bread",
+        "a map of the coast",
+        "the broken clock",
+        "an unfinished song",
+        "the flooded field",
+        "a list of names",
+        "the quiet harbour",
+        "the first snow",
+    ]
+    tails = [
+        "before noon",
+        "without a word",
+        "for many years",
+        "after the storm",
+        "with great care",
+        "in the spring",
+        "once again",
+        "as usual",
+        "near the bridge",
+        "at dawn",
+    ]
     words, out = 0, []
     while words < n_words:
         s = f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)} {rng.choice(tails)}."
@@ -70,8 +116,7 @@ def _sentence_boundary(tokens: list[int], pos: int, ends: set[int], reach: int =
     return pos
 
 
-def build_prompt(tokens, hay_tokens: list[int], needle: Needle, length: int, depth: float,
-                 ends: set[int]) -> list[int]:
+def build_prompt(tokens, hay_tokens: list[int], needle: Needle, length: int, depth: float, ends: set[int]) -> list[int]:
     """Token ids of one cell's prompt, exactly `length` tokens (or fewer if the haystack is
     short), built with `tokens` (`eval.endpoint.Tokens`)."""
     from ..errors import TightKVError
@@ -87,8 +132,15 @@ def build_prompt(tokens, hay_tokens: list[int], needle: Needle, length: int, dep
     return tokens.bos + ctx[:pos] + nt + ctx[pos:] + qt
 
 
-def run_grid(tokens, haystack: str, lengths: list[int], depths: list[float], targets: list,
-             needles: list[Needle] | None = None, progress: bool = True) -> dict[str, dict]:
+def run_grid(
+    tokens,
+    haystack: str,
+    lengths: list[int],
+    depths: list[float],
+    targets: list,
+    needles: list[Needle] | None = None,
+    progress: bool = True,
+) -> dict[str, dict]:
     """{target label: {"cells": [{length, depth, needle, passed, answer}]}} over the grid, for
     each target (`eval.endpoint`: a local KV type or an endpoint), the prompts built with
     `tokens`. Progress (stderr) counts prompt tokens, so it moves within a local prefill."""
@@ -105,8 +157,9 @@ def run_grid(tokens, haystack: str, lengths: list[int], depths: list[float], tar
             needle, base = needles[i], bar.n
             bar.describe(f"niah cell {c + 1}/{len(cells)} ({target.label}, {length} tok at {depth:g}%)")
             text = target.answer(prompt, needle.max_tokens, progress=lambda done, _total: bar.advance_to(base + done))
-            results[target.label]["cells"].append({"length": length, "depth": depth, "needle": i,
-                                                   "passed": needle.passed(text), "answer": text.strip()})
+            results[target.label]["cells"].append(
+                {"length": length, "depth": depth, "needle": i, "passed": needle.passed(text), "answer": text.strip()}
+            )
             bar.advance_to(base + len(prompt))
             bar.note(f"{sum(x['passed'] for r in results.values() for x in r['cells'])}/{c + 1} passed")
         bar.detail = f"{len(cells)} cell{'s' * (len(cells) > 1)}"
@@ -159,8 +212,14 @@ def figure_title(model: str | None, needles: list[Needle] | None) -> str:
     return f"{head}\n{which}: \u201c{text}\u201d"
 
 
-def heatmap(results: dict[str, dict], lengths: list[int], depths: list[float], path: str,
-            model: str | None = None, needles: list[Needle] | None = None) -> None:
+def heatmap(
+    results: dict[str, dict],
+    lengths: list[int],
+    depths: list[float],
+    path: str,
+    model: str | None = None,
+    needles: list[Needle] | None = None,
+) -> None:
     """Write a PNG: one length-by-depth pass-rate panel per KV type, a shared
     colour bar, and the model and needle in the title; sized for the grid."""
     import matplotlib
@@ -173,19 +232,30 @@ def heatmap(results: dict[str, dict], lengths: list[int], depths: list[float], p
     cols = -(-len(kinds) // rows)
     cell_w, cell_h = 0.62, 0.42
     panel_w, panel_h = max(1.6, cell_w * len(depths)), max(0.9, cell_h * len(lengths))
-    fig, axes = plt.subplots(rows, cols, squeeze=False, sharey=True, layout="constrained",
-                             figsize=(1.6 + 0.9 + cols * (panel_w + 0.25), 1.2 + rows * (panel_h + 0.75)))
+    fig, axes = plt.subplots(
+        rows,
+        cols,
+        squeeze=False,
+        sharey=True,
+        layout="constrained",
+        figsize=(1.6 + 0.9 + cols * (panel_w + 0.25), 1.2 + rows * (panel_h + 0.75)),
+    )
     cmap = plt.get_cmap("RdYlGn").with_extremes(bad="0.85")
     for ax, kv in zip(axes.flat, kinds):
         image = _panel(ax, kv, *_pass_grid(results[kv]["cells"], lengths, depths), lengths, depths, cmap)
-    for ax in list(axes.flat)[len(kinds):]:
+    for ax in list(axes.flat)[len(kinds) :]:
         ax.set_visible(False)
     for ax in axes[:, 0]:
         ax.set_ylabel("context length (tokens)")
     for k in range(len(kinds) - cols, len(kinds)):  # the lowest panel of each column
         axes.flat[k].set_xlabel("needle depth")
-    bar = fig.colorbar(image, ax=axes, shrink=min(1.0, 2.2 / (rows * panel_h)) if rows * panel_h > 2.2 else 1.0,
-                       format=matplotlib.ticker.PercentFormatter(1.0), aspect=15)
+    bar = fig.colorbar(
+        image,
+        ax=axes,
+        shrink=min(1.0, 2.2 / (rows * panel_h)) if rows * panel_h > 2.2 else 1.0,
+        format=matplotlib.ticker.PercentFormatter(1.0),
+        aspect=15,
+    )
     bar.set_label("needle found")
     fig.suptitle(figure_title(model, needles), fontsize=10)
     fig.savefig(path, dpi=110)

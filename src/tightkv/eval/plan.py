@@ -1,5 +1,6 @@
 """Memory planning from the GGUF header alone: weights, KV per cache type, working
 buffers, what fits, and which lever (weights or KV cache) decides it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,18 +15,42 @@ PREFILL_CHUNK = 512
 
 # The weight lever (issue 19): llama.cpp file types, largest first, as (name, block type of the
 # matrices, block type of the output layer), sized for a model's own tensor shapes by `weight_options`
-WEIGHT_FILE_TYPES = [("Q8_0", "Q8_0", "Q8_0"), ("Q6_K", "Q6_K", "Q6_K"), ("Q5_K_M", "Q5_K", "Q6_K"),
-                     ("Q4_K_M", "Q4_K", "Q6_K"), ("IQ4_XS", "IQ4_XS", "Q6_K"), ("Q3_K_M", "Q3_K", "Q6_K"),
-                     ("IQ3_S", "IQ3_S", "Q6_K"), ("IQ2_M", "IQ2_S", "Q5_K"), ("Q2_K", "Q2_K", "Q6_K"),
-                     ("TQ1_0", "TQ1_0", "Q6_K"), ("Q1_0", "Q1_0", "Q6_K")]
+WEIGHT_FILE_TYPES = [
+    ("Q8_0", "Q8_0", "Q8_0"),
+    ("Q6_K", "Q6_K", "Q6_K"),
+    ("Q5_K_M", "Q5_K", "Q6_K"),
+    ("Q4_K_M", "Q4_K", "Q6_K"),
+    ("IQ4_XS", "IQ4_XS", "Q6_K"),
+    ("Q3_K_M", "Q3_K", "Q6_K"),
+    ("IQ3_S", "IQ3_S", "Q6_K"),
+    ("IQ2_M", "IQ2_S", "Q5_K"),
+    ("Q2_K", "Q2_K", "Q6_K"),
+    ("TQ1_0", "TQ1_0", "Q6_K"),
+    ("Q1_0", "Q1_0", "Q6_K"),
+]
 # Types for models trained that way (BitNet's ternary weights, Bonsai's 1-bit ones): a model trained
 # in float and requantized to them is destroyed (docs/weight_types.md), so they are a lever only for
 # a model whose own matrices already use them
 TRAINED_ONLY = {"TQ1_0": "ternary", "TQ2_0": "ternary", "Q1_0": "1-bit"}  # type -> the weights it holds
 # llama.cpp's type for a row that is not a whole number of blocks (llama-quant.cpp tensor_type_fallback)
-FALLBACK = {"IQ1_S": "IQ4_NL", "IQ1_M": "IQ4_NL", "IQ2_XXS": "IQ4_NL", "IQ2_XS": "IQ4_NL", "IQ2_S": "IQ4_NL",
-            "IQ3_XXS": "IQ4_NL", "IQ3_S": "IQ4_NL", "IQ4_XS": "IQ4_NL", "Q2_0": "Q4_0", "Q2_K": "Q4_0", "Q3_K": "Q4_0",
-            "TQ1_0": "Q4_0", "TQ2_0": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+FALLBACK = {
+    "IQ1_S": "IQ4_NL",
+    "IQ1_M": "IQ4_NL",
+    "IQ2_XXS": "IQ4_NL",
+    "IQ2_XS": "IQ4_NL",
+    "IQ2_S": "IQ4_NL",
+    "IQ3_XXS": "IQ4_NL",
+    "IQ3_S": "IQ4_NL",
+    "IQ4_XS": "IQ4_NL",
+    "Q2_0": "Q4_0",
+    "Q2_K": "Q4_0",
+    "Q3_K": "Q4_0",
+    "TQ1_0": "Q4_0",
+    "TQ2_0": "Q4_0",
+    "Q4_K": "Q5_0",
+    "Q5_K": "Q5_1",
+    "Q6_K": "Q8_0",
+}
 # AQLM-style additive codebooks: groups of 8 weights, M codebooks of 2^B entries (bits per weight = M*B/8)
 AQLM_CONFIGS = [("1x16", 1, 16), ("2x12", 2, 12)]
 AQLM_GROUP = 8
@@ -101,11 +126,30 @@ def make_plan(path, context: int | None, memory: int, kv_types: list[str], name:
     rows = []
     for spec in kv_types:
         info = kv_bytes_per_token(spec, layout, ctx)
-        rows.append({"kv": spec, "kv_bytes": info["total_bytes"], "bytes_per_token": info["bytes_per_token"],
-                     "ratio_vs_f16": info["ratio_vs_f16"], "fits": info["total_bytes"] <= budget,
-                     "max_context": largest_context(spec, layout, budget, max(ctx, args.context_length))})
-    return Plan(name or str(g.path), ctx, args.context_length, memory, weights, working, rows, str(g.path), layout,
-                weight_options(g), _matrices(g), {t.qtype for t in g.tensors.values() if len(t.shape) == 2})
+        rows.append(
+            {
+                "kv": spec,
+                "kv_bytes": info["total_bytes"],
+                "bytes_per_token": info["bytes_per_token"],
+                "ratio_vs_f16": info["ratio_vs_f16"],
+                "fits": info["total_bytes"] <= budget,
+                "max_context": largest_context(spec, layout, budget, max(ctx, args.context_length)),
+            }
+        )
+    return Plan(
+        name or str(g.path),
+        ctx,
+        args.context_length,
+        memory,
+        weights,
+        working,
+        rows,
+        str(g.path),
+        layout,
+        weight_options(g),
+        _matrices(g),
+        {t.qtype for t in g.tensors.values() if len(t.shape) == 2},
+    )
 
 
 def _block_type(qtype: str, cols: int) -> str:
@@ -147,8 +191,11 @@ def weight_bytes(g, base: str, output: str, mix: bool = False) -> int:
         qtype = base
         if name == "output.weight" or (tied and name == "token_embd.weight"):
             qtype = "Q8_0" if cols % BLOCK_SIZES[base][0] else output  # llama.cpp's rule for the output layer
-        elif mix and (name.endswith("attn_v.weight") or name.endswith("ffn_down.weight")) \
-                and _use_more_bits(int(name.split(".")[1]), n_layers):
+        elif (
+            mix
+            and (name.endswith("attn_v.weight") or name.endswith("ffn_down.weight"))
+            and _use_more_bits(int(name.split(".")[1]), n_layers)
+        ):
             qtype = "Q6_K"
         total += _tensor_bytes(qtype, rows, cols)
     return total
@@ -156,8 +203,10 @@ def weight_bytes(g, base: str, output: str, mix: bool = False) -> int:
 
 def weight_options(g) -> list[dict]:
     """The size of each of WEIGHT_FILE_TYPES for this model's tensor shapes."""
-    return [{"type": name, "bytes": weight_bytes(g, base, out, mix=name.endswith("_K_M") and name != "Q3_K_M")}
-            for name, base, out in WEIGHT_FILE_TYPES]
+    return [
+        {"type": name, "bytes": weight_bytes(g, base, out, mix=name.endswith("_K_M") and name != "Q3_K_M")}
+        for name, base, out in WEIGHT_FILE_TYPES
+    ]
 
 
 def _matrices(g) -> list[tuple[int, int]]:
@@ -176,8 +225,15 @@ def aqlm_rho(plan: Plan) -> list[dict]:
     out = []
     for name, m, b in AQLM_CONFIGS:
         k = 2**b
-        out.append({"config": name, "bits_per_weight": m * b / AQLM_GROUP, "codebook_entries": k,
-                    "rho_largest": sizes[-1] / AQLM_GROUP / k**m, "rho_smallest": sizes[0] / AQLM_GROUP / k**m})
+        out.append(
+            {
+                "config": name,
+                "bits_per_weight": m * b / AQLM_GROUP,
+                "codebook_entries": k,
+                "rho_largest": sizes[-1] / AQLM_GROUP / k**m,
+                "rho_smallest": sizes[0] / AQLM_GROUP / k**m,
+            }
+        )
     return out
 
 
@@ -199,8 +255,14 @@ def weight_lever(plan: Plan) -> str | None:
         if (kv := best_kv(opt)) is not None:
             return f"weights are the lever: {opt['type']} ({opt['bytes'] / 2**30:.2f} GiB) with {kv['kv']} fits {where}"
     unsuited = [o["type"] for o in plan.weight_options if not plan.suits(o["type"]) and best_kv(o) is not None]
-    but = (f" ({unsuited[0]} would, but it suits only models trained with {TRAINED_ONLY[unsuited[0]]} weights: "
-           f"requantizing this one to it destroys it)") if unsuited else ""
+    but = (
+        (
+            f" ({unsuited[0]} would, but it suits only models trained with {TRAINED_ONLY[unsuited[0]]} weights: "
+            f"requantizing this one to it destroys it)"
+        )
+        if unsuited
+        else ""
+    )
     return f"no weight type of this model holds {where} with any KV type{but}: a smaller model or a shorter context"
 
 
@@ -217,11 +279,15 @@ def recommended(plan: Plan) -> dict | None:
 def lever(plan: Plan) -> str:
     """One sentence naming what decides the fit."""
     if not plan.weights_fit:
-        return (f"the weights ({plan.weights / 2**30:.2f} GiB) plus working buffers do not fit in "
-                f"{plan.memory / 2**30:.2f} GiB: the lever is the weights (a smaller quantization or model)")
+        return (
+            f"the weights ({plan.weights / 2**30:.2f} GiB) plus working buffers do not fit in "
+            f"{plan.memory / 2**30:.2f} GiB: the lever is the weights (a smaller quantization or model)"
+        )
     if not any(r["fits"] for r in plan.rows):
-        return ("the weights load, but no KV type holds this context: the lever is the KV cache "
-                "(a shorter context or a smaller KV type)")
+        return (
+            "the weights load, but no KV type holds this context: the lever is the KV cache "
+            "(a shorter context or a smaller KV type)"
+        )
     if not plan.rows[0]["fits"] or not all(r["fits"] for r in plan.rows):
         return f"the weights load; long context is decided by the KV cache (e.g. --kv {recommended(plan)['kv']} fits)"
     return "everything fits"
@@ -233,16 +299,20 @@ def format_plan(plan: Plan, choice=None) -> str:
     llama.cpp's and vLLM's settings for it, and a warning when the context exceeds
     the trained one."""
     gib = 2**30
-    lines = [f"model     {plan.model}",
-             f"context   {plan.context} tokens (trained {plan.trained_context})",
-             f"memory    {plan.memory / gib:.2f} GiB",
-             f"weights   {plan.weights / gib:.3f} GiB (stay quantized)",
-             f"working   {plan.working / gib:.3f} GiB (runtime, one prefill chunk, logits)",
-             "",
-             f"{'kv':<14} {'KV total':>13} {'per token':>11} {'vs f16':>7} {'fits':>5} {'max context':>12}"]
+    lines = [
+        f"model     {plan.model}",
+        f"context   {plan.context} tokens (trained {plan.trained_context})",
+        f"memory    {plan.memory / gib:.2f} GiB",
+        f"weights   {plan.weights / gib:.3f} GiB (stay quantized)",
+        f"working   {plan.working / gib:.3f} GiB (runtime, one prefill chunk, logits)",
+        "",
+        f"{'kv':<14} {'KV total':>13} {'per token':>11} {'vs f16':>7} {'fits':>5} {'max context':>12}",
+    ]
     for r in plan.rows:
-        lines.append(f"{r['kv']:<14} {r['kv_bytes'] / 2**20:9.1f} MiB {r['bytes_per_token'] / 1024:7.2f} KiB "
-                     f"{r['ratio_vs_f16']:6.2f}x {'yes' if r['fits'] else 'no':>5} {r['max_context']:>12}")
+        lines.append(
+            f"{r['kv']:<14} {r['kv_bytes'] / 2**20:9.1f} MiB {r['bytes_per_token'] / 1024:7.2f} KiB "
+            f"{r['ratio_vs_f16']:6.2f}x {'yes' if r['fits'] else 'no':>5} {r['max_context']:>12}"
+        )
     lines += ["", lever(plan)]
     if weight_lever(plan):
         lines.append(weight_lever(plan))
@@ -256,8 +326,10 @@ def format_plan(plan: Plan, choice=None) -> str:
     lines += _format_weights(plan)
     if plan.context > plan.trained_context:
         factor = -(-plan.context // plan.trained_context)
-        lines.append(f"warning: {plan.context} tokens exceed the model's trained context of {plan.trained_context}; "
-                     f"running it needs --rope-scale {factor} (linear RoPE scaling, at some loss of quality)")
+        lines.append(
+            f"warning: {plan.context} tokens exceed the model's trained context of {plan.trained_context}; "
+            f"running it needs --rope-scale {factor} (linear RoPE scaling, at some loss of quality)"
+        )
     return "\n".join(lines)
 
 
@@ -267,12 +339,20 @@ def _format_weights(plan: Plan) -> list[str]:
         return []
     gib = 2**30
     cells = [f"{o['type']} {o['bytes'] / gib:.3f}" for o in plan.weight_options]
-    lines = ["", f"weights as other llama.cpp file types (GiB, for this model's shapes; this file {plan.weights / gib:.3f}):"]
-    lines += ["  " + "  ".join(cells[i:i + 6]) for i in range(0, len(cells), 6)]
+    lines = [
+        "",
+        f"weights as other llama.cpp file types (GiB, for this model's shapes; this file {plan.weights / gib:.3f}):",
+    ]
+    lines += ["  " + "  ".join(cells[i : i + 6]) for i in range(0, len(cells), 6)]
     rho = aqlm_rho(plan)
     if rho:
-        parts = [f"{r['config']} ({r['bits_per_weight']:g} bits) {r['rho_largest']:.3g} to {r['rho_smallest']:.3g}"
-                 for r in rho]
-        lines.append(f"AQLM-style codebooks (groups of {AQLM_GROUP}): rho = N / K^M, largest to smallest matrix: "
-                     + "; ".join(parts) + " (above 1 the codebook initialisation decides quality)")
+        parts = [
+            f"{r['config']} ({r['bits_per_weight']:g} bits) {r['rho_largest']:.3g} to {r['rho_smallest']:.3g}"
+            for r in rho
+        ]
+        lines.append(
+            f"AQLM-style codebooks (groups of {AQLM_GROUP}): rho = N / K^M, largest to smallest matrix: "
+            + "; ".join(parts)
+            + " (above 1 the codebook initialisation decides quality)"
+        )
     return lines

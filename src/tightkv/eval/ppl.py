@@ -8,6 +8,7 @@ Every cache type runs in lockstep on the same chunk, and the f16 baseline's
 log-probabilities are compared with each type's a slice of rows at a time, so
 the full [tokens, vocab] logits are never held.
 """
+
 from __future__ import annotations
 
 import math
@@ -82,8 +83,9 @@ def _log_softmax_rows(logits: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def score_chunk(net, ids: list[int], caches: dict[str, list], results: dict[str, PplResult],
-                sub: int = 512, on_piece=None) -> None:
+def score_chunk(
+    net, ids: list[int], caches: dict[str, list], results: dict[str, PplResult], sub: int = 512, on_piece=None
+) -> None:
     """Run one chunk through every cache type and add its scores; `on_piece(n)`
     is told after each forward call of n tokens and after n rows are scored
     for one type.
@@ -118,8 +120,9 @@ def score_chunk(net, ids: list[int], caches: dict[str, list], results: dict[str,
                 on_piece(n)
 
 
-def perplexity(model, text: str, ctx: int, n_chunks: int | None, kv_types: list[str],
-               progress: bool = True, batch: int = 512) -> dict[str, dict]:
+def perplexity(
+    model, text: str, ctx: int, n_chunks: int | None, kv_types: list[str], progress: bool = True, batch: int = 512
+) -> dict[str, dict]:
     """PPL, its standard error, and KLD against f16 for each KV type on text, feeding
     each chunk `batch` tokens per forward call. Progress (stderr) counts the
     tokens run and the rows scored, for every type, so it moves with every
@@ -145,8 +148,9 @@ def perplexity(model, text: str, ctx: int, n_chunks: int | None, kv_types: list[
     return {name: results[name].summary() for name in names if name in kv_types or name == BASELINE}
 
 
-def perplexity_targets(tokens, text: str, ctx: int, n_chunks: int | None, targets: list,
-                       progress: bool = True) -> dict[str, dict]:
+def perplexity_targets(
+    tokens, text: str, ctx: int, n_chunks: int | None, targets: list, progress: bool = True
+) -> dict[str, dict]:
     """`perplexity` over targets (`eval.endpoint`: local KV types and endpoints), the first
     the baseline: the same chunks and scored positions, each target's log-probabilities
     of them and its top alternatives, and KLD against the baseline over the baseline's
@@ -174,8 +178,9 @@ def perplexity_targets(tokens, text: str, ctx: int, n_chunks: int | None, target
                 if not base_top:
                     base_top = tops
                 r.kld += [topk_kld(b, o) for b, o in zip(base_top, tops)]
-                r.same_top1 += [bool(b) and bool(o) and max(b, key=b.get) == max(o, key=o.get)
-                                for b, o in zip(base_top, tops)]
+                r.same_top1 += [
+                    bool(b) and bool(o) and max(b, key=b.get) == max(o, key=o.get) for b, o in zip(base_top, tops)
+                ]
                 bar.update(len(ids))
             bar.note(" ".join(f"{k} {math.exp(np.mean(r.nll)):.3f}" for k, r in results.items()))
     return {k: r.summary() for k, r in results.items()}
@@ -202,9 +207,13 @@ def format_table(results: dict[str, dict]) -> str:
     first row, the baseline."""
     base = next(iter(results.values()))["ppl"]
     w = max(16, *map(len, results))
-    lines = [f"{'kv':<{w}} {'PPL':>9} {'± se':>8} {'ΔPPL':>8} {'KLD mean':>9} {'KLD p99':>8} "
-             f"{'KLD p99.9':>9} {'same top1':>9}"]
+    lines = [
+        f"{'kv':<{w}} {'PPL':>9} {'± se':>8} {'ΔPPL':>8} {'KLD mean':>9} {'KLD p99':>8} "
+        f"{'KLD p99.9':>9} {'same top1':>9}"
+    ]
     for name, r in results.items():
-        lines.append(f"{name:<{w}} {r['ppl']:9.4f} {r['ppl_stderr']:8.5f} {100 * (r['ppl'] / base - 1):+7.2f}% "
-                     f"{r['kld_mean']:9.5f} {r['kld_p99']:8.4f} {r['kld_p999']:9.4f} {100 * r['same_top1']:8.2f}%")
+        lines.append(
+            f"{name:<{w}} {r['ppl']:9.4f} {r['ppl_stderr']:8.5f} {100 * (r['ppl'] / base - 1):+7.2f}% "
+            f"{r['kld_mean']:9.5f} {r['kld_p99']:8.4f} {r['kld_p999']:9.4f} {100 * r['same_top1']:8.2f}%"
+        )
     return "\n".join(lines)

@@ -35,6 +35,7 @@ Deliberate differences from llama.cpp, for inputs real vocabularies do not hit:
 - a `tokenizer.ggml.pre` that llama.cpp does not know is a load error there;
   here it warns and uses the GPT-2 regex.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -45,7 +46,12 @@ import regex
 
 from ..errors import GGUFError
 from .vocab import (
-    ATTR_UNDEFINED, TYPE_NORMAL, Tokenizer, _meta_id, _TYPE_TO_ATTR, eot_ids_from_metadata,
+    ATTR_UNDEFINED,
+    TYPE_NORMAL,
+    Tokenizer,
+    _meta_id,
+    _TYPE_TO_ATTR,
+    eot_ids_from_metadata,
 )
 
 
@@ -82,43 +88,97 @@ _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 # GPT-2. llama.cpp spells it without the final "|\s+", but its own implementation of
 # it (`unicode_regex_split_custom_gpt2`, used wherever it appears) has that branch.
 GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-LLAMA3 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-QWEN2 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-         r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-QWEN35 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
-          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-SEED_CODER = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+"
-              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-BAILINGMOE = (r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+")
-TEKKEN = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
-          r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
-          r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-GPT4O = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CONTRACTIONS + "?"
-         r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _CONTRACTIONS + "?"
-         r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_DEEPSEEK3 = (r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
-              r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN35 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+SEED_CODER = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+BAILINGMOE = (
+    r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"
+)
+TEKKEN = (
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+    r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+GPT4O = (
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CONTRACTIONS + "?"
+    r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _CONTRACTIONS + "?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_DEEPSEEK3 = (
+    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+    r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 # regex list, ignore_merges, add_bos default, aliases (`tokenizer.ggml.pre` values)
 _PRE_SPECS: list[tuple[tuple[str, ...], bool, bool, tuple[str, ...]]] = [
-    ((GPT2,), False, False,
-     ("gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0", "mellum",
-      "modern-bert", "jina-v1-en", "jina-v2-code", "roberta-bpe", "exaone4", "mpt", "olmo", "jais", "trillion",
-      "granite-docling")),
-    ((LLAMA3,), True, True,
-     ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano")),
+    (
+        (GPT2,),
+        False,
+        False,
+        (
+            "gpt-2",
+            "phi-2",
+            "jina-es",
+            "jina-de",
+            "gigachat",
+            "jina-v2-es",
+            "jina-v2-de",
+            "a.x-4.0",
+            "mellum",
+            "modern-bert",
+            "jina-v1-en",
+            "jina-v2-code",
+            "roberta-bpe",
+            "exaone4",
+            "mpt",
+            "olmo",
+            "jais",
+            "trillion",
+            "granite-docling",
+        ),
+    ),
+    (
+        (LLAMA3,),
+        True,
+        True,
+        ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano"),
+    ),
     ((LLAMA3,), False, False, ("dbrx", "smaug-bpe", "glm4", "chatglm-bpe")),
-    ((QWEN2,), False, False,
-     ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open")),
+    (
+        (QWEN2,),
+        False,
+        False,
+        ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open"),
+    ),
     ((QWEN35,), False, False, ("qwen35",)),
-    ((r"\p{N}", GPT2), False, False,
-     ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2")),
+    (
+        (r"\p{N}", GPT2),
+        False,
+        False,
+        ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2"),
+    ),
     ((r"[\p{P}\$\+<=>\^~\|`]+", GPT2, r"[0-9][0-9][0-9]"), False, False, ("falcon",)),
     ((r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"), False, False, ("deepseek-coder",)),
-    ((r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+", _DEEPSEEK3), False, False,
-     ("deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4")),
+    (
+        (r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+", _DEEPSEEK3),
+        False,
+        False,
+        ("deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4"),
+    ),
     ((TEKKEN,), True, True, ("tekken",)),
     ((GPT4O,), False, False, ("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2")),
     ((SEED_CODER,), False, False, ("seed-coder",)),
@@ -128,8 +188,7 @@ _PRE_SPECS: list[tuple[tuple[str, ...], bool, bool, tuple[str, ...]]] = [
 ]
 
 PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool, bool]] = {
-    name: (regexes, ignore_merges, add_bos)
-    for regexes, ignore_merges, add_bos, names in _PRE_SPECS for name in names
+    name: (regexes, ignore_merges, add_bos) for regexes, ignore_merges, add_bos, names in _PRE_SPECS for name in names
 }
 
 _CACHE_LIMIT = 200_000
@@ -209,14 +268,13 @@ class BPETokenizer(Tokenizer):
         ranks: dict[tuple[str, str], int] = {}
         for rank, m in enumerate(merges):
             cut = m.find(" ", 1)
-            pair = (m[:cut], m[cut + 1:]) if cut >= 0 else ("", "")
+            pair = (m[:cut], m[cut + 1 :]) if cut >= 0 else ("", "")
             ranks.setdefault(pair, rank)
         self.ranks = ranks
 
         # pre-tokenizer; llama.cpp uses 'default' when the GGUF names none
         if pre is None or pre == "":
-            warnings.warn("GGUF names no BPE pre-tokenizer (tokenizer.ggml.pre); using 'default'",
-                          stacklevel=2)
+            warnings.warn("GGUF names no BPE pre-tokenizer (tokenizer.ggml.pre); using 'default'", stacklevel=2)
             pre = "default"
         spec = PRE_TOKENIZERS.get(pre)
         if spec is None:
@@ -363,18 +421,18 @@ class BPETokenizer(Tokenizer):
             before = prev[left]
             if before >= 0:
                 sb = size[before]
-                r = ranks.get((s[before:left], s[left:left + total]))
+                r = ranks.get((s[before:left], s[left : left + total]))
                 if r is not None:
                     push(heap, (r, before, sb, total))
             if after >= 0:
                 sa = size[after]
-                r = ranks.get((s[left:after], s[after:after + sa]))
+                r = ranks.get((s[left:after], s[after : after + sa]))
                 if r is not None:
                     push(heap, (r, left, total, sa))
         out = []
         k = 0
         while k != -1:
-            out.append(s[k:k + size[k]])
+            out.append(s[k : k + size[k]])
             k = nxt[k]
         return out
 

@@ -1,5 +1,6 @@
 """A parsed GGUF described for people: Ollama's `show` fields, human numbers.
 Used by `tightkv show`, the REPL's `/show` and the server's model details."""
+
 from __future__ import annotations
 
 from math import prod
@@ -44,9 +45,14 @@ def describe(g) -> list[tuple[str, object]]:
     m, arch = g.metadata, g.architecture
     params = parameters(g)
     pairs: list[tuple[str, object]] = [("architecture", arch), ("parameters", human_number(params))]
-    for label, key in (("context length", "context_length"), ("embedding length", "embedding_length"),
-                       ("layers", "block_count"), ("attention heads", "attention.head_count"),
-                       ("kv heads", "attention.head_count_kv"), ("sliding window", "attention.sliding_window")):
+    for label, key in (
+        ("context length", "context_length"),
+        ("embedding length", "embedding_length"),
+        ("layers", "block_count"),
+        ("attention heads", "attention.head_count"),
+        ("kv heads", "attention.head_count_kv"),
+        ("sliding window", "attention.sliding_window"),
+    ):
         if f"{arch}.{key}" in m:
             pairs.append((label, m[f"{arch}.{key}"]))
     if m.get(f"{arch}.rope.scaling.type"):

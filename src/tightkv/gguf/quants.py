@@ -39,6 +39,7 @@ Block layouts (bytes), ``d``/``dmin``/``m`` fp16:
 The IQ grids (every allowed group of 8 or 4 magnitudes) are data: they are taken from
 gguf-py's tables (`gguf.quants.IQ2_XXS.grid` ...) on first use, not copied here.
 """
+
 from __future__ import annotations
 
 import torch
@@ -361,7 +362,7 @@ def _ue4m3_table() -> torch.Tensor:
     out = []
     for x in range(256):
         exp, man = (x >> 3) & 0xF, x & 7
-        raw = man * 2.0 ** -9 if exp == 0 else (1 + man / 8) * 2.0 ** (exp - 7)
+        raw = man * 2.0**-9 if exp == 0 else (1 + man / 8) * 2.0 ** (exp - 7)
         out.append(0.0 if x in (0, 0x7F) else raw * 0.5)
     return torch.tensor(out, dtype=torch.float32)
 
@@ -413,8 +414,12 @@ def kernel_tables() -> list:
     the NVFP4 scales as float32 (256,)."""
     import numpy as np
 
-    return [*(grid_bytes(t) for t in GRID_TYPES), np.array(IQ4_VALUES, dtype=np.int8),
-            np.array(FP4_VALUES, dtype=np.int8), UE4M3.numpy()]
+    return [
+        *(grid_bytes(t) for t in GRID_TYPES),
+        np.array(IQ4_VALUES, dtype=np.int8),
+        np.array(FP4_VALUES, dtype=np.int8),
+        UE4M3.numpy(),
+    ]
 
 
 def _signs(bits: torch.Tensor) -> torch.Tensor:
@@ -520,7 +525,6 @@ class IQ1_M(Codec, qtype="IQ1_M", block_size=QK_K, type_size=56):
         idx = blocks[:, :32].long() | ((qh & 7) << 8)
         grid = iq_grid(cls.qtype)[idx].reshape(n, 8, 2, 2, 8)
         return (dl * (grid + delta)).reshape(n, QK_K)
-
 
 
 # GGML type ids of block types that not every gguf-py version names (the reader decodes them)

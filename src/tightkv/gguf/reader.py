@@ -3,6 +3,7 @@ tensors as zero-copy views of the memory-mapped file.
 
 Every way a file can be wrong becomes a one-line `GGUFError` naming the file.
 """
+
 from __future__ import annotations
 
 import os
@@ -99,6 +100,7 @@ def _compact_reader_class():
 
 class _ExtraType(NamedTuple):
     """A GGML type id gguf-py does not know, by the name our codecs give it."""
+
     name: str
     value: int
 
@@ -118,8 +120,16 @@ def _extra_tensor(reader, start_offs: int, field):
     n_elems, rows = int(np.prod(dims)), tuple(reversed(dims.tolist()))
     n_bytes, data_offs = n_elems // block * size, int(start_offs + offset[0])
     data = reader._get(data_offs, np.uint8, n_bytes).reshape(*rows[:-1], quants.row_bytes(qtype, rows[-1]))
-    return ReaderTensor(name=name, tensor_type=_ExtraType(qtype, type_id), shape=dims, n_elements=n_elems,
-                        n_bytes=n_bytes, data_offset=data_offs, data=data, field=field)
+    return ReaderTensor(
+        name=name,
+        tensor_type=_ExtraType(qtype, type_id),
+        shape=dims,
+        n_elements=n_elems,
+        n_bytes=n_bytes,
+        data_offset=data_offs,
+        data=data,
+        field=field,
+    )
 
 
 def _field_value(reader, name: str, field) -> Any:
@@ -157,8 +167,9 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
         reader = _compact_reader_class()(path, "r")
     except Exception as err:  # the gguf package raises many kinds on bad files
         raise GGUFError(f"{path}: corrupt or truncated GGUF ({_short(err)})") from None
-    metadata = {name: _field_value(reader, name, f) for name, f in reader.fields.items()
-                if not name.startswith("GGUF.")}
+    metadata = {
+        name: _field_value(reader, name, f) for name, f in reader.fields.items() if not name.startswith("GGUF.")
+    }
     tensors = {}
     file_size = path.stat().st_size
     for t in reader.tensors:

@@ -19,6 +19,7 @@ no vocab entry; the pieces merge independently and exactly as the whole would.
 Pieces (mostly words) are cached. `encode_reference` skips the cutting and the
 cache and is kept as the reference for tests.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -27,8 +28,12 @@ from typing import Any
 
 from ..errors import GGUFError
 from .vocab import (
-    ATTR_UNDEFINED, TYPE_NORMAL,
-    Tokenizer, _meta_id, _TYPE_TO_ATTR, eot_ids_from_metadata,
+    ATTR_UNDEFINED,
+    TYPE_NORMAL,
+    Tokenizer,
+    _meta_id,
+    _TYPE_TO_ATTR,
+    eot_ids_from_metadata,
 )
 
 SPACE = "\u2581"  # '▁', SentencePiece's escaped space
@@ -36,7 +41,6 @@ SPACE = "\u2581"  # '▁', SentencePiece's escaped space
 _CUT_BEFORE_SPACE = re.compile(f"(?={SPACE})")
 _LONG_PIECE = 64  # pieces longer than this are also cut at every safe character pair
 _CACHE_LIMIT = 200_000
-
 
 
 class SPMTokenizer(Tokenizer):
@@ -87,7 +91,7 @@ class SPMTokenizer(Tokenizer):
         pairs = set()
         for t in self.texts:
             for k in range(len(t) - 1):
-                pairs.add(t[k:k + 2])
+                pairs.add(t[k : k + 2])
         self._pairs = frozenset(pairs)
         self._cache: dict[str, list[int]] = {}
         self._pieces: dict[int, bytes] = {}
@@ -185,7 +189,7 @@ class SPMTokenizer(Tokenizer):
                 continue
             start = 0
             for k in range(1, len(p)):
-                if p[k - 1:k + 1] not in pairs:
+                if p[k - 1 : k + 1] not in pairs:
                     out.append(p[start:k])
                     start = k
             out.append(p[start:])
@@ -205,7 +209,7 @@ class SPMTokenizer(Tokenizer):
         nxt[-1] = -1
         heap = []
         for k in range(n - 1):
-            i = ids.get(text[k:k + 2])
+            i = ids.get(text[k : k + 2])
             if i is not None:
                 heap.append((-scores[i], k, k + 1, 2))
         heapq.heapify(heap)
@@ -224,18 +228,18 @@ class SPMTokenizer(Tokenizer):
             before = prev[left]
             if before >= 0:
                 t = size[before] + total
-                i = ids.get(text[before:before + t])
+                i = ids.get(text[before : before + t])
                 if i is not None:
                     push(heap, (-scores[i], before, left, t))
             if after >= 0:
                 t = total + size[after]
-                i = ids.get(text[left:left + t])
+                i = ids.get(text[left : left + t])
                 if i is not None:
                     push(heap, (-scores[i], left, after, t))
         out: list[int] = []
         k = 0
         while k != -1:
-            piece = text[k:k + size[k]]
+            piece = text[k : k + size[k]]
             i = ids.get(piece)
             if i is not None:
                 out.append(i)

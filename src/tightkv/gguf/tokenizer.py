@@ -7,6 +7,7 @@
 
 The shared base and token types are in `vocab`.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -15,8 +16,20 @@ from ..errors import GGUFError
 from .bpe import BPETokenizer
 from .spm import SPMTokenizer
 from .vocab import (  # noqa: F401  (the names callers import from here)
-    ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, ATTR_UNDEFINED, ATTR_UNKNOWN, ATTR_UNUSED, ATTR_USER_DEFINED, TYPE_BYTE,
-    TYPE_CONTROL, TYPE_NORMAL, TYPE_UNKNOWN, TYPE_UNUSED, TYPE_USER_DEFINED, Tokenizer,
+    ATTR_BYTE,
+    ATTR_CONTROL,
+    ATTR_NORMAL,
+    ATTR_UNDEFINED,
+    ATTR_UNKNOWN,
+    ATTR_UNUSED,
+    ATTR_USER_DEFINED,
+    TYPE_BYTE,
+    TYPE_CONTROL,
+    TYPE_NORMAL,
+    TYPE_UNKNOWN,
+    TYPE_UNUSED,
+    TYPE_USER_DEFINED,
+    Tokenizer,
 )
 
 TOKENIZER_CLASSES: dict[str, type[Tokenizer]] = {"llama": SPMTokenizer, "gpt2": BPETokenizer}

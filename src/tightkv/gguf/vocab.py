@@ -4,6 +4,7 @@ attributes, the end-of-generation ids, and the special-token partition
 of the raw text, longest text first. User-defined tokens are always cut out;
 control and unknown ones only with ``special=True``.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -32,9 +33,21 @@ _TYPE_TO_ATTR = {
 # Token texts that end generation (llama.cpp's special_eog_ids list, minus "</s>",
 # which llama.cpp only lists for one OCR model and which Gemma uses as an HTML tag).
 EOG_TEXTS = (
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
-    "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
-    "<end_of_utterance>", "<｜end▁of▁sentence｜>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<｜end▁of▁sentence｜>",
 )
 
 
@@ -139,7 +152,7 @@ class Tokenizer:
                 if start < end:
                     out.append((start, end))
             frags = out
-        return [f if isinstance(f, int) else text[f[0]:f[1]] for f in frags]
+        return [f if isinstance(f, int) else text[f[0] : f[1]] for f in frags]
 
 
 def eot_ids_from_metadata(meta: dict[str, Any], n_tokens: int) -> set[int]:

@@ -42,6 +42,7 @@ fused SDPA). ``set_backend("reference")`` turns it off.
 This module knows buffers, shapes and the library's ABI only; what a cache
 hands over (segments, ranges, tables) is worked out in `kv/fused.py`.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -58,15 +59,24 @@ BLOCK = 32  # tokens the kernel scores and sums at a time (aligned to each segme
 F32, F16, BF16, Q8_0, TQ4, Q4_0 = range(6)  # the kernel's storage kinds (csrc/attention.cpp, enum Kind)
 # by codec kernel_kind: tq2/tq3 codebook codes; ak: affine key codes (KVarN and KIVI keys),
 # av: KVarN value codes, ab: KIVI value codes, each of 4, 3 or 2 bits
-KINDS = {"f32": F32, "f16": F16, "bf16": BF16, "q8_0": Q8_0, "tq4": TQ4, "q4_0": Q4_0, "tq3": 6, "tq2": 7,
-         **{f"{fam}{b}": 8 + 3 * i + (4 - b) for i, fam in enumerate(("ak", "av", "ab")) for b in (4, 3, 2)}}
+KINDS = {
+    "f32": F32,
+    "f16": F16,
+    "bf16": BF16,
+    "q8_0": Q8_0,
+    "tq4": TQ4,
+    "q4_0": Q4_0,
+    "tq3": 6,
+    "tq2": 7,
+    **{f"{fam}{b}": 8 + 3 * i + (4 - b) for i, fam in enumerate(("ak", "av", "ab")) for b in (4, 3, 2)},
+}
 CODEBOOK_KINDS = ("tq4", "tq3", "tq2")
 DENSE_KINDS = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}
 _BACKEND = "fast"
 
 
 def set_backend(name: str) -> None:
-    """"fast" (the fused kernel where supported) or "reference" (torch only)."""
+    """ "fast" (the fused kernel where supported) or "reference" (torch only)."""
     global _BACKEND
     _BACKEND = qm.check_backend(name, "attention")
 
@@ -105,9 +115,11 @@ def segment(kkind: int, vkind: int, body: bool, k: tuple, v: tuple, krows=(1, 1)
     """A 32-int segment descriptor. k, v: up to four tensors (or None) per side, each
     (Hkv, rows, ...) with unit inner stride: the codes and field 1 one row per token,
     fields 2 and 3 one row per `krows` / `vrows` tokens."""
+
     def side(fields, rows):
         (p0, h0, t0), (p1, h1, t1), (p2, h2, t2), (p3, h3, t3) = (_strides(t) for t in (*fields, None, None, None)[:4])
         return [p0, p1, h0, t0, h1, t1], [p2, p3, h2, t2, rows[0], h3, t3, rows[1]]
+
     (ka, kb), (va, vb) = side(k, krows), side(v, vrows)
     return [kkind, vkind, int(body), 0, *ka, *va, *kb, *vb]
 
@@ -125,8 +137,24 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def run(lib_, q: torch.Tensor, hkv: int, dv: int, scale: float, segs, ranges, nseg: int | None = None, krot=None, kscale=None, kcenter=None, vrot=None, vscale=None, vcenter=None,
-        kcb=None, vcb=None) -> torch.Tensor:
+def run(
+    lib_,
+    q: torch.Tensor,
+    hkv: int,
+    dv: int,
+    scale: float,
+    segs,
+    ranges,
+    nseg: int | None = None,
+    krot=None,
+    kscale=None,
+    kcenter=None,
+    vrot=None,
+    vscale=None,
+    vcenter=None,
+    kcb=None,
+    vcb=None,
+) -> torch.Tensor:
     """q (H, T, D) -> (H, T, Dv) float32. segs: segment descriptors (`segment`), as a list or
     `pack`ed, of which the first `nseg` (default all) are attended. ranges: per segment and
     query position, lo, hi (a list of ints, or a contiguous int64 tensor). krot, vrot: the body codecs' rotations as
@@ -143,9 +171,31 @@ def run(lib_, q: torch.Tensor, hkv: int, dv: int, scale: float, segs, ranges, ns
         rng_arr = (ctypes.c_int64 * len(ranges))(*ranges)
     threads = library.threads()
     (ks, kb), (vs, vb) = krot or (None, 0), vrot or (None, 0)
-    rc = lib_.tk_attn(qf.data_ptr(), hkv, R, T, D, dv, scale, _ptr(ks), kb, _ptr(kscale), _ptr(kcenter),
-                      _ptr(vs), vb, _ptr(vscale), _ptr(vcenter), nseg, seg_arr, rng_arr,
-                      _ptr(kcb), _ptr(vcb), CHUNK_TOKENS, out.data_ptr(), threads)
+    rc = lib_.tk_attn(
+        qf.data_ptr(),
+        hkv,
+        R,
+        T,
+        D,
+        dv,
+        scale,
+        _ptr(ks),
+        kb,
+        _ptr(kscale),
+        _ptr(kcenter),
+        _ptr(vs),
+        vb,
+        _ptr(vscale),
+        _ptr(vcenter),
+        nseg,
+        seg_arr,
+        rng_arr,
+        _ptr(kcb),
+        _ptr(vcb),
+        CHUNK_TOKENS,
+        out.data_ptr(),
+        threads,
+    )
     if rc:
         raise RuntimeError(f"tightkv attention kernel: unsupported shape or kind D={D} Dv={dv} T={T}")
     return out
@@ -155,8 +205,17 @@ def _f32(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
 
 
-def tq_encode(lib_, x: torch.Tensor, bits: int, rotation_t: torch.Tensor, signs: torch.Tensor, block: int,
-              thresholds: torch.Tensor, codebook: torch.Tensor, paper: bool) -> dict | None:
+def tq_encode(
+    lib_,
+    x: torch.Tensor,
+    bits: int,
+    rotation_t: torch.Tensor,
+    signs: torch.Tensor,
+    block: int,
+    thresholds: torch.Tensor,
+    codebook: torch.Tensor,
+    paper: bool,
+) -> dict | None:
     """TurboQuant fields {"idx", "norm"} of x (Hkv, n, D) at 2-4 bits by the C++ encoder: x @ rotation_t
     (D, D; the rotation is H diag(signs) per `block` channels, done in float64), bucketed by
     `thresholds` against `codebook`. None where the kernel declines the shape."""
@@ -164,15 +223,28 @@ def tq_encode(lib_, x: torch.Tensor, bits: int, rotation_t: torch.Tensor, signs:
     xf = _f32(x)
     idx = torch.empty(h, n, d * bits // 8, dtype=torch.uint8)
     norm = torch.empty(h, n, dtype=torch.float16)
-    if lib_.tk_tq_encode(xf.data_ptr(), h * n, d, bits, rotation_t.data_ptr(), signs.data_ptr(), block,
-                         thresholds.data_ptr(), codebook.data_ptr(), int(paper), idx.data_ptr(), norm.data_ptr(),
-                         library.threads()):
+    if lib_.tk_tq_encode(
+        xf.data_ptr(),
+        h * n,
+        d,
+        bits,
+        rotation_t.data_ptr(),
+        signs.data_ptr(),
+        block,
+        thresholds.data_ptr(),
+        codebook.data_ptr(),
+        int(paper),
+        idx.data_ptr(),
+        norm.data_ptr(),
+        library.threads(),
+    ):
         return None
     return {"idx": idx, "norm": norm}
 
 
-def kvarn_encode(lib_, x: torch.Tensor, tile: int, bits: int, role: str, iters: int, signs: torch.Tensor,
-                 block: int) -> dict | None:
+def kvarn_encode(
+    lib_, x: torch.Tensor, tile: int, bits: int, role: str, iters: int, signs: torch.Tensor, block: int
+) -> dict | None:
     """KVarN fields {"q", "s_col", "zp", "s_row"} of x (Hkv, units * tile, D) by the C++ encoder
     (rotation H diag(signs) per `block` channels, Sinkhorn of `iters` steps per tile, affine
     codes per channel for keys, per token for values). None where it declines the shape."""
@@ -183,7 +255,21 @@ def kvarn_encode(lib_, x: torch.Tensor, tile: int, bits: int, role: str, iters: 
     s_col = torch.empty(h, nt, d, dtype=torch.float16)
     zp = torch.empty(h, nt, d if role == "k" else tile, dtype=torch.float16)
     s_row = torch.empty(h, nt, tile, dtype=torch.float16)
-    if lib_.tk_kvarn_encode(xf.data_ptr(), h * nt, tile, d, bits, int(role == "v"), iters, signs.data_ptr(), block,
-                            q.data_ptr(), s_col.data_ptr(), zp.data_ptr(), s_row.data_ptr(), library.threads()):
+    if lib_.tk_kvarn_encode(
+        xf.data_ptr(),
+        h * nt,
+        tile,
+        d,
+        bits,
+        int(role == "v"),
+        iters,
+        signs.data_ptr(),
+        block,
+        q.data_ptr(),
+        s_col.data_ptr(),
+        zp.data_ptr(),
+        s_row.data_ptr(),
+        library.threads(),
+    ):
         return None
     return {"q": q, "s_col": s_col, "zp": zp, "s_row": s_row}

@@ -22,6 +22,7 @@ TIGHTKV_SIMD   compile target                                   `simd()`
 ``TIGHTKV_NO_COMPILE=1`` disables the library (everything runs the torch
 reference path).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -65,9 +66,14 @@ def library() -> ctypes.CDLL | None:
                 _state = "loaded"
             except Exception as err:  # no compiler, odd platform: the reference path runs
                 _lib, _state, _error = None, "unavailable", str(err).strip().splitlines()[0][:300]
-                hint = "" if "TIGHTKV_" in _error else " Install a C++ compiler (e.g. apt-get install g++) for full speed."
-                print(f"tightkv: CPU kernels unavailable ({_error}); running the slow torch reference path.{hint}",
-                      file=sys.stderr, flush=True)
+                hint = (
+                    "" if "TIGHTKV_" in _error else " Install a C++ compiler (e.g. apt-get install g++) for full speed."
+                )
+                print(
+                    f"tightkv: CPU kernels unavailable ({_error}); running the slow torch reference path.{hint}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     return _lib
 
 
@@ -152,8 +158,7 @@ def load(name: str | None = None) -> ctypes.CDLL:
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if not cxx:
         raise RuntimeError("no C++ compiler found")
-    flags = ["-O3", "-march=native", *TARGETS[name], "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17",
-             "-pthread"]
+    flags = ["-O3", "-march=native", *TARGETS[name], "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17", "-pthread"]
     key = hashlib.sha256("\0".join([source_digest(), cxx, *flags, cpu]).encode()).hexdigest()[:16]
     cache = cache_dir()
     so = cache / f"tightkv-{name}-{key}.so"
@@ -173,16 +178,30 @@ def compile_check(name: str) -> None:
     arch = ["-march=x86-64-v4", "-mavx512vnni"] if name == "avx512" else ["-march=x86-64-v3", *TARGETS[name]]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "check.so"
-        proc = subprocess.run([cxx, "-O1", *arch, "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17", "-pthread",
-                               *(str(SOURCE_DIR / s) for s in SOURCES), "-o", str(out)], capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                cxx,
+                "-O1",
+                *arch,
+                "-ffp-contract=off",
+                "-shared",
+                "-fPIC",
+                "-std=c++17",
+                "-pthread",
+                *(str(SOURCE_DIR / s) for s in SOURCES),
+                "-o",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"kernel compile failed for {name}: {proc.stderr.strip()[:300]}")
 
 
 def _compile(cxx: str, flags: list[str], so: Path) -> None:
     so.parent.mkdir(parents=True, exist_ok=True)
-    print("tightkv: compiling CPU kernels (first run only, about a minute)...", end="", file=sys.stderr,
-          flush=True)
+    print("tightkv: compiling CPU kernels (first run only, about a minute)...", end="", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=so.parent) as tmp:
         out = Path(tmp) / so.name

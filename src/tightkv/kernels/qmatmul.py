@@ -38,6 +38,7 @@ at 8 GB/s after a 15 s compile per shape; Numba 3-4 GB/s (REFERENCES.md). For
 64 rows it beats dequantize + float32 matmul 2-4x (MKL's sgemm on this AMD CPU).
 See bench/bench_qmatmul.py.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -53,10 +54,34 @@ from ..gguf.quants import FLOAT_TYPES
 from . import library
 from .library import set_threads  # noqa: F401  (the engine sets kernel threads here)
 
-BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-               # decoded to int8 codes and per-16 scales block by block (csrc/lowbit.h)
-               "IQ4_NL", "IQ4_XS", "Q1_0", "Q2_0", "TQ1_0", "TQ2_0", "IQ2_XXS", "IQ2_XS", "IQ2_S",
-               "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "MXFP4", "NVFP4")
+BLOCK_TYPES = (
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q8_0",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+    # decoded to int8 codes and per-16 scales block by block (csrc/lowbit.h)
+    "IQ4_NL",
+    "IQ4_XS",
+    "Q1_0",
+    "Q2_0",
+    "TQ1_0",
+    "TQ2_0",
+    "IQ2_XXS",
+    "IQ2_XS",
+    "IQ2_S",
+    "IQ3_XXS",
+    "IQ3_S",
+    "IQ1_S",
+    "IQ1_M",
+    "MXFP4",
+    "NVFP4",
+)
 TYPE_IDS = {name: i for i, name in enumerate(BLOCK_TYPES)}  # the kernel's type numbers
 GEMV_MAX_ROWS = None  # above this many input rows: dequantized tiles + float32 matmul; None: `gemv_max_rows`
 
@@ -80,6 +105,8 @@ def kernel_rows() -> int:
     reference backend or no compiled library runs)."""
     lib = library.library() if _BACKEND == "fast" else None
     return 0 if lib is None else gemv_max_rows(lib)
+
+
 TILE_ELEMS = 1 << 22  # weight elements per dequantized tile (16 MB of float32)
 PARALLEL_MIN_BYTES = 1 << 16  # smaller weights run the block-dot kernel on one thread
 
@@ -161,8 +188,9 @@ class QuantLinear(torch.nn.Module):
         """x float32 (..., in_features) -> float32 (..., out_features)."""
         k, n = self.in_features, self.out_features
         lib = library.library() if self._tid >= 0 and _BACKEND == "fast" else None
-        if lib is not None and x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.float32 \
-                and x.is_contiguous():  # decode: one row, straight to the kernel
+        if (
+            lib is not None and x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.float32 and x.is_contiguous()
+        ):  # decode: one row, straight to the kernel
             return self._gemv(lib, x, 1)
         x2 = x if x.dim() == 2 else x.reshape(-1, k)  # (M, in)
         if x2.dtype != torch.float32:
@@ -267,11 +295,16 @@ class StackedLinear(torch.nn.Module):
         self.out_features = sum(self.sizes)
         self._nbytes = sum(p.nbytes for p in parts)
         blocks = all(p._tid >= 0 for p in parts)
-        self._args = None if not blocks else [
-            (ctypes.c_int * len(parts))(*(p._tid for p in parts)),
-            (ctypes.c_void_p * len(parts))(*(p._ptr for p in parts)),
-            (ctypes.c_int64 * len(parts))(*(p._ld for p in parts)),
-            (ctypes.c_int64 * len(parts))(*self.sizes)]
+        self._args = (
+            None
+            if not blocks
+            else [
+                (ctypes.c_int * len(parts))(*(p._tid for p in parts)),
+                (ctypes.c_void_p * len(parts))(*(p._ptr for p in parts)),
+                (ctypes.c_int64 * len(parts))(*(p._ld for p in parts)),
+                (ctypes.c_int64 * len(parts))(*self.sizes),
+            ]
+        )
 
     @property
     def nbytes(self) -> int:

@@ -10,6 +10,7 @@ same kernels in the same order, so the numbers are the ones the steps give one b
 (tested). They apply to rows that take the block-dot kernel (`qmatmul.gemv_max_rows`)
 and weights kept as blocks; elsewhere they return None and the caller runs the steps.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -46,8 +47,13 @@ def _floats(vectors) -> bool:
 
 
 def _usable(lib, x: torch.Tensor) -> bool:
-    return (lib is not None and x.dtype == torch.float32 and x.dim() == 2 and x.is_contiguous()
-            and x.shape[0] <= qm.gemv_max_rows(lib))
+    return (
+        lib is not None
+        and x.dtype == torch.float32
+        and x.dim() == 2
+        and x.is_contiguous()
+        and x.shape[0] <= qm.gemv_max_rows(lib)
+    )
 
 
 class FfnPlan:
@@ -58,12 +64,18 @@ class FfnPlan:
         self.norms = (post_attn_norm, ffn_norm, post_ffn_norm)  # kept alive: the plan points at them
         products = [_product(m) for m in (wo, mlp.gate_up, mlp.down)]
         self.d, self.ff = wo.out_features, mlp.down.in_features
-        self.plan = None if None in products or not _floats(self.norms) else _ints(
-            self.d, self.ff, ACT_IDS[act], wo.in_features, *map(_ptr, self.norms), *[x for p in products for x in p])
+        self.plan = (
+            None
+            if None in products or not _floats(self.norms)
+            else _ints(
+                self.d, self.ff, ACT_IDS[act], wo.in_features, *map(_ptr, self.norms), *[x for p in products for x in p]
+            )
+        )
 
 
-def ffn_block(plan: FfnPlan, a: torch.Tensor, x: torch.Tensor, next_norm: torch.Tensor,
-              eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+def ffn_block(
+    plan: FfnPlan, a: torch.Tensor, x: torch.Tensor, next_norm: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """From the attention's rows a (T, width) and the residual stream x (T, d): the new
     stream and its next_norm (T, d) each, as `PreNormBlock` computes them; None where the
     kernel does not apply."""
@@ -72,8 +84,18 @@ def ffn_block(plan: FfnPlan, a: torch.Tensor, x: torch.Tensor, next_norm: torch.
         return None
     T = a.shape[0]
     xo, y = torch.empty(T, plan.d), torch.empty(T, plan.d)
-    if lib.tk_ffn_block(plan.plan, a.data_ptr(), x.data_ptr(), T, eps, next_norm.data_ptr(), xo.data_ptr(),
-                        y.data_ptr(), library.threads(), qm.PARALLEL_MIN_BYTES):
+    if lib.tk_ffn_block(
+        plan.plan,
+        a.data_ptr(),
+        x.data_ptr(),
+        T,
+        eps,
+        next_norm.data_ptr(),
+        xo.data_ptr(),
+        y.data_ptr(),
+        library.threads(),
+        qm.PARALLEL_MIN_BYTES,
+    ):
         raise RuntimeError("tightkv kernel: the feed-forward sublayer failed")
     return xo, y
 
@@ -86,12 +108,16 @@ class QkvPlan:
         self.vectors = (bias, q_norm, k_norm)  # kept alive: the plan points at them
         product = _product(wqkv)
         self.shape = (heads, kv_heads, head_dim)
-        self.plan = None if product is None or not _floats(self.vectors) or head_dim > 512 else _ints(
-            heads, kv_heads, head_dim, wqkv.in_features, *map(_ptr, self.vectors), *product)
+        self.plan = (
+            None
+            if product is None or not _floats(self.vectors) or head_dim > 512
+            else _ints(heads, kv_heads, head_dim, wqkv.in_features, *map(_ptr, self.vectors), *product)
+        )
 
 
-def qkv_block(plan: QkvPlan, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-              eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+def qkv_block(
+    plan: QkvPlan, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """q (H, T, D), k and v (Hkv, T, D) from the normed rows y (T, hidden), as
     `base.qkv_heads` gives them from the projection; None where the kernel does not apply."""
     lib = library.library() if plan.plan is not None and qm.get_backend() == "fast" else None
@@ -101,7 +127,19 @@ def qkv_block(plan: QkvPlan, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     T = y.shape[0]
     cos, sin = cos.contiguous(), sin.contiguous()
     q, k, v = torch.empty(H, T, D), torch.empty(Hkv, T, D), torch.empty(Hkv, T, D)
-    if lib.tk_qkv_block(plan.plan, y.data_ptr(), T, eps, cos.data_ptr(), sin.data_ptr(), 2 * cos.shape[-1],
-                        q.data_ptr(), k.data_ptr(), v.data_ptr(), library.threads(), qm.PARALLEL_MIN_BYTES):
+    if lib.tk_qkv_block(
+        plan.plan,
+        y.data_ptr(),
+        T,
+        eps,
+        cos.data_ptr(),
+        sin.data_ptr(),
+        2 * cos.shape[-1],
+        q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+        library.threads(),
+        qm.PARALLEL_MIN_BYTES,
+    ):
         raise RuntimeError("tightkv kernel: the q/k/v sublayer failed")
     return q, k, v

@@ -13,6 +13,7 @@ Layouts (little-endian, low bits first), for n codes along the last axis:
 indexed by whole bytes (12-bit groups for 3 bits), so a decode is one gather and
 no per-code shifts.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache

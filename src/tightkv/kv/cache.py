@@ -9,6 +9,7 @@ Shapes: ``q`` (H, T, D) for the T new positions ``offset .. offset+T-1``;
 ``k`` (Hkv, T, D) and ``v`` (Hkv, T, Dv) are the new tokens after RoPE; the output
 is (H, T, Dv). H is a multiple of Hkv (grouped-query attention).
 """
+
 from __future__ import annotations
 
 from typing import Protocol
@@ -18,7 +19,6 @@ import torch.nn.functional as F
 
 from . import fused
 from .codecs import DENSE_DTYPES
-
 
 
 class LayerCache(Protocol):
@@ -56,8 +56,7 @@ class LayerCache(Protocol):
         """Tensors (copies) that reproduce this cache with `load_state`: what it holds, no more."""
         ...
 
-    def load_state(self, state: dict[str, torch.Tensor]) -> None:
-        ...
+    def load_state(self, state: dict[str, torch.Tensor]) -> None: ...
 
 
 def trim_to(cache: list, keep: int) -> bool:
@@ -123,7 +122,9 @@ def causal_window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | N
     return mask
 
 
-def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+def dense_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
     """Softmax attention, q (H, T, D), k (Hkv, S, D), v (Hkv, S, Dv), mask (T, S) -> (H, T, Dv).
 
     Grouped-query heads share their KV head (``enable_gqa``), so K and V are never
@@ -147,8 +148,9 @@ class DenseCache:
     step = 256
     sink = recent = 0
 
-    def __init__(self, kind: str, num_kv_heads: int, head_dim: int, value_dim: int | None = None,
-                 window: int | None = None):
+    def __init__(
+        self, kind: str, num_kv_heads: int, head_dim: int, value_dim: int | None = None, window: int | None = None
+    ):
         self.kind = kind
         self.dtype = DENSE_DTYPES[kind]
         self.window = window
@@ -227,8 +229,11 @@ class DenseCache:
     def state(self):
         drop = max(0, self.length - self.window) if self.window else 0  # tokens not shifted out yet
         meta = torch.tensor([self.offset, self.start + drop, self.length - drop], dtype=torch.int64)
-        return {"keys": self.keys[:, drop : self.length].clone(), "values": self.values[:, drop : self.length].clone(),
-                "meta": meta}
+        return {
+            "keys": self.keys[:, drop : self.length].clone(),
+            "values": self.values[:, drop : self.length].clone(),
+            "meta": meta,
+        }
 
     def load_state(self, state):
         self.offset, self.start, self.length = (int(x) for x in state["meta"])
@@ -240,4 +245,3 @@ def _grow(t: torch.Tensor, capacity: int) -> torch.Tensor:
     new = torch.empty(t.shape[0], capacity, t.shape[2], dtype=t.dtype)
     new[:, : t.shape[1]] = t
     return new
-

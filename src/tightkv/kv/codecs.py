@@ -33,6 +33,7 @@ Our variants differ from the papers as follows: all of them centre (above);
 stores the least-squares scale <x, c>/<c, c> instead of the norm (same bytes,
 lower error); ``kiviB`` flushes keys every 32 tokens instead of every 128.
 """
+
 from __future__ import annotations
 
 import functools
@@ -297,8 +298,13 @@ class TurboQuant(Codec):
     def encoder_tables(self) -> tuple:
         """What the C++ encoder takes: R.T (dim, dim) float32, the rotation's signs (dim,)
         and Hadamard block size (R = H diag(signs) per block), thresholds, codebook."""
-        return (self.rotation.float().mT.contiguous(), rotation_signs(self.dim, self.seed),
-                rotation_block(self.dim), self.thresholds.float().contiguous(), self.codebook.float().contiguous())
+        return (
+            self.rotation.float().mT.contiguous(),
+            rotation_signs(self.dim, self.seed),
+            rotation_block(self.dim),
+            self.thresholds.float().contiguous(),
+            self.codebook.float().contiguous(),
+        )
 
     def unit_bytes(self):
         return packed_size(self.dim, self.code_bits) + 2
@@ -350,8 +356,12 @@ class TurboQuantProd(TurboQuant):
         idx = self.quantize_unit(y)
         r = y - self.codebook[idx]
         signs = (r @ self.projection.mT) >= 0
-        return {"idx": pack(idx, self.code_bits), "norm": _f16(norm),
-                "signs": pack(signs, 1), "rnorm": _f16(r.norm(dim=-1))}
+        return {
+            "idx": pack(idx, self.code_bits),
+            "norm": _f16(norm),
+            "signs": pack(signs, 1),
+            "rnorm": _f16(r.norm(dim=-1)),
+        }
 
     def decode(self, fields):
         c = lut_decode(fields["idx"], self.values, self.code_bits)

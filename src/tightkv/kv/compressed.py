@@ -33,6 +33,7 @@ the layer compresses) is subtracted before encoding; scores of body keys get
 q . c_k added back, which is exact. Values likewise: out += c_v * (body weight).
 Sliding-window layers keep only what a future query can see.
 """
+
 from __future__ import annotations
 
 import torch
@@ -72,8 +73,16 @@ class CompressedCache:
     step = 256  # growth of the exact store, in tokens
     block_elems = 1 << 18  # body elements decoded at a time per K or V (1 MiB of float32)
 
-    def __init__(self, kcodec: Codec, vcodec: Codec, num_kv_heads: int, window: int | None = None,
-                 sink: int = 4, recent: int = 128, max_tokens: int | None = None):
+    def __init__(
+        self,
+        kcodec: Codec,
+        vcodec: Codec,
+        num_kv_heads: int,
+        window: int | None = None,
+        sink: int = 4,
+        recent: int = 128,
+        max_tokens: int | None = None,
+    ):
         self.kc, self.vc = kcodec, vcodec
         self.tile = max(kcodec.tile, vcodec.tile)
         if self.tile % kcodec.tile or self.tile % vcodec.tile:
@@ -139,8 +148,16 @@ class CompressedCache:
 
     def kernel_inputs(self) -> tuple:
         """`fused.kernel_inputs` of this cache, kept while its stores and channel vectors stay."""
-        key = (self.exact_k, self.exact_v, *self.body_k.values(), *self.body_v.values(),
-               self.kscale, self.kcenter, self.vscale, self.vcenter)
+        key = (
+            self.exact_k,
+            self.exact_v,
+            *self.body_k.values(),
+            *self.body_v.values(),
+            self.kscale,
+            self.kcenter,
+            self.vscale,
+            self.vcenter,
+        )
         old = self._kernel_inputs[0]
         if len(key) != len(old) or any(a is not b for a, b in zip(key, old)):
             self._kernel_inputs = (key, fused.kernel_inputs(self))
@@ -208,8 +225,20 @@ class CompressedCache:
         for name in ("kcenter", "vcenter", "kscale", "vscale"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name).clone()
-        out["meta"] = torch.tensor([self.offset, self.body_start + u0 * self.tile, self.body_end, self.nsink, p0,
-                                    self.sink, self.recent, self.tile, self._qn], dtype=torch.int64)
+        out["meta"] = torch.tensor(
+            [
+                self.offset,
+                self.body_start + u0 * self.tile,
+                self.body_end,
+                self.nsink,
+                p0,
+                self.sink,
+                self.recent,
+                self.tile,
+                self._qn,
+            ],
+            dtype=torch.int64,
+        )
         out["query_sq"] = self._query_sq().clone()  # what the key scales are fitted from, until they are
         return out
 
@@ -217,7 +246,13 @@ class CompressedCache:
         offset, body_start, body_end, nsink, p0, sink, recent, tile, qn = (int(x) for x in state["meta"])
         if (sink, recent, tile) != (self.sink, self.recent, self.tile):
             raise ValueError("state was saved by a cache with another sink, recent window or tile")
-        self.offset, self.body_start, self.body_end, self.nsink, self.pool_start = offset, body_start, body_end, nsink, p0
+        self.offset, self.body_start, self.body_end, self.nsink, self.pool_start = (
+            offset,
+            body_start,
+            body_end,
+            nsink,
+            p0,
+        )
         self._qsq, self._qn = state["query_sq"].to(torch.float64).clone(), qn
         self._qstep = None
         self.body_k = {n[2:]: t.clone() for n, t in state.items() if n.startswith("k.")}
@@ -289,7 +324,9 @@ class CompressedCache:
 
     def _decode(self, which: str, u0: int, u1: int) -> torch.Tensor:
         """Body units [u0, u1) of keys or values, decoded to the codec's domain (Hkv, n, dim)."""
-        codec, fields, r = (self.kc, self.body_k, self.k_units) if which == "k" else (self.vc, self.body_v, self.v_units)
+        codec, fields, r = (
+            (self.kc, self.body_k, self.k_units) if which == "k" else (self.vc, self.body_v, self.v_units)
+        )
         if r == 1:
             return codec.decode({n: t[:, u0:u1] for n, t in fields.items()})
         return codec.decode({n: t[:, u0:u1].flatten(1, 2) for n, t in fields.items()})
@@ -501,8 +538,9 @@ def _take(t: torch.Tensor, idx: torch.Tensor, capacity: int) -> torch.Tensor:
     return new
 
 
-def layer_bytes(kcodec: Codec, vcodec: Codec, num_kv_heads: int, window: int | None, sink: int,
-                recent: int, tokens: int) -> int:
+def layer_bytes(
+    kcodec: Codec, vcodec: Codec, num_kv_heads: int, window: int | None, sink: int, recent: int, tokens: int
+) -> int:
     """What `CompressedCache.nbytes` is after `tokens` tokens: bits per element times
     elements for the body, fp16 for the exact sink and pool, plus centring vectors."""
     tile = max(kcodec.tile, vcodec.tile)

@@ -8,6 +8,7 @@ scale, codebook); a codec says what it hands over through `kernel_kind` and
 (the reference backend, no compiler, a format or shape it does not take): the
 caller then takes the torch reference path.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,8 +21,12 @@ from .rotation import rotation_block, rotation_signs
 def takes(kcodec, vcodec, tile: int) -> bool:
     """Whether the kernel can attend over a compressed cache with these codecs: kinds it
     knows, head dims it takes, and groups of tokens that its 32-token blocks never straddle."""
-    return (kcodec.kernel_kind in KINDS and vcodec.kernel_kind in KINDS and kernel.dims_ok(kcodec.dim, vcodec.dim)
-            and all(r == 1 or (r % BLOCK == 0 and tile % r == 0) for c in (kcodec, vcodec) for r in c.kernel_rows))
+    return (
+        kcodec.kernel_kind in KINDS
+        and vcodec.kernel_kind in KINDS
+        and kernel.dims_ok(kcodec.dim, vcodec.dim)
+        and all(r == 1 or (r % BLOCK == 0 and tile % r == 0) for c in (kcodec, vcodec) for r in c.kernel_rows)
+    )
 
 
 # --- dense cache ------------------------------------------------------------------
@@ -72,13 +77,31 @@ def kernel_inputs(cache) -> tuple:
     segs = [kernel.segment(F16, F16, False, (ek,), (ev,))] * 2  # sink, pool
     kc, vc = cache.kc, cache.vc
     if cache.body_k:
-        segs.append(kernel.segment(KINDS[kc.kernel_kind], KINDS[vc.kernel_kind], True,
-                                   _fields(kc, cache.body_k, cache.tile), _fields(vc, cache.body_v, cache.tile),
-                                   kc.kernel_rows, vc.kernel_rows))
-    ks, kcn, vs, vcn = (None if t is None else t.float().contiguous()
-                        for t in (cache.kscale, cache.kcenter, cache.vscale, cache.vcenter))
-    return kernel.pack(segs), dict(krot=_rotation(kc), kscale=ks, kcenter=kcn, vrot=_rotation(vc), vscale=vs,
-                                   vcenter=vcn, kcb=_codebook(kc), vcb=_codebook(vc))
+        segs.append(
+            kernel.segment(
+                KINDS[kc.kernel_kind],
+                KINDS[vc.kernel_kind],
+                True,
+                _fields(kc, cache.body_k, cache.tile),
+                _fields(vc, cache.body_v, cache.tile),
+                kc.kernel_rows,
+                vc.kernel_rows,
+            )
+        )
+    ks, kcn, vs, vcn = (
+        None if t is None else t.float().contiguous()
+        for t in (cache.kscale, cache.kcenter, cache.vscale, cache.vcenter)
+    )
+    return kernel.pack(segs), dict(
+        krot=_rotation(kc),
+        kscale=ks,
+        kcenter=kcn,
+        vrot=_rotation(vc),
+        vscale=vs,
+        vcenter=vcn,
+        kcb=_codebook(kc),
+        vcb=_codebook(vc),
+    )
 
 
 def _rotation(codec) -> tuple | None:
@@ -128,8 +151,12 @@ def _prefill_ranges(cache, T: int, q_pos0: int, b: torch.Tensor, body: bool) -> 
     p = q_pos0 + torch.arange(T)
     wlo = p - win + 1 if win is not None else torch.zeros_like(p)
     lo = torch.maximum(b.clamp_min(pool0), wlo)
-    parts = [wlo.clamp_min(0), (p + 1).clamp_max(nsink),
-             nsink + lo - pool0, (nsink + p + 1 - pool0).clamp_max(n_ex_end)]
+    parts = [
+        wlo.clamp_min(0),
+        (p + 1).clamp_max(nsink),
+        nsink + lo - pool0,
+        (nsink + p + 1 - pool0).clamp_max(n_ex_end),
+    ]
     if body:
         parts += [(wlo - c0).clamp_min(0), torch.minimum(b - c0, p + 1 - c0).clamp_max(cache.body_end - c0)]
     return torch.stack(parts, 1).view(T, -1, 2).transpose(0, 1).contiguous()
@@ -147,5 +174,13 @@ def encode(codec, x: torch.Tensor) -> dict | None:
         return None
     if codec.kernel_encoder == "tq":
         return kernel.tq_encode(lib, x, codec.code_bits, *codec.encoder_tables, codec.paper)
-    return kernel.kvarn_encode(lib, x, codec.tile, codec.code_bits, codec.role, codec.iters,
-                               rotation_signs(codec.dim, codec.seed), rotation_block(codec.dim))
+    return kernel.kvarn_encode(
+        lib,
+        x,
+        codec.tile,
+        codec.code_bits,
+        codec.role,
+        codec.iters,
+        rotation_signs(codec.dim, codec.seed),
+        rotation_block(codec.dim),
+    )

@@ -10,6 +10,7 @@ The matrix is materialized once per (dim, seed) and applied as a matmul: for
 the few vectors a decode step rotates (one query, one new key) a BLAS call beats
 log2(d) reshaped butterflies in Python.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache

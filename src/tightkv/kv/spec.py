@@ -22,6 +22,7 @@ of the two. Presets:
   FP32 cache at 32K tokens on Gemma 3 270M, 9.4x on a Llama-shaped model, all counted.
 - ``k8v4``: q8_0 keys, tq4 values (keys carry the damage).
 """
+
 from __future__ import annotations
 
 import os
@@ -76,11 +77,18 @@ class KVSpec:
     def policy(self, k: str, v: str) -> tuple[int, int]:
         """(sink, recent) for a layer of these types: the spec's, else the larger default."""
         (ks, kr), (vs, vr) = codec_defaults(k), codec_defaults(v)
-        return (max(ks, vs) if self.sink is None else self.sink,
-                max(kr, vr) if self.recent is None else self.recent)
+        return (max(ks, vs) if self.sink is None else self.sink, max(kr, vr) if self.recent is None else self.recent)
 
-    def make_cache(self, layer: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                   value_dim: int | None = None, window: int | None = None, max_tokens: int | None = None):
+    def make_cache(
+        self,
+        layer: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        value_dim: int | None = None,
+        window: int | None = None,
+        max_tokens: int | None = None,
+    ):
         """The cache of one layer; max_tokens (the context length) lets it reserve its store."""
         from .cache import DenseCache
         from .compressed import CompressedCache
@@ -95,8 +103,7 @@ class KVSpec:
             return DenseCache("f16", num_kv_heads, head_dim, value_dim, window)
         return CompressedCache(kc, vc, num_kv_heads, window, sink, recent, max_tokens)
 
-    def make_caches(self, cache_layout: list[tuple[int, int, int, int | None]],
-                    max_tokens: int | None = None) -> list:
+    def make_caches(self, cache_layout: list[tuple[int, int, int, int | None]], max_tokens: int | None = None) -> list:
         """One cache per layer from [(kv heads, key dim, value dim, window or None)]."""
         n = len(cache_layout)
         return [self.make_cache(i, n, h, d, dv, w, max_tokens) for i, (h, d, dv, w) in enumerate(cache_layout)]
@@ -109,8 +116,10 @@ def valid_names() -> list[str]:
 def _type(name: str) -> str:
     if name in PRESETS:  # a preset names both halves: it cannot be one side of a pair
         p = PRESETS[name]
-        raise TightKVError(f"'{name}' is a preset for keys and values together ({p['k']}:{p['v']}), not one side's "
-                           f"type; use it whole (--kv {name}) or name each side's type (e.g. {p['k']})")
+        raise TightKVError(
+            f"'{name}' is a preset for keys and values together ({p['k']}:{p['v']}), not one side's "
+            f"type; use it whole (--kv {name}) or name each side's type (e.g. {p['k']})"
+        )
     if name not in codec_names():
         raise TightKVError(f"unknown KV cache type '{name}' (valid: {', '.join(valid_names())})")
     return name
@@ -194,8 +203,9 @@ def _dense_bytes(itemsize: int, layout, tokens: int) -> int:
     return total
 
 
-def kv_bytes_per_token(spec: "str | KVSpec", cache_layout: list[tuple[int, int, int, int | None]],
-                       context: int) -> dict:
+def kv_bytes_per_token(
+    spec: "str | KVSpec", cache_layout: list[tuple[int, int, int, int | None]], context: int
+) -> dict:
     """KV bytes a model's cache holds at `context` tokens with this spec, everything
     counted (body codes and scales, exact sink and window, centring vectors), against
     dense FP16 and FP32 caches under the same sliding-window policy.
@@ -210,11 +220,19 @@ def kv_bytes_per_token(spec: "str | KVSpec", cache_layout: list[tuple[int, int, 
     for i, (h, d, dv, w) in enumerate(cache_layout):
         k, v = spec.types(i, n)
         cache = spec.make_cache(i, n, h, d, dv, w)
-        layers.append({"k": k, "v": v, "sink": cache.sink, "recent": cache.recent, "window": w,
-                       "bytes": cache.bytes_at(context)})
+        layers.append(
+            {"k": k, "v": v, "sink": cache.sink, "recent": cache.recent, "window": w, "bytes": cache.bytes_at(context)}
+        )
     total = sum(x["bytes"] for x in layers)
     f16, f32 = _dense_bytes(2, cache_layout, context), _dense_bytes(4, cache_layout, context)
-    return {"spec": str(spec), "context": context, "total_bytes": total,
-            "bytes_per_token": total / max(1, context), "f16_bytes": f16, "f32_bytes": f32,
-            "ratio_vs_f16": f16 / total if total else float("inf"),
-            "ratio_vs_f32": f32 / total if total else float("inf"), "layers": layers}
+    return {
+        "spec": str(spec),
+        "context": context,
+        "total_bytes": total,
+        "bytes_per_token": total / max(1, context),
+        "f16_bytes": f16,
+        "f32_bytes": f32,
+        "ratio_vs_f16": f16 / total if total else float("inf"),
+        "ratio_vs_f32": f32 / total if total else float("inf"),
+        "layers": layers,
+    }

@@ -13,6 +13,7 @@ docstring). It ignores how errors compound across layers, so confirm with
     layers = tune.capture(m, ids)                 # one f32 run, q/k/v kept per layer
     print(tune.attention_error(layers, "tq4"))    # {"mean": ..., "layers": [...]}
 """
+
 from __future__ import annotations
 
 import torch
@@ -39,9 +40,16 @@ def capture(model, ids: list[int], chunk: int = 512) -> list[dict]:
         caches.append(c)
     for s in range(0, len(ids), chunk):
         model.net(torch.tensor(ids[s : s + chunk]), caches, logits_at=torch.tensor([], dtype=torch.long))
-    return [{"q": torch.cat([x[0] for x in c.log], 1), "k": torch.cat([x[1] for x in c.log], 1),
-             "v": torch.cat([x[2] for x in c.log], 1), "window": w, "scale": c.scale}
-            for c, (_, _, _, w) in zip(caches, layout)]
+    return [
+        {
+            "q": torch.cat([x[0] for x in c.log], 1),
+            "k": torch.cat([x[1] for x in c.log], 1),
+            "v": torch.cat([x[2] for x in c.log], 1),
+            "window": w,
+            "scale": c.scale,
+        }
+        for c, (_, _, _, w) in zip(caches, layout)
+    ]
 
 
 @torch.inference_mode()
@@ -54,11 +62,17 @@ def attention_error(layers: list[dict], spec: str, chunk: int = 512, scored_from
         q, k, v = L["q"], L["k"], L["v"]
         n = q.shape[1]
         pos = torch.arange(n)
-        exact = dense_attention(q, k.half().float(), v.half().float(),
-                                causal_window_mask(pos, pos, L["window"]), L["scale"])
+        exact = dense_attention(
+            q, k.half().float(), v.half().float(), causal_window_mask(pos, pos, L["window"]), L["scale"]
+        )
         cache = parse_kv(spec).make_cache(i, n_layers, k.shape[0], k.shape[2], v.shape[2], L["window"])
-        out = torch.cat([cache.attend(q[:, s : s + chunk], k[:, s : s + chunk], v[:, s : s + chunk], L["scale"])
-                         for s in range(0, n, chunk)], 1)
+        out = torch.cat(
+            [
+                cache.attend(q[:, s : s + chunk], k[:, s : s + chunk], v[:, s : s + chunk], L["scale"])
+                for s in range(0, n, chunk)
+            ],
+            1,
+        )
         a = int(n * scored_from)
         errs.append(float(((out[:, a:] - exact[:, a:]) ** 2).sum() / (exact[:, a:] ** 2).sum()))
     return {"spec": spec, "mean": sum(errs) / len(errs), "max": max(errs), "layers": errs}

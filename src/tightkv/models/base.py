@@ -4,6 +4,7 @@ loading that keeps blocks quantized, RMSNorm, RoPE and the family registry.
 A family module (``models/<arch>.py``) defines ``ModelArgs`` and ``Model`` and is
 found by the GGUF's ``general.architecture``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -144,8 +145,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
-def add_rms_norm(x: torch.Tensor, h: torch.Tensor, h_norm: torch.Tensor | None, norm: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, h: torch.Tensor, h_norm: torch.Tensor | None, norm: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual step between sublayers: x + rms_norm(h, h_norm) (x + h where h_norm is
     None), and that sum normed by `norm` for the next sublayer: (x, y), both (T, d). One
     kernel call where the library is loaded, the same numbers as the ops one by one."""
@@ -157,8 +159,17 @@ def add_rms_norm(x: torch.Tensor, h: torch.Tensor, h_norm: torch.Tensor | None, 
     x, h = x.contiguous(), h.contiguous()
     xo, y = torch.empty_like(x), torch.empty_like(x)
     d = x.shape[-1]
-    lib.tk_add_rms_norm(x.data_ptr(), h.data_ptr(), None if h_norm is None else h_norm.data_ptr(), norm.data_ptr(),
-                        x.numel() // d, d, eps, xo.data_ptr(), y.data_ptr())
+    lib.tk_add_rms_norm(
+        x.data_ptr(),
+        h.data_ptr(),
+        None if h_norm is None else h_norm.data_ptr(),
+        norm.data_ptr(),
+        x.numel() // d,
+        d,
+        eps,
+        xo.data_ptr(),
+        y.data_ptr(),
+    )
     return xo, y
 
 
@@ -173,13 +184,15 @@ class PreNormBlock(torch.nn.Module):
     post_attn_norm: torch.Tensor | None = None
     post_ffn_norm: torch.Tensor | None = None
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor, rope, cache,
-                next_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, y: torch.Tensor, rope, cache, next_norm: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         a = self.attn(y, rope, cache)  # (T, H Dv)
         plan = self.__dict__.get("_ffn_plan")
         if plan is None:
-            plan = self._ffn_plan = sublayers.FfnPlan(self.attn.wo, self.mlp, self.post_attn_norm, self.ffn_norm,
-                                                      self.post_ffn_norm, self.mlp.act)
+            plan = self._ffn_plan = sublayers.FfnPlan(
+                self.attn.wo, self.mlp, self.post_attn_norm, self.ffn_norm, self.post_ffn_norm, self.mlp.act
+            )
         out = sublayers.ffn_block(plan, a, x, next_norm, self.eps)
         if out is not None:
             return out
@@ -210,8 +223,14 @@ def output_rows(y: torch.Tensor, logits_at: torch.Tensor | None, hidden: bool, o
     return y if hidden else output(y)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, scale: float = 1.0,
-                 factors: torch.Tensor | None = None, mscale: float = 1.0):
+def rope_cos_sin(
+    positions: torch.Tensor,
+    head_dim: int,
+    theta: float,
+    scale: float = 1.0,
+    factors: torch.Tensor | None = None,
+    mscale: float = 1.0,
+):
     """cos, sin (T, head_dim/2) at the given positions (T,).
 
     Frequency i is theta^(-2i/head_dim) * scale / factors[i] (linear scaling and
@@ -239,8 +258,9 @@ class RopeTables:
     def __init__(self, positions: torch.Tensor, head_dim: int):
         self.positions, self.head_dim, self.tables = positions, head_dim, {}
 
-    def get(self, theta: float, scale: float = 1.0, factors: torch.Tensor | None = None,
-            mscale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    def get(
+        self, theta: float, scale: float = 1.0, factors: torch.Tensor | None = None, mscale: float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         key = (theta, scale, None if factors is None else id(factors), mscale)
         if key not in self.tables:
             self.tables[key] = rope_cos_sin(self.positions, self.head_dim, theta, scale, factors, mscale)
@@ -255,8 +275,9 @@ def apply_rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
     if lib is not None and x.dim() == 3:
         x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()  # the same path for any layout
         out = torch.empty_like(x)
-        lib.tk_rope_neox(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), x.shape[0], x.shape[1], x.shape[2], rot,
-                         out.data_ptr())
+        lib.tk_rope_neox(
+            x.data_ptr(), cos.data_ptr(), sin.data_ptr(), x.shape[0], x.shape[1], x.shape[2], rot, out.data_ptr()
+        )
         return out
     if rot < x.shape[-1]:
         return torch.cat((apply_rope_neox(x[..., :rot], cos, sin), x[..., rot:]), dim=-1)
@@ -265,9 +286,17 @@ def apply_rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
-def qkv_heads(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, cos: torch.Tensor,
-              sin: torch.Tensor, q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
-              eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def qkv_heads(
+    qkv: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    eps: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q (H, T, D), k and v (Hkv, T, D) from a fused projection qkv (T, (H + 2 Hkv) D):
     q and k RMS-normed per head by q_norm / k_norm where given, then NeoX-rotated
     (`apply_rope_neox`); one kernel call where the library is loaded, the same numbers."""
@@ -284,14 +313,28 @@ def qkv_heads(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: in
         return apply_rope_neox(q, cos, sin), apply_rope_neox(k, cos, sin), v
     qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
     q, k, v = torch.empty(num_heads, T, D), torch.empty(num_kv_heads, T, D), torch.empty(num_kv_heads, T, D)
-    lib.tk_qkv_heads(qkv.data_ptr(), T, num_heads, num_kv_heads, D, None if q_norm is None else q_norm.data_ptr(),
-                     None if k_norm is None else k_norm.data_ptr(), eps, cos.data_ptr(), sin.data_ptr(), 2 * cos.shape[-1],
-                     q.data_ptr(), k.data_ptr(), v.data_ptr())
+    lib.tk_qkv_heads(
+        qkv.data_ptr(),
+        T,
+        num_heads,
+        num_kv_heads,
+        D,
+        None if q_norm is None else q_norm.data_ptr(),
+        None if k_norm is None else k_norm.data_ptr(),
+        eps,
+        cos.data_ptr(),
+        sin.data_ptr(),
+        2 * cos.shape[-1],
+        q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+    )
     return q, k, v
 
 
-def project_heads(attn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def project_heads(
+    attn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q (H, T, D), k and v (Hkv, T, D) from a block's normed rows x (T, hidden) by attn's
     fused projection wqkv, plus its bias bqkv and per-head norms q_norm / k_norm where attn
     has them, NeoX-rotated by cos, sin (`qkv_heads`); one kernel call for decode rows
@@ -300,8 +343,9 @@ def project_heads(attn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     bias, q_norm, k_norm = (getattr(attn, n, None) for n in ("bqkv", "q_norm", "k_norm"))
     plan = attn.__dict__.get("_qkv_plan")
     if plan is None:
-        plan = attn._qkv_plan = sublayers.QkvPlan(attn.wqkv, a.num_heads, a.num_kv_heads, a.head_dim, bias, q_norm,
-                                                  k_norm)
+        plan = attn._qkv_plan = sublayers.QkvPlan(
+            attn.wqkv, a.num_heads, a.num_kv_heads, a.head_dim, bias, q_norm, k_norm
+        )
     out = sublayers.qkv_block(plan, x, cos, sin, eps)
     if out is not None:
         return out
@@ -392,7 +436,23 @@ def build_model(g: GGUFFile):
 
 
 __all__ = [
-    "BaseModelArgs", "Weights", "rms_norm", "add_rms_norm", "PreNormBlock", "run_layers", "output_rows", "rope_cos_sin", "RopeTables",
-    "apply_rope_neox", "qkv_heads", "project_heads", "apply_rope_interleaved", "linear_rope_scale", "gelu_tanh", "glu", "GatedMLP",
-    "load_family", "build_model",
+    "BaseModelArgs",
+    "Weights",
+    "rms_norm",
+    "add_rms_norm",
+    "PreNormBlock",
+    "run_layers",
+    "output_rows",
+    "rope_cos_sin",
+    "RopeTables",
+    "apply_rope_neox",
+    "qkv_heads",
+    "project_heads",
+    "apply_rope_interleaved",
+    "linear_rope_scale",
+    "gelu_tanh",
+    "glu",
+    "GatedMLP",
+    "load_family",
+    "build_model",
 ]

@@ -7,6 +7,7 @@ Follows llama.cpp's gemma3 graph: 5 of every 6 layers attend to the last
 the file's RoPE base (and linear RoPE scaling, if the file has one). GGUF stores
 the norm weights with Gemma's ``+1`` already added.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,10 @@ class ModelArgs(BaseModelArgs):
         return super().from_gguf(g, **extra)
 
     def cache_layout(self) -> list[tuple[int, int, int, int | None]]:
-        return [(self.num_kv_heads, self.head_dim, self.head_dim, self.sliding_window if self.is_sliding(i) else None)
-                for i in range(self.num_layers)]
+        return [
+            (self.num_kv_heads, self.head_dim, self.head_dim, self.sliding_window if self.is_sliding(i) else None)
+            for i in range(self.num_layers)
+        ]
 
     def is_sliding(self, layer: int) -> bool:
         return layer % self.sliding_window_pattern < self.sliding_window_pattern - 1
@@ -81,7 +84,8 @@ class Block(PreNormBlock):
         self.mlp = GatedMLP(w, i, "gelu")
         names = ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
         self.attn_norm, self.post_attn_norm, self.ffn_norm, self.post_ffn_norm = (
-            w.vector(p + n + ".weight") for n in names)
+            w.vector(p + n + ".weight") for n in names
+        )
 
 
 class Model(torch.nn.Module):
@@ -98,8 +102,9 @@ class Model(torch.nn.Module):
     def cache_layout(self) -> list[tuple[int, int, int, int | None]]:
         return self.args.cache_layout()
 
-    def forward(self, ids: torch.Tensor, cache: list, logits_at: torch.Tensor | None = None,
-                hidden: bool = False) -> torch.Tensor | None:
+    def forward(
+        self, ids: torch.Tensor, cache: list, logits_at: torch.Tensor | None = None, hidden: bool = False
+    ) -> torch.Tensor | None:
         """Run ids (T,) at positions cache.offset.. (a batch: one row per sequence); logits (len(logits_at), vocab) for the
         chosen row indices (all rows if None), or None when logits_at is empty. With
         hidden=True, the final-normed hidden states (rows, hidden_size) instead:

@@ -12,6 +12,7 @@ RoPE scaling: Llama 3.1+ files carry per-frequency divisors as the
 ``rope_freqs.weight`` tensor (the converter's llama3 factors), older ones may
 have linear ``rope.scaling.{type,factor}``.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,8 +22,16 @@ import torch
 
 from ..kv.cache import positions
 from .base import (
-    BaseModelArgs, GatedMLP, PreNormBlock, RopeTables, Weights, apply_rope_interleaved, linear_rope_scale,
-    output_rows, run_layers)
+    BaseModelArgs,
+    GatedMLP,
+    PreNormBlock,
+    RopeTables,
+    Weights,
+    apply_rope_interleaved,
+    linear_rope_scale,
+    output_rows,
+    run_layers,
+)
 
 
 @dataclass
@@ -84,8 +93,9 @@ class Model(torch.nn.Module):
     def cache_layout(self) -> list[tuple[int, int, int, int | None]]:
         return self.args.cache_layout()
 
-    def forward(self, ids: torch.Tensor, cache: list, logits_at: torch.Tensor | None = None,
-                hidden: bool = False) -> torch.Tensor | None:
+    def forward(
+        self, ids: torch.Tensor, cache: list, logits_at: torch.Tensor | None = None, hidden: bool = False
+    ) -> torch.Tensor | None:
         """Run ids (T,) at positions cache.offset.. (a batch: one row per sequence); logits (len(logits_at), vocab) for the
         chosen row indices (all rows if None), or None when logits_at is empty. With
         hidden=True, the final-normed hidden states (rows, hidden_size) instead."""

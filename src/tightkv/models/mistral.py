@@ -4,6 +4,7 @@ sliding-window attention when the file has ``mistral.attention.sliding_window``
 Mistral checkpoints to the ``llama`` architecture (see llama.py); this file reads
 the same layout under the other name, so it reuses Llama's layers.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -10,6 +10,7 @@ with exceeds ``rope.scaling.original_context_length``; that is decided once (by
 default from the trained context, or by `set_context_length`), never between
 tokens of one cache. Phi-3's sliding window is ignored, as llama.cpp does.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,7 +20,16 @@ import torch
 
 from ..kv.cache import positions
 from .base import (
-    BaseModelArgs, PreNormBlock, RopeTables, Weights, glu, linear_rope_scale, output_rows, project_heads, run_layers)
+    BaseModelArgs,
+    PreNormBlock,
+    RopeTables,
+    Weights,
+    glu,
+    linear_rope_scale,
+    output_rows,
+    project_heads,
+    run_layers,
+)
 
 
 @dataclass
@@ -89,8 +99,11 @@ class Model(torch.nn.Module):
     def __init__(self, args: ModelArgs, w: Weights):
         super().__init__()
         self.args = args
-        self.factors = {kind: w.vector(f"rope_factors_{kind}.weight")  # (rope_dim/2,) frequency divisors
-                        for kind in ("long", "short") if w.has(f"rope_factors_{kind}.weight")}
+        self.factors = {
+            kind: w.vector(f"rope_factors_{kind}.weight")  # (rope_dim/2,) frequency divisors
+            for kind in ("long", "short")
+            if w.has(f"rope_factors_{kind}.weight")
+        }
         self.rope_factors: torch.Tensor | None = None
         self.set_context_length(args.context_length)
         self.embed = w.linear("token_embd.weight")  # (vocab, hidden) blocks
@@ -107,14 +120,16 @@ class Model(torch.nn.Module):
     def cache_layout(self) -> list[tuple[int, int, int, int | None]]:
         return self.args.cache_layout()
 
-    def forward(self, ids: torch.Tensor, cache: list, logits_at: torch.Tensor | None = None,
-                hidden: bool = False) -> torch.Tensor | None:
+    def forward(
+        self, ids: torch.Tensor, cache: list, logits_at: torch.Tensor | None = None, hidden: bool = False
+    ) -> torch.Tensor | None:
         """Run ids (T,) at positions cache.offset.. (a batch: one row per sequence); logits (len(logits_at), vocab) for the
         chosen row indices (all rows if None), or None when logits_at is empty. With
         hidden=True, the final-normed hidden states (rows, hidden_size) instead."""
         a = self.args
         rope = RopeTables(positions(cache, ids.shape[0]), a.rope_dim or a.head_dim).get(
-            a.rope_theta, a.rope_scale, self.rope_factors, a.rope_attn_factor)  # cos, sin (T, rope_dim/2)
+            a.rope_theta, a.rope_scale, self.rope_factors, a.rope_attn_factor
+        )  # cos, sin (T, rope_dim/2)
         x = self.embed.embed_rows(ids)  # (T, hidden)
         y = run_layers(self.layers, x, rope, cache, self.norm, self.args.rms_norm_eps)  # (T, hidden)
         return output_rows(y, logits_at, hidden, self.output)

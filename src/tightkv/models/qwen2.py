@@ -2,6 +2,7 @@
 NeoX-style RoPE (halves, not adjacent pairs: the converter does not permute Qwen's
 Q/K rows). Small models tie the output to the embedding.
 """
+
 from __future__ import annotations
 
 import math
@@ -11,7 +12,16 @@ import torch
 
 from ..kv.cache import positions
 from .base import (
-    BaseModelArgs, GatedMLP, PreNormBlock, RopeTables, Weights, linear_rope_scale, output_rows, project_heads, run_layers)
+    BaseModelArgs,
+    GatedMLP,
+    PreNormBlock,
+    RopeTables,
+    Weights,
+    linear_rope_scale,
+    output_rows,
+    project_heads,
+    run_layers,
+)
 
 
 @dataclass
@@ -68,8 +78,9 @@ class Model(torch.nn.Module):
     def cache_layout(self) -> list[tuple[int, int, int, int | None]]:
         return self.args.cache_layout()
 
-    def forward(self, ids: torch.Tensor, cache: list, logits_at: torch.Tensor | None = None,
-                hidden: bool = False) -> torch.Tensor | None:
+    def forward(
+        self, ids: torch.Tensor, cache: list, logits_at: torch.Tensor | None = None, hidden: bool = False
+    ) -> torch.Tensor | None:
         """Run ids (T,) at positions cache.offset.. (a batch: one row per sequence); logits (len(logits_at), vocab) for the
         chosen row indices (all rows if None), or None when logits_at is empty. With
         hidden=True, the final-normed hidden states (rows, hidden_size) instead."""

@@ -3,6 +3,7 @@ each query and key head (``attn_q_norm``/``attn_k_norm``, before RoPE), and a
 head_dim (``attention.key_length``, 128) that is not hidden / heads. NeoX RoPE,
 Q/K rows not permuted; small models tie the output to the embedding.
 """
+
 from __future__ import annotations
 
 import math
@@ -12,7 +13,16 @@ import torch
 
 from ..kv.cache import positions
 from .base import (
-    BaseModelArgs, GatedMLP, PreNormBlock, RopeTables, Weights, linear_rope_scale, output_rows, project_heads, run_layers)
+    BaseModelArgs,
+    GatedMLP,
+    PreNormBlock,
+    RopeTables,
+    Weights,
+    linear_rope_scale,
+    output_rows,
+    project_heads,
+    run_layers,
+)
 
 
 @dataclass
@@ -70,8 +80,9 @@ class Model(torch.nn.Module):
     def cache_layout(self) -> list[tuple[int, int, int, int | None]]:
         return self.args.cache_layout()
 
-    def forward(self, ids: torch.Tensor, cache: list, logits_at: torch.Tensor | None = None,
-                hidden: bool = False) -> torch.Tensor | None:
+    def forward(
+        self, ids: torch.Tensor, cache: list, logits_at: torch.Tensor | None = None, hidden: bool = False
+    ) -> torch.Tensor | None:
         """Run ids (T,) at positions cache.offset.. (a batch: one row per sequence); logits (len(logits_at), vocab) for the
         chosen row indices (all rows if None), or None when logits_at is empty. With
         hidden=True, the final-normed hidden states (rows, hidden_size) instead."""

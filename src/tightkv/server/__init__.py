@@ -8,6 +8,7 @@
   documents open here; the page itself is `web/` (HTML, CSS, JavaScript), served at `/`
 - `common`, `schemas`: error shapes, request parsing and validation, streaming
 """
+
 from __future__ import annotations
 
 __all__ = ["ServerConfig", "create_app"]

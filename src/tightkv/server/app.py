@@ -6,6 +6,7 @@ page at `/` (its files under `/web/`) and its `/v1/documents` routes.
 The model loads on the scheduler's worker thread after the app starts; until
 then `/health` answers 503 "Loading model" and generation routes 503.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,9 +37,12 @@ log = logging.getLogger("tightkv.server")
 DEFAULT_CTX = 4096  # like Ollama: a trained context of 32K+ would waste memory on every request
 MAX_BODY = 32 * 2**20  # bytes
 WEB = Path(__file__).resolve().parent / "web"  # the page's HTML, CSS and JavaScript (package data)
-PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; object-src 'none'; "
-                                           "base-uri 'none'; frame-ancestors 'none'",
-                "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; object-src 'none'; "
+    "base-uri 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+}
 
 
 @dataclass
@@ -114,9 +118,14 @@ class ServedModel:
 
     def details(self) -> dict:
         arch = str(self.metadata.get("general.architecture", ""))
-        return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch] if arch else None,
-                "parameter_size": human_number(self.n_params),
-                "quantization_level": file_type(self.metadata) or "unknown"}
+        return {
+            "parent_model": "",
+            "format": "gguf",
+            "family": arch,
+            "families": [arch] if arch else None,
+            "parameter_size": human_number(self.n_params),
+            "quantization_level": file_type(self.metadata) or "unknown",
+        }
 
     def modified_at(self) -> str:
         return datetime.fromtimestamp(self.mtime).astimezone().isoformat()
@@ -135,9 +144,13 @@ def _canonical(name: str) -> str | None:
 class ServerState:
     """Everything the routes share: config, the served model, the scheduler."""
 
-    def __init__(self, config: ServerConfig, load: Callable[[], Any] | None = None,
-                 on_failure: Callable[[BaseException], None] | None = None,
-                 on_ready: Callable[[Any], None] | None = None):
+    def __init__(
+        self,
+        config: ServerConfig,
+        load: Callable[[], Any] | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
+        on_ready: Callable[[Any], None] | None = None,
+    ):
         from ..registry import resolve
 
         self.config = config
@@ -149,9 +162,16 @@ class ServerState:
             if on_ready:
                 on_ready(model)
 
-        self.scheduler = Scheduler(load or self._load, config.parallel, config.max_queue,
-                                   on_ready=ready, on_failure=on_failure, cache_ram=config.cache_ram,
-                                   cache_disk=config.cache_disk, cache_disk_tokens=config.cache_disk_tokens)
+        self.scheduler = Scheduler(
+            load or self._load,
+            config.parallel,
+            config.max_queue,
+            on_ready=ready,
+            on_failure=on_failure,
+            cache_ram=config.cache_ram,
+            cache_disk=config.cache_disk,
+            cache_disk_tokens=config.cache_disk_tokens,
+        )
         from .sessions import Shelf
 
         self.shelf = Shelf(self.scheduler)  # the web page's documents
@@ -162,8 +182,9 @@ class ServerState:
 
         c = self.config
         auto = c.kv == "auto"
-        model = Model(self.served.path, kv=None if auto else c.kv, context_length=c.ctx or None,
-                      threads=c.threads)  # 0: trained
+        model = Model(
+            self.served.path, kv=None if auto else c.kv, context_length=c.ctx or None, threads=c.threads
+        )  # 0: trained
         if c.ctx is None:
             model.set_context_length(min(model.context_length, DEFAULT_CTX))
         if auto:  # every slot holds a whole context; the prefix store's RAM is spent too
@@ -174,8 +195,13 @@ class ServerState:
 
     def check_model(self, name: str | None) -> None:
         if not self.served.knows(name):
-            raise ApiError(404, f"model '{name}' not found (this server serves '{self.served.id}')",
-                           "not_found_error", param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"model '{name}' not found (this server serves '{self.served.id}')",
+                "not_found_error",
+                param="model",
+                code="model_not_found",
+            )
 
 
 def _public(method: str, path: str) -> bool:
@@ -201,8 +227,12 @@ class GuardMiddleware:
             auth = headers.get(b"authorization", b"")
             scheme, _, token = auth.partition(b" ")
             if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
-                err = ApiError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
-                               "authentication_error", code="invalid_api_key")
+                err = ApiError(
+                    401,
+                    "invalid or missing API key (send 'Authorization: Bearer <key>')",
+                    "authentication_error",
+                    code="invalid_api_key",
+                )
         length = headers.get(b"content-length", b"0")
         if err is None and length.isdigit() and int(length) > MAX_BODY:
             err = ApiError(413, f"the request body is larger than {MAX_BODY} bytes", code="request_too_large")
@@ -214,9 +244,12 @@ class GuardMiddleware:
         return await self.app(scope, receive, send)
 
 
-def create_app(config: ServerConfig, load: Callable[[], Any] | None = None,
-               on_failure: Callable[[BaseException], None] | None = None,
-               on_ready: Callable[[Any], None] | None = None) -> FastAPI:
+def create_app(
+    config: ServerConfig,
+    load: Callable[[], Any] | None = None,
+    on_failure: Callable[[BaseException], None] | None = None,
+    on_ready: Callable[[Any], None] | None = None,
+) -> FastAPI:
     """The ASGI app. `load` replaces loading `config.model`; `on_ready(model)` and
     `on_failure(error)` are called from the worker thread when loading ends."""
     from contextlib import asynccontextmanager
@@ -233,8 +266,12 @@ def create_app(config: ServerConfig, load: Callable[[], Any] | None = None,
         finally:
             state.scheduler.stop(timeout=2.0)
 
-    app = FastAPI(title="tightkv", version=__version__, lifespan=lifespan,
-                  description="OpenAI- and Ollama-compatible API over one local GGUF model.")
+    app = FastAPI(
+        title="tightkv",
+        version=__version__,
+        lifespan=lifespan,
+        description="OpenAI- and Ollama-compatible API over one local GGUF model.",
+    )
     app.state.tk = state
     app.add_middleware(GuardMiddleware, api_key=config.api_key)
 
@@ -252,14 +289,17 @@ def create_app(config: ServerConfig, load: Callable[[], Any] | None = None,
     async def _http(request: Request, err: StarletteHTTPException):
         kind = {404: "not_found_error", 405: "invalid_request_error"}.get(err.status_code, "invalid_request_error")
         message = f"no route {request.method} {request.url.path}" if err.status_code in (404, 405) else str(err.detail)
-        return error_response(request.url.path, ApiError(err.status_code, message, kind,
-                                                         headers=getattr(err, "headers", None)))
+        return error_response(
+            request.url.path, ApiError(err.status_code, message, kind, headers=getattr(err, "headers", None))
+        )
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, err: Exception):
         log.error("unhandled error", exc_info=err)
-        return error_response(request.url.path, ApiError(500, "internal server error (see the server log)",
-                                                         "server_error", code="server_error"))
+        return error_response(
+            request.url.path,
+            ApiError(500, "internal server error (see the server log)", "server_error", code="server_error"),
+        )
 
     @app.get("/health", summary="200 when ready, 503 while the model loads")
     async def health():
@@ -267,8 +307,7 @@ def create_app(config: ServerConfig, load: Callable[[], Any] | None = None,
         if s == "ready":
             return {"status": "ok"}
         message = "Loading model" if s == "loading" else "Model failed to load" if s == "failed" else "Shutting down"
-        return JSONResponse({"error": {"code": 503, "message": message, "type": "unavailable_error"}},
-                            status_code=503)
+        return JSONResponse({"error": {"code": 503, "message": message, "type": "unavailable_error"}}, status_code=503)
 
     app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
 
@@ -284,8 +323,12 @@ def create_app(config: ServerConfig, load: Callable[[], Any] | None = None,
             ("kv_cache_bytes", "gauge", "bytes held by active KV caches", sch.kv_bytes()),
             ("batch_size", "gauge", "sequences in the last batched decode step", sch.batch_size),
             ("decode_steps_total", "counter", "batched decode forward passes", sch.decode_steps),
-            ("decode_rows_total", "counter", "tokens those passes carried (rows / steps: the mean batch)",
-             sch.decode_rows),
+            (
+                "decode_rows_total",
+                "counter",
+                "tokens those passes carried (rows / steps: the mean batch)",
+                sch.decode_rows,
+            ),
         ]
         store = sch.prefix_stats()
         rows += [
@@ -295,8 +338,12 @@ def create_app(config: ServerConfig, load: Callable[[], Any] | None = None,
             ("prefix_cache_hits_total", "counter", "requests that reused a stored prefix", store["hits"]),
             ("prefix_cache_misses_total", "counter", "requests that found no stored prefix", store["misses"]),
             ("prefix_cache_hit_rate", "gauge", "hits / (hits + misses)", store["hit_rate"]),
-            ("prompt_tokens_cached_total", "counter", "prompt tokens taken from stored prefixes",
-             store["reused_tokens"]),
+            (
+                "prompt_tokens_cached_total",
+                "counter",
+                "prompt tokens taken from stored prefixes",
+                store["reused_tokens"],
+            ),
         ]
         text = "".join(f"# HELP tightkv:{n} {h}\n# TYPE tightkv:{n} {t}\ntightkv:{n} {v}\n" for n, t, h, v in rows)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
@@ -315,19 +362,42 @@ def create_app(config: ServerConfig, load: Callable[[], Any] | None = None,
 
 
 ERROR_SCHEMAS = {
-    "OpenAIError": {"type": "object", "required": ["error"], "properties": {"error": {
-        "type": "object", "required": ["message", "type"],
-        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                       "param": {"type": ["string", "null"]}, "code": {"type": ["string", "integer", "null"]}}}}},
+    "OpenAIError": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["message", "type"],
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string"},
+                    "param": {"type": ["string", "null"]},
+                    "code": {"type": ["string", "integer", "null"]},
+                },
+            }
+        },
+    },
     "OllamaError": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
 }
-STREAMS = {"/v1/chat/completions": "text/event-stream", "/v1/completions": "text/event-stream",
-           "/api/chat": "application/x-ndjson", "/api/generate": "application/x-ndjson",
-           "/api/pull": "application/x-ndjson", "/v1/documents/{doc_id}/events": "text/event-stream",
-           "/v1/documents/{doc_id}/ask": "text/event-stream"}
+STREAMS = {
+    "/v1/chat/completions": "text/event-stream",
+    "/v1/completions": "text/event-stream",
+    "/api/chat": "application/x-ndjson",
+    "/api/generate": "application/x-ndjson",
+    "/api/pull": "application/x-ndjson",
+    "/v1/documents/{doc_id}/events": "text/event-stream",
+    "/v1/documents/{doc_id}/ask": "text/event-stream",
+}
 TEXT = {"/metrics": "text/plain"}
-ERRORS = {"400": "a bad request", "401": "a missing or wrong API key", "404": "an unknown model or route",
-          "413": "a body over 32 MB", "501": "not served here", "503": "loading, or too many requests waiting"}
+ERRORS = {
+    "400": "a bad request",
+    "401": "a missing or wrong API key",
+    "404": "an unknown model or route",
+    "413": "a body over 32 MB",
+    "501": "not served here",
+    "503": "loading, or too many requests waiting",
+}
 
 
 def _document_answers(doc: dict) -> None:
@@ -339,8 +409,13 @@ def _document_answers(doc: dict) -> None:
             answers = op.setdefault("responses", {})
             answers.pop("422", None)  # bodies are parsed by hand: a bad one is a 400
             for code, why in ERRORS.items():
-                answers.setdefault(code, {"description": why, "content": {
-                    "application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}}})
+                answers.setdefault(
+                    code,
+                    {
+                        "description": why,
+                        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}},
+                    },
+                )
             if path in STREAMS:  # each event (SSE data) or line (NDJSON) is a JSON object, as the JSON answer
                 ok = answers.setdefault("200", {"description": "Successful Response"}).setdefault("content", {})
                 ok.setdefault("application/json", {"schema": {}})
@@ -365,4 +440,3 @@ def _document_bodies(app: FastAPI) -> None:
         return app.openapi_schema
 
     app.openapi = openapi
-

@@ -1,5 +1,6 @@
 """What the OpenAI and Ollama routes share: errors in both shapes, request
 parsing, running a job and streaming it with disconnect detection."""
+
 from __future__ import annotations
 
 import asyncio
@@ -22,8 +23,16 @@ log = logging.getLogger("tightkv.server")
 class ApiError(Exception):
     """An error answer: OpenAI-shaped on /v1/*, Ollama's flat shape on /api/*."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | int | None = None, headers: dict[str, str] | None = None, **extra: Any):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | int | None = None,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param = status, message, type, param
         self.code = code
@@ -33,8 +42,9 @@ class ApiError(Exception):
     def body(self, path: str) -> dict:
         if is_ollama(path):
             return {"error": self.message}
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code,
-                          **self.extra}}
+        return {
+            "error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code, **self.extra}
+        }
 
 
 def is_ollama(path: str) -> bool:
@@ -70,8 +80,7 @@ def dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
-_GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
-                             "\u2029": "\\u2029"})
+_GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
 def go_dumps(obj: Any) -> str:
@@ -282,6 +291,7 @@ class JobStream(StreamingResponse):
     async def __call__(self, scope, receive, send) -> None:
         try:
             async with anyio.create_task_group() as tg:
+
                 async def stream() -> None:
                     try:
                         await self.stream_response(send)

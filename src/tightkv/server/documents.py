@@ -10,6 +10,7 @@ documented for scripts in the README). The state and the worker side are in `ses
     GET  /v1/documents/{id}/events       its load as SSE: status, progress ..., then loaded or error
     POST /v1/documents/{id}/ask          {"question", "mode", "stream"}: the answer, with its quoted spans
 """
+
 from __future__ import annotations
 
 from pathlib import PurePath
@@ -35,16 +36,24 @@ def shelf(request: Request) -> Shelf:
 def _upload_body() -> dict:
     """The OpenAPI request body of the upload route: a multipart file, or JSON text."""
     extra = request_body(AddDocumentRequest)
-    COMPONENTS["DocumentUpload"] = {"type": "object", "required": ["file"], "properties": {
-        "file": {"type": "string", "format": "binary", "description": ".txt, .md, .html or .pdf"},
-        "mode": {"type": "string", "enum": list(MODES)}}}
-    extra["requestBody"]["content"]["multipart/form-data"] = {
-        "schema": {"$ref": "#/components/schemas/DocumentUpload"}}
+    COMPONENTS["DocumentUpload"] = {
+        "type": "object",
+        "required": ["file"],
+        "properties": {
+            "file": {"type": "string", "format": "binary", "description": ".txt, .md, .html or .pdf"},
+            "mode": {"type": "string", "enum": list(MODES)},
+        },
+    }
+    extra["requestBody"]["content"]["multipart/form-data"] = {"schema": {"$ref": "#/components/schemas/DocumentUpload"}}
     return extra
 
 
-@router.post("", status_code=202, openapi_extra=_upload_body(),
-             summary="Add a document (a file as multipart, or JSON text); it loads in the background")
+@router.post(
+    "",
+    status_code=202,
+    openapi_extra=_upload_body(),
+    summary="Add a document (a file as multipart, or JSON text); it loads in the background",
+)
 async def add_document(request: Request):
     if request.headers.get("content-type", "").startswith("multipart/form-data"):
         doc, mode = await _read_upload(request)
@@ -92,8 +101,9 @@ async def list_documents(request: Request):
 def _entry(request: Request, doc_id: str):
     entry = shelf(request).get(doc_id)
     if entry is None:
-        raise ApiError(404, f"no document '{doc_id}' (see GET /v1/documents)", "not_found_error",
-                       code="document_not_found")
+        raise ApiError(
+            404, f"no document '{doc_id}' (see GET /v1/documents)", "not_found_error", code="document_not_found"
+        )
     return entry
 
 
@@ -108,8 +118,12 @@ async def document_text_route(doc_id: str, request: Request):
     return {"id": entry.id, "name": entry.name, "names": list(entry.doc.names), "text": entry.doc.text}
 
 
-@router.post("/{doc_id}/open", status_code=202, openapi_extra=request_body(OpenDocumentRequest),
-             summary="Open a stored document again: warm from RAM or the disk store")
+@router.post(
+    "/{doc_id}/open",
+    status_code=202,
+    openapi_extra=request_body(OpenDocumentRequest),
+    summary="Open a stored document again: warm from RAM or the disk store",
+)
 async def open_document(doc_id: str, request: Request):
     raw = await request.body()
     mode = (await parse_body(request, OpenDocumentRequest)).mode if raw.strip() else None
@@ -139,15 +153,19 @@ async def document_events(doc_id: str, request: Request):
             event = await queue.get()
             yield f"data: {dumps(event)}\n\n"
             if event["type"] in ("loaded", "error") or (
-                    event["type"] == "status" and event["status"] not in ("queued", "loading")):
+                event["type"] == "status" and event["status"] not in ("queued", "loading")
+            ):
                 break
         yield "data: [DONE]\n\n"
 
     return JobStream(_Unfollow(stop), sse(), "text/event-stream")
 
 
-@router.post("/{doc_id}/ask", openapi_extra=request_body(AskDocumentRequest),
-             summary="Ask about a document: the answer, its mode and quoted spans (SSE with stream: true)")
+@router.post(
+    "/{doc_id}/ask",
+    openapi_extra=request_body(AskDocumentRequest),
+    summary="Ask about a document: the answer, its mode and quoted spans (SSE with stream: true)",
+)
 async def ask_document(doc_id: str, request: Request):
     body = await parse_body(request, AskDocumentRequest)
     if not body.question.strip():

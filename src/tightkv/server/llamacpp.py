@@ -1,5 +1,6 @@
 """llama.cpp's and vLLM's tokenizer routes (CONVENTIONS B3): /tokenize, /detokenize,
 /tokenizer_info (what lm-evaluation-harness's remote tokenizer reads) and /props."""
+
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
@@ -17,13 +18,20 @@ def _model(request: Request):
     model = state.scheduler.model
     if model is None:
         state.scheduler.load()
-        raise ApiError(503, "the model was unloaded (keep_alive) and is loading again", "unavailable_error",
-                       headers={"Retry-After": "2"})
+        raise ApiError(
+            503,
+            "the model was unloaded (keep_alive) and is loading again",
+            "unavailable_error",
+            headers={"Retry-After": "2"},
+        )
     return model
 
 
-@router.post("/tokenize", summary="Token ids of a text (llama.cpp: content, add_special; vLLM: prompt, "
-                                  "add_special_tokens)", openapi_extra=request_body(TokenizeRequest))
+@router.post(
+    "/tokenize",
+    summary="Token ids of a text (llama.cpp: content, add_special; vLLM: prompt, add_special_tokens)",
+    openapi_extra=request_body(TokenizeRequest),
+)
 async def tokenize(request: Request):
     req = await parse_body(request, TokenizeRequest)
     model = _model(request)
@@ -51,16 +59,27 @@ async def detokenize(request: Request):
 async def tokenizer_info(request: Request):
     model = _model(request)
     tok = model.tokenizer
-    return {"tokenizer_class": "gguf", "vocab_size": tok.vocab_size, "model_max_length": model.context_length,
-            "bos_token": model._token_text(tok.bos_id) or None, "eos_token": model._token_text(tok.eos_id) or None,
-            "pad_token": None, "add_bos_token": bool(tok.add_bos), "chat_template": model.chat_template}
+    return {
+        "tokenizer_class": "gguf",
+        "vocab_size": tok.vocab_size,
+        "model_max_length": model.context_length,
+        "bos_token": model._token_text(tok.bos_id) or None,
+        "eos_token": model._token_text(tok.eos_id) or None,
+        "pad_token": None,
+        "add_bos_token": bool(tok.add_bos),
+        "chat_template": model.chat_template,
+    }
 
 
 @router.get("/props", summary="Server properties (llama.cpp's shape)")
 async def props(request: Request):
     state = request.app.state.tk
     model = _model(request)
-    return {"default_generation_settings": {"n_ctx": model.context_length, "params": {}},
-            "total_slots": state.scheduler.parallel, "model_path": str(state.served.path),
-            "chat_template": model.chat_template or "", "build_info": f"tightkv {request.app.version}",
-            "modalities": {"vision": False, "audio": False}}
+    return {
+        "default_generation_settings": {"n_ctx": model.context_length, "params": {}},
+        "total_slots": state.scheduler.parallel,
+        "model_path": str(state.served.path),
+        "chat_template": model.chat_template or "",
+        "build_info": f"tightkv {request.app.version}",
+        "modalities": {"vision": False, "audio": False},
+    }

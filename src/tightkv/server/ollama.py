@@ -1,6 +1,7 @@
 """Ollama routes (CONVENTIONS B1): /api/chat and /api/generate as NDJSON,
 /api/tags, /api/show, /api/ps, /api/version. Errors are `{"error": "..."}`;
 an error after the stream started is a last NDJSON line `{"error": "..."}`."""
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,21 @@ from starlette.responses import Response, StreamingResponse
 
 from .. import __version__
 from ..kernels import library
-from .common import (ApiError, JobStream, OllamaJSON, as_api_error, check_token_ids, collect, events, finite, go_dumps,
-                     parse_body, request_body, start_job, stop_list)
+from .common import (
+    ApiError,
+    JobStream,
+    OllamaJSON,
+    as_api_error,
+    check_token_ids,
+    collect,
+    events,
+    finite,
+    go_dumps,
+    parse_body,
+    request_body,
+    start_job,
+    stop_list,
+)
 from ..engine.reasoning import thinking_tags
 from ..engine.tools import template_messages, tool_format
 from .outputs import check_constraint, constraint_options, ollama_logprobs
@@ -50,8 +64,9 @@ def _think(req) -> bool | None:
     if req.think is None or isinstance(req.think, bool):
         return req.think
     if req.think not in THINK_LEVELS:
-        raise ApiError(400, f'invalid think value: "{req.think}" (must be "high", "medium", "low", "max", true, '
-                            'or false)')
+        raise ApiError(
+            400, f'invalid think value: "{req.think}" (must be "high", "medium", "low", "max", true, or false)'
+        )
     return True
 
 
@@ -84,8 +99,16 @@ def _options(req) -> tuple[int | None, dict]:
     if o is not None:
         for name in ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty"):
             finite(getattr(o, name), name)
-        for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
-                     "frequency_penalty", "repeat_last_n"):
+        for name in (
+            "temperature",
+            "top_k",
+            "top_p",
+            "min_p",
+            "repeat_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+            "repeat_last_n",
+        ):
             if getattr(o, name) is not None:
                 options[name] = getattr(o, name)
         if o.seed is not None and o.seed >= 0:
@@ -107,8 +130,9 @@ def _fit(model, ids: list[int], max_tokens: int | None, req) -> int:
     ctx = min(num_ctx, model.context_length) if num_ctx and num_ctx > 0 else model.context_length
     room = ctx - len(ids)
     if room <= 0:
-        raise ContextOverflowError(f"prompt of {len(ids)} tokens does not fit the context of {ctx} tokens",
-                                   len(ids), ctx)
+        raise ContextOverflowError(
+            f"prompt of {len(ids)} tokens does not fit the context of {ctx} tokens", len(ids), ctx
+        )
     return room if max_tokens is None else min(max_tokens, room)
 
 
@@ -121,14 +145,16 @@ def _final(job, stats, logprobs: list | None = None, context: list[int] | None =
         out["context"] = context
     elif logprobs:
         out["logprobs"] = logprobs
-    out.update({
-        "total_duration": int(total * 1e9),
-        "load_duration": 0,
-        "prompt_eval_count": stats.prompt_tokens - stats.cached_tokens,  # evaluated: the stored prefix is not
-        "prompt_eval_duration": int(stats.prompt_seconds * 1e9),
-        "eval_count": stats.generated_tokens,
-        "eval_duration": int(stats.generation_seconds * 1e9),
-    })
+    out.update(
+        {
+            "total_duration": int(total * 1e9),
+            "load_duration": 0,
+            "prompt_eval_count": stats.prompt_tokens - stats.cached_tokens,  # evaluated: the stored prefix is not
+            "prompt_eval_duration": int(stats.prompt_seconds * 1e9),
+            "eval_count": stats.generated_tokens,
+            "eval_duration": int(stats.generation_seconds * 1e9),
+        }
+    )
     if context is not None and logprobs:
         out["logprobs"] = logprobs
     return out
@@ -143,7 +169,7 @@ def keep_alive_seconds(value) -> float | None:
     import re
 
     if isinstance(value, bool):
-        raise ApiError(400, "invalid keep_alive: a number of seconds or a duration like \"5m\"")
+        raise ApiError(400, 'invalid keep_alive: a number of seconds or a duration like "5m"')
     if isinstance(value, (int, float)):
         if not math.isfinite(value):
             raise ApiError(400, "invalid keep_alive: not a finite number")
@@ -152,11 +178,13 @@ def keep_alive_seconds(value) -> float | None:
         text = value.strip()
         parts = re.fullmatch(r"-?((\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h))+|-?\d+", text)
         if not parts:
-            raise ApiError(400, f"invalid keep_alive {value!r}: a number of seconds or a duration like \"5m\"")
+            raise ApiError(400, f'invalid keep_alive {value!r}: a number of seconds or a duration like "5m"')
         if re.fullmatch(r"-?\d+", text):
             seconds = float(text)
         else:
-            seconds = sum(float(n) * _UNITS[u] for n, _, u in re.findall(r"(\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)", text))
+            seconds = sum(
+                float(n) * _UNITS[u] for n, _, u in re.findall(r"(\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)", text)
+            )
             seconds = -seconds if text.startswith("-") else seconds
     return None if seconds < 0 else seconds
 
@@ -205,15 +233,24 @@ class Answer:
         return _final(self.job, stats, self.logprobs(lps), context)
 
     def record(self, fields: dict, done: bool, tail: dict | None = None) -> str:
-        return go_dumps({"model": self.model_id, "created_at": created_at(), **fields, "done": done,
-                         **(tail or {})}) + "\n"
+        return (
+            go_dumps({"model": self.model_id, "created_at": created_at(), **fields, "done": done, **(tail or {})})
+            + "\n"
+        )
 
     async def whole(self, request: Request) -> OllamaJSON:
         text, stats, lps = await collect(request, self.job)
         reply = self.reply.whole(text)
         delta = Delta(reasoning=reply.reasoning, content=reply.content, done=reply.complete_calls())
-        return OllamaJSON({"model": self.model_id, "created_at": created_at(), **self.fields(delta), "done": True,
-                           **self.final(stats, lps)})
+        return OllamaJSON(
+            {
+                "model": self.model_id,
+                "created_at": created_at(),
+                **self.fields(delta),
+                "done": True,
+                **self.final(stats, lps),
+            }
+        )
 
     def stream(self) -> JobStream:
         async def ndjson():
@@ -238,7 +275,9 @@ class Answer:
         return JobStream(self.job, ndjson(), "application/x-ndjson")
 
 
-@router.post("/chat", summary="Chat, streamed as NDJSON (default) or one JSON", openapi_extra=request_body(OllamaChatRequest))
+@router.post(
+    "/chat", summary="Chat, streamed as NDJSON (default) or one JSON", openapi_extra=request_body(OllamaChatRequest)
+)
 async def chat(request: Request):
     req = await parse_body(request, OllamaChatRequest)
     state = request.app.state.tk
@@ -263,7 +302,7 @@ async def chat(request: Request):
         check_constraint(model, options)
         template_vars, split = _thinking(model, model_id, think, options)
         if tools and tool_format(model.chat_template) is None:
-            raise ApiError(400, f'registry.ollama.ai/library/{model_id} does not support tools')
+            raise ApiError(400, f"registry.ollama.ai/library/{model_id} does not support tools")
         opts = dict(options, stop=model.chat_stops(options.get("stop")))
         text = model.chat_text(template_messages(messages), tools, template_vars=template_vars)
         ids = model.chat_tokens(text)
@@ -281,8 +320,11 @@ def _template_message(m: dict) -> dict:
     return m
 
 
-@router.post("/generate", summary="Completion, streamed as NDJSON (default) or one JSON",
-             openapi_extra=request_body(OllamaGenerateRequest))
+@router.post(
+    "/generate",
+    summary="Completion, streamed as NDJSON (default) or one JSON",
+    openapi_extra=request_body(OllamaGenerateRequest),
+)
 async def generate(request: Request):
     req = await parse_body(request, OllamaGenerateRequest)
     state = request.app.state.tk
@@ -311,7 +353,7 @@ async def generate(request: Request):
             text = req.prompt if req.raw or not req.system else f"{req.system}\n\n{req.prompt}"
             ids = model.tokenize(text, add_bos=not context)
         else:
-            messages = ([{"role": "system", "content": req.system}] if req.system else [])
+            messages = [{"role": "system", "content": req.system}] if req.system else []
             text = model.chat_text(messages + [{"role": "user", "content": req.prompt}], template_vars=template_vars)
             ids = model.chat_tokens(text)
             if context and ids and ids[0] == model.tokenizer.bos_id:
@@ -324,8 +366,14 @@ async def generate(request: Request):
 
 
 def _listing(served, digest: str) -> dict:
-    return {"name": served.id, "model": served.id, "modified_at": served.modified_at(), "size": served.size,
-            "digest": digest, "details": served.details()}
+    return {
+        "name": served.id,
+        "model": served.id,
+        "modified_at": served.modified_at(),
+        "size": served.size,
+        "digest": digest,
+        "details": served.details(),
+    }
 
 
 @router.get("/tags", summary="The served model, as Ollama lists local models")
@@ -345,12 +393,20 @@ async def ps(request: Request):
     entry = _listing(served, digest)
     del entry["modified_at"]
     left = state.scheduler.expires_in()  # None: kept loaded until the server stops
-    expires = datetime.now(timezone.utc).astimezone() + timedelta(days=365 * 100 if left is None else 0,
-                                                                  seconds=left or 0)
-    entry.update(expires_at=expires.isoformat(), size_vram=0, context_length=served.context_length,
-                 kv_cache_type=served.kv, kv_auto=served.kv_auto, cpu_kernels=library.summary(),  # ours
-                 prefix_cache=state.scheduler.prefix_stats(), batch_size=state.scheduler.batch_size,
-                 parallel=state.scheduler.parallel)
+    expires = datetime.now(timezone.utc).astimezone() + timedelta(
+        days=365 * 100 if left is None else 0, seconds=left or 0
+    )
+    entry.update(
+        expires_at=expires.isoformat(),
+        size_vram=0,
+        context_length=served.context_length,
+        kv_cache_type=served.kv,
+        kv_auto=served.kv_auto,
+        cpu_kernels=library.summary(),  # ours
+        prefix_cache=state.scheduler.prefix_stats(),
+        batch_size=state.scheduler.batch_size,
+        parallel=state.scheduler.parallel,
+    )
     return OllamaJSON({"models": [entry]})
 
 
@@ -367,17 +423,22 @@ async def show(request: Request):
     served = state.served
     info = {k: _plain(v, req.verbose) for k, v in served.metadata.items() if k != "tokenizer.chat_template"}
     info["general.parameter_count"] = served.n_params
-    return OllamaJSON({
-        "modelfile": f"# Modelfile generated by tightkv\nFROM {served.path}\n",
-        "parameters": "",
-        "template": served.chat_template or "{{ .Prompt }}",
-        "details": served.details(),
-        "model_info": info,
-        "capabilities": (["completion"] + (["tools"] if tool_format(served.chat_template) else [])
-                         + (["thinking"] if thinking_tags(served.chat_template) else [])),
-        "modified_at": served.modified_at(),
-        "tightkv": {"kv_cache_type": served.kv, "context_length": served.context_length, "kv_auto": served.kv_auto},
-    })
+    return OllamaJSON(
+        {
+            "modelfile": f"# Modelfile generated by tightkv\nFROM {served.path}\n",
+            "parameters": "",
+            "template": served.chat_template or "{{ .Prompt }}",
+            "details": served.details(),
+            "model_info": info,
+            "capabilities": (
+                ["completion"]
+                + (["tools"] if tool_format(served.chat_template) else [])
+                + (["thinking"] if thinking_tags(served.chat_template) else [])
+            ),
+            "modified_at": served.modified_at(),
+            "tightkv": {"kv_cache_type": served.kv, "context_length": served.context_length, "kv_auto": served.kv_auto},
+        }
+    )
 
 
 def _plain(value, verbose: bool):
@@ -415,8 +476,11 @@ async def embed(request: Request):
     raise ApiError(501, EMBED_HINT.format(model=request.app.state.tk.served.id))
 
 
-@router.post("/pull", summary="Pull a model into the store, streaming progress as NDJSON (Ollama's records)",
-             openapi_extra=request_body(OllamaPullRequest))
+@router.post(
+    "/pull",
+    summary="Pull a model into the store, streaming progress as NDJSON (Ollama's records)",
+    openapi_extra=request_body(OllamaPullRequest),
+)
 async def pull(request: Request):
     import asyncio
 
@@ -451,8 +515,12 @@ async def pull(request: Request):
             status = await queue.get()
             if "end" in status:
                 break
-            if status.get("completed") is not None and last is not None and status["completed"] < last + 2**20 \
-                    and status["completed"] != status.get("total"):
+            if (
+                status.get("completed") is not None
+                and last is not None
+                and status["completed"] < last + 2**20
+                and status["completed"] != status.get("total")
+            ):
                 continue  # about one record per MiB
             last = status.get("completed", last)
             yield status

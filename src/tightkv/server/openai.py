@@ -1,5 +1,6 @@
 """OpenAI routes as llama.cpp's server and vLLM implement them (CONVENTIONS B2):
 /v1/chat/completions, /v1/completions, /v1/models."""
+
 from __future__ import annotations
 
 import time
@@ -8,8 +9,20 @@ import uuid
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
-from .common import (ApiError, JobGroup, JobStream, as_api_error, check_token_ids, collect_all, dumps, finite,
-                     parse_body, request_body, start_choices, stop_list)
+from .common import (
+    ApiError,
+    JobGroup,
+    JobStream,
+    as_api_error,
+    check_token_ids,
+    collect_all,
+    dumps,
+    finite,
+    parse_body,
+    request_body,
+    start_choices,
+    stop_list,
+)
 from ..engine.sampling import SamplingParams
 from ..engine.tools import call_grammar, template_messages, tool_format
 from .outputs import chat_logprobs, check_constraint, completion_logprobs, constraint_options
@@ -18,7 +31,6 @@ from .scheduler import DONE, ERROR, LOGPROB, PIECE, Prepared
 from .schemas import ChatCompletionRequest, CompletionRequest
 
 router = APIRouter(prefix="/v1", tags=["OpenAI"])
-
 
 
 def _options(req) -> tuple[int | None, dict]:
@@ -65,11 +77,15 @@ def _tools(req) -> list[dict] | None:
     for i, t in enumerate(req.tools):
         fn = t.get("function")
         if t.get("type", "function") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise ApiError(400, f"'tools.{i}' must be {{type: function, function: {{name, parameters}}}}",
-                           param=f"tools.{i}")
+            raise ApiError(
+                400, f"'tools.{i}' must be {{type: function, function: {{name, parameters}}}}", param=f"tools.{i}"
+            )
         if not isinstance(fn.get("parameters", {}), dict):
-            raise ApiError(400, f"'tools.{i}.function.parameters' must be a JSON schema object",
-                           param=f"tools.{i}.function.parameters")
+            raise ApiError(
+                400,
+                f"'tools.{i}.function.parameters' must be a JSON schema object",
+                param=f"tools.{i}.function.parameters",
+            )
     return req.tools
 
 
@@ -81,8 +97,9 @@ def _forced_call(choice) -> str | None:
         return ""
     if isinstance(choice, dict) and isinstance(choice.get("function"), dict) and choice["function"].get("name"):
         return choice["function"]["name"]
-    raise ApiError(400, "'tool_choice' must be none, auto, required or {type: function, function: {name}}",
-                   param="tool_choice")
+    raise ApiError(
+        400, "'tool_choice' must be none, auto, required or {type: function, function: {name}}", param="tool_choice"
+    )
 
 
 RESERVED_TEMPLATE_VARS = {"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"}
@@ -102,11 +119,17 @@ def _template_vars(req) -> dict:
 def _prompt_options(req) -> dict:
     """How the prompt ends: vLLM's continue_final_message and add_generation_prompt."""
     if req.continue_final_message and req.add_generation_prompt:
-        raise ApiError(400, "'continue_final_message' and 'add_generation_prompt' cannot both be true",
-                       param="continue_final_message")
+        raise ApiError(
+            400,
+            "'continue_final_message' and 'add_generation_prompt' cannot both be true",
+            param="continue_final_message",
+        )
     if req.continue_final_message and req.messages[-1].role != "assistant":
         raise ApiError(400, "'continue_final_message' needs an assistant message last", param="continue_final_message")
-    return {"continue_final": req.continue_final_message, "add_generation_prompt": req.add_generation_prompt is not False}
+    return {
+        "continue_final": req.continue_final_message,
+        "add_generation_prompt": req.add_generation_prompt is not False,
+    }
 
 
 def _choices(req, state) -> int:
@@ -129,8 +152,12 @@ def _usage(stats: list, n: int) -> dict:
     completion."""
     prompts = stats[::n]
     prompt, done = sum(s.prompt_tokens for s in prompts), sum(s.generated_tokens for s in stats)
-    return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
-            "prompt_tokens_details": {"cached_tokens": sum(s.cached_tokens for s in prompts)}}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": done,
+        "total_tokens": prompt + done,
+        "prompt_tokens_details": {"cached_tokens": sum(s.cached_tokens for s in prompts)},
+    }
 
 
 def _text(content) -> str:
@@ -141,8 +168,11 @@ def _text(content) -> str:
     return "\n".join(part.text for part in content)
 
 
-@router.post("/chat/completions", summary="Chat completion, streamed as SSE or one JSON",
-             openapi_extra=request_body(ChatCompletionRequest))
+@router.post(
+    "/chat/completions",
+    summary="Chat completion, streamed as SSE or one JSON",
+    openapi_extra=request_body(ChatCompletionRequest),
+)
 async def chat_completions(request: Request):
     req = await parse_body(request, ChatCompletionRequest)
     state = request.app.state.tk
@@ -155,21 +185,27 @@ async def chat_completions(request: Request):
         for j, part in enumerate(m.content if isinstance(m.content, list) else ()):
             where = f"messages.{i}.content.{j}"
             if part.type != "text":
-                raise ApiError(400, f"'{where}': {part.type!r} parts are not supported: the model reads text only",
-                               param=where)
+                raise ApiError(
+                    400, f"'{where}': {part.type!r} parts are not supported: the model reads text only", param=where
+                )
             if part.text is None:
                 raise ApiError(400, f"'{where}.text' is required", param=f"{where}.text")
     if req.top_logprobs is not None and not req.logprobs:
         raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     for name in ("functions", "function_call"):  # OpenAI's deprecated form of tools: refused, not ignored
         if getattr(req, name, None) not in (None, [], "none", "auto"):
-            raise ApiError(400, f"'{name}' is deprecated and not supported: send 'tools' and 'tool_choice'",
-                           param=name)
+            raise ApiError(400, f"'{name}' is deprecated and not supported: send 'tools' and 'tool_choice'", param=name)
     max_tokens, options = _options(req)
     if req.logprobs:
         options["logprobs"] = req.top_logprobs or 0
-    messages = [{**m.model_dump(exclude_none=True), "role": "system" if m.role == "developer" else m.role,
-                 "content": _text(m.content)} for m in req.messages]
+    messages = [
+        {
+            **m.model_dump(exclude_none=True),
+            "role": "system" if m.role == "developer" else m.role,
+            "content": _text(m.content),
+        }
+        for m in req.messages
+    ]
     tools = _tools(req)
     names = {t["function"]["name"] for t in tools or ()}
     template_vars, prompt_options = _template_vars(req), _prompt_options(req)
@@ -187,12 +223,18 @@ async def chat_completions(request: Request):
                 opts["grammar"] = call_grammar(fmt, tools, forced or None, req.parallel_tool_calls is not False)
         check_constraint(model, opts)
         think = template_vars.get("enable_thinking")
-        plan_vars, split = thinking_plan(model.chat_template, None if think is None else bool(think),
-                                         "json_schema" in opts or "grammar" in opts)
-        text = model.chat_text(template_messages(messages), tools, template_vars={**template_vars, **plan_vars},
-                               **prompt_options)
-        shared.update(template=model.chat_template, prompt=text, tokenizer=model.tokenizer,
-                      split=split and req.reasoning_format != "none")
+        plan_vars, split = thinking_plan(
+            model.chat_template, None if think is None else bool(think), "json_schema" in opts or "grammar" in opts
+        )
+        text = model.chat_text(
+            template_messages(messages), tools, template_vars={**template_vars, **plan_vars}, **prompt_options
+        )
+        shared.update(
+            template=model.chat_template,
+            prompt=text,
+            tokenizer=model.tokenizer,
+            split=split and req.reasoning_format != "none",
+        )
         return Prepared(model.chat_tokens(text), max_tokens, opts)
 
     n = _choices(req, state)
@@ -207,12 +249,25 @@ async def chat_completions(request: Request):
         choices, all_stats = [], []
         for i, (text, stats, lps) in enumerate(await collect_all(request, group)):
             answer = reply().whole(text)
-            choices.append({"index": i, "message": answer.openai_message(),
-                            "logprobs": chat_logprobs(tokenizer, lps) if req.logprobs else None,
-                            "finish_reason": answer.finish_reason(stats.finish_reason)})
+            choices.append(
+                {
+                    "index": i,
+                    "message": answer.openai_message(),
+                    "logprobs": chat_logprobs(tokenizer, lps) if req.logprobs else None,
+                    "finish_reason": answer.finish_reason(stats.finish_reason),
+                }
+            )
             all_stats.append(stats)
-        return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": model_id,
-                             "choices": choices, "usage": _usage(all_stats, n)})
+        return JSONResponse(
+            {
+                "id": cid,
+                "object": "chat.completion",
+                "created": created,
+                "model": model_id,
+                "choices": choices,
+                "usage": _usage(all_stats, n),
+            }
+        )
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     head = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_id}
 
@@ -255,8 +310,11 @@ async def chat_completions(request: Request):
     return JobStream(group, sse(), "text/event-stream")
 
 
-@router.post("/completions", summary="Text completion (no chat template), streamed as SSE or one JSON",
-             openapi_extra=request_body(CompletionRequest))
+@router.post(
+    "/completions",
+    summary="Text completion (no chat template), streamed as SSE or one JSON",
+    openapi_extra=request_body(CompletionRequest),
+)
 async def completions(request: Request):
     req = await parse_body(request, CompletionRequest)
     state = request.app.state.tk
@@ -274,8 +332,12 @@ async def completions(request: Request):
     n = _choices(req, state)
     most = state.scheduler.parallel + state.scheduler.max_queue
     if len(prompts) * n > most:
-        raise ApiError(400, f"{len(prompts)} prompts x {n} choices: this server takes at most {most} in one request "
-                            "(--parallel plus --max-queue)", param="prompt")
+        raise ApiError(
+            400,
+            f"{len(prompts)} prompts x {n} choices: this server takes at most {most} in one request "
+            "(--parallel plus --max-queue)",
+            param="prompt",
+        )
     echoed = [{} for _ in prompts]  # per prompt: its ids and logprobs, for echo
 
     def prepare(model, p: int) -> Prepared:
@@ -309,8 +371,15 @@ async def completions(request: Request):
 
     if not req.stream:
         results = await collect_all(request, group)
-        choices = [{"index": k, "text": echo_text[k // n] + text, "logprobs": logprobs(k, lps, 0, req.echo),
-                    "finish_reason": stats.finish_reason} for k, (text, stats, lps) in enumerate(results)]
+        choices = [
+            {
+                "index": k,
+                "text": echo_text[k // n] + text,
+                "logprobs": logprobs(k, lps, 0, req.echo),
+                "finish_reason": stats.finish_reason,
+            }
+            for k, (text, stats, lps) in enumerate(results)
+        ]
         return JSONResponse({**head, "choices": choices, "usage": _usage([r[1] for r in results], n)})
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -363,8 +432,7 @@ def _prompt_ids(model, prompt: str | list[int], where: str) -> list[int]:
         check_token_ids(model, prompt, where)
         ids = list(prompt)
     if not ids:
-        raise ApiError(400, f"'{where}' is empty and the model adds no BOS token: nothing to predict from",
-                       param=where)
+        raise ApiError(400, f"'{where}' is empty and the model adds no BOS token: nothing to predict from", param=where)
     return ids
 
 
@@ -384,12 +452,18 @@ async def model(model_id: str, request: Request):
     return _model_card(state.served)
 
 
-EMBED_HINT = ("tightkv serves generation models only: {model} is not an embedding model. Serve an embedding "
-              "model (e.g. nomic-embed-text, bge-m3) with an embedding server, and point this client's "
-              "embeddings there")
+EMBED_HINT = (
+    "tightkv serves generation models only: {model} is not an embedding model. Serve an embedding "
+    "model (e.g. nomic-embed-text, bge-m3) with an embedding server, and point this client's "
+    "embeddings there"
+)
 
 
 @router.post("/embeddings", summary="501: the served model is not an embedding model")
 async def embeddings(request: Request):
-    raise ApiError(501, EMBED_HINT.format(model=request.app.state.tk.served.id), "not_implemented_error",
-                   code="model_not_embedding")
+    raise ApiError(
+        501,
+        EMBED_HINT.format(model=request.app.state.tk.served.id),
+        "not_implemented_error",
+        code="model_not_embedding",
+    )

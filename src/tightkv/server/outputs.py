@@ -1,12 +1,17 @@
 """What the OpenAI and Ollama routes share about outputs beyond text: the grammar a
 request constrains its output to, and log-probabilities in OpenAI's two shapes and Ollama's."""
+
 from __future__ import annotations
 
 from .common import ApiError
 
 
-def constraint_options(response_format: dict | None = None, json_schema: dict | None = None,
-                       grammar: str | None = None, ollama_format: str | dict | None = None) -> dict:
+def constraint_options(
+    response_format: dict | None = None,
+    json_schema: dict | None = None,
+    grammar: str | None = None,
+    ollama_format: str | dict | None = None,
+) -> dict:
     """`Model.sequence` options (json_schema / grammar) from OpenAI's response_format,
     llama.cpp's json_schema and grammar, or Ollama's format; a bad one is a 400."""
     schema = None
@@ -17,12 +22,18 @@ def constraint_options(response_format: dict | None = None, json_schema: dict | 
         elif kind == "json_schema":
             spec = response_format.get("json_schema")
             if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
-                raise ApiError(400, "'response_format.json_schema' must be an object with a 'schema' object",
-                               param="response_format")
+                raise ApiError(
+                    400,
+                    "'response_format.json_schema' must be an object with a 'schema' object",
+                    param="response_format",
+                )
             schema = spec.get("schema", True)
         elif kind != "text":
-            raise ApiError(400, f"'response_format.type' must be text, json_object or json_schema, not {kind!r}",
-                           param="response_format")
+            raise ApiError(
+                400,
+                f"'response_format.type' must be text, json_object or json_schema, not {kind!r}",
+                param="response_format",
+            )
     if ollama_format not in (None, ""):
         if ollama_format == "json":
             schema = True
@@ -55,6 +66,7 @@ def _piece(tokenizer, token: int) -> tuple[str, list[int]]:
 
 def chat_logprobs(tokenizer, lps: list) -> dict:
     """OpenAI chat's `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}], "refusal": None}."""
+
     def entry(token: int, logprob: float) -> dict:
         text, raw = _piece(tokenizer, token)
         return {"token": text, "logprob": logprob, "bytes": raw}
@@ -81,9 +93,12 @@ def completion_logprobs(tokenizer, lps: list, offset: int = 0) -> dict:
 def ollama_logprobs(tokenizer, lps: list) -> list[dict]:
     """Ollama's `logprobs`: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}],
     empty fields left out as Go's omitempty leaves them."""
+
     def entry(token: int, logprob: float) -> dict:
         text, raw = _piece(tokenizer, token)
         return {"token": text, "logprob": logprob, **({"bytes": raw} if raw else {})}
 
-    return [{**entry(t.token, t.logprob), **({"top_logprobs": [entry(i, v) for i, v in t.top]} if t.top else {})}
-            for t in lps]
+    return [
+        {**entry(t.token, t.logprob), **({"top_logprobs": [entry(i, v) for i, v in t.top]} if t.top else {})}
+        for t in lps
+    ]

@@ -2,6 +2,7 @@
 reasoning split off (a model that thinks, `engine.reasoning`), then the tool calls read out
 of the content (a request with tools, `engine.tool_parse`). Both APIs build their answers,
 streamed or whole, from the same `Reply`, so a streamed answer adds up to the whole one."""
+
 from __future__ import annotations
 
 import json
@@ -80,14 +81,14 @@ class Reply:
         # whitespace at the end of the content waits: it may stand before a call
         shown = parsed.content if final and not parsed.calls else parsed.content.rstrip()
         if shown.startswith(self.content):
-            delta.content = shown[len(self.content):]
+            delta.content = shown[len(self.content) :]
         for k, call in enumerate(parsed.calls):
             if k == len(self.calls):
                 self.calls.append(CallState(f"call_{uuid.uuid4().hex[:24]}", call.name))
                 delta.calls.append(("start", k))
             state = self.calls[k]
             if call.arguments.startswith(state.arguments) and len(call.arguments) > len(state.arguments):
-                delta.calls.append(("args", k, call.arguments[len(state.arguments):]))
+                delta.calls.append(("args", k, call.arguments[len(state.arguments) :]))
                 state.arguments = call.arguments
             if call.complete and not state.done:
                 state.done = True
@@ -102,8 +103,10 @@ class Reply:
         if self.reasoning:
             message["reasoning_content"] = self.reasoning
         if self.calls:
-            message["tool_calls"] = [{"id": c.id, "type": "function",
-                                      "function": {"name": c.name, "arguments": c.arguments}} for c in self.calls]
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.calls
+            ]
         return message
 
     def complete_calls(self) -> list[tuple]:

@@ -24,6 +24,7 @@ then take steps for as long as the task's last piece took, so a long document
 load shares the model with running streams instead of stopping them, and the
 model still runs on one thread only.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -121,10 +122,17 @@ class Task:
 class Scheduler:
     """Loads the model on its worker thread, then runs jobs fairly (and tasks in turn)."""
 
-    def __init__(self, load: Callable[[], Any], parallel: int = 4, max_queue: int = 32,
-                 on_ready: Callable[[Any], None] | None = None,
-                 on_failure: Callable[[BaseException], None] | None = None,
-                 cache_ram: int | None = None, cache_disk: int = 0, cache_disk_tokens: int = 1024):
+    def __init__(
+        self,
+        load: Callable[[], Any],
+        parallel: int = 4,
+        max_queue: int = 32,
+        on_ready: Callable[[Any], None] | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
+        cache_ram: int | None = None,
+        cache_disk: int = 0,
+        cache_disk_tokens: int = 1024,
+    ):
         if parallel < 1 or max_queue < 0:
             raise ValueError("parallel must be >= 1 and max_queue >= 0")
         self._load = load
@@ -273,9 +281,16 @@ class Scheduler:
             from ..documents.store import DocumentStore
 
             disk = DocumentStore() if self.cache_disk else None
-            self.prefixes = PrefixStore(self.model, self.model.kv, ram_bytes=self.cache_ram, disk=disk,
-                                        disk_tokens=self.cache_disk_tokens, disk_bytes=self.cache_disk,
-                                        kind="prompt", notice=log.warning)
+            self.prefixes = PrefixStore(
+                self.model,
+                self.model.kv,
+                ram_bytes=self.cache_ram,
+                disk=disk,
+                disk_tokens=self.cache_disk_tokens,
+                disk_bytes=self.cache_disk,
+                kind="prompt",
+                notice=log.warning,
+            )
 
     def _reload(self) -> None:
         try:
@@ -384,8 +399,9 @@ class Scheduler:
         try:
             prep = job.prepare(self.model)
             check_context(len(prep.ids), prep.max_tokens, self.model.context_length)
-            self.model.sampling_params(**{k: v for k, v in prep.options.items()
-                                          if k in SamplingParams.__dataclass_fields__})
+            self.model.sampling_params(
+                **{k: v for k, v in prep.options.items() if k in SamplingParams.__dataclass_fields__}
+            )
         except Exception as err:  # noqa: BLE001 - the request's error, not the server's
             self._leave_inbox(job)
             job.post(ERROR, err)
@@ -413,8 +429,9 @@ class Scheduler:
                 prep = job.prepared
                 try:
                     job.cache, prompt_cache = self._cache_for(prep.ids)
-                    job.seq = self.model.sequence(prep.ids, max_tokens=prep.max_tokens, cache=job.cache,
-                                                  prompt_cache=prompt_cache, **prep.options)
+                    job.seq = self.model.sequence(
+                        prep.ids, max_tokens=prep.max_tokens, cache=job.cache, prompt_cache=prompt_cache, **prep.options
+                    )
                 except Exception as err:  # noqa: BLE001
                     job.post(ERROR, err)
                     _close(job)
@@ -440,8 +457,15 @@ class Scheduler:
     def prefix_stats(self) -> dict:
         """The prefix store's entries, bytes, budget and hits (zeros when it is off)."""
         if self.prefixes is None:
-            return {"entries": 0, "bytes": 0, "budget_bytes": 0, "hits": 0, "misses": 0, "hit_rate": 0.0,
-                    "reused_tokens": 0}
+            return {
+                "entries": 0,
+                "bytes": 0,
+                "budget_bytes": 0,
+                "hits": 0,
+                "misses": 0,
+                "hit_rate": 0.0,
+                "reused_tokens": 0,
+            }
         return self.prefixes.stats()
 
     def _step(self) -> None:

@@ -1,6 +1,7 @@
 """Request bodies. Types are strict (JSON types, no coercion of "5" to 5) and
 unknown fields are ignored, as OpenAI-compatible servers do; the routes reject
 the known fields we cannot honour instead of ignoring them."""
+
 from __future__ import annotations
 
 from typing import Annotated, Literal
@@ -42,48 +43,60 @@ class _OpenAISampling(_Body):
     top_k: int | None = Field(None, ge=0, description="extra: 0 disables")
     min_p: float | None = Field(None, ge=0, le=1, description="extra")
     repeat_penalty: float | None = Field(None, gt=0, description="extra: 1.0 disables")
-    repeat_last_n: int | None = Field(None, ge=-1, description="extra: the penalties' window (default 64; 0 disables, "
-                                                               "-1 the whole context)")
+    repeat_last_n: int | None = Field(
+        None, ge=-1, description="extra: the penalties' window (default 64; 0 disables, -1 the whole context)"
+    )
     seed: int | None = Field(None, description="negative: random")
     stop: Stops | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int | None = Field(None, ge=1, description="choices, at most the server's --parallel; they share the prompt")
-    presence_penalty: float | None = Field(None, ge=-2, le=2, description="minus this from the logit of a token "
-                                                                        "in the last 64 of prompt and reply")
+    presence_penalty: float | None = Field(
+        None, ge=-2, le=2, description="minus this from the logit of a token in the last 64 of prompt and reply"
+    )
     frequency_penalty: float | None = Field(None, ge=-2, le=2, description="minus this times the token's count there")
-    logit_bias: dict[str, float] | None = Field(None, description="token id (a string) -> a bias from -100 to 100 "
-                                                                  "added to its logit")
+    logit_bias: dict[str, float] | None = Field(
+        None, description="token id (a string) -> a bias from -100 to 100 added to its logit"
+    )
     response_format: dict | None = Field(
-        None, description="{'type': 'text' | 'json_object' | 'json_schema', 'json_schema': {'schema': ...}}: "
-                          "the output constrained by the grammar engine")
+        None,
+        description="{'type': 'text' | 'json_object' | 'json_schema', 'json_schema': {'schema': ...}}: "
+        "the output constrained by the grammar engine",
+    )
     json_schema: dict | None = Field(None, description="llama.cpp's extra: constrain the output to this schema")
     grammar: str | None = Field(None, description="llama.cpp's extra: a GBNF (or Lark) grammar for the output")
 
 
 class ChatCompletionRequest(_OpenAISampling):
     messages: list[ChatMessage] = Field(..., description="at least one message")
-    tools: list[dict] | None = Field(None, description="functions the model may call: {type: function, function: "
-                                                       "{name, description, parameters}}")
-    tool_choice: str | dict | None = Field(None, description="none, auto (default), required, or "
-                                                             "{type: function, function: {name}}")
+    tools: list[dict] | None = Field(
+        None, description="functions the model may call: {type: function, function: {name, description, parameters}}"
+    )
+    tool_choice: str | dict | None = Field(
+        None, description="none, auto (default), required, or {type: function, function: {name}}"
+    )
     parallel_tool_calls: bool | None = Field(None, description="more than one call per reply (default true)")
     logprobs: bool | None = Field(None, description="each output token's log-probability")
     top_logprobs: int | None = Field(None, ge=0, le=20, description="alternatives per token (needs logprobs)")
     reasoning_format: Literal["auto", "deepseek", "none"] | None = Field(
-        None, description="llama.cpp's: a thinking model's reasoning in reasoning_content (auto, deepseek; the "
-                          "default) or left in the content (none)")
+        None,
+        description="llama.cpp's: a thinking model's reasoning in reasoning_content (auto, deepseek; the "
+        "default) or left in the content (none)",
+    )
     reasoning_effort: str | None = Field(None, description="'none' asks a thinking model not to think")
-    chat_template_kwargs: dict | None = Field(None, description="more chat template variables, e.g. "
-                                                                "{'enable_thinking': false} (Qwen3)")
+    chat_template_kwargs: dict | None = Field(
+        None, description="more chat template variables, e.g. {'enable_thinking': false} (Qwen3)"
+    )
     continue_final_message: bool | None = Field(
-        None, description="continue the last message, an assistant's (default: whenever the assistant speaks last)")
+        None, description="continue the last message, an assistant's (default: whenever the assistant speaks last)"
+    )
     add_generation_prompt: bool | None = Field(None, description="false: end the prompt with the last message's turn")
 
 
 class CompletionRequest(_OpenAISampling):
     prompt: str | list[str] | list[int] | list[list[int]] = Field(
-        ..., description="text, token ids, or a list of either: one set of choices per prompt")
+        ..., description="text, token ids, or a list of either: one set of choices per prompt"
+    )
     max_tokens: int | None = Field(None, ge=0, description="absent: up to the end of the context; 0 with echo")
     logprobs: int | None = Field(None, ge=0, le=20, description="log-probabilities of each token and its N best")
     echo: bool = False
@@ -121,8 +134,11 @@ class _OllamaRequest(_Body):
     stream: bool = True
     options: OllamaOptions | None = None
     format: str | dict | None = Field(None, description='"json" or a JSON schema: the output constrained to it')
-    think: bool | str | None = Field(None, description="true, false, or high/medium/low/max (true); a model that "
-                                                         "thinks does by default; a 400 for one that does not")
+    think: bool | str | None = Field(
+        None,
+        description="true, false, or high/medium/low/max (true); a model that "
+        "thinks does by default; a 400 for one that does not",
+    )
     keep_alive: str | int | float | None = None
     logprobs: bool | None = Field(None, description="each output token's log-probability")
     top_logprobs: int | None = Field(None, description="alternatives per token, 0-20 (with logprobs)")
@@ -177,8 +193,11 @@ DocumentMode = Literal["auto", "full", "rlv"]
 class AddDocumentRequest(_Body):
     text: str = Field(..., min_length=1, description="the document's text (Markdown or plain)")
     name: str | None = Field(None, max_length=200, description="what the list calls it (default 'pasted text')")
-    mode: DocumentMode = Field("auto", description="full: the whole document in the KV cache; rlv: read in parts; "
-                                                   "auto: full when it fits the model's working memory")
+    mode: DocumentMode = Field(
+        "auto",
+        description="full: the whole document in the KV cache; rlv: read in parts; "
+        "auto: full when it fits the model's working memory",
+    )
 
 
 class OpenDocumentRequest(_Body):

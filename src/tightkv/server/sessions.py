@@ -22,6 +22,7 @@ onto the event loop from the worker:
     {"type": "answer", ...}                        # the answer, its mode and quoted spans
     {"type": "error", "error": {...}, "status"}    # OpenAI's error object and HTTP status
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -67,8 +68,15 @@ class OpenDocument:
 
     def record(self) -> dict:
         """What the routes show of it."""
-        out = {"id": self.id, "object": "document", "name": self.name, "chars": len(self.doc.text),
-               "status": self.status, "mode": self.mode, **self.info}
+        out = {
+            "id": self.id,
+            "object": "document",
+            "name": self.name,
+            "chars": len(self.doc.text),
+            "status": self.status,
+            "mode": self.mode,
+            **self.info,
+        }
         if self.progress and self.status in ("queued", "loading"):
             out["progress"] = self.progress
         if self.error:
@@ -108,8 +116,9 @@ class Shelf:
         """Load a document unless it is loaded or loading in that mode already."""
         entry = self.get(ident) if doc is None else self._entry(ident, doc)
         if entry is None:
-            raise ApiError(404, f"no document '{ident}' (see GET /v1/documents)", "not_found_error",
-                           code="document_not_found")
+            raise ApiError(
+                404, f"no document '{ident}' (see GET /v1/documents)", "not_found_error", code="document_not_found"
+            )
         with self.lock:
             same = mode is None or mode == entry.mode
             if same and entry.status in ("queued", "loading"):
@@ -121,8 +130,9 @@ class Shelf:
             previous = entry.status, entry.error, entry.progress
             entry.status, entry.error, entry.progress = "queued", None, None
         try:
-            self.scheduler.submit_task(Task(lambda model, pause: self._load(entry, model, pause),
-                                            lambda err: self._failed(entry, err)))
+            self.scheduler.submit_task(
+                Task(lambda model, pause: self._load(entry, model, pause), lambda err: self._failed(entry, err))
+            )
         except Exception:
             with self.lock:
                 entry.status, entry.error, entry.progress = previous
@@ -155,23 +165,36 @@ class Shelf:
         then the answer or an error) come on the returned queue."""
         queue: asyncio.Queue = asyncio.Queue()
         post = self._poster(queue)
-        task = Task(lambda model, pause: self._ask(entry, question, mode, max_tokens, model, pause, post),
-                    lambda err: post(error_event(err)))
+        task = Task(
+            lambda model, pause: self._ask(entry, question, mode, max_tokens, model, pause, post),
+            lambda err: post(error_event(err)),
+        )
         self.scheduler.submit_task(task)
         return queue, task
 
     def listing(self, model_path: str, kv: str) -> list[dict]:
         """Every document of the library, newest first, with its state here and whether
         the store holds its KV cache for this model and KV type (`cached`: it opens warm)."""
-        caches = {r.get("doc_sha256"): r for r in self.store.entries()
-                  if r.get("kind") == "document" and r.get("model") == model_path and r.get("kv") == kv}
+        caches = {
+            r.get("doc_sha256"): r
+            for r in self.store.entries()
+            if r.get("kind") == "document" and r.get("model") == model_path and r.get("kv") == kv
+        }
         rows = []
         for meta in self.library.entries():
             with self.lock:
                 entry = self.docs.get(meta["id"])
-            row = entry.record() if entry is not None else {"id": meta["id"], "object": "document",
-                                                             "name": meta["name"], "chars": meta["chars"],
-                                                             "status": "stored"}
+            row = (
+                entry.record()
+                if entry is not None
+                else {
+                    "id": meta["id"],
+                    "object": "document",
+                    "name": meta["name"],
+                    "chars": meta["chars"],
+                    "status": "stored",
+                }
+            )
             cache = caches.get(meta["sha256"])
             row.update(added=meta["added"], cached=cache is not None)
             if cache is not None:
@@ -210,8 +233,9 @@ class Shelf:
         if also is not None:
             also(event)
 
-    def _load(self, entry: OpenDocument, model, pause: Callable[[], None],
-              also: Callable[[dict], None] | None = None) -> None:
+    def _load(
+        self, entry: OpenDocument, model, pause: Callable[[], None], also: Callable[[dict], None] | None = None
+    ) -> None:
         """Open the document's session (warm from RAM or the disk store, else prefilled)."""
         if entry.session is not None and entry.session.model is model and entry.status == "loaded":
             entry.info = {**entry.info, "warm": True, "source": "ram"}
@@ -233,8 +257,17 @@ class Shelf:
             pause()
 
         t0 = time.perf_counter()
-        session = DocumentSession(model, entry.doc, kv=str(model.kv), mode=entry.mode, store=self.store,
-                                  progress=False, notice=log.warning, listen=listen, keep_text=True)
+        session = DocumentSession(
+            model,
+            entry.doc,
+            kv=str(model.kv),
+            mode=entry.mode,
+            store=self.store,
+            progress=False,
+            notice=log.warning,
+            listen=listen,
+            keep_text=True,
+        )
         session.listen = lambda event: None
         info = _loaded_info(session, entry.mode, time.perf_counter() - t0)
         with self.lock:
@@ -250,7 +283,10 @@ class Shelf:
             raise ContextOverflowError(
                 f"{entry.name} is {tokens:,} tokens, more than full mode can hold in the context of "
                 f"{model.context_length:,} tokens: choose auto or RLV mode (RLV reads it a few sections at a "
-                "time), or start the server with a larger --ctx", tokens, model.context_length)
+                "time), or start the server with a larger --ctx",
+                tokens,
+                model.context_length,
+            )
 
     def close_all(self) -> None:
         """Drop every session (the model was unloaded: they would keep it in RAM)."""
@@ -263,7 +299,7 @@ class Shelf:
         """Keep at most OPEN_LIMIT sessions in RAM (the oldest used goes; it reopens from disk)."""
         with self.lock:
             loaded = sorted((e for e in self.docs.values() if e.session is not None), key=lambda e: e.used)
-            for e in loaded[:max(0, len(loaded) - OPEN_LIMIT)]:
+            for e in loaded[: max(0, len(loaded) - OPEN_LIMIT)]:
                 e.session, e.status = None, "stored"
 
     def _failed(self, entry: OpenDocument, err: BaseException) -> None:
@@ -272,8 +308,16 @@ class Shelf:
             entry.status, entry.error, entry.progress, entry.session = "failed", event, None, None
         self._tell(entry, event)
 
-    def _ask(self, entry: OpenDocument, question: str, mode: str | None, max_tokens: int, model,
-             pause: Callable[[], None], post: Callable[[dict], None]) -> None:
+    def _ask(
+        self,
+        entry: OpenDocument,
+        question: str,
+        mode: str | None,
+        max_tokens: int,
+        model,
+        pause: Callable[[], None],
+        post: Callable[[dict], None],
+    ) -> None:
         """Answer one question (opening the document first if it is not open), streaming
         its reads and text through `post`."""
         if entry.session is None or entry.session.model is not model or entry.status != "loaded":
@@ -298,20 +342,37 @@ class Shelf:
         finally:
             session.listen = lambda event: None
         spans = [_trimmed(entry.doc.text, a, b) for a, b in answer.quotes]
-        post({"type": "answer", "document": entry.id, "question": question, "answer": answer.text,
-              "mode": answer.mode, "citation": answer.citation, "verified": answer.verified,
-              "quotes": [{"start": a, "end": b, "text": entry.doc.text[a:b]} for a, b in spans],
-              "ttft_s": round(answer.ttft, 3), "seconds": round(answer.seconds, 3),
-              "prompt_tokens": answer.prompt_tokens})
+        post(
+            {
+                "type": "answer",
+                "document": entry.id,
+                "question": question,
+                "answer": answer.text,
+                "mode": answer.mode,
+                "citation": answer.citation,
+                "verified": answer.verified,
+                "quotes": [{"start": a, "end": b, "text": entry.doc.text[a:b]} for a, b in spans],
+                "ttft_s": round(answer.ttft, 3),
+                "seconds": round(answer.seconds, 3),
+                "prompt_tokens": answer.prompt_tokens,
+            }
+        )
 
 
 def _loaded_info(session, asked: str, seconds: float) -> dict:
     """What a `loaded` event says of a session: its size, mode, KV cache, and where it came from."""
-    return {"tokens": session.doc_tokens, "mode": session.mode, "kv": str(session.kv),
-            "kv_bytes": session.kv_bytes, "working_memory": session.wm, "context": session.model.context_length,
-            "source": session.cache_source or ("reads" if session.mode == "rlv" else ""),
-            "warm": session.cache_source == "disk", "seconds": round(seconds, 3),
-            "mode_line": session.mode_line(asked)}
+    return {
+        "tokens": session.doc_tokens,
+        "mode": session.mode,
+        "kv": str(session.kv),
+        "kv_bytes": session.kv_bytes,
+        "working_memory": session.wm,
+        "context": session.model.context_length,
+        "source": session.cache_source or ("reads" if session.mode == "rlv" else ""),
+        "warm": session.cache_source == "disk",
+        "seconds": round(seconds, 3),
+        "mode_line": session.mode_line(asked),
+    }
 
 
 def _progress(event: dict, clock: dict) -> dict:
@@ -324,8 +385,13 @@ def _progress(event: dict, clock: dict) -> dict:
     ran = done - clock["done0"]
     rate = ran / elapsed if elapsed > 0 and ran > 0 else None
     eta = (total - done) / rate if rate else None
-    return {"done": done, "total": total, "rate": round(rate, 1) if rate else None,
-            "eta_s": round(eta, 1) if eta is not None else None, "elapsed_s": round(elapsed, 2)}
+    return {
+        "done": done,
+        "total": total,
+        "rate": round(rate, 1) if rate else None,
+        "eta_s": round(eta, 1) if eta is not None else None,
+        "elapsed_s": round(elapsed, 2),
+    }
 
 
 def _trimmed(text: str, start: int, end: int) -> tuple[int, int]:
