@@ -104,13 +104,13 @@ def main() -> None:
     ap.add_argument("--json", help="write the rows here")
     ns = ap.parse_args()
     from tightkv.eval.bench import machine
-    from tightkv.kernels import attention, library
+    from tightkv.kernels import attention, build
 
     torch.set_num_threads(ns.threads)
-    library.set_threads(ns.threads)
+    build.set_threads(ns.threads)
     info = machine()
     clock = "thread CPU time" if ns.cpu_time else "wall time"
-    print(f"# {info.get('cpu', '?')}; kernels {library.summary()}; {clock}")
+    print(f"# {info.get('cpu', '?')}; kernels {build.summary()}; {clock}")
     print(f"{'kv':<14} {'int8':<4} {'shape':<6} {'depth':>6} {'min us':>9} {'median us':>10} {'KV MiB':>8} {'GB/s':>6}")
     rows = []
     for mode in ns.int8.split(","):
@@ -127,7 +127,7 @@ def main() -> None:
     attention.set_int8()
     if ns.json:
         with open(ns.json, "w") as f:
-            json.dump({"machine": info, "kernels": library.summary(), "rows": rows}, f, indent=1)
+            json.dump({"machine": info, "kernels": build.summary(), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from tightkv.gguf import quants
-from tightkv.kernels import library
+from tightkv.kernels import build
 from tightkv.kernels import qmatmul as qm
 
 SHAPES = [  # name, qtype, (out_features, in_features)
@@ -71,8 +71,8 @@ def per_type(types: list[str], target: str | None, n: int = 2048, k: int = 2048,
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from test_quants import random_blocks
 
-    lib = library.load(target) if target else library.library()
-    print(f"kernel: {library.simd_name(lib)}, {n}x{k}, 1 row, 1 thread, best of {runs}")
+    lib = build.load(target) if target else build.library()
+    print(f"kernel: {build.simd_name(lib)}, {n}x{k}, 1 row, 1 thread, best of {runs}")
     for qtype in types:
         raw = torch.from_numpy(random_blocks(qtype, n, k, seed=1))
         x, y = torch.randn(1, k), torch.empty(1, n)
@@ -108,8 +108,8 @@ def main() -> None:
 
         g = read_gguf(assemble())
     t = time.perf_counter()
-    library.library()
-    print(f"kernel: {library.status()} ({time.perf_counter() - t:.2f} s to load), threads={args.threads}")
+    build.library()
+    print(f"kernel: {build.status()} ({time.perf_counter() - t:.2f} s to load), threads={args.threads}")
 
     print(
         f"{'tensor':18} {'type':5} {'shape':>12} {'MB':>6} | {'rows':>4} {'ref ms':>8} {'GB/s':>5} | {'fast ms':>8} {'GB/s':>5} | {'speedup':>7}"

@@ -85,7 +85,7 @@ def main() -> int:
     ns = ap.parse_args()
     rows = [run(ns.model, kv, ns.tokens, ns.steps, ns.threads) for kv in ns.compare.split(",")]
     mib = 2**20
-    print(f"| kv | load RSS MiB | cache MiB | RSS after fill MiB | decode peak RSS MiB | peak / (load + cache) |")
+    print("| kv | load RSS MiB | cache MiB | RSS after fill MiB | decode peak RSS MiB | peak / (load + cache) |")
     print("|---|---:|---:|---:|---:|---:|")
     for r in rows:
         print(

@@ -23,7 +23,7 @@ from tightkv import Model
 from tightkv.engine.generate import decode_step, prefill
 from tightkv.errors import TightKVError
 from tightkv.eval.bench import bench_tokens, write_json
-from tightkv.kernels import library
+from tightkv.kernels import build
 from tightkv.kv.spec import parse_kv
 
 
@@ -68,7 +68,7 @@ def main() -> None:
     ]
     print(
         f"{model.path.name}, depth {args.depth}, {args.steps} steps x {args.rounds} rounds, "
-        f"{args.threads} threads, {library.status()}"
+        f"{args.threads} threads, {build.status()}"
     )
     print("| kv | median step ms | mean step ms | vs " + kinds[0] + " |\n|---|---:|---:|---:|")
     for r in rows:

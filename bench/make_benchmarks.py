@@ -211,10 +211,10 @@ def run_section(name: str) -> None:
 
 def speed_path(name: str) -> Path:
     """Speed tables are kept per model and per kernel instruction path (machines differ)."""
-    from tightkv.kernels import library
+    from tightkv.kernels import build
 
-    library.library()
-    simd = library.status().split("(")[-1].rstrip(")") if library.status().startswith("loaded") else "reference"
+    build.library()
+    simd = build.status().split("(")[-1].rstrip(")") if build.status().startswith("loaded") else "reference"
     return OUT / f"{name.replace('-', '_')}_{simd.replace('+', '_')}.json"
 
 

@@ -18,7 +18,7 @@ import torch
 
 from tightkv import Model
 from tightkv.engine.generate import decode_batch, prefill
-from tightkv.kernels import library
+from tightkv.kernels import build
 
 ENTRY_POINTS = [
     "tk_gemv",
@@ -61,7 +61,7 @@ def main() -> None:
     args = ap.parse_args()
     model = Model(args.model, kv=args.kv, threads=args.threads, context_length=4096)
     torch.set_num_threads(args.threads)
-    lib = library.library()
+    lib = build.library()
     spent, calls = collections.defaultdict(float), collections.Counter()
     for name in ENTRY_POINTS:
         setattr(lib, name, Timed(name, getattr(lib, name), spent, calls))
@@ -73,7 +73,7 @@ def main() -> None:
     for _ in range(5):
         decode_batch(model.net, tokens, caches)
     print(
-        f"{library.status()}, {args.threads} thread(s), KV {args.kv}, {args.streams} stream(s), "
+        f"{build.status()}, {args.threads} thread(s), KV {args.kv}, {args.streams} stream(s), "
         f"{args.steps} steps per round"
     )
     for _ in range(args.rounds):

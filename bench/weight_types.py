@@ -96,16 +96,16 @@ def blocks(path: Path) -> dict[str, int]:
 
 def with_kernels(target: str | None, fn):
     """fn() with the kernel library of `target` (None: this machine's), swapped in process-wide."""
-    from tightkv.kernels import library
+    from tightkv.kernels import build
 
     if target is None:
         return fn()
-    saved = library.library()
-    library._lib = library.load(target)
+    saved = build.library()
+    build._lib = build.load(target)
     try:
         return fn()
     finally:
-        library._lib = saved
+        build._lib = saved
 
 
 def top20(model, ref: dict) -> list[np.ndarray]:

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from tightkv.kernels import attention as attn
-from tightkv.kernels import library
+from tightkv.kernels import build
 from tightkv.kv import fused
 from tightkv.kv.cache import DenseCache
 from tightkv.kv.compressed import CompressedCache
 from tightkv.kv.spec import parse_kv
 
-pytestmark = pytest.mark.skipif(library.library() is None, reason="no C++ compiler: the kernel is unavailable")
+pytestmark = pytest.mark.skipif(build.library() is None, reason="no C++ compiler: the kernel is unavailable")
 
 
 @pytest.fixture(autouse=True)
@@ -138,7 +138,7 @@ def test_compressed_fast_equals_reference(spec, hkv, H, d, window, T, int8):
     # int8 queries: the outputs of these random, flat attentions move by up to 5% of their max with
     # AVX2's 4-bit KVarN keys (the next test and bench/attention_int8.py size it against the codec)
     rel, ab = (1e-2, 1e-3)
-    avx2 = library.simd_name(library.library()) == "avx2"
+    avx2 = build.simd_name(build.library()) == "avx2"
     if int8 and has("tq4") and d % 128 == 0 and not avx2:
         rel, ab = 3e-2, None
     if int8 and has("tq4") and d % 64 == 0 and avx2:  # the keys' 7-bit codebook
@@ -279,7 +279,7 @@ def test_portable_builds_agree(target, monkeypatch):
     """The AVX2 and plain-vector builds of the kernel give the same attention, for every
     kind of code (tq4, tq2 and tq3 codebooks, KVarN keys and values, KIVI keys and values)."""
     g = torch.Generator().manual_seed(5)
-    other = library.load(target)
+    other = build.load(target)
     attn.set_int8(False, False)  # float paths in both builds (the plain one has no other)
     other.tk_attn_int8(0)
     cases = [(s, 64) for s in ("progressive", "tq2", "kvarn4", "aggressive", "kivi3", "kivi2:kvarn2")]

@@ -26,7 +26,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tightkv.kernels.qmatmul")
 
 from tightkv import Model  # noqa: E402
-from tightkv.kernels import library  # noqa: E402
+from tightkv.kernels import build  # noqa: E402
 
 ATOL = 1e-3
 T = 32
@@ -246,7 +246,7 @@ def test_quantized(gguf_dir, case, qtype, backend):
     fast_prefill, fast_steps = m.logits(ids), step_logits(m, ids)
     assert_rel_close(fast_prefill, ref_prefill, steps_rtol())
     assert_rel_close(fast_steps, ref_steps, steps_rtol())
-    if library.status().startswith("loaded") and not library.library().tk_gemv_int8():  # float32 both: far tighter
+    if build.status().startswith("loaded") and not build.library().tk_gemv_int8():  # float32 both: far tighter
         assert_close(fast_steps, ref_steps)
 
 

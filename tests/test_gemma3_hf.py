@@ -21,7 +21,7 @@ pytest.importorskip("tightkv.kernels.qmatmul")
 pytest.importorskip("tightkv.gguf.tokenizer")
 
 from tightkv import Model  # noqa: E402
-from tightkv.kernels import library  # noqa: E402
+from tightkv.kernels import build  # noqa: E402
 
 HEAD_DIM = 32
 ATOL = 1e-3
@@ -195,8 +195,8 @@ def test_fast_backend_matches_reference(gguf_dir, qtype, backend):
     ref_prefill, ref_steps = m.logits(ids), step_logits(m, ids)
     backend("fast")
     fast_prefill, fast_steps = m.logits(ids), step_logits(m, ids)
-    status = library.status()
+    status = build.status()
     assert_rel_close(fast_prefill, ref_prefill)
     assert_rel_close(fast_steps, ref_steps, steps_rtol())
-    if status.startswith("loaded") and not library.library().tk_gemv_int8():  # float32 both: far tighter
+    if status.startswith("loaded") and not build.library().tk_gemv_int8():  # float32 both: far tighter
         assert_close(fast_steps, ref_steps)

@@ -10,7 +10,7 @@ from test_quants import random_blocks
 
 from tightkv.gguf import quants
 from tightkv.kernels import qmatmul as qm
-from tightkv.kernels import library
+from tightkv.kernels import build
 
 BLOCK_TYPES = list(qm.BLOCK_TYPES)
 FLOAT_TYPES = ["F32", "F16", "BF16"]
@@ -76,7 +76,7 @@ def test_fast_matches_reference(qtype, monkeypatch):
         assert fast.dtype == torch.float32 and fast.shape == (rows, OUT)
         assert rel_err(fast, ref) < 3e-2  # int8 activations on AVX2: random k-quant blocks cancel a lot
         assert rel_err(ref, x @ w.T) < 1e-5
-        lib = library.library()
+        lib = build.library()
         if qtype not in FLOAT_TYPES and lib is not None:  # the kernel's own arithmetic, tightly
             want = gemv_reference(lib, x, w) if rows <= qm.gemv_max_rows(lib) else x @ w.T
             assert rel_err(fast, want) < 1e-3  # float sums in another order; random k-quant mins cancel
@@ -86,9 +86,9 @@ def test_fast_matches_reference(qtype, monkeypatch):
 def test_block_dots_match_their_reference(qtype):
     """tk_gemv of the loaded build, 1 to 7 rows, against dequantized weights times the
     activations as the build sees them (float32, or int8 groups on AVX2)."""
-    lib = library.library()
+    lib = build.library()
     if lib is None:
-        pytest.skip(library.status())
+        pytest.skip(build.status())
     for rows in (1, 2, 3, 4, 5, 7):
         check_gemv(lib, qtype, rows)
     x = torch.zeros(1, IN)  # an all-zero group has scale 0, not NaN
@@ -101,9 +101,9 @@ def test_rows_that_end_in_a_partial_step(target):
     """The AVX2 dots walk 8 blocks of a 32-weight type at a time: rows of 1, 3, 7 and 11
     blocks (Qwen2.5-0.5B's 896 columns are 28) end in a partial step, against the reference;
     Q1_0's steps are two blocks of 128, so rows of 1, 3 and 5 blocks (Gemma's 640) end in half one."""
-    if library.library() is None:
-        pytest.skip(library.status())
-    lib = library.load(None if target == "native" else target)
+    if build.library() is None:
+        pytest.skip(build.status())
+    lib = build.load(None if target == "native" else target)
     for qtype in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "MXFP4", "Q1_0"):
         for k in (128, 384, 640) if qtype == "Q1_0" else (32, 96, 224, 352):
             for rows in (1, 2, 5):
@@ -111,15 +111,15 @@ def test_rows_that_end_in_a_partial_step(target):
 
 
 def test_kernel_is_available_here():
-    library.library()
-    assert library.status().startswith("loaded")
+    build.library()
+    assert build.status().startswith("loaded")
 
 
 @pytest.mark.parametrize("qtype", BLOCK_TYPES)
 def test_kernel_dequant_bit_exact(qtype):
-    lib = library.library()
+    lib = build.library()
     if lib is None:
-        pytest.skip(library.status())
+        pytest.skip(build.status())
     lin = make_linear(qtype, seed=1)
     out = torch.empty(OUT, IN)
     assert lib.tk_dequant(qm.TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), OUT, IN, out.data_ptr(), 2) == 0
@@ -168,7 +168,7 @@ def test_zero_copy_from_read_only_memmap(tmp_path):
 def test_no_compile_env_disables_kernel(monkeypatch):
     monkeypatch.setenv("TIGHTKV_NO_COMPILE", "1")
     with pytest.raises(RuntimeError, match="TIGHTKV_NO_COMPILE"):
-        library.load()
+        build.load()
 
 
 def test_bad_backend_name():
@@ -182,11 +182,11 @@ def test_other_simd_builds(target, simd):
     """Every instruction path's build (compiled here on purpose) agrees with its reference."""
     import platform
 
-    if platform.machine() not in ("x86_64", "AMD64") or library.library() is None:
+    if platform.machine() not in ("x86_64", "AMD64") or build.library() is None:
         pytest.skip("needs an x86-64 machine with a C++ compiler")
     if target == "avx512" and " avx512f" not in open("/proc/cpuinfo").read():
         pytest.skip("this CPU has no AVX-512")
-    lib = library.load(target)
+    lib = build.load(target)
     assert lib.tk_simd() == simd
     assert lib.tk_gemv_int8() == (simd > 0)  # AVX2 and AVX-512 multiply int8 activations, as llama.cpp does
     for qtype in BLOCK_TYPES:
@@ -241,7 +241,7 @@ def check_stacked(lib, types=("Q5_0", "Q8_0", "Q4_K", "IQ4_XS"), rows=(1, 3, 6))
 def test_stacked_linear_equals_its_parts(rows):
     """q, k and v (or gate and up) in one call: the same numbers as the parts one by one,
     on the kernel (up to GEMV_MAX_ROWS rows) and above it; a bad part count is refused."""
-    check_stacked(library.library())
+    check_stacked(build.library())
     parts = [make_linear(t, out=OUT + 8 * i, seed=i) for i, t in enumerate(("Q5_0", "Q8_0", "Q6_K"))]
     stacked = qm.StackedLinear(parts)
     x = torch.randn(rows, IN)
@@ -257,11 +257,11 @@ def test_the_avx512_path_builds_on_any_machine():
     that breaks it shows on every machine (the AVX-512 checks above run where the CPU has it)."""
     import platform
 
-    if platform.machine() not in ("x86_64", "AMD64") or library.library() is None:
+    if platform.machine() not in ("x86_64", "AMD64") or build.library() is None:
         pytest.skip("needs an x86-64 machine with a C++ compiler")
     if " avx512f" in open("/proc/cpuinfo").read():
         pytest.skip("this CPU runs the AVX-512 path: test_other_simd_builds covers it")
-    library.compile_check("avx512")
+    build.compile_check("avx512")
 
 
 def test_concurrent_callers_and_thread_counts():
@@ -294,9 +294,9 @@ def test_concurrent_callers_and_thread_counts():
 
 
 def test_lowbit_tables_are_loaded_with_the_library():
-    """The IQ grids and FP4 tables reach every loaded build (library._declare): each type is ready."""
-    lib = library.library()
+    """The IQ grids and FP4 tables reach every loaded build (build._declare): each type is ready."""
+    lib = build.library()
     if lib is None:
-        pytest.skip(library.status())
+        pytest.skip(build.status())
     assert all(lib.tk_lowbit_ready(qm.TYPE_IDS[t]) for t in BLOCK_TYPES)
     assert lib.tk_lowbit_table(0, 0, 3) == 1  # a table of the wrong size is refused

@@ -23,7 +23,7 @@ from test_quants import random_blocks
 from tolerances import reference_mean_bound, requantized_max_bound
 
 from tightkv.gguf import quants
-from tightkv.kernels import library
+from tightkv.kernels import build
 from tightkv.kernels import qmatmul as qm
 
 pytestmark = pytest.mark.skipif(
@@ -107,7 +107,7 @@ def test_file_blocks_bit_exact(requant, ftype):
     path = requant(ftype)
     found = {t.qtype for t in read_gguf(path).tensors.values()}
     assert FILE_TYPES[ftype] <= found, found
-    lib = library.library()
+    lib = build.library()
     for qtype in sorted(FILE_TYPES[ftype]):
         for t in _tensors(path, qtype):
             raw = np.array(t.data)  # (rows, row bytes)

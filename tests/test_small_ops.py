@@ -6,14 +6,14 @@ import torch.nn.functional as F
 
 from tightkv.engine.sampling import argmax
 from tightkv.kernels import qmatmul as qm
-from tightkv.kernels import library
+from tightkv.kernels import build
 from tightkv.models.base import add_rms_norm, apply_rope_neox, qkv_heads, rms_norm, rope_cos_sin
 
 
 @pytest.fixture(autouse=True)
 def kernel():
-    if library.library() is None:
-        pytest.skip(library.status())
+    if build.library() is None:
+        pytest.skip(build.status())
 
 
 @pytest.mark.parametrize("shape", [(1, 640), (4, 1, 256), (3, 7, 96)])

@@ -12,10 +12,10 @@ from tiny_gguf import write_gemma3, write_llama, write_phi3, write_qwen
 
 from tightkv import Model
 from tightkv.engine.generate import decode_batch, prefill
-from tightkv.kernels import library, sublayers
+from tightkv.kernels import build, sublayers
 from tightkv.models.base import glu
 
-pytestmark = pytest.mark.skipif(library.library() is None, reason="no compiled kernels")
+pytestmark = pytest.mark.skipif(build.library() is None, reason="no compiled kernels")
 
 WRITERS = {
     "qwen2": lambda p, q: write_qwen(p, arch="qwen2", seed=2, qtype=q),  # q/k/v biases

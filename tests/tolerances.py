@@ -1,6 +1,6 @@
 """Tolerances that depend on the kernel build under test."""
 
-from tightkv.kernels import library
+from tightkv.kernels import build
 
 
 def steps_rtol() -> float:
@@ -8,7 +8,7 @@ def steps_rtol() -> float:
     float32 activations; 5e-2 where they take int8 ones (AVX2, as llama.cpp; measured
     up to 2.0% of the largest logit on these random tiny models, whose random weights
     amplify every rounding; tests/test_qmatmul.py checks the arithmetic itself to 1e-5)."""
-    lib = library.library()
+    lib = build.library()
     return 5e-2 if lib is not None and lib.tk_gemv_int8() else 1e-2
 
 
@@ -17,7 +17,7 @@ def prob_points() -> float:
     (`Model.logits`): 0.02 where the block dots take float32 activations, 0.03 where they take
     int8 ones (AVX2, AVX-512 VNNI) while the prefill's tiles stay float32 (measured 0.022 on the
     embedded Gemma's "Count to five.")."""
-    lib = library.library()
+    lib = build.library()
     return 0.03 if lib is not None and lib.tk_gemv_int8() else 0.02
 
 
@@ -26,7 +26,7 @@ def reference_mean_bound() -> float:
     float32 activations; 0.26 where they take int8 ones (AVX2 builds,
     measured 0.24): both engines then round the activations, each its own way (llama.cpp
     per 256 for k-quants; matching its scheme exactly measured 0.28, further off)."""
-    lib = library.library()
+    lib = build.library()
     return 0.26 if lib is not None and lib.tk_gemv_int8() else 0.2
 
 
@@ -39,5 +39,5 @@ def requantized_max_bound() -> float:
     token-by-token one moves Q4_K_M's by 0.81, and on the 2-core AVX2 EPYC a float-sum
     reordering of the AVX2 block dots (session 22) moved IQ4_NL's from 0.37 to 0.79 and
     IQ1_M's from 0.85 to 0.75, each matrix product within 1e-7 of its int8 reference."""
-    lib = library.library()
+    lib = build.library()
     return 0.9 if lib is not None and lib.tk_gemv_int8() else 0.75

@@ -62,7 +62,7 @@ class Model:
         from .gguf.reader import read_gguf
         from .models.base import ARCHITECTURES, build_model, load_family
 
-        from .kernels import library, qmatmul
+        from .kernels import build, qmatmul
         from .kv.spec import resolve_kv
 
         auto = isinstance(kv, str) and kv.strip().lower() == "auto"
@@ -71,7 +71,7 @@ class Model:
         self.threads = threads or default_threads()
         torch.set_num_threads(self.threads)
         qmatmul.set_threads(self.threads)
-        library.library()  # built or loaded now (a first build takes a minute), not inside the first timed prefill
+        build.library()  # built or loaded now (a first build takes a minute), not inside the first timed prefill
         # a registry model is pulled on first use (if tightkv can run its architecture)
         self.path: Path = resolve(path_or_name, runnable=set(ARCHITECTURES))
         self.gguf = read_gguf(self.path)

@@ -11,7 +11,7 @@ import os
 import sys
 
 from .commands import VERBS
-from .commands.common import cli_wording
+from .commands.flags import cli_wording
 from .errors import TightKVError
 
 

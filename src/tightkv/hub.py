@@ -18,7 +18,6 @@ drawn on stderr the way Ollama draws it::
 from __future__ import annotations
 
 import errno
-import hashlib
 import inspect
 import os
 import re
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import IO
 
 from .errors import TightKVError
-from .store import Entry, Installed, blob_path, blobs_dir, file_lock, installed, write_manifest
+from .store import Entry, Installed, blob_path, blobs_dir, file_lock, file_sha256, installed, write_manifest
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 CHUNK = 1 << 18  # read the HTTP body in 256 KiB pieces, so progress moves smoothly
@@ -138,7 +137,7 @@ def pull(entry: Entry, quiet: bool = False, report=None) -> Installed:
                 ),
             )
             say("verifying sha256 digest")
-            digest = _sha256_file(partial)
+            digest = file_sha256(partial)
             if expected and digest != expected:
                 partial.unlink(missing_ok=True)
                 raise TightKVError(
@@ -247,14 +246,6 @@ def check_disk_space(needed: int, where: Path) -> None:
         raise TightKVError(
             f"not enough disk space in {where}: the download needs {human_bytes(needed)}, {human_bytes(free)} free"
         )
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
 
 
 class _hub_errors:

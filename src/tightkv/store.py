@@ -14,6 +14,7 @@ default ``~/.cache/tightkv``)::
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import sys
@@ -66,6 +67,15 @@ def blobs_dir() -> Path:
 
 def manifests_dir() -> Path:
     return home() / "manifests"
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 hex digest of a file, read in 4 MiB blocks (a blob's name and its check)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
 
 
 def blob_path(sha256: str) -> Path:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from ..errors import TightKVError
-from .common import CTX_HELP, add_auto_flags, add_kv_flags, auto_memory, kv_spec
+from .flags import CTX_HELP, add_auto_flags, add_kv_flags, auto_memory, kv_spec
 
 NAME = "ask"
 HELP = "answer questions about documents (whole document in the KV cache, RAG or RLV)"

@@ -9,7 +9,7 @@ import sys
 
 from ..errors import TightKVError
 
-from .common import add_model_flags, int_list, kv_types
+from .flags import add_model_flags, int_list, kv_types
 
 NAME = "bench"
 HELP = "prompt and generation speed, optionally beside llama.cpp"

@@ -11,7 +11,7 @@ import argparse
 import json
 
 from ..errors import TightKVError
-from .common import parse_size
+from .flags import parse_size
 
 NAME = "cache"
 HELP = "list, remove or prune the stored KV prefixes (documents, RLV reads, server prompts)"

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from ..errors import TightKVError
 from ..eval.endpoint import error_message, opener_for
-from .common import SAMPLING_DEFAULTS, add_sampling_flags
+from .flags import SAMPLING_DEFAULTS, add_sampling_flags
 
 NAME = "client"
 HELP = "send a chat message to a running server and print the answer"

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from ..errors import TightKVError
-from .common import add_endpoint_flags, int_list, kv_list
+from .flags import add_endpoint_flags, int_list, kv_list
 
 NAME = "docqa"
 HELP = "whole-document QA benchmark: full vs chunk-RAG vs RLV, per KV type"

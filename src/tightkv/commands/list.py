@@ -11,7 +11,7 @@ HELP = "list pulled models"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .common import one_line_errors
+    from .flags import one_line_errors
 
     one_line_errors(p)
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ..errors import TightKVError
-from .common import add_endpoint_flags, add_model_flags, int_list, measured_entries, model_label
+from .flags import add_endpoint_flags, add_model_flags, int_list, measured_entries, model_label
 
 NAME = "niah"
 HELP = "needle-in-a-haystack over lengths x depths, with a PNG heatmap"

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ..errors import TightKVError
-from .common import CTX_HELP, model_label, parse_size
+from .flags import CTX_HELP, model_label, parse_size
 
 NAME = "plan"
 HELP = "memory plan: weights, KV per cache type, what fits (reads only the GGUF header)"

@@ -6,7 +6,7 @@ import argparse
 
 from ..errors import TightKVError
 
-from .common import add_endpoint_flags, add_model_flags, measured_entries
+from .flags import add_endpoint_flags, add_model_flags, measured_entries
 
 NAME = "ppl"
 HELP = "perplexity and KL divergence against the f16 cache"

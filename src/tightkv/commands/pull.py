@@ -10,7 +10,7 @@ HELP = "download a model from the Hugging Face hub (resumable, sha256-verified)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .common import one_line_errors
+    from .flags import one_line_errors
 
     p.add_argument("models", nargs="+", metavar="NAME", help="registry names, e.g. qwen3:4b, llama3.2:1b, phi3.5")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")

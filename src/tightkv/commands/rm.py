@@ -9,7 +9,7 @@ HELP = "remove pulled models"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .common import one_line_errors
+    from .flags import one_line_errors
 
     p.add_argument(
         "models", nargs="+", metavar="NAME", help="a pulled model (as `tightkv list` names it); several may follow"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import TightKVError
 
-from .common import add_auto_flags, add_model_flags, add_sampling_flags, auto_memory, kv_spec, one_line_errors
+from .flags import add_auto_flags, add_model_flags, add_sampling_flags, auto_memory, kv_spec, one_line_errors
 
 NAME = "run"
 HELP = "chat with a model, or answer one prompt (the embedded model by default)"

@@ -8,7 +8,7 @@ import sys
 
 from ..errors import TightKVError
 
-from .common import add_auto_flags, add_model_flags, auto_memory, kv_spec, parse_size
+from .flags import add_auto_flags, add_model_flags, auto_memory, kv_spec, parse_size
 
 NAME = "serve"
 HELP = "serve a model over HTTP: OpenAI /v1/* and Ollama /api/* routes"

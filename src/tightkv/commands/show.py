@@ -30,7 +30,7 @@ KV_TYPES = [
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .common import one_line_errors
+    from .flags import one_line_errors
 
     p.add_argument(
         "model", nargs="?", default=None, help="a registry name (pulled) or a .gguf path (default: the embedded model)"
@@ -85,9 +85,9 @@ def run(ns: argparse.Namespace) -> int:
     from ..errors import TightKVError
     from ..gguf.reader import read_gguf
     from ..hub import human_binary_bytes as human_bytes
-    from ..kernels import library
+    from ..kernels import build
     from ..registry import looks_like_path, resolve
-    from .common import model_label
+    from .flags import model_label
 
     path = resolve(ns.model, pull=False)
     g = read_gguf(path)
@@ -107,7 +107,7 @@ def run(ns: argparse.Namespace) -> int:
                 *describe(g),
                 ("file", path),
                 ("size", human_bytes(path.stat().st_size)),
-                ("cpu kernels", library.summary()),
+                ("cpu kernels", build.summary()),
             ]
         )
     )

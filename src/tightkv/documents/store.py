@@ -50,7 +50,7 @@ def documents_dir() -> Path:
 def code_fingerprint() -> str:
     """sha256 over the source of the modules that produce and store K/V."""
     root = Path(__file__).resolve().parents[1]
-    from ..kernels.library import source_digest
+    from ..kernels.build import source_digest
 
     h = hashlib.sha256(source_digest().encode())
     for sub in ("kv", "models"):

@@ -89,7 +89,7 @@ def machine() -> dict:
     """The CPU and the kernels' instruction path, named beside every figure."""
     import platform
 
-    from ..kernels import library
+    from ..kernels import build
 
     cpu, info = platform.processor(), {}
     try:
@@ -101,8 +101,8 @@ def machine() -> dict:
     cpu = info.get("model name", cpu)
     if "cpu family" in info:  # "AMD EPYC" alone does not say which generation
         cpu += f" (family {info['cpu family']}, model {info.get('model', '?')})"
-    library.library()
-    return {"cpu": cpu, "kernels": library.status()}
+    build.library()
+    return {"cpu": cpu, "kernels": build.status()}
 
 
 def write_json(path: str, script: str, **fields) -> None:

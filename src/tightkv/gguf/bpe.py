@@ -330,27 +330,15 @@ class BPETokenizer(Tokenizer):
 
     # -- encoding -----------------------------------------------------------
 
-    def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
-        """Token ids of `text`, equal to llama.cpp's `llama_tokenize(text, add_bos, special)`."""
+    def _encode_text(self, text: str, special: bool, encode_fragment) -> list[int]:
         out: list[int] = []
-        if add_bos and self.add_bos:
-            if self.bos_id is None:
-                raise GGUFError("tokenizer asks for a BOS token but has no bos_token_id")
-            out.append(self.bos_id)
         if text:
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError:  # lone surrogates: U+FFFD, as llama.cpp reads bad UTF-8
                 text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
             for frag in self._partition(text, special):
-                if isinstance(frag, int):
-                    out.append(frag)
-                else:
-                    out.extend(self._encode_fragment(frag))
-        if add_bos and self.add_eos:
-            if self.eos_id is None:
-                raise GGUFError("tokenizer asks for an EOS token but has no eos_token_id")
-            out.append(self.eos_id)
+                out.extend([frag] if isinstance(frag, int) else encode_fragment(frag))
         return out
 
     def _encode_fragment(self, text: str) -> list[int]:

@@ -50,10 +50,10 @@ QK_K = 256
 
 # name -> (elements per block, bytes per block), as gguf.constants.GGML_QUANT_SIZES
 BLOCK_SIZES: dict[str, tuple[int, int]] = {}
-_CODECS: dict[str, type["Codec"]] = {}
+_DEQUANTIZERS: dict[str, type["BlockDequantizer"]] = {}
 
 
-class Codec:
+class BlockDequantizer:
     """Base of the per-type dequantizers; subclasses register by GGML type name."""
 
     qtype: str
@@ -63,7 +63,7 @@ class Codec:
     def __init_subclass__(cls, qtype: str, block_size: int, type_size: int) -> None:
         cls.qtype, cls.block_size, cls.type_size = qtype, block_size, type_size
         BLOCK_SIZES[qtype] = (block_size, type_size)
-        _CODECS[qtype] = cls
+        _DEQUANTIZERS[qtype] = cls
 
     @classmethod
     def dequantize_blocks(cls, blocks: torch.Tensor) -> torch.Tensor:
@@ -96,25 +96,25 @@ def _bits(b: torch.Tensor, n_bits: int, width: int) -> torch.Tensor:
     return (b.reshape(n, -1, 1, n_bits) >> shifts) & ((1 << width) - 1)
 
 
-class F32(Codec, qtype="F32", block_size=1, type_size=4):
+class F32(BlockDequantizer, qtype="F32", block_size=1, type_size=4):
     @classmethod
     def dequantize_blocks(cls, blocks):
         return blocks.contiguous().view(torch.float32)
 
 
-class F16(Codec, qtype="F16", block_size=1, type_size=2):
+class F16(BlockDequantizer, qtype="F16", block_size=1, type_size=2):
     @classmethod
     def dequantize_blocks(cls, blocks):
         return blocks.contiguous().view(torch.float16).float()
 
 
-class BF16(Codec, qtype="BF16", block_size=1, type_size=2):
+class BF16(BlockDequantizer, qtype="BF16", block_size=1, type_size=2):
     @classmethod
     def dequantize_blocks(cls, blocks):
         return blocks.contiguous().view(torch.bfloat16).float()
 
 
-class Q4_0(Codec, qtype="Q4_0", block_size=32, type_size=18):
+class Q4_0(BlockDequantizer, qtype="Q4_0", block_size=32, type_size=18):
     @classmethod
     def dequantize_blocks(cls, blocks):
         n = blocks.shape[0]
@@ -123,7 +123,7 @@ class Q4_0(Codec, qtype="Q4_0", block_size=32, type_size=18):
         return d * q.float()
 
 
-class Q4_1(Codec, qtype="Q4_1", block_size=32, type_size=20):
+class Q4_1(BlockDequantizer, qtype="Q4_1", block_size=32, type_size=20):
     @classmethod
     def dequantize_blocks(cls, blocks):
         n = blocks.shape[0]
@@ -139,7 +139,7 @@ def _qh32(qh: torch.Tensor) -> torch.Tensor:
     return ((qh.reshape(n, 4, 1) >> shifts) & 1).reshape(n, 32)
 
 
-class Q5_0(Codec, qtype="Q5_0", block_size=32, type_size=22):
+class Q5_0(BlockDequantizer, qtype="Q5_0", block_size=32, type_size=22):
     @classmethod
     def dequantize_blocks(cls, blocks):
         n = blocks.shape[0]
@@ -150,7 +150,7 @@ class Q5_0(Codec, qtype="Q5_0", block_size=32, type_size=22):
         return d * q.float()
 
 
-class Q5_1(Codec, qtype="Q5_1", block_size=32, type_size=24):
+class Q5_1(BlockDequantizer, qtype="Q5_1", block_size=32, type_size=24):
     @classmethod
     def dequantize_blocks(cls, blocks):
         n = blocks.shape[0]
@@ -161,7 +161,7 @@ class Q5_1(Codec, qtype="Q5_1", block_size=32, type_size=24):
         return d * q + m
 
 
-class Q8_0(Codec, qtype="Q8_0", block_size=32, type_size=34):
+class Q8_0(BlockDequantizer, qtype="Q8_0", block_size=32, type_size=34):
     @classmethod
     def dequantize_blocks(cls, blocks):
         d = _f16(blocks[:, :2])
@@ -169,7 +169,7 @@ class Q8_0(Codec, qtype="Q8_0", block_size=32, type_size=34):
         return x * d
 
 
-class Q2_K(Codec, qtype="Q2_K", block_size=QK_K, type_size=84):
+class Q2_K(BlockDequantizer, qtype="Q2_K", block_size=QK_K, type_size=84):
     @classmethod
     def dequantize_blocks(cls, blocks):
         n = blocks.shape[0]
@@ -181,7 +181,7 @@ class Q2_K(Codec, qtype="Q2_K", block_size=QK_K, type_size=84):
         return (dl * q - ml).reshape(n, QK_K)
 
 
-class Q3_K(Codec, qtype="Q3_K", block_size=QK_K, type_size=110):
+class Q3_K(BlockDequantizer, qtype="Q3_K", block_size=QK_K, type_size=110):
     @classmethod
     def dequantize_blocks(cls, blocks):
         n = blocks.shape[0]
@@ -206,7 +206,7 @@ def _k_scale_min(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return sc, mn
 
 
-class Q4_K(Codec, qtype="Q4_K", block_size=QK_K, type_size=144):
+class Q4_K(BlockDequantizer, qtype="Q4_K", block_size=QK_K, type_size=144):
     @classmethod
     def dequantize_blocks(cls, blocks):
         n = blocks.shape[0]
@@ -218,7 +218,7 @@ class Q4_K(Codec, qtype="Q4_K", block_size=QK_K, type_size=144):
         return (d * q - dm).reshape(n, QK_K)
 
 
-class Q5_K(Codec, qtype="Q5_K", block_size=QK_K, type_size=176):
+class Q5_K(BlockDequantizer, qtype="Q5_K", block_size=QK_K, type_size=176):
     @classmethod
     def dequantize_blocks(cls, blocks):
         n = blocks.shape[0]
@@ -232,7 +232,7 @@ class Q5_K(Codec, qtype="Q5_K", block_size=QK_K, type_size=176):
         return (d * q - dm).reshape(n, QK_K)
 
 
-class Q6_K(Codec, qtype="Q6_K", block_size=QK_K, type_size=210):
+class Q6_K(BlockDequantizer, qtype="Q6_K", block_size=QK_K, type_size=210):
     @classmethod
     def dequantize_blocks(cls, blocks):
         n = blocks.shape[0]
@@ -266,7 +266,7 @@ def _bitfield(x: torch.Tensor, shifts: list[int], mask: int) -> torch.Tensor:
     return (x.unsqueeze(-1) >> torch.tensor(shifts, dtype=x.dtype)) & mask
 
 
-class Q1_0(Codec, qtype="Q1_0", block_size=128, type_size=18):
+class Q1_0(BlockDequantizer, qtype="Q1_0", block_size=128, type_size=18):
     """llama.cpp's 1-bit type (ggml-quants.c dequantize_row_q1_0): the signs of d."""
 
     @classmethod
@@ -277,7 +277,7 @@ class Q1_0(Codec, qtype="Q1_0", block_size=128, type_size=18):
         return torch.where(bits.bool(), d, -d)
 
 
-class Q2_0(Codec, qtype="Q2_0", block_size=64, type_size=18):
+class Q2_0(BlockDequantizer, qtype="Q2_0", block_size=64, type_size=18):
     """llama.cpp's 2-bit type (dequantize_row_q2_0): codes 0..3 are -1, 0, 1, 2 times d."""
 
     @classmethod
@@ -288,7 +288,7 @@ class Q2_0(Codec, qtype="Q2_0", block_size=64, type_size=18):
         return q.float() * d
 
 
-class TQ1_0(Codec, qtype="TQ1_0", block_size=QK_K, type_size=54):
+class TQ1_0(BlockDequantizer, qtype="TQ1_0", block_size=QK_K, type_size=54):
     """Ternary, 1.69 bits: bytes hold 5 (or 4) base-3 digits as a fixed-point fraction."""
 
     @classmethod
@@ -303,7 +303,7 @@ class TQ1_0(Codec, qtype="TQ1_0", block_size=QK_K, type_size=54):
         return d * (((q * 3) >> 8) - 1).float()
 
 
-class TQ2_0(Codec, qtype="TQ2_0", block_size=QK_K, type_size=66):
+class TQ2_0(BlockDequantizer, qtype="TQ2_0", block_size=QK_K, type_size=66):
     """Ternary in 2-bit codes (0..2 used): (q - 1) * d."""
 
     @classmethod
@@ -325,7 +325,7 @@ def _lookup(values: tuple[int, ...], q: torch.Tensor) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float32)[q.long()]
 
 
-class IQ4_NL(Codec, qtype="IQ4_NL", block_size=32, type_size=18):
+class IQ4_NL(BlockDequantizer, qtype="IQ4_NL", block_size=32, type_size=18):
     @classmethod
     def dequantize_blocks(cls, blocks):
         n = blocks.shape[0]
@@ -333,7 +333,7 @@ class IQ4_NL(Codec, qtype="IQ4_NL", block_size=32, type_size=18):
         return d * _lookup(IQ4_VALUES, _nibbles(blocks[:, 2:], 16).reshape(n, 32))
 
 
-class IQ4_XS(Codec, qtype="IQ4_XS", block_size=QK_K, type_size=136):
+class IQ4_XS(BlockDequantizer, qtype="IQ4_XS", block_size=QK_K, type_size=136):
     @classmethod
     def dequantize_blocks(cls, blocks):
         n = blocks.shape[0]
@@ -345,7 +345,7 @@ class IQ4_XS(Codec, qtype="IQ4_XS", block_size=QK_K, type_size=136):
         return (dl * _lookup(IQ4_VALUES, q)).reshape(n, QK_K)
 
 
-class MXFP4(Codec, qtype="MXFP4", block_size=32, type_size=17):
+class MXFP4(BlockDequantizer, qtype="MXFP4", block_size=32, type_size=17):
     """OCP microscaling FP4: an E8M0 exponent, E2M1 codes (ggml_e8m0_to_fp32_half)."""
 
     @classmethod
@@ -370,7 +370,7 @@ def _ue4m3_table() -> torch.Tensor:
 UE4M3 = _ue4m3_table()
 
 
-class NVFP4(Codec, qtype="NVFP4", block_size=64, type_size=36):
+class NVFP4(BlockDequantizer, qtype="NVFP4", block_size=64, type_size=36):
     """NVIDIA FP4: four 16-value sub-blocks, each an E4M3 scale and E2M1 codes."""
 
     @classmethod
@@ -433,7 +433,7 @@ def _scale_nibbles(b: torch.Tensor) -> torch.Tensor:
     return _bitfield(b, [0, 4], 0xF).reshape(b.shape[0], -1).float()
 
 
-class IQ2_XXS(Codec, qtype="IQ2_XXS", block_size=QK_K, type_size=66):
+class IQ2_XXS(BlockDequantizer, qtype="IQ2_XXS", block_size=QK_K, type_size=66):
     @classmethod
     def dequantize_blocks(cls, blocks):
         n = blocks.shape[0]
@@ -446,7 +446,7 @@ class IQ2_XXS(Codec, qtype="IQ2_XXS", block_size=QK_K, type_size=66):
         return (db * grid * signs).reshape(n, QK_K)
 
 
-class IQ2_XS(Codec, qtype="IQ2_XS", block_size=QK_K, type_size=74):
+class IQ2_XS(BlockDequantizer, qtype="IQ2_XS", block_size=QK_K, type_size=74):
     @classmethod
     def dequantize_blocks(cls, blocks):
         n = blocks.shape[0]
@@ -458,7 +458,7 @@ class IQ2_XS(Codec, qtype="IQ2_XS", block_size=QK_K, type_size=74):
         return (db * grid * signs).reshape(n, QK_K)
 
 
-class IQ2_S(Codec, qtype="IQ2_S", block_size=QK_K, type_size=82):
+class IQ2_S(BlockDequantizer, qtype="IQ2_S", block_size=QK_K, type_size=82):
     @classmethod
     def dequantize_blocks(cls, blocks):
         n = blocks.shape[0]
@@ -471,7 +471,7 @@ class IQ2_S(Codec, qtype="IQ2_S", block_size=QK_K, type_size=82):
         return (db * grid * signs).reshape(n, QK_K)
 
 
-class IQ3_XXS(Codec, qtype="IQ3_XXS", block_size=QK_K, type_size=98):
+class IQ3_XXS(BlockDequantizer, qtype="IQ3_XXS", block_size=QK_K, type_size=98):
     @classmethod
     def dequantize_blocks(cls, blocks):
         n = blocks.shape[0]
@@ -483,7 +483,7 @@ class IQ3_XXS(Codec, qtype="IQ3_XXS", block_size=QK_K, type_size=98):
         return (db * grid * signs).reshape(n, QK_K)
 
 
-class IQ3_S(Codec, qtype="IQ3_S", block_size=QK_K, type_size=110):
+class IQ3_S(BlockDequantizer, qtype="IQ3_S", block_size=QK_K, type_size=110):
     @classmethod
     def dequantize_blocks(cls, blocks):
         n = blocks.shape[0]
@@ -499,7 +499,7 @@ class IQ3_S(Codec, qtype="IQ3_S", block_size=QK_K, type_size=110):
 IQ1_DELTA = 0.125
 
 
-class IQ1_S(Codec, qtype="IQ1_S", block_size=QK_K, type_size=50):
+class IQ1_S(BlockDequantizer, qtype="IQ1_S", block_size=QK_K, type_size=50):
     @classmethod
     def dequantize_blocks(cls, blocks):
         n = blocks.shape[0]
@@ -512,7 +512,7 @@ class IQ1_S(Codec, qtype="IQ1_S", block_size=QK_K, type_size=50):
         return (dl * (grid + delta)).reshape(n, QK_K)
 
 
-class IQ1_M(Codec, qtype="IQ1_M", block_size=QK_K, type_size=56):
+class IQ1_M(BlockDequantizer, qtype="IQ1_M", block_size=QK_K, type_size=56):
     @classmethod
     def dequantize_blocks(cls, blocks):
         n = blocks.shape[0]
@@ -535,7 +535,7 @@ FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat1
 
 def check_supported(qtype: str, name: str) -> None:
     """Raise a one-line `GGUFError` for a tensor type we cannot decode (e.g. IQ types)."""
-    if qtype not in _CODECS:
+    if qtype not in _DEQUANTIZERS:
         raise GGUFError(f"tensor {name}: unsupported tensor type {qtype}")
 
 
@@ -563,6 +563,6 @@ def dequantize(raw: torch.Tensor, qtype: str, shape: tuple[int, ...]) -> torch.T
         if qtype == "BF16" and raw.dtype in (torch.int16, torch.uint16):
             return raw.contiguous().view(torch.bfloat16).float().reshape(shape)
         raise ValueError(f"{qtype} data must be uint8 bytes, not {raw.dtype}")
-    codec = _CODECS[qtype]
-    blocks = raw.reshape(-1, codec.type_size)  # (n_blocks, type_size)
-    return codec.dequantize_blocks(blocks).reshape(shape)
+    dequantizer = _DEQUANTIZERS[qtype]
+    blocks = raw.reshape(-1, dequantizer.type_size)  # (n_blocks, type_size)
+    return dequantizer.dequantize_blocks(blocks).reshape(shape)

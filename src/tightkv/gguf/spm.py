@@ -125,20 +125,12 @@ class SPMTokenizer(Tokenizer):
 
     # -- encoding -----------------------------------------------------------
 
-    def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
-        """Token ids of `text`, equal to llama.cpp's `llama_tokenize(text, add_bos, special)`."""
-        return self._encode(text, add_bos, special, self._encode_fragment)
-
     def encode_reference(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
         """Like `encode`, but one SPM merge over each whole fragment: slow, for checking."""
-        return self._encode(text, add_bos, special, self._merge)
+        return self._bos_eos(self._encode_text(text, special, self._merge), add_bos)
 
-    def _encode(self, text: str, add_bos: bool, special: bool, encode_fragment) -> list[int]:
+    def _encode_text(self, text: str, special: bool, encode_fragment) -> list[int]:
         out: list[int] = []
-        if add_bos and self.add_bos:
-            if self.bos_id is None:
-                raise GGUFError("tokenizer asks for a BOS token but has no bos_token_id")
-            out.append(self.bos_id)
         prev_special = True
         for frag in self._partition(text, special) if text else ():
             if isinstance(frag, int):
@@ -149,10 +141,6 @@ class SPMTokenizer(Tokenizer):
                 frag = " " + frag
             out.extend(encode_fragment(frag.replace(" ", SPACE)))
             prev_special = False
-        if add_bos and self.add_eos:
-            if self.eos_id is None:
-                raise GGUFError("tokenizer asks for an EOS token but has no eos_token_id")
-            out.append(self.eos_id)
         return out
 
     def _encode_fragment(self, text: str) -> list[int]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import GGUFError
+
 # GGUF token types (tokenizer.ggml.token_type)
 TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED, TYPE_BYTE = 1, 2, 3, 4, 5, 6
 
@@ -61,8 +63,27 @@ class Tokenizer:
     add_bos: bool
 
     def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
-        """Token ids of `text`; BOS first when `add_bos` and the vocab asks for it."""
+        """Token ids of `text`, equal to llama.cpp's `llama_tokenize(text, add_bos, special)`:
+        BOS first and EOS last when `add_bos` and the vocab asks for them."""
+        return self._bos_eos(self._encode_text(text, special, self._encode_fragment), add_bos)
+
+    def _encode_text(self, text: str, special: bool, encode_fragment) -> list[int]:
+        """The ids of `text` alone (no BOS/EOS), each plain fragment through encode_fragment."""
         raise NotImplementedError
+
+    def _bos_eos(self, ids: list[int], add_bos: bool) -> list[int]:
+        """ids with the BOS and EOS the vocab asks for (llama.cpp adds both only with add_special)."""
+        if not add_bos:
+            return ids
+        if self.add_bos:
+            if self.bos_id is None:
+                raise GGUFError("tokenizer asks for a BOS token but has no bos_token_id")
+            ids = [self.bos_id, *ids]
+        if self.add_eos:
+            if self.eos_id is None:
+                raise GGUFError("tokenizer asks for an EOS token but has no eos_token_id")
+            ids = [*ids, self.eos_id]
+        return ids
 
     def decode(self, ids: list[int]) -> str:
         """Text of `ids` (control tokens render as nothing); bad UTF-8 becomes U+FFFD."""

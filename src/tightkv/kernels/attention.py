@@ -49,7 +49,7 @@ import ctypes
 
 import torch
 
-from . import library
+from . import build
 from . import qmatmul as qm
 
 MAX_T = 16  # query positions per call the kernel takes for a dense cache (decode, speculative steps)
@@ -96,7 +96,7 @@ def lib():
     """The loaded kernel library, or None (reference backend, no compiler)."""
     if _BACKEND != "fast":
         return None
-    return library.library()
+    return build.library()
 
 
 def dims_ok(d: int, dv: int) -> bool:
@@ -169,7 +169,7 @@ def run(
         rng_arr = ranges.data_ptr()
     else:
         rng_arr = (ctypes.c_int64 * len(ranges))(*ranges)
-    threads = library.threads()
+    threads = build.threads()
     (ks, kb), (vs, vb) = krot or (None, 0), vrot or (None, 0)
     rc = lib_.tk_attn(
         qf.data_ptr(),
@@ -236,7 +236,7 @@ def tq_encode(
         int(paper),
         idx.data_ptr(),
         norm.data_ptr(),
-        library.threads(),
+        build.threads(),
     ):
         return None
     return {"idx": idx, "norm": norm}
@@ -269,7 +269,7 @@ def kvarn_encode(
         s_col.data_ptr(),
         zp.data_ptr(),
         s_row.data_ptr(),
-        library.threads(),
+        build.threads(),
     ):
         return None
     return {"q": q, "s_col": s_col, "zp": zp, "s_row": s_row}

@@ -26,7 +26,7 @@ Two backends, switched by `set_backend`:
   time to float32 (no activation quantization). Above
   `GEMV_MAX_ROWS` rows it dequantizes row tiles (bit-exact with the reference)
   for torch's float32 matmul (oneDNN's, see `_pick_linear`). Threads:
-  `library.threads()`, in the kernel's own pool, whose callers never wait for a
+  `build.threads()`, in the kernel's own pool, whose callers never wait for a
   helper thread that has not started (robust on busy or oversubscribed cores).
   Without a compiler, or with ``TIGHTKV_NO_COMPILE=1``, "fast" runs the
   reference path.
@@ -51,8 +51,8 @@ import torch.nn.functional as F
 
 from ..gguf import quants
 from ..gguf.quants import FLOAT_TYPES
-from . import library
-from .library import set_threads  # noqa: F401  (the engine sets kernel threads here)
+from . import build
+from .build import set_threads  # noqa: F401  (the engine sets kernel threads here)
 
 BLOCK_TYPES = (
     "Q4_0",
@@ -103,7 +103,7 @@ _MAX_ROWS: dict[int, int] = {}  # per loaded library
 def kernel_rows() -> int:
     """The most input rows a forward sends through the block-dot kernel (0 where the
     reference backend or no compiled library runs)."""
-    lib = library.library() if _BACKEND == "fast" else None
+    lib = build.library() if _BACKEND == "fast" else None
     return 0 if lib is None else gemv_max_rows(lib)
 
 
@@ -135,7 +135,7 @@ def small_ops(x: torch.Tensor):
     batch or in a prompt chunk, so the path may not depend on how many rows come along."""
     if x.dtype != torch.float32 or _BACKEND != "fast":
         return None
-    return library.library()
+    return build.library()
 
 
 def as_tensor(array: np.ndarray) -> torch.Tensor:
@@ -187,7 +187,7 @@ class QuantLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x float32 (..., in_features) -> float32 (..., out_features)."""
         k, n = self.in_features, self.out_features
-        lib = library.library() if self._tid >= 0 and _BACKEND == "fast" else None
+        lib = build.library() if self._tid >= 0 and _BACKEND == "fast" else None
         if (
             lib is not None and x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.float32 and x.is_contiguous()
         ):  # decode: one row, straight to the kernel
@@ -216,7 +216,7 @@ class QuantLinear(torch.nn.Module):
         """Rows `ids` (n,) of W, dequantized exactly: float32 (n, in_features)."""
         ids = ids.reshape(-1).long()
         rows = self.raw[ids]  # (n, row bytes), gathered
-        lib = library.library() if self._tid >= 0 and _BACKEND == "fast" else None
+        lib = build.library() if self._tid >= 0 and _BACKEND == "fast" else None
         if lib is None:
             return quants.dequantize(rows, self.qtype, (ids.numel(), self.in_features))
         out = torch.empty(ids.numel(), self.in_features)
@@ -232,7 +232,7 @@ class QuantLinear(torch.nn.Module):
     # -- paths ---------------------------------------------------------------
 
     def _threads(self, m: int) -> int:
-        return library.threads() if self._nbytes * m >= PARALLEL_MIN_BYTES else 1
+        return build.threads() if self._nbytes * m >= PARALLEL_MIN_BYTES else 1
 
     def _gemv(self, lib, x2: torch.Tensor, m: int) -> torch.Tensor:
         """The block-dot kernel: x2 (M, in) contiguous float32 -> (M, out)."""
@@ -243,7 +243,7 @@ class QuantLinear(torch.nn.Module):
         return y
 
     def _error(self, k: int) -> RuntimeError:
-        lib = library.library()
+        lib = build.library()
         if lib is not None and not lib.tk_lowbit_ready(self._tid):
             return RuntimeError(f"tightkv kernel: the {self.qtype} tables were not loaded")
         return RuntimeError(f"tightkv kernel: bad {self.qtype} shape {self.out_features}x{k}")
@@ -312,14 +312,14 @@ class StackedLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x float32 (..., in_features) -> float32 (..., out_features)."""
-        lib = library.library() if self._args is not None and _BACKEND == "fast" else None
+        lib = build.library() if self._args is not None and _BACKEND == "fast" else None
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # (M, in)
         if lib is None or x2.shape[0] > gemv_max_rows(lib) or x2.dtype != torch.float32 or not x2.is_contiguous():
             y = torch.cat([p(x2) for p in self.parts], dim=-1)
         else:
             m = x2.shape[0]
             y = torch.empty(m, self.out_features)  # (M, out)
-            nth = library.threads() if self._nbytes * m >= PARALLEL_MIN_BYTES else 1
+            nth = build.threads() if self._nbytes * m >= PARALLEL_MIN_BYTES else 1
             if lib.tk_gemv_parts(len(self.parts), *self._args, self.in_features, x2.data_ptr(), m, y.data_ptr(), nth):
                 raise RuntimeError(f"tightkv kernel: stacked {[p.qtype for p in self.parts]} failed")
         return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)

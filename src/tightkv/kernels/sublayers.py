@@ -17,7 +17,7 @@ import ctypes
 
 import torch
 
-from . import library
+from . import build
 from . import qmatmul as qm
 
 ACT_IDS = {"silu": 0, "gelu": 1}  # the kernels' act argument (`tk_glu`)
@@ -79,7 +79,7 @@ def ffn_block(
     """From the attention's rows a (T, width) and the residual stream x (T, d): the new
     stream and its next_norm (T, d) each, as `PreNormBlock` computes them; None where the
     kernel does not apply."""
-    lib = library.library() if plan.plan is not None and qm.get_backend() == "fast" else None
+    lib = build.library() if plan.plan is not None and qm.get_backend() == "fast" else None
     if not _usable(lib, a) or not x.is_contiguous() or next_norm.dtype != torch.float32:
         return None
     T = a.shape[0]
@@ -93,7 +93,7 @@ def ffn_block(
         next_norm.data_ptr(),
         xo.data_ptr(),
         y.data_ptr(),
-        library.threads(),
+        build.threads(),
         qm.PARALLEL_MIN_BYTES,
     ):
         raise RuntimeError("tightkv kernel: the feed-forward sublayer failed")
@@ -120,7 +120,7 @@ def qkv_block(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """q (H, T, D), k and v (Hkv, T, D) from the normed rows y (T, hidden), as
     `base.qkv_heads` gives them from the projection; None where the kernel does not apply."""
-    lib = library.library() if plan.plan is not None and qm.get_backend() == "fast" else None
+    lib = build.library() if plan.plan is not None and qm.get_backend() == "fast" else None
     if not _usable(lib, y):
         return None
     H, Hkv, D = plan.shape
@@ -138,7 +138,7 @@ def qkv_block(
         q.data_ptr(),
         k.data_ptr(),
         v.data_ptr(),
-        library.threads(),
+        build.threads(),
         qm.PARALLEL_MIN_BYTES,
     ):
         raise RuntimeError("tightkv kernel: the q/k/v sublayer failed")

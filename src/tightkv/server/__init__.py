@@ -6,7 +6,7 @@
 - `scheduler`: the one worker thread that owns the model, a bounded FIFO queue
 - `documents`, `sessions`: the web page's `/v1/documents` routes (upload, load as SSE, ask) and the
   documents open here; the page itself is `web/` (HTML, CSS, JavaScript), served at `/`
-- `common`, `schemas`: error shapes, request parsing and validation, streaming
+- `http`, `schemas`: error shapes, request parsing and validation, streaming
 """
 
 from __future__ import annotations

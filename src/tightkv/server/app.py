@@ -29,7 +29,7 @@ from starlette.staticfiles import StaticFiles
 from .. import __version__
 from ..errors import TightKVError
 from ..gguf.describe import file_type, human_number, parameters
-from .common import ApiError, error_response
+from .http import ApiError, error_response
 from .scheduler import Scheduler
 
 log = logging.getLogger("tightkv.server")
@@ -428,7 +428,7 @@ def _document_bodies(app: FastAPI) -> None:
     """Add the request schemas of our hand-parsed bodies to the OpenAPI document."""
     from fastapi.openapi.utils import get_openapi
 
-    from .common import COMPONENTS
+    from .http import COMPONENTS
 
     def openapi():
         if app.openapi_schema is None:

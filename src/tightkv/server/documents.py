@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse
 from ..documents.formats import document_text
 from ..documents.text import DocumentText, clean_text
 from ..errors import TightKVError
-from .common import COMPONENTS, ApiError, JobStream, as_api_error, dumps, parse_body, request_body
+from .http import COMPONENTS, ApiError, JobStream, as_api_error, dumps, parse_body, request_body
 from .schemas import AddDocumentRequest, AskDocumentRequest, OpenDocumentRequest
 from .sessions import MODES, Shelf
 

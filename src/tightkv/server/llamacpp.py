@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from .common import ApiError, check_token_ids, parse_body, request_body
+from .http import ApiError, check_token_ids, parse_body, request_body
 from .schemas import DetokenizeRequest, TokenizeRequest
 
 router = APIRouter(tags=["llama.cpp"])

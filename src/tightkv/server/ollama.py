@@ -13,8 +13,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from .. import __version__
-from ..kernels import library
-from .common import (
+from ..kernels import build
+from .http import (
     ApiError,
     JobStream,
     OllamaJSON,
@@ -402,7 +402,7 @@ async def ps(request: Request):
         context_length=served.context_length,
         kv_cache_type=served.kv,
         kv_auto=served.kv_auto,
-        cpu_kernels=library.summary(),  # ours
+        cpu_kernels=build.summary(),  # ours
         prefix_cache=state.scheduler.prefix_stats(),
         batch_size=state.scheduler.batch_size,
         parallel=state.scheduler.parallel,

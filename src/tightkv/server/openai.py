@@ -9,7 +9,7 @@ import uuid
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
-from .common import (
+from .http import (
     ApiError,
     JobGroup,
     JobStream,

@@ -3,7 +3,7 @@ request constrains its output to, and log-probabilities in OpenAI's two shapes a
 
 from __future__ import annotations
 
-from .common import ApiError
+from .http import ApiError
 
 
 def constraint_options(

@@ -37,7 +37,7 @@ from ..documents.library import DocumentLibrary, doc_id
 from ..documents.store import DocumentStore
 from ..documents.text import DocumentText
 from ..errors import ContextOverflowError
-from .common import ApiError, as_api_error
+from .http import ApiError, as_api_error
 from .scheduler import Task
 
 log = logging.getLogger("tightkv.server")
