@@ -2,7 +2,7 @@
 holds the quality bar there (ΔPPL within +0.5% of f16, measured by perplexity on
 the same text), plus the probe's cost beside a cold load of a 32K-token document.
 
-    python bench/kv_auto.py --brief ../shared/docs [--json docs/bench/kv_auto.json]
+    python bench/kv_auto.py --brief DIR [--json docs/bench/kv_auto.json]
 
 Gemma 3 270M at a 32K context. The budgets sit between the KV sizes of neighbouring
 types (weights and working buffers included), so each admits a known set: `q8_0`
@@ -53,7 +53,12 @@ def cold_load_seconds(model, ids: list[int], kv: str) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--brief", type=Path, required=True, help="the brief's docs/ folder (../shared/docs)")
+    ap.add_argument(
+        "--brief",
+        type=Path,
+        required=True,
+        help="the project brief's docs/ folder (the Markdown text; given, never assumed)",
+    )
     ap.add_argument("--json", default=None)
     ns = ap.parse_args()
     from tightkv import Model
