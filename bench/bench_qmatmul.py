@@ -3,9 +3,14 @@
     python bench/bench_qmatmul.py            # real weights from the embedded GGUF
     python bench/bench_qmatmul.py --random   # random blocks, no GGUF read
     python bench/bench_qmatmul.py --types Q4_0,IQ4_XS,Q1_0 [--target avx2]  # every block type, one row
+    python bench/bench_qmatmul.py --crossover MODEL.gguf [--rows 1,8,16,24,32,48,64,96]
 
 Prints ms and GB/s (weight bytes read per call / time) for 1-row (decode) and
 64-row (prefill) inputs, then one decode step over every linear layer of the model.
+
+--crossover: every layer's weights of a model once, per input-row count, through the
+block-dot kernel and through dequantized tiles + float32 matmul; ms per input row, best
+of 3 calls in each of 3 alternating rounds. `qmatmul.gemv_max_rows` is their crossover.
 """
 
 from __future__ import annotations
@@ -87,14 +92,52 @@ def per_type(types: list[str], target: str | None, n: int = 2048, k: int = 2048,
         )
 
 
+def crossover(model: str, counts: list[int], threads: int) -> None:
+    """ms per input row of every weight matrix of `model` once: block-dot kernel against tiles."""
+    from tightkv.api import Model
+
+    m = Model(model, threads=threads)
+    mods = [s for layer in m.net.layers for s in layer.modules() if isinstance(s, (qm.QuantLinear, qm.StackedLinear))]
+    inner = {id(p) for s in mods if isinstance(s, qm.StackedLinear) for p in s.parts}
+    mods = [s for s in mods if id(s) not in inner]
+    xs: dict[tuple[int, int], torch.Tensor] = {}  # (rows, in_features) inputs, made once
+
+    def step(rows: int) -> None:
+        for s in mods:
+            k = s.parts[0].in_features if isinstance(s, qm.StackedLinear) else s.in_features
+            s(xs.setdefault((k, rows), torch.randn(rows, k)))
+
+    best: dict[tuple[int, str], float] = {}
+    for _ in range(3):
+        for rows in counts:
+            for path, limit in (("kernel", 10**6), ("tiles", 0)):
+                qm.GEMV_MAX_ROWS = limit
+                step(rows)
+                times = []
+                for _ in range(3):
+                    t = time.perf_counter()
+                    step(rows)
+                    times.append(time.perf_counter() - t)
+                best[rows, path] = min(best.get((rows, path), 1e9), min(times))
+    print(f"{len(mods)} weight calls per pass; ms per input row")
+    print("| rows | kernel | tiles |\n|---:|---:|---:|")
+    for rows in counts:
+        print(f"| {rows} | {1e3 * best[rows, 'kernel'] / rows:.2f} | {1e3 * best[rows, 'tiles'] / rows:.2f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--crossover", default=None, metavar="MODEL", help="block-dot kernel against tiles per row count")
+    ap.add_argument("--rows", default="1,8,16,24,32,48,64,96", help="with --crossover: the input-row counts")
     ap.add_argument("--types", default=None, help="comma-separated block types: the per-type kernel speed only")
     ap.add_argument("--target", default=None, help="with --types: the kernel build (avx512, avx2, portable)")
     ap.add_argument("--random", action="store_true", help="random blocks instead of the embedded GGUF")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-reference", action="store_true")
     args = ap.parse_args()
+    if args.crossover:
+        crossover(args.crossover, [int(r) for r in args.rows.split(",")], args.threads)
+        return
     if args.types:
         per_type(args.types.split(","), args.target)
         return

@@ -23,8 +23,27 @@ page is assembled from whatever JSON is there. Sections:
     docqa     tightkv docqa: whole-document QA, full vs rag vs rlv, f16 and progressive
               (resumable; DOCQA_ARGS sets --quick or not)
 
-    python bench/make_benchmarks.py                  # run every section, write the page
+The figures of the other docs come from sections run only by name (`sections.EXTRA` has
+each one's commands, and the doc that cites them):
+
+    weight-types      bench/weight_types.py: every llama.cpp file type against llama.cpp (docs/weight-types.md)
+    vs-llamacpp       bench/vs_llamacpp.py --hf: tokens, greedy text and logits against llama.cpp live
+    weight-kernels    bench/bench_qmatmul.py: each block type's dot, and the kernel/tiles crossover (docs/speed.md)
+    attention-kernel  bench/bench_attention.py: the attention kernel alone at depth 8192, integer paths on/off
+    step-overhead     bench/step_overhead.py: a decode step's time in the kernels and between them
+    kv-auto           bench/kv_auto.py: what --kv auto picks under five budgets (needs --brief; docs/kv-cache.md)
+    serving           bench/bench_serving.py: prefix reuse, concurrent streams beside llama-server, memory
+                      (docs/server.md; --llama-server names the binary bench/build_llama_server.sh builds)
+    sampling-cost     bench/sampling_cost.py: a sampled token's cost beside greedy, both models
+    grammar-overhead  bench/grammar_overhead.py: a JSON-schema constraint's cost per token
+    lm-eval           bench/lm_eval_server.py: lm-evaluation-harness through the server (needs lm_eval[api])
+    fuzz-server       bench/fuzz_server.py: schemathesis over every route (needs schemathesis)
+    web-screenshot    bench/web_screenshot.py: docs/web.png (needs chromium and playwright)
+    endpoint-llamaserver  bench/endpoint_llamaserver.py: our checks on llama-server (docs/scale-out.md)
+
+    python bench/make_benchmarks.py                  # run every section of the page, write the page
     python bench/make_benchmarks.py --only ppl,speed # rerun some sections
+    python bench/make_benchmarks.py --only speed --dry-run  # print the commands, run nothing
     python bench/make_benchmarks.py --render         # only rebuild the page from the JSON
 """
 
@@ -42,6 +61,8 @@ from render_benchmarks import render
 from sections import (
     DOCQA_ARGS,
     DOCQA_TYPES,
+    EXTRA,
+    LEGACY_JSON,
     NIAH_RERUN_TYPES,
     NIAH_TYPES,
     OUT,
@@ -59,12 +80,51 @@ from sections import (
 )
 
 BRIEF = None  # --brief DIR: the project brief's docs folder, the `shared-docs` text of ppl-texts
+LLAMA_SERVER = Path.home() / ".cache/tightkv/llama-server/build/bin/llama-server"  # --llama-server
+DRY_RUN = False  # --dry-run: print each command instead of running it
+RUNNABLE = [*SECTIONS, "niah-rerun", *EXTRA]
 
 
 def tightkv(*args: str) -> None:
     cmd = [sys.executable, "-m", "tightkv.cli", *args]
     print("$ tightkv " + " ".join(args), flush=True)
-    subprocess.run(cmd, check=True)
+    if not DRY_RUN:
+        subprocess.run(cmd, check=True)
+
+
+def script(name: str, *args: str) -> None:
+    """python bench/NAME ARGS, in this Python."""
+    print(f"$ python bench/{name} " + " ".join(args), flush=True)
+    if not DRY_RUN:
+        subprocess.run([sys.executable, str(ROOT / "bench" / name), *args], check=True)
+
+
+class _Values(dict):
+    """The placeholders of `sections.EXTRA`'s arguments, each worked out when first used."""
+
+    def __missing__(self, key: str) -> str:
+        if key == "qwen" and DRY_RUN:
+            value = '"$(python bench/qwen_model.py)"'
+        elif key == "qwen":
+            from qwen_model import qwen_path  # bench/qwen_model.py: assembled from PyPI, verified
+
+            value = str(qwen_path())
+        elif key == "brief":
+            if BRIEF is None:
+                raise SystemExit("this section needs --brief DIR (the project brief's docs folder)")
+            value = str(BRIEF)
+        elif key.startswith("json_"):
+            value = str(speed_path(key.removeprefix("json_")))
+        else:
+            raise KeyError(key)
+        self[key] = value
+        return value
+
+
+def run_extra(name: str) -> None:
+    values = _Values(out=str(OUT), root=str(ROOT), llama_server=str(LLAMA_SERVER))
+    for name_, *args in EXTRA[name][1]:
+        script(name_, *(a.format_map(values) for a in args))
 
 
 def run_machine() -> None:
@@ -99,12 +159,14 @@ def run_machine() -> None:
 
 def run_section(name: str) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    if name == "machine":
+    if name in EXTRA:
+        run_extra(name)
+    elif DRY_RUN and name in ("machine", "ppl-texts", "niah-rerun"):
+        print(f"$ ({name}: {'measured in this process' if name == 'machine' else 'several runs, merged'})")
+    elif name == "machine":
         run_machine()
     elif name == "memory":
-        subprocess.run(
-            [sys.executable, str(ROOT / "bench" / "load_memory.py"), "--json", str(OUT / "memory.json")], check=True
-        )
+        script("load_memory.py", "--json", str(OUT / "memory.json"))
     elif name == "ppl":
         _ppl(PPL_TYPES, OUT / "ppl.json")
     elif name == "ppl-texts":
@@ -137,10 +199,9 @@ def run_section(name: str) -> None:
             str(OUT / "docqa.json"),
         )
     elif name == "synthetic":
-        subprocess.run(
-            [
-                sys.executable,
-                str(ROOT / "bench" / "synthetic_llama.py"),
+        script(
+            "synthetic_llama.py",
+            *[
                 "--depth",
                 "16384",
                 "--n-gen",
@@ -152,13 +213,11 @@ def run_section(name: str) -> None:
                 "--json",
                 str(OUT / "synthetic_llama.json"),
             ],
-            check=True,
         )
     elif name == "decode-memory":
-        subprocess.run(
-            [
-                sys.executable,
-                str(ROOT / "bench" / "decode_memory.py"),
+        script(
+            "decode_memory.py",
+            *[
                 "-n",
                 "32000",
                 "--compare",
@@ -166,13 +225,11 @@ def run_section(name: str) -> None:
                 "--json",
                 str(OUT / "decode_memory.json"),
             ],
-            check=True,
         )
     elif name == "prefill-cost":
-        subprocess.run(
-            [
-                sys.executable,
-                str(ROOT / "bench" / "prefill_cost.py"),
+        script(
+            "prefill_cost.py",
+            *[
                 "--compare",
                 PREFILL_TYPES,
                 "--rounds",
@@ -180,7 +237,6 @@ def run_section(name: str) -> None:
                 "--json",
                 str(speed_path(name)),
             ],
-            check=True,
         )
     elif name in ("speed", "speed-qwen"):
         from qwen_model import qwen_path  # bench/qwen_model.py: assembled from PyPI, verified
@@ -215,7 +271,8 @@ def speed_path(name: str) -> Path:
 
     build.library()
     simd = build.status().split("(")[-1].rstrip(")") if build.status().startswith("loaded") else "reference"
-    return OUT / f"{name.replace('-', '_')}_{simd.replace('+', '_')}.json"
+    stem = f"{name.replace('-', '_')}_{simd.replace('+', '_')}"
+    return OUT / f"{LEGACY_JSON.get(stem, stem)}.json"
 
 
 def run_texts() -> None:
@@ -301,16 +358,26 @@ def _merge(name: str, part: Path) -> dict:
 
 
 def main() -> int:
+    global BRIEF, LLAMA_SERVER, DRY_RUN
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=None, help="comma-separated sections to run")
     ap.add_argument("--render", action="store_true", help="only rebuild the page from existing JSON")
     ap.add_argument("--brief", default=None, help="the project brief's docs folder (the shared-docs text of ppl-texts)")
+    ap.add_argument("--llama-server", default=None, help=f"the llama-server binary (default {LLAMA_SERVER})")
+    ap.add_argument("--dry-run", action="store_true", help="print each section's commands, run nothing")
     ns = ap.parse_args()
-    global BRIEF
     BRIEF = Path(ns.brief) if ns.brief else None
+    LLAMA_SERVER = Path(ns.llama_server) if ns.llama_server else LLAMA_SERVER
+    DRY_RUN = ns.dry_run
+    names = [n.strip() for n in ns.only.split(",")] if ns.only else SECTIONS
+    unknown = [n for n in names if n not in RUNNABLE]
+    if unknown:
+        ap.error(f"no section {', '.join(unknown)}; the sections are {', '.join(RUNNABLE)}")
     if not ns.render:
-        for name in ns.only.split(",") if ns.only else SECTIONS:
-            run_section(name.strip())
+        for name in names:
+            run_section(name)
+    if DRY_RUN:
+        return 0
     (ROOT / "docs" / "benchmarks.md").write_text(render())
     print(f"wrote {ROOT / 'docs' / 'benchmarks.md'}")
     return 0

@@ -76,6 +76,69 @@ SECTIONS = [
     "docqa",
 ]
 
+# the figures of the other docs: section -> (the doc that cites them, its runs: a bench script and
+# its arguments each). `make_benchmarks.py --only SECTION` runs them; a plain run runs SECTIONS only.
+# In the arguments {out} is docs/bench, {root} the repository, {qwen} Qwen2.5-Coder-0.5B-Instruct's
+# GGUF (bench/qwen_model.py), {brief} and {llama_server} what make_benchmarks.py's --brief and
+# --llama-server name, and {json_STEM} docs/bench/STEM_<kernel path>.json (one file per instruction path).
+QMATMUL_TYPES = "Q4_0,Q8_0,Q5_0,Q4_K,Q5_K,Q6_K,IQ4_NL,IQ4_XS,IQ3_XXS,IQ3_S,IQ2_XXS,IQ2_XS,IQ2_S,IQ1_S,IQ1_M,TQ1_0"
+EXTRA = {
+    "weight-types": (
+        "docs/weight-types.md",
+        [
+            ["weight_types.py", "--speed", "--threads", "1", "--reps", "3", "--ppl", "2"]
+            + ["--json", "{json_weight_types}", "--md", "docs/weight-types.md"]
+        ],
+    ),
+    "vs-llamacpp": ("docs/weight-types.md", [["vs_llamacpp.py", "--hf", "--json", "{out}/vs_llamacpp.json"]]),
+    "weight-kernels": (
+        "docs/speed.md",
+        [
+            ["bench_qmatmul.py", "--types", QMATMUL_TYPES, "--threads", "1"],
+            ["bench_qmatmul.py", "--crossover", "{qwen}", "--rows", "1,8,16,24,32,48,64,96"],
+        ],
+    ),
+    "attention-kernel": (
+        "docs/speed.md",
+        [
+            ["bench_attention.py", "--depth", "8192", "--shape", "gemma,qwen", "--types", "f16,progressive,kvarn4"]
+            + ["--int8", "on,off", "--threads", "1", "--cpu-time", "--json", "{json_attention_kernel_int8_d8192}"]
+        ],
+    ),
+    "step-overhead": ("docs/speed.md", [["step_overhead.py", "--model", "{qwen}", "--threads", "2"]]),
+    "kv-auto": ("docs/kv-cache.md", [["kv_auto.py", "--brief", "{brief}", "--json", "{out}/kv_auto.json"]]),
+    "serving": (
+        "docs/server.md",
+        [
+            ["bench_serving.py", "--doc-tokens", "8000", "--gen", "128", "--llama-server", "{llama_server}"]
+            + ["--sections", "prefix,streams,memory,llamacpp-kv,llama-server", "--json", "{json_serving}"]
+        ],
+    ),
+    "sampling-cost": (
+        "docs/server.md",
+        [
+            ["sampling_cost.py", "--rounds", "3", "--json", "{json_sampling_cost}"],
+            ["sampling_cost.py", "{qwen}", "--rounds", "3", "--json", "{json_sampling_cost_qwen}"],
+        ],
+    ),
+    "grammar-overhead": ("docs/server.md", [["grammar_overhead.py", "--json", "{out}/grammar_overhead.json"]]),
+    "lm-eval": (
+        "docs/server.md",
+        [
+            ["lm_eval_server.py", "--json", "{out}/lm_eval_server.json"],
+            ["lm_eval_server.py", "--batch-size", "8", "--json", "{out}/lm_eval_server_batch8.json"],
+        ],
+    ),
+    "fuzz-server": ("docs/server.md", [["fuzz_server.py", "--report", "{out}/fuzz_server.json"]]),
+    "web-screenshot": ("docs/server.md", [["web_screenshot.py", "--out", "{root}/docs/web.png"]]),
+    "endpoint-llamaserver": (
+        "docs/scale-out.md",
+        [["endpoint_llamaserver.py", "--server", "{llama_server}", "--json", "{out}/endpoint_llamaserver.json"]],
+    ),
+}
+# JSON files named before one file per instruction path: the AVX-512 VNNI machine's keep their names
+LEGACY_JSON = {"weight_types_avx512_vnni": "weight_types", "serving_avx512_vnni": "serving"}
+
 
 def policy_specs() -> list[tuple[str, int, int, str]]:
     """(type, sink, window, spec) for every point of POLICY_GRID, defaults included once."""

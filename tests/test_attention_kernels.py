@@ -136,7 +136,7 @@ def test_compressed_fast_equals_reference(spec, hkv, H, d, window, T, int8):
     sp = parse_kv(spec)
     has = lambda name: any(t.startswith(name) for t in (sp.k, sp.v))  # noqa: E731
     # int8 queries: the outputs of these random, flat attentions move by up to 5% of their max with
-    # AVX2's 4-bit KVarN keys (the next test and bench/attention_int8.py size it against the codec)
+    # AVX2's 4-bit KVarN keys (the next test, and the integer paths' PPL and KLD in docs/kv-cache.md, size it)
     rel, ab = (1e-2, 1e-3)
     avx2 = build.simd_name(build.library()) == "avx2"
     if int8 and has("tq4") and d % 128 == 0 and not avx2:
