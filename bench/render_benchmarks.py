@@ -98,8 +98,29 @@ def _load(name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def slug(heading: str) -> str:
+    """A heading's anchor as GitHub writes it."""
+    text = "".join(c for c in heading.strip().lower() if c.isalnum() or c in " -_")
+    return text.replace(" ", "-")
+
+
+def contents(parts: list[str]) -> list[str]:
+    """A list of links to the page's sections."""
+    return [f"- [{h[3:]}](#{slug(h[3:])})" for h in parts if h.startswith("## ")] + [""]
+
+
 def render() -> str:
-    parts = ["# Benchmarks", "", "Produced by `python bench/make_benchmarks.py`; the raw JSON is in `docs/bench/`.", ""]
+    head = [
+        "# Benchmarks",
+        "",
+        "Produced by `python bench/make_benchmarks.py` (`--only SECTION` reruns one, `--dry-run` prints the "
+        "commands, `--render` rebuilds this page); the raw JSON is in `docs/bench/`. What the figures mean, "
+        "beside the figures of the other sections of `make_benchmarks.py`: [kv-cache.md](kv-cache.md) "
+        "(quality), [speed.md](speed.md) (speed against llama.cpp), [documents.md](documents.md) (document "
+        "QA), [server.md](server.md) (serving) and [weight-types.md](weight-types.md).",
+        "",
+    ]
+    parts = []
     m = _load("machine")
     if m:
         parts += [
@@ -108,7 +129,10 @@ def render() -> str:
             f"{m['cpu']}, {m['cores']} cores ({m['threads']} threads), {m['memory_gb']} GB RAM, "
             f"measured read bandwidth {m['read_gb_s_2_threads']} GB/s with 2 threads; "
             f"Python {m['python']}, torch {m['torch']}; measured {m['date']}. "
-            "Absolute times on this shared machine are noisy; compare ratios from one run.",
+            "Absolute times on this shared machine are noisy; compare ratios from one run. "
+            "The speed, prefill and memory tables each name the machine they ran on, all 2-core: `AMD EPYC` with kernels "
+            "`avx512+vnni` an EPYC with AVX-512 VNNI, `AMD EPYC` with `avx2` a Zen 3 EPYC without AVX-512, and "
+            "`AMD EPYC (family 23, model 49)` a Zen 2 EPYC (AVX2).",
             "",
         ]
     mem = _load("memory")
@@ -181,7 +205,7 @@ def render() -> str:
     for path in sorted(OUT.glob("prefill_cost*.json")):
         parts += render_prefill_cost(json.loads(path.read_text()))
     parts += render_docqa(_load("docqa"))
-    return "\n".join(parts)
+    return "\n".join(head + contents(parts) + parts)
 
 
 def render_reference(ppl: dict, ref: dict | None) -> list[str]:

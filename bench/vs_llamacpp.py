@@ -1,6 +1,6 @@
 """Check the engine against llama.cpp live, on inputs beyond the committed reference.
 
-Needs `llama-cpp-python` (see the README's Speed section). Three checks on the
+Needs `llama-cpp-python` (0.3.36; see the README's Tests section); figures in docs/weight-types.md. Three checks on the
 embedded model (or MODEL), each against llama.cpp running the same GGUF:
 
 - tokens: ~2,250 strings (essay slices, random ASCII/Unicode/control-token mixes,

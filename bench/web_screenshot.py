@@ -1,4 +1,4 @@
-"""The README's screenshot of the web page in use (docs/web.png): `tightkv serve` of the
+"""The screenshot of the web page in use (docs/web.png, shown in docs/server.md): `tightkv serve` of the
 embedded model on loopback with a fresh TIGHTKV_HOME, Debian's headless Chromium (as
 tests/test_web.py drives it), a PDF and a Markdown document added through the page's
 file input, two questions about the second asked with Enter.

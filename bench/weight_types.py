@@ -1,7 +1,10 @@
 """Every llama.cpp file type holding a weight block type of issue 19, against llama.cpp on the same file.
 
     python bench/weight_types.py [--types IQ4_XS,Q1_0,...] [--speed] [--reps 3] [--json docs/bench/weight_types.json]
-                                 [--md docs/weight_types.md] [--render]
+                                 [--md docs/weight-types.md] [--render]
+
+`--md` writes the JSON's table into that doc, between the markers that name the JSON
+(one section per machine; a JSON not there yet gets a section of its own at the end).
 
 Each file is the embedded Gemma 3 270M requantized by llama.cpp's own quantizer
 (`llama_model_quantize`, llama-cpp-python 0.3.36; tests/requantized.py builds them once
@@ -186,13 +189,12 @@ def _speed_threads(doc: dict) -> int:
     return doc.get("threads", 2)
 
 
-def render(doc: dict) -> str:
-    """The JSON as a Markdown table (docs/weight_types.md)."""
+def render(doc: dict, json_path: str = "JSON") -> str:
+    """The JSON as a Markdown table (a machine's section of docs/weight-types.md)."""
     commands = " and ".join(f"`{c}`" for c in [*doc.get("earlier_commands", [])[::-1], doc["command"]])
     lines = [
-        "# Weight types against llama.cpp",
-        "",
-        f"Written by {commands} (`--md` re-renders the JSON); {doc['machine']['cpu']} "
+        f"Measured by {commands}; rendered here by `python bench/weight_types.py --render --json {json_path} --md "
+        f"docs/weight-types.md`. {doc['machine']['cpu']} "
         f"({doc.get('cpu_count', 2)} cores), kernels "
         f"{doc['machine']['kernels']}. Each file is the embedded Gemma 3 270M requantized by llama.cpp's own "
         "quantizer (tests/requantized.py); Q4_K_M is the embedded file itself. Top-20: |our logit - llama.cpp's| at llama.cpp's 20 best tokens after "
@@ -240,6 +242,22 @@ def render(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_md(md: Path, json_path: str, doc: dict) -> None:
+    """Put `doc`'s table into the Markdown file `md`, between the markers that name `json_path`."""
+    rel = Path(json_path).resolve()
+    rel = rel.relative_to(ROOT).as_posix() if rel.is_relative_to(ROOT) else json_path
+    begin, end = f"<!-- {rel}: written by bench/weight_types.py --md -->", f"<!-- end of {rel} -->"
+    block = f"{begin}\n{render(doc, rel)}{end}"
+    text = md.read_text(encoding="utf-8") if md.exists() else "# Weight types\n"
+    if begin in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        machine = doc["machine"]
+        text = text.rstrip("\n") + f"\n\n## {machine['cpu']}, kernels {machine['kernels']}\n\n{block}\n"
+    md.write_text(text, encoding="utf-8")
+
+
 def perplexity(path: Path, n_chunks: int, ctx: int = 2048) -> dict:
     """Ours and llama.cpp's perplexity on the essays (the standard protocol, f16 KV both)."""
     from requantized import llamacpp_ppl
@@ -281,11 +299,13 @@ def main() -> int:
         help="also perplexity on the essays against llama.cpp's, CHUNKS chunks of 2048",
     )
     ap.add_argument("--json", default=None)
-    ap.add_argument("--md", default=None, help="also write the table as Markdown; with --json alone, re-render it")
-    ap.add_argument("--render", action="store_true", help="only render --json's existing results to --md")
+    ap.add_argument(
+        "--md", default=None, help="also write --json's table into this Markdown doc (docs/weight-types.md)"
+    )
+    ap.add_argument("--render", action="store_true", help="only render --json's existing results into --md")
     ns = ap.parse_args()
     if ns.render:
-        Path(ns.md).write_text(render(json.loads(Path(ns.json).read_text())))
+        write_md(Path(ns.md), ns.json, json.loads(Path(ns.json).read_text()))
         return 0
     from tightkv.eval.bench import machine
 
@@ -338,8 +358,8 @@ def main() -> int:
         print(line, flush=True)
     if ns.json:
         Path(ns.json).write_text(json.dumps(doc, indent=1) + "\n")
-    if ns.md:
-        Path(ns.md).write_text(render(doc))
+    if ns.md and ns.json:
+        write_md(Path(ns.md), ns.json, doc)
     return 0
 
 
