@@ -10,7 +10,7 @@ softmax, for:
 - the compressed cache: its exact sink and recent pool (f16) plus a body of
   ``tq4``/``tq3``/``tq2`` codes, ``q8_0`` or ``q4_0`` blocks, KVarN or KIVI codes
   (every bit width), or a dense half (what a codec hands over is its `kernel_kind`,
-  `kernel_fields` and `kernel_rows`). Affine codes are never dequantized: KVarN and
+  an `abi.Kind`, `kernel_fields` and `kernel_rows`). Affine codes are never dequantized: KVarN and
   KIVI keys score as (q*A) . code + q.B per tile or group of tokens, times the
   token's row scale; KVarN values sum as codes weighted by the row scales, times
   the tile's channel scales once per block. tq4 is scored in the rotated
@@ -39,8 +39,9 @@ reference. The compressed cache takes this path for decode and prefill alike;
 the dense cache for up to `MAX_T` query positions (its prefill goes to torch's
 fused SDPA). ``set_backend("reference")`` turns it off.
 
-This module knows buffers, shapes and the library's ABI only; what a cache
-hands over (segments, ranges, tables) is worked out in `kv/fused.py`.
+This module knows buffers, shapes and the library's ABI only (the structs and kind
+numbers are in `abi.py`); what a cache hands over (segments, ranges, tables) is
+worked out in `kv/fused.py`.
 """
 
 from __future__ import annotations
@@ -49,29 +50,15 @@ import ctypes
 
 import torch
 
-from . import build
+from . import abi, build
 from . import qmatmul as qm
+from .abi import Kind, Seg
 
 MAX_T = 16  # query positions per call the kernel takes for a dense cache (decode, speculative steps)
 CHUNK_TOKENS = 256  # tokens per chunk a thread claims
 BLOCK = 32  # tokens the kernel scores and sums at a time (aligned to each segment's start)
 
-F32, F16, BF16, Q8_0, TQ4, Q4_0 = range(6)  # the kernel's storage kinds (csrc/attention.cpp, enum Kind)
-# by codec kernel_kind: tq2/tq3 codebook codes; ak: affine key codes (KVarN and KIVI keys),
-# av: KVarN value codes, ab: KIVI value codes, each of 4, 3 or 2 bits
-KINDS = {
-    "f32": F32,
-    "f16": F16,
-    "bf16": BF16,
-    "q8_0": Q8_0,
-    "tq4": TQ4,
-    "q4_0": Q4_0,
-    "tq3": 6,
-    "tq2": 7,
-    **{f"{fam}{b}": 8 + 3 * i + (4 - b) for i, fam in enumerate(("ak", "av", "ab")) for b in (4, 3, 2)},
-}
-CODEBOOK_KINDS = ("tq4", "tq3", "tq2")
-DENSE_KINDS = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}
+DENSE_KINDS = {torch.float32: Kind.F32, torch.float16: Kind.F16, torch.bfloat16: Kind.BF16}
 _BACKEND = "fast"
 
 
@@ -111,26 +98,25 @@ def _strides(t: torch.Tensor | None) -> tuple[int, int, int]:
     return t.data_ptr(), t.stride(0) * es, t.stride(1) * es
 
 
-def segment(kkind: int, vkind: int, body: bool, k: tuple, v: tuple, krows=(1, 1), vrows=(1, 1)) -> list[int]:
-    """A 32-int segment descriptor. k, v: up to four tensors (or None) per side, each
+def segment(kkind: Kind, vkind: Kind, body: bool, k: tuple, v: tuple, krows=(1, 1), vrows=(1, 1)) -> Seg:
+    """A segment descriptor (`abi.Seg`). k, v: up to four tensors (or None) per side, each
     (Hkv, rows, ...) with unit inner stride: the codes and field 1 one row per token,
-    fields 2 and 3 one row per `krows` / `vrows` tokens."""
+    fields 2 and 3 one row per `krows` / `vrows` tokens. The tensors must outlive its use."""
+    seg = Seg(kkind=kkind, vkind=vkind, body=int(body))
+    for side, fields, rows in (("k", k, krows), ("v", v, vrows)):
+        for i, t in enumerate((*fields, None, None, None)[:4]):
+            ptr, head, row = _strides(t)
+            setattr(seg, f"{side}{i}", ptr)
+            setattr(seg, f"{side}h{i}", head)
+            setattr(seg, f"{side}t{i}", row)
+        setattr(seg, f"{side}d2", rows[0])
+        setattr(seg, f"{side}d3", rows[1])
+    return seg
 
-    def side(fields, rows):
-        (p0, h0, t0), (p1, h1, t1), (p2, h2, t2), (p3, h3, t3) = (_strides(t) for t in (*fields, None, None, None)[:4])
-        return [p0, p1, h0, t0, h1, t1], [p2, p3, h2, t2, rows[0], h3, t3, rows[1]]
 
-    (ka, kb), (va, vb) = side(k, krows), side(v, vrows)
-    return [kkind, vkind, int(body), 0, *ka, *va, *kb, *vb]
-
-
-SEG_INTS = 32  # ints per segment descriptor
-
-
-def pack(segs: list[list[int]]) -> ctypes.Array:
-    """Segment descriptors as the kernel's int64 array: build once, `run` with it many times."""
-    flat = [x for s in segs for x in s]
-    return (ctypes.c_int64 * len(flat))(*flat)
+def pack(segs: list[Seg]) -> ctypes.Array:
+    """Segment descriptors as the kernel's array: build once, `run` with it many times."""
+    return (Seg * len(segs))(*segs)
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -155,48 +141,46 @@ def run(
     kcb=None,
     vcb=None,
 ) -> torch.Tensor:
-    """q (H, T, D) -> (H, T, Dv) float32. segs: segment descriptors (`segment`), as a list or
-    `pack`ed, of which the first `nseg` (default all) are attended. ranges: per segment and
-    query position, lo, hi (a list of ints, or a contiguous int64 tensor). krot, vrot: the body codecs' rotations as
-    (signs (D,) float32, Hadamard block), or None."""
+    """q (H, T, D) -> (H, T, Dv) float32. segs: `Seg`s (`segment`), as a list or `pack`ed,
+    of which the first `nseg` (default all) are attended. ranges: per segment and query
+    position, lo, hi (a list of ints, or a contiguous int64 tensor). krot, vrot: the body
+    codecs' rotations as (signs (D,) float32, Hadamard block), or None."""
     H, T, D = q.shape
     qf = q if q.dtype == torch.float32 and q.is_contiguous() else q.float().contiguous()
-    R = (H // hkv) * T
     out = torch.empty(H, T, dv)
     seg_arr = pack(segs) if isinstance(segs, list) else segs
-    nseg = len(seg_arr) // SEG_INTS if nseg is None else nseg
     if isinstance(ranges, torch.Tensor):
-        rng_arr = ranges.data_ptr()
+        rng_ptr = ranges.data_ptr()
     else:
-        rng_arr = (ctypes.c_int64 * len(ranges))(*ranges)
-    threads = build.threads()
+        rng_arr = (ctypes.c_int64 * len(ranges))(*ranges)  # kept alive until the call returns
+        rng_ptr = ctypes.addressof(rng_arr)
     (ks, kb), (vs, vb) = krot or (None, 0), vrot or (None, 0)
-    rc = lib_.tk_attn(
-        qf.data_ptr(),
-        hkv,
-        R,
-        T,
-        D,
-        dv,
-        scale,
-        _ptr(ks),
-        kb,
-        _ptr(kscale),
-        _ptr(kcenter),
-        _ptr(vs),
-        vb,
-        _ptr(vscale),
-        _ptr(vcenter),
-        nseg,
-        seg_arr,
-        rng_arr,
-        _ptr(kcb),
-        _ptr(vcb),
-        CHUNK_TOKENS,
-        out.data_ptr(),
-        threads,
+    args = abi.AttnArgs(
+        q=qf.data_ptr(),
+        Hkv=hkv,
+        R=(H // hkv) * T,
+        T=T,
+        D=D,
+        Dv=dv,
+        ksigns=_ptr(ks),
+        khb=kb,
+        kscale=_ptr(kscale),
+        kcenter=_ptr(kcenter),
+        vsigns=_ptr(vs),
+        vhb=vb,
+        vscale=_ptr(vscale),
+        vcenter=_ptr(vcenter),
+        nseg=len(seg_arr) if nseg is None else nseg,
+        segs=ctypes.addressof(seg_arr),
+        ranges=rng_ptr,
+        kcb=_ptr(kcb),
+        vcb=_ptr(vcb),
+        chunk_tokens=CHUNK_TOKENS,
+        out=out.data_ptr(),
+        scale=scale,
+        nth=build.threads(),
     )
-    if rc:
+    if lib_.tk_attn(ctypes.byref(args)):
         raise RuntimeError(f"tightkv attention kernel: unsupported shape or kind D={D} Dv={dv} T={T}")
     return out
 

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import torch
 
+from . import abi
+
 SOURCE_DIR = Path(__file__).with_name("csrc")
 SOURCES = ("pool.cpp", "qmatmul.cpp", "attention.cpp", "encode.cpp")  # compiled together into one library
 TARGETS = {
@@ -225,31 +227,8 @@ def _prune(cache: Path, name: str, keep: Path) -> None:
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """The library's ABI."""
-    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-    lib.tk_gemv.argtypes = [i32, p, i64, i64, i64, p, i64, p, i32]
-    lib.tk_dequant.argtypes = [i32, p, i64, i64, i64, p, i32]
-    lib.tk_gemv_parts.argtypes, lib.tk_gemv_parts.restype = [i32, p, p, p, p, i64, p, i64, p, i32], i32
-    lib.tk_gemv.restype = lib.tk_dequant.restype = lib.tk_simd.restype = lib.tk_gemv_int8.restype = i32
-    lib.tk_attn.argtypes = [p, i64, i64, i64, i64, i64, f32, p, i64, p, p, p, i64, p, p, i64, p, p, p, p, i64, p, i32]
-    lib.tk_attn.restype = i32
-    lib.tk_attn_int8.argtypes = [i32]
-    lib.tk_attn_int8.restype = i32
-    lib.tk_tq_encode.argtypes = [p, i64, i64, i32, p, p, i64, p, p, i32, p, p, i32]
-    lib.tk_kvarn_encode.argtypes = [p, i64, i64, i64, i32, i32, i64, p, i64, p, p, p, p, i32]
-    lib.tk_tq_encode.restype = lib.tk_kvarn_encode.restype = i32
-    lib.tk_rms_norm.argtypes = [p, p, i64, i64, f32, p]
-    lib.tk_rope_neox.argtypes = [p, p, p, i64, i64, i64, i64, p]
-    lib.tk_qkv_heads.argtypes = [p, i64, i64, i64, i64, p, p, f32, p, p, i64, p, p, p]
-    lib.tk_add_rms_norm.argtypes = [p, p, p, p, i64, i64, f32, p, p]
-    lib.tk_glu.argtypes, lib.tk_glu.restype = [p, i64, i64, i32, p], None
-    lib.tk_ffn_block.argtypes, lib.tk_ffn_block.restype = [p, p, p, i64, f32, p, p, p, i32, i64], i32
-    lib.tk_qkv_block.argtypes, lib.tk_qkv_block.restype = [p, p, i64, f32, p, p, i64, p, p, p, i32, i64], i32
-    lib.tk_argmax.argtypes = [p, i64, i64, i64, p]
-    lib.tk_rms_norm.restype = lib.tk_rope_neox.restype = lib.tk_qkv_heads.restype = lib.tk_add_rms_norm.restype = None
-    lib.tk_argmax.restype = None
-    lib.tk_lowbit_table.argtypes, lib.tk_lowbit_table.restype = [i32, p, i64], i32
-    lib.tk_lowbit_ready.argtypes, lib.tk_lowbit_ready.restype = [i32], i32
+    """The library's ABI (`abi.FUNCTIONS`), and the IQ grids and FP4 tables it needs."""
+    abi.declare(lib)
     from ..gguf.quants import kernel_tables  # the IQ grids and FP4 tables, handed over once
 
     for i, table in enumerate(kernel_tables()):

@@ -52,37 +52,9 @@ import torch.nn.functional as F
 from ..gguf import quants
 from ..gguf.quants import FLOAT_TYPES
 from . import build
+from .abi import BLOCK_TYPES, TYPE_IDS, Part  # noqa: F401  (BLOCK_TYPES, TYPE_IDS: the kernels' type numbers)
 from .build import set_threads  # noqa: F401  (the engine sets kernel threads here)
 
-BLOCK_TYPES = (
-    "Q4_0",
-    "Q4_1",
-    "Q5_0",
-    "Q5_1",
-    "Q8_0",
-    "Q2_K",
-    "Q3_K",
-    "Q4_K",
-    "Q5_K",
-    "Q6_K",
-    # decoded to int8 codes and per-16 scales block by block (csrc/lowbit.h)
-    "IQ4_NL",
-    "IQ4_XS",
-    "Q1_0",
-    "Q2_0",
-    "TQ1_0",
-    "TQ2_0",
-    "IQ2_XXS",
-    "IQ2_XS",
-    "IQ2_S",
-    "IQ3_XXS",
-    "IQ3_S",
-    "IQ1_S",
-    "IQ1_M",
-    "MXFP4",
-    "NVFP4",
-)
-TYPE_IDS = {name: i for i, name in enumerate(BLOCK_TYPES)}  # the kernel's type numbers
 GEMV_MAX_ROWS = None  # above this many input rows: dequantized tiles + float32 matmul; None: `gemv_max_rows`
 
 
@@ -183,6 +155,28 @@ class QuantLinear(torch.nn.Module):
     def nbytes(self) -> int:
         """Bytes of the weight as stored (the only memory this layer holds)."""
         return self._nbytes
+
+    # What a kernel call takes of this weight (`abi.Part`: type, weights, row stride, rows)
+
+    @property
+    def type_id(self) -> int:
+        """The block type's number in the kernels (`abi.TYPE_IDS`); -1 for float types,
+        which the block kernels do not take."""
+        return self._tid
+
+    @property
+    def data_ptr(self) -> int:
+        """The address of the first weight row (`raw`, which never moves: the module stays on the CPU)."""
+        return self._ptr
+
+    @property
+    def row_stride(self) -> int:
+        """Bytes from one weight row to the next."""
+        return self._ld
+
+    def kernel_part(self) -> Part | None:
+        """This weight as one part of a kernel product (`abi.Part`); None for float types."""
+        return None if self._tid < 0 else Part(self._tid, self._ptr, self._ld, self.out_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x float32 (..., in_features) -> float32 (..., out_features)."""
@@ -294,14 +288,14 @@ class StackedLinear(torch.nn.Module):
         self.sizes = [p.out_features for p in parts]
         self.out_features = sum(self.sizes)
         self._nbytes = sum(p.nbytes for p in parts)
-        blocks = all(p._tid >= 0 for p in parts)
+        blocks = all(p.type_id >= 0 for p in parts)
         self._args = (
             None
             if not blocks
             else [
-                (ctypes.c_int * len(parts))(*(p._tid for p in parts)),
-                (ctypes.c_void_p * len(parts))(*(p._ptr for p in parts)),
-                (ctypes.c_int64 * len(parts))(*(p._ld for p in parts)),
+                (ctypes.c_int * len(parts))(*(p.type_id for p in parts)),
+                (ctypes.c_void_p * len(parts))(*(p.data_ptr for p in parts)),
+                (ctypes.c_int64 * len(parts))(*(p.row_stride for p in parts)),
                 (ctypes.c_int64 * len(parts))(*self.sizes),
             ]
         )

@@ -27,9 +27,9 @@ def _product(linear) -> list[int] | None:
     """A QuantLinear or StackedLinear as the kernels' product: [n, bytes, (type, weights,
     row stride, rows) x 3]; None where a part is not in blocks."""
     parts = getattr(linear, "parts", [linear])
-    if not 1 <= len(parts) <= 3 or any(getattr(p, "_tid", -1) < 0 for p in parts):
+    if not 1 <= len(parts) <= 3 or any(getattr(p, "type_id", -1) < 0 for p in parts):
         return None
-    fields = [x for p in parts for x in (p._tid, p._ptr, p._ld, p.out_features)]
+    fields = [x for p in parts for x in (p.type_id, p.data_ptr, p.row_stride, p.out_features)]
     return [len(parts), linear.nbytes, *fields, *[0] * (4 * (3 - len(parts)))]
 
 

@@ -43,6 +43,7 @@ import torch
 
 from ..errors import TightKVError
 from ..gguf.quants import FLOAT_TYPES
+from ..kernels.abi import Kind
 from .bits import identity_values, lut_decode, pack, packed_size
 from .rotation import DEFAULT_SEED, gaussian_matrix, rotation_block, rotation_matrix, rotation_signs
 
@@ -100,10 +101,10 @@ class Codec:
     default_sink: int = SINK  # ... of our variant (the papers keep none)
     recent: int = 0  # default exact last tokens
     # What the fused attention kernel takes from this codec (kv/fused.py): its storage
-    # kind (kernels/attention.py KINDS), or None for the torch reference path; the names
+    # kind (kernels/abi.py Kind), or None for the torch reference path; the names
     # of up to four fields: the codes, a per-token field (scales or norms), two more
     # with one row per `kernel_rows` tokens (1: per token; KVarN tiles, KIVI key groups).
-    kernel_kind: str | None = None
+    kernel_kind: Kind | None = None
     kernel_fields: tuple[str | None, ...] = ("", None, None, None)
     kernel_rows: tuple[int, int] = (1, 1)
     kernel_encoder: str | None = None  # "tq" or "kvarn": a C++ encoder takes the steps of `encode`
@@ -164,7 +165,7 @@ class Dense(Codec):
     def __init__(self, dim, role="k", seed=DEFAULT_SEED, kind="f16"):
         super().__init__(dim, role, seed, paper=True)
         self.dtype = DENSE_DTYPES[kind]
-        self.kernel_kind = kind
+        self.kernel_kind = Kind.named(kind)  # F32, F16, BF16
 
     def unit_bytes(self):
         return self.dim * self.dtype.itemsize
@@ -192,7 +193,7 @@ class Q8_0(Codec):
 
     block = 32
     names = {"q8_0": {}}
-    kernel_kind = "q8_0"
+    kernel_kind = Kind.Q8_0
     kernel_fields = ("qs", "d", None, None)
 
     def __init__(self, dim, role="k", seed=DEFAULT_SEED, paper=False):
@@ -236,7 +237,7 @@ class Q4_0(Q8_0):
     """
 
     names = {"q4_0": {}}
-    kernel_kind = "q4_0"
+    kernel_kind = Kind.Q4_0
 
     def unit_bytes(self):
         return self.dim // 32 * 18
@@ -292,7 +293,7 @@ class TurboQuant(Codec):
 
     @property
     def kernel_kind(self):
-        return f"tq{self.code_bits}"
+        return Kind.named(f"tq{self.code_bits}")
 
     @functools.cached_property
     def encoder_tables(self) -> tuple:
@@ -395,7 +396,7 @@ class KVarN(Codec):
 
     @property
     def kernel_kind(self):
-        return f"{'ak' if self.role == 'k' else 'av'}{self.code_bits}"
+        return Kind.named(f"{'ak' if self.role == 'k' else 'av'}{self.code_bits}")  # affine keys, KVarN values
 
     @property
     def kernel_fields(self):  # K: codes, s_row, then per tile s_col, zp; V: codes, s_row, zp, then per tile s_col
@@ -476,7 +477,7 @@ class KIVI(Codec):
 
     @property
     def kernel_kind(self):
-        return f"{'ak' if self.role == 'k' else 'ab'}{self.code_bits}"
+        return Kind.named(f"{'ak' if self.role == 'k' else 'ab'}{self.code_bits}")  # affine keys, KIVI values
 
     @property
     def kernel_fields(self):  # K: codes, then per group scale, zero; V: codes, per 32 channels scale and zero

@@ -3,8 +3,8 @@
 The kernel knows buffers and shapes only. Here a cache's stores become its
 segments (exact sink, exact pool, compressed body), each query position's
 visible range in each, and the codec tables (rotation, channel centre and
-scale, codebook); a codec says what it hands over through `kernel_kind` and
-`kernel_fields`. Every function returns None where the kernel does not apply
+scale, codebook); a codec says what it hands over through `kernel_kind` (an
+`abi.Kind`) and `kernel_fields`. Every function returns None where the kernel does not apply
 (the reference backend, no compiler, a format or shape it does not take): the
 caller then takes the torch reference path.
 """
@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from ..kernels import attention as kernel
-from ..kernels.attention import BLOCK, CODEBOOK_KINDS, F16, KINDS, MAX_T
+from ..kernels.abi import CODEBOOK_KINDS, Kind
+from ..kernels.attention import BLOCK, MAX_T
 from .rotation import rotation_block, rotation_signs
 
 
@@ -22,8 +23,8 @@ def takes(kcodec, vcodec, tile: int) -> bool:
     """Whether the kernel can attend over a compressed cache with these codecs: kinds it
     knows, head dims it takes, and groups of tokens that its 32-token blocks never straddle."""
     return (
-        kcodec.kernel_kind in KINDS
-        and vcodec.kernel_kind in KINDS
+        isinstance(kcodec.kernel_kind, Kind)
+        and isinstance(vcodec.kernel_kind, Kind)
         and kernel.dims_ok(kcodec.dim, vcodec.dim)
         and all(r == 1 or (r % BLOCK == 0 and tile % r == 0) for c in (kcodec, vcodec) for r in c.kernel_rows)
     )
@@ -74,13 +75,13 @@ def kernel_inputs(cache) -> tuple:
     reallocated or the channel vectors are fitted: the packed segments (exact sink, exact
     pool, then the body if it has fields) and the keyword tables of `kernel.run`."""
     ek, ev = cache.exact_k, cache.exact_v
-    segs = [kernel.segment(F16, F16, False, (ek,), (ev,))] * 2  # sink, pool
+    segs = [kernel.segment(Kind.F16, Kind.F16, False, (ek,), (ev,))] * 2  # sink, pool
     kc, vc = cache.kc, cache.vc
     if cache.body_k:
         segs.append(
             kernel.segment(
-                KINDS[kc.kernel_kind],
-                KINDS[vc.kernel_kind],
+                kc.kernel_kind,
+                vc.kernel_kind,
                 True,
                 _fields(kc, cache.body_k, cache.tile),
                 _fields(vc, cache.body_v, cache.tile),

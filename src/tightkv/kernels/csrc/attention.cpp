@@ -133,6 +133,31 @@ struct Seg {
 };
 static_assert(sizeof(Seg) == 32 * 8, "segment descriptor");
 
+// tk_attn's arguments. Queries q (Hkv, R, D) float32, R = group * T rows per KV head; per
+// side the body's rotation (signs, Hadamard block hb; null: none), channel scale and centre
+// (null: none); nseg segments and each query position's range in each, ranges (nseg, T, 2);
+// the codebooks of codebook kinds (16 floats; null: none); tokens per chunk a thread claims
+// in a decode step; the output (Hkv, R, Dv); threads. kernels/abi.py mirrors this struct,
+// as it does Seg and enum Kind (tests/test_kernel_abi.py checks that they agree).
+struct AttnArgs {
+  const float *q;
+  int64_t Hkv, R, T, D, Dv;
+  const float *ksigns;
+  int64_t khb;
+  const float *kscale, *kcenter, *vsigns;
+  int64_t vhb;
+  const float *vscale, *vcenter;
+  int64_t nseg;
+  const Seg *segs;
+  const int64_t *ranges;
+  const float *kcb, *vcb;
+  int64_t chunk_tokens;
+  float *out;
+  float scale;
+  int32_t nth;
+};
+static_assert(sizeof(AttnArgs) == 22 * 8, "tk_attn's arguments");
+
 struct Ctx {
   int64_t Hkv, R, T, D, Dv;
   const Seg *segs;
@@ -1500,12 +1525,17 @@ static void merge_rows(const void *p, int64_t c) {
 // Returns 0, or 1 for an unsupported shape. Decode (R <= ROW_TILE rows per KV head):
 // chunks split each segment's tokens; prefill: chunks are (segment, head, row tile)
 // over the tile's whole visible range, and rows skip the blocks they cannot see.
-extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_t D, int64_t Dv, float scale,
-                       const float *ksigns, int64_t khb, const float *kscale, const float *kcenter,
-                       const float *vsigns, int64_t vhb, const float *vscale, const float *vcenter,
-                       int64_t nseg, const int64_t *segs, const int64_t *ranges,
-                       const float *kcb, const float *vcb, int64_t chunk_tokens, float *out, int nth) {
+extern "C" int tk_attn(const attn::AttnArgs *args) {
   using namespace attn;
+  const float *q = args->q, *ksigns = args->ksigns, *kscale = args->kscale, *kcenter = args->kcenter;
+  const float *vsigns = args->vsigns, *vscale = args->vscale, *vcenter = args->vcenter, *kcb = args->kcb,
+              *vcb = args->vcb;
+  const int64_t Hkv = args->Hkv, R = args->R, T = args->T, D = args->D, Dv = args->Dv, khb = args->khb,
+                vhb = args->vhb, nseg = args->nseg, chunk_tokens = args->chunk_tokens;
+  const int64_t *ranges = args->ranges;
+  const float scale = args->scale;
+  float *out = args->out;
+  const int nth = args->nth;
   if (D % 16 || Dv % 16 || D > 1024 || Dv > 1024 || R < 1 || T < 1 || R % T) return 1;
   Ctx cx = {};
   if ((ksigns && (khb < 1 || (khb & (khb - 1)) || D % khb)) || (vsigns && (vhb < 1 || (vhb & (vhb - 1)) || Dv % vhb)))
@@ -1513,7 +1543,7 @@ extern "C" int tk_attn(const float *q, int64_t Hkv, int64_t R, int64_t T, int64_
   cx.q = q; cx.ksigns = ksigns; cx.khb = khb; cx.kscale = kscale; cx.kcenter = kcenter; cx.vsigns = vsigns;
   cx.vhb = vhb; cx.vscale = vscale;
   cx.vcenter = vcenter; cx.scale = scale; cx.Hkv = Hkv; cx.R = R; cx.T = T; cx.D = D; cx.Dv = Dv;
-  cx.segs = (const Seg *)segs; cx.ranges = ranges;
+  cx.segs = args->segs; cx.ranges = ranges;
   for (int64_t i = 0; i < nseg; i++) {
     const Seg &sg = cx.segs[i];
     if (sg.kkind < 0 || sg.kkind >= NKINDS || sg.vkind < 0 || sg.vkind >= NKINDS || !SCORE[sg.kkind] || !VALUE[sg.vkind])

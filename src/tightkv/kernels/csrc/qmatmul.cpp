@@ -124,6 +124,8 @@ static int dequant(const uint8_t *w, int64_t ldw, int64_t N, int64_t K, float *o
   return 0;
 }
 
+// The weight types by number, as the `type` arguments take them (kernels/abi.py BLOCK_TYPES).
+static const int NTYPES = 25;
 #define DISPATCH(CALL, NONE)                                                                 \
   switch (type) {                                                                        \
     case 0: return CALL(Q4_0); case 1: return CALL(Q4_1); case 2: return CALL(Q5_0);    \
@@ -144,7 +146,8 @@ static unsigned need_tables(int type) {
                                   NEED(lowbit::TQ1_0), NEED(lowbit::TQ2_0), NEED(lowbit::IQ2_XXS), NEED(lowbit::IQ2_XS),
                                   NEED(lowbit::IQ2_S), NEED(lowbit::IQ3_XXS), NEED(lowbit::IQ3_S), NEED(lowbit::IQ1_S),
                                   NEED(lowbit::IQ1_M), NEED(lowbit::MXFP4), NEED(lowbit::NVFP4)};
-  return type >= 10 && type < 25 ? need[type - 10] : 0;
+  static_assert(sizeof(need) / sizeof(need[0]) == NTYPES - 10, "a table entry per IQ/FP4 type");
+  return type >= 10 && type < NTYPES ? need[type - 10] : 0;
 }
 
 // Hand over lowbit.h's table `which` (once per loaded library, before any IQ/FP4 type runs).
@@ -195,7 +198,7 @@ extern "C" int tk_gemv_parts(int n, const int *types, const uint8_t *const *ws, 
   if (n < 1 || n > MAX_PARTS || K % 32) return 1;
   int64_t ldy = 0;
   for (int i = 0; i < n; i++) {
-    if (types[i] < 0 || types[i] > 24) return 2;
+    if (types[i] < 0 || types[i] >= NTYPES) return 2;
     if (!tk_lowbit_ready(types[i])) return 3;
     ldy += Ns[i];
   }
@@ -384,25 +387,33 @@ extern "C" int tk_dequant(int type, const uint8_t *w, int64_t ldw, int64_t N, in
 // step makes two calls a layer instead of a dozen, with no Python between them.
 
 // A product as the sublayer calls take it: n parts side by side (q, k and v; gate and up),
-// their bytes in all, and per part its type, weights, row stride and rows.
-struct Product {
-  int64_t n, bytes, part[3][4];
+// their bytes in all, and per part its type, weights, row stride and rows. These structs and
+// the plans below are mirrored by kernels/abi.py (tests/test_kernel_abi.py checks them).
+struct Part {
+  int64_t type;
+  const uint8_t *w;
+  int64_t ld, rows;
 };
+struct Product {
+  int64_t n, bytes;
+  Part part[3];
+};
+static_assert(sizeof(Product) == 14 * 8, "product");
 static int run_product(const Product &p, int64_t K, const float *x, int64_t M, float *y, int nth, int64_t min_bytes) {
   int types[3];
   const uint8_t *ws[3];
   int64_t lds[3], Ns[3];
   for (int i = 0; i < p.n; i++) {
-    types[i] = (int)p.part[i][0];
-    ws[i] = (const uint8_t *)p.part[i][1];
-    lds[i] = p.part[i][2];
-    Ns[i] = p.part[i][3];
+    types[i] = (int)p.part[i].type;
+    ws[i] = p.part[i].w;
+    lds[i] = p.part[i].ld;
+    Ns[i] = p.part[i].rows;
   }
   return tk_gemv_parts((int)p.n, types, ws, lds, Ns, K, x, M, y, p.bytes * M >= min_bytes ? nth : 1);
 }
 static int64_t product_rows(const Product &p) {
   int64_t n = 0;
-  for (int i = 0; i < p.n; i++) n += p.part[i][3];
+  for (int i = 0; i < p.n; i++) n += p.part[i].rows;
   return n;
 }
 
@@ -416,6 +427,7 @@ struct FfnPlan {
   const float *post_attn_norm, *ffn_norm, *post_ffn_norm;
   Product wo, gate_up, down;
 };
+static_assert(sizeof(FfnPlan) == 49 * 8, "feed-forward plan");
 extern "C" int tk_ffn_block(const FfnPlan *p, const float *a, const float *x, int64_t M, float eps,
                             const float *next_norm, float *xo, float *y, int nth, int64_t min_bytes) {
   if (product_rows(p->wo) != p->d || product_rows(p->gate_up) != 2 * p->ff || product_rows(p->down) != p->d) return 1;
@@ -439,6 +451,7 @@ struct QkvPlan {
   const float *bias, *q_norm, *k_norm;
   Product qkv;
 };
+static_assert(sizeof(QkvPlan) == 21 * 8, "q/k/v plan");
 extern "C" int tk_qkv_block(const QkvPlan *p, const float *y, int64_t M, float eps, const float *cs, const float *sn,
                             int64_t rot, float *q, float *k, float *v, int nth, int64_t min_bytes) {
   const int64_t W = (p->H + 2 * p->Hkv) * p->D;
