@@ -74,11 +74,21 @@ class FfnPlan:
 
 
 def ffn_block(
-    plan: FfnPlan, a: torch.Tensor, x: torch.Tensor, next_norm: torch.Tensor, eps: float
+    block, a: torch.Tensor, x: torch.Tensor, next_norm: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """From the attention's rows a (T, width) and the residual stream x (T, d): the new
-    stream and its next_norm (T, d) each, as `PreNormBlock` computes them; None where the
-    kernel does not apply."""
+    """A decoder block's output projection and feed-forward half: from the attention's rows a
+    (T, width) and the residual stream x (T, d), the new stream and its next_norm (T, d) each,
+    as `models.decoder.Block` computes them op by op; None where the kernel does not apply.
+
+    block: attn.wo, mlp (gate_up, down, act), ffn_norm, and post_attn_norm / post_ffn_norm
+    (None where absent); its `FfnPlan` is built on first use and kept on it (the plan points
+    at its weights and norms, and goes with them)."""
+    plan = block.__dict__.get("_ffn_plan")
+    if plan is None:
+        m = block.mlp
+        plan = block.__dict__["_ffn_plan"] = FfnPlan(
+            block.attn.wo, m, block.post_attn_norm, block.ffn_norm, block.post_ffn_norm, m.act
+        )
     lib = build.library() if plan.plan is not None and qm.get_backend() == "fast" else None
     if not _usable(lib, a) or not x.is_contiguous() or next_norm.dtype != torch.float32:
         return None
@@ -116,10 +126,18 @@ class QkvPlan:
 
 
 def qkv_block(
-    plan: QkvPlan, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float
+    attn, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """q (H, T, D), k and v (Hkv, T, D) from the normed rows y (T, hidden), as
-    `base.qkv_heads` gives them from the projection; None where the kernel does not apply."""
+    """An attention's q (H, T, D), k and v (Hkv, T, D) from the normed rows y (T, hidden), as
+    `models.base.qkv_heads` gives them from the projection; None where the kernel does not apply.
+
+    attn: wqkv, bqkv, q_norm, k_norm (None where absent), num_heads, num_kv_heads, head_dim;
+    its `QkvPlan` is built on first use and kept on it."""
+    plan = attn.__dict__.get("_qkv_plan")
+    if plan is None:
+        plan = attn.__dict__["_qkv_plan"] = QkvPlan(
+            attn.wqkv, attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.bqkv, attn.q_norm, attn.k_norm
+        )
     lib = build.library() if plan.plan is not None and qm.get_backend() == "fast" else None
     if not _usable(lib, y):
         return None

@@ -1,7 +1,8 @@
 """Pieces shared by every model family: config from GGUF metadata, weight
 loading that keeps blocks quantized, RMSNorm, RoPE and the family registry.
 
-A family module (``models/<arch>.py``) defines ``ModelArgs`` and ``Model`` and is
+A family module (``models/<arch>.py``) defines ``ModelArgs``, what its architecture
+changes in the one decoder (`decoder.Model`, which it re-exports as ``Model``), and is
 found by the GGUF's ``general.architecture``.
 """
 
@@ -9,9 +10,10 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
 import warnings
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -35,7 +37,10 @@ ARCHITECTURES = {
 
 @dataclass
 class BaseModelArgs:
-    """Hyper-parameters read from GGUF metadata (``{arch}.*`` keys)."""
+    """Hyper-parameters read from GGUF metadata (``{arch}.*`` keys), and what a family
+    changes in the one decoder (`decoder.Model`): the class-level switches and the methods
+    below, which a family's ModelArgs overrides (the defaults: no biases, no q/k norms, no
+    post norms, SwiGLU, NeoX RoPE, every layer global)."""
 
     architecture: str
     vocab_size: int
@@ -48,11 +53,43 @@ class BaseModelArgs:
     intermediate_size: int
     rms_norm_eps: float
     rope_theta: float
+    rope_scale: float = 1.0  # linear scaling of positions (1 / factor)
+    rope_dim: int = 0  # rotated dims of each head (0: all of head_dim)
+    rope_attn_factor: float = 1.0  # multiplies RoPE's cos and sin (Phi-3's LongRoPE)
+
+    rope_style: ClassVar[str] = "neox"  # rotate pairs (i, i + R/2); "interleaved": (2i, 2i + 1)
+    qkv_bias: ClassVar[bool] = False  # attn_{q,k,v}.bias added to the projections
+    qk_norm: ClassVar[bool] = False  # each query and key head RMS-normed (attn_{q,k}_norm), before RoPE
+    post_norms: ClassVar[bool] = False  # each sublayer's output RMS-normed before the residual add
+    act: ClassVar[str] = "silu"  # the gated unit's activation: "silu" or "gelu" (tanh form)
+    fused_gate_up: ClassVar[bool] = False  # one ffn_up matrix: the gate rows, then the up rows
+    rope_factor_tensors: ClassVar[dict[str, str]] = {}  # kind: tensor of RoPE frequency divisors, if present
 
     def cache_layout(self) -> list[tuple[int, int, int, int | None]]:
-        """Per layer: (kv heads, key dim, value dim, sliding window or None); every layer
-        global unless the family says otherwise."""
-        return [(self.num_kv_heads, self.head_dim, self.head_dim, None)] * self.num_layers
+        """Per layer: (kv heads, key dim, value dim, sliding window or None)."""
+        return [(self.num_kv_heads, self.head_dim, self.head_dim, self.window(i)) for i in range(self.num_layers)]
+
+    def window(self, layer: int) -> int | None:
+        """The tokens a layer attends to (None: all)."""
+        return None
+
+    def rope(self, layer: int) -> tuple[float, float]:
+        """A layer's RoPE base and position scale."""
+        return self.rope_theta, self.rope_scale
+
+    def rope_factors(self, context_length: int) -> str | None:
+        """Which of `rope_factor_tensors` divides RoPE's frequencies in a context of that length."""
+        return next(iter(self.rope_factor_tensors), None)
+
+    @property
+    def embed_scale(self) -> float | None:
+        """What the embedding rows are multiplied by (None: nothing)."""
+        return None
+
+    @property
+    def attention_scale(self) -> float:
+        """What q . k is multiplied by before the softmax."""
+        return 1.0 / math.sqrt(self.head_dim)
 
     @classmethod
     def from_gguf(cls, g: GGUFFile, **extra: Any) -> "BaseModelArgs":
@@ -81,6 +118,8 @@ class BaseModelArgs:
             rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(key("rope.freq_base", 10000.0)),
         )
+        if "rope_scale" not in extra:  # (a family reading it its own way gives it)
+            values["rope_scale"] = linear_rope_scale(g)
         values.update(extra)
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names})
@@ -173,56 +212,6 @@ def add_rms_norm(
     return xo, y
 
 
-class PreNormBlock(torch.nn.Module):
-    """A decoder block x + attn(norm(x)), then + mlp(norm(x)): a family's Block sets attn,
-    mlp, attn_norm, ffn_norm and eps (and Gemma 3 the norms of each sublayer's output).
-    `forward` takes the stream and its attn_norm already applied, and returns the new stream
-    and its next_norm (`run_layers`), so each residual add and the norm after it are one
-    kernel call (`add_rms_norm`). attn returns its rows before the output projection, which
-    runs with the feed-forward half: one kernel call for decode rows (`sublayers.ffn_block`)."""
-
-    post_attn_norm: torch.Tensor | None = None
-    post_ffn_norm: torch.Tensor | None = None
-
-    def forward(
-        self, x: torch.Tensor, y: torch.Tensor, rope, cache, next_norm: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        a = self.attn(y, rope, cache)  # (T, H Dv)
-        plan = self.__dict__.get("_ffn_plan")
-        if plan is None:
-            plan = self._ffn_plan = sublayers.FfnPlan(
-                self.attn.wo, self.mlp, self.post_attn_norm, self.ffn_norm, self.post_ffn_norm, self.mlp.act
-            )
-        out = sublayers.ffn_block(plan, a, x, next_norm, self.eps)
-        if out is not None:
-            return out
-        x, y = add_rms_norm(x, self.attn.wo(a), self.post_attn_norm, self.ffn_norm, self.eps)
-        return add_rms_norm(x, self.mlp(y), self.post_ffn_norm, next_norm, self.eps)
-
-    __call__ = forward  # no hooks on the hot path (nn.Module's call machinery)
-
-
-def run_layers(layers, x: torch.Tensor, rope, cache: list, norm: torch.Tensor, eps: float) -> torch.Tensor:
-    """The residual stream x (T, hidden) through every block -> the output norm of the last
-    (T, hidden): each block gets its input normed and hands over the next one's."""
-    layers = list(layers)  # (slicing a ModuleList builds a new one every step)
-    y = rms_norm(x, layers[0].attn_norm, eps)
-    next_norms = [layer.attn_norm for layer in layers[1:]] + [norm]
-    for layer, c, next_norm in zip(layers, cache, next_norms):
-        x, y = layer(x, y, rope, c, next_norm)
-    return y
-
-
-def output_rows(y: torch.Tensor, logits_at: torch.Tensor | None, hidden: bool, output) -> torch.Tensor | None:
-    """A Model.forward's result from the output-normed rows y (T, hidden): logits (by `output`)
-    or the hidden rows themselves, at the rows logits_at (all if None); None if it is empty."""
-    if logits_at is not None:
-        if logits_at.numel() == 0:
-            return None
-        y = y[logits_at]
-    return y if hidden else output(y)
-
-
 def rope_cos_sin(
     positions: torch.Tensor,
     head_dim: int,
@@ -248,23 +237,6 @@ def rope_cos_sin(
 def _inv_freq(head_dim: int, theta: float) -> torch.Tensor:
     """theta^(-2i/head_dim), float64 (head_dim/2,): the same every forward, so computed once."""
     return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-
-
-class RopeTables:
-    """cos/sin for one forward's positions, computed once per (theta, scale, factors, mscale).
-
-    head_dim is the rotated width (less than the head for partial rotary)."""
-
-    def __init__(self, positions: torch.Tensor, head_dim: int):
-        self.positions, self.head_dim, self.tables = positions, head_dim, {}
-
-    def get(
-        self, theta: float, scale: float = 1.0, factors: torch.Tensor | None = None, mscale: float = 1.0
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (theta, scale, None if factors is None else id(factors), mscale)
-        if key not in self.tables:
-            self.tables[key] = rope_cos_sin(self.positions, self.head_dim, theta, scale, factors, mscale)
-        return self.tables[key]
 
 
 def apply_rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -332,27 +304,6 @@ def qkv_heads(
     return q, k, v
 
 
-def project_heads(
-    attn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float = 0.0
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q (H, T, D), k and v (Hkv, T, D) from a block's normed rows x (T, hidden) by attn's
-    fused projection wqkv, plus its bias bqkv and per-head norms q_norm / k_norm where attn
-    has them, NeoX-rotated by cos, sin (`qkv_heads`); one kernel call for decode rows
-    (`sublayers.qkv_block`)."""
-    a = attn.args
-    bias, q_norm, k_norm = (getattr(attn, n, None) for n in ("bqkv", "q_norm", "k_norm"))
-    plan = attn.__dict__.get("_qkv_plan")
-    if plan is None:
-        plan = attn._qkv_plan = sublayers.QkvPlan(
-            attn.wqkv, a.num_heads, a.num_kv_heads, a.head_dim, bias, q_norm, k_norm
-        )
-    out = sublayers.qkv_block(plan, x, cos, sin, eps)
-    if out is not None:
-        return out
-    qkv = attn.wqkv(x) if bias is None else attn.wqkv(x) + bias  # (T, (H + 2 Hkv) D)
-    return qkv_heads(qkv, a.num_heads, a.num_kv_heads, a.head_dim, cos, sin, q_norm, k_norm, eps)
-
-
 def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x (H, T, D) by adjacent pairs (2i, 2i + 1), GPT-J style: llama.cpp's
     "normal" RoPE, which GGUF llama Q/K rows are permuted for."""
@@ -397,20 +348,6 @@ def glu(gate_up: torch.Tensor, act: str) -> torch.Tensor:
     return out
 
 
-class GatedMLP(torch.nn.Module):
-    """down(act(gate(x)) * up(x)), gate and up stacked into one kernel call."""
-
-    def __init__(self, w: Weights, i: int, act: str):
-        super().__init__()
-        p = f"blk.{i}."
-        self.act = act
-        self.gate_up = w.stacked([p + "ffn_gate.weight", p + "ffn_up.weight"])  # (2 * ff, hidden)
-        self.down = w.linear(p + "ffn_down.weight")
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(glu(self.gate_up(x), self.act))
-
-
 def load_family(g: GGUFFile):
     """The family module for a GGUF's architecture, or a one-line error."""
     arch = g.architecture
@@ -429,7 +366,7 @@ def header_layout(g: GGUFFile) -> tuple[BaseModelArgs, list[tuple[int, int, int,
 
 
 def build_model(g: GGUFFile):
-    """Instantiate the family's `Model` for a parsed GGUF."""
+    """Instantiate the family's `Model` (the one decoder, `decoder.Model`) for a parsed GGUF."""
     family = load_family(g)
     args = family.ModelArgs.from_gguf(g)
     return family.Model(args, Weights(g))
@@ -440,19 +377,13 @@ __all__ = [
     "Weights",
     "rms_norm",
     "add_rms_norm",
-    "PreNormBlock",
-    "run_layers",
-    "output_rows",
     "rope_cos_sin",
-    "RopeTables",
     "apply_rope_neox",
     "qkv_heads",
-    "project_heads",
     "apply_rope_interleaved",
     "linear_rope_scale",
     "gelu_tanh",
     "glu",
-    "GatedMLP",
     "load_family",
     "build_model",
 ]

@@ -2,7 +2,7 @@
 sliding-window attention when the file has ``mistral.attention.sliding_window``
 (Mistral 7B v0.1: 4096; later versions attend globally). llama.cpp converts
 Mistral checkpoints to the ``llama`` architecture (see llama.py); this file reads
-the same layout under the other name, so it reuses Llama's layers.
+the same layout under the other name, so it extends Llama's ModelArgs.
 """
 
 from __future__ import annotations
@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import llama
+from .decoder import Model
+
+__all__ = ["ModelArgs", "Model"]
 
 
 @dataclass
@@ -22,9 +25,5 @@ class ModelArgs(llama.ModelArgs):
         extra.setdefault("sliding_window", window or None)
         return super().from_gguf(g, **extra)
 
-    def cache_layout(self) -> list[tuple[int, int, int, int | None]]:
-        return [(self.num_kv_heads, self.head_dim, self.head_dim, self.sliding_window)] * self.num_layers
-
-
-class Model(llama.Model):
-    """Mistral text model over quantized GGUF weights (its sliding window is in ModelArgs)."""
+    def window(self, layer: int) -> int | None:
+        return self.sliding_window

@@ -6,87 +6,11 @@ Q/K rows not permuted; small models tie the output to the embedding.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from .base import BaseModelArgs
+from .decoder import Model
 
-import torch
-
-from ..kv.cache import positions
-from .base import (
-    BaseModelArgs,
-    GatedMLP,
-    PreNormBlock,
-    RopeTables,
-    Weights,
-    linear_rope_scale,
-    output_rows,
-    project_heads,
-    run_layers,
-)
+__all__ = ["ModelArgs", "Model"]
 
 
-@dataclass
 class ModelArgs(BaseModelArgs):
-    rope_scale: float = 1.0  # linear scaling of positions
-
-    @classmethod
-    def from_gguf(cls, g, **extra):
-        extra.setdefault("rope_scale", linear_rope_scale(g))
-        return super().from_gguf(g, **extra)
-
-
-class Attention(torch.nn.Module):
-    def __init__(self, args: ModelArgs, w: Weights, i: int):
-        super().__init__()
-        p = f"blk.{i}."
-        self.args = args
-        self.wqkv = w.stacked([p + f"attn_{n}.weight" for n in "qkv"])  # ((H + 2 Hkv) * D, hidden)
-        self.q_norm = w.vector(p + "attn_q_norm.weight")  # (head_dim,)
-        self.k_norm = w.vector(p + "attn_k_norm.weight")  # (head_dim,)
-        self.wo = w.linear(p + "attn_output.weight")
-        self.scale = 1.0 / math.sqrt(args.head_dim)
-
-    def forward(self, x: torch.Tensor, rope: RopeTables, cache) -> torch.Tensor:
-        a = self.args
-        T, D = x.shape[0], a.head_dim
-        cos, sin = rope.get(a.rope_theta, a.rope_scale)
-        q, k, v = project_heads(self, x, cos, sin, a.rms_norm_eps)  # (H, T, D), (Hkv, T, D) x 2
-        out = cache.attend(q, k, v, self.scale)  # (H, T, D)
-        return out.transpose(0, 1).reshape(T, a.num_heads * D)  # before wo (the block's `forward`)
-
-
-class Block(PreNormBlock):
-    def __init__(self, args: ModelArgs, w: Weights, i: int):
-        super().__init__()
-        p = f"blk.{i}."
-        self.eps = args.rms_norm_eps
-        self.attn = Attention(args, w, i)
-        self.mlp = GatedMLP(w, i, "silu")
-        self.attn_norm = w.vector(p + "attn_norm.weight")  # (hidden,)
-        self.ffn_norm = w.vector(p + "ffn_norm.weight")  # (hidden,)
-
-
-class Model(torch.nn.Module):
-    """Qwen3 text model over quantized GGUF weights."""
-
-    def __init__(self, args: ModelArgs, w: Weights):
-        super().__init__()
-        self.args = args
-        self.embed = w.linear("token_embd.weight")  # (vocab, hidden) blocks
-        self.output = w.linear("output.weight") if w.has("output.weight") else self.embed
-        self.layers = torch.nn.ModuleList(Block(args, w, i) for i in range(args.num_layers))
-        self.norm = w.vector("output_norm.weight")
-
-    def cache_layout(self) -> list[tuple[int, int, int, int | None]]:
-        return self.args.cache_layout()
-
-    def forward(
-        self, ids: torch.Tensor, cache: list, logits_at: torch.Tensor | None = None, hidden: bool = False
-    ) -> torch.Tensor | None:
-        """Run ids (T,) at positions cache.offset.. (a batch: one row per sequence); logits (len(logits_at), vocab) for the
-        chosen row indices (all rows if None), or None when logits_at is empty. With
-        hidden=True, the final-normed hidden states (rows, hidden_size) instead."""
-        rope = RopeTables(positions(cache, ids.shape[0]), self.args.head_dim)
-        x = self.embed.embed_rows(ids)  # (T, hidden)
-        y = run_layers(self.layers, x, rope, cache, self.norm, self.args.rms_norm_eps)  # (T, hidden)
-        return output_rows(y, logits_at, hidden, self.output)
+    qk_norm = True  # each query and key head RMS-normed (attn_q_norm, attn_k_norm), before RoPE
