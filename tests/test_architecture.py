@@ -17,10 +17,10 @@ LAYERS = [
     ["kv"],
     ["models"],
     ["engine"],
-    ["registry", "hub"],
+    ["registry", "hub", "remote"],
     ["documents"],
-    ["eval"],  # measures a model it is given (duck-typed); `Model(kv="auto")` calls eval.auto
-    ["api", "repl"],
+    ["eval"],  # measures a model it is given (duck-typed); it decides nothing for the runtime
+    ["api", "repl", "autokv"],  # the facade, the REPL, and the one resolver of kv="auto"
     ["server"],
     ["commands"],
     ["cli", "__init__"],
@@ -103,3 +103,73 @@ def test_no_import_circles():
         if m not in state:
             visit(m)
     assert not circles, circles
+
+
+# the verbs that measure: the only faces that may import eval/ (the rest go through api or engine)
+MEASUREMENT_VERBS = {"ppl", "niah", "bench", "docqa", "plan"}
+
+
+def test_faces_import_eval_only_in_the_measurement_verbs():
+    bad = [
+        f"{m} -> {d}"
+        for m, deps in _graph().items()
+        for d in deps
+        if _layer(m) in ("server", "commands")
+        and _layer(d) == "eval"
+        and not (_layer(m) == "commands" and m.split(".")[-1] in MEASUREMENT_VERBS)
+    ]
+    assert not bad, bad
+
+
+AUTO_RESOLVER = "tightkv.kv.spec"  # `is_auto`: the one place the string "auto" is read as a KV spec
+
+
+def test_kv_auto_is_special_cased_in_one_place():
+    """No comparison of a KV value with "auto" outside the resolver (a `mode == "auto"` of
+    the document sessions is another auto)."""
+    found = []
+    for name, path in _modules().items():
+        if name == AUTO_RESOLVER:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            consts = [c for c in ast.walk(node) if isinstance(c, ast.Constant) and c.value == "auto"]
+            text = ast.unparse(node).lower()
+            if consts and ("kv" in text or "spec" in text):
+                found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, found
+
+
+# what continuous batching is made of: the engine's (engine.batch), never the scheduler's
+RUNTIME_NAMES = {
+    "decode_sequences",
+    "Sampler",
+    "SamplingParams",
+    "PrefixStore",
+    "PromptCache",
+    "chunk_ends",
+    "check_context",
+    "kernel_rows",
+    "new_cache",
+    "sequence",
+    "sampling_params",
+    "cut_points",
+    "prefill",
+    "step",
+}
+
+
+def test_the_scheduler_holds_no_sampling_or_cache_logic():
+    name = "tightkv.server.scheduler"
+    path = _modules()[name]
+    deps = {d for d in _graph()[name] if _layer(d) != "errors"}
+    assert deps <= {"tightkv.engine.batch", "tightkv.engine.requests"}, deps
+    used = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Name):
+            used.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            used.add(node.attr)
+    # `batch.step(...)` is the one call into the runtime the scheduler makes
+    assert used & RUNTIME_NAMES <= {"step"}, used & RUNTIME_NAMES

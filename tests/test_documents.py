@@ -14,7 +14,7 @@ from cli_helpers import assert_one_line_error, cli, private_home
 from tiny_gguf import write_gemma3
 
 from tightkv.documents import prompts
-from tightkv.documents.store import DocumentStore
+from tightkv.kv.saved import CacheStore
 from tightkv.documents.text import (
     adds_information,
     answer_matches,
@@ -50,7 +50,7 @@ def tiny(tiny_path):
 
 @pytest.fixture
 def store(tmp_path):
-    return DocumentStore(tmp_path / "documents")
+    return CacheStore(tmp_path / "documents")
 
 
 # --- text ---------------------------------------------------------------------------
@@ -426,7 +426,7 @@ def test_a_cache_restored_from_its_state_continues_bit_for_bit(tiny, kv):
 
 
 def test_prefix_store_takes_the_longest_stored_mark_and_keeps_its_budget(tiny):
-    from tightkv.documents.prefixes import PrefixStore
+    from tightkv.engine.prefixes import PrefixStore
     from tightkv.engine.generate import prefill
 
     ids = tiny.tokenize(DOC, add_bos=True)[:300]
@@ -452,7 +452,7 @@ def test_prefix_store_on_disk_keeps_logits_checks_files_and_prunes(tiny, store):
     """A second store over the same directory (a restarted server) finds the prefix
     and its logits; a whole prompt counts only with its logits; a corrupt file is
     dropped, never served; the disk budget drops the least recently used files."""
-    from tightkv.documents.prefixes import PrefixStore
+    from tightkv.engine.prefixes import PrefixStore
     from tightkv.engine.generate import prefill
 
     ids = tiny.tokenize(DOC, add_bos=True)[:300]

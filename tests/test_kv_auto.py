@@ -45,7 +45,7 @@ def doc_file(tmp_path_factory):
 
 
 def test_f16_wins_without_a_probe_when_it_fits(embedded, plan):
-    from tightkv.eval.auto import choose
+    from tightkv.autokv import choose
 
     choice = choose(
         embedded, "short prompt", memory=plan.weights + plan.working + (1 << 30), context=CTX, progress=False
@@ -56,7 +56,7 @@ def test_f16_wins_without_a_probe_when_it_fits(embedded, plan):
 
 def test_nothing_fits_says_how_long_a_context_would(embedded, plan):
     from tightkv.errors import TightKVError
-    from tightkv.eval.auto import choose
+    from tightkv.autokv import choose
 
     with pytest.raises(TightKVError, match=r"no KV type holds 32,768 tokens .* holds up to [\d,]+ \(-c \d+\)"):
         choose(embedded, None, memory=plan.weights + plan.working + (1 << 20), context=CTX, progress=False)
@@ -66,7 +66,7 @@ def test_nothing_fits_says_how_long_a_context_would(embedded, plan):
 def test_run_auto_picks_a_fitting_type_whose_kld_ppl_confirms(plan, doc_file, tmp_path):
     """f16 does not fit at 32K, the 4-bit types do: auto picks one, and `tightkv ppl`
     on the same text measures its KLD within 0.01 and its ΔPPL within the bar."""
-    from tightkv.eval.auto import KLD_BAR
+    from tightkv.autokv import KLD_BAR
 
     mem = budget_between(plan, "kvarn4", "k8v4")
     r = cli(
@@ -183,7 +183,7 @@ def test_plan_with_a_text_shows_the_probed_choice(plan, doc_file, tmp_path):
 
 def test_the_weight_suggestion_is_below_the_files_own_type(plan):
     """The embedded file is Q4_K_M: the room comes from a smaller type, never a larger one."""
-    from tightkv.eval.auto import weight_room
+    from tightkv.autokv import weight_room
 
     hint = weight_room(plan, need=10 * 2**20)
     assert hint.startswith("IQ4_XS weights (0.22 GiB instead of 0.23) would make room"), hint

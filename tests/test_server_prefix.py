@@ -57,7 +57,7 @@ def _paragraph_cut(content: str) -> int:
     from tightkv import Model
 
     model = Model(MODEL)
-    return model.prompt_cuts(model.chat_ids([{"role": "user", "content": content}]))[-1]
+    return model.prompts.prompt_cuts(model.chat_ids([{"role": "user", "content": content}]))[-1]
 
 
 def test_repeat_and_new_question_reuse_the_document_exactly(gemma, document):
@@ -132,11 +132,11 @@ def test_paragraph_cuts_hold_as_a_conversation_grows(chatml_path):
     ids2 = model.chat_ids(
         first + [{"role": "assistant", "content": "The first."}, {"role": "user", "content": "More text.\n\nAnd now?"}]
     )
-    turn = model.turn_cuts(ids1)[-1]  # the assistant's turn opens here in both prompts
+    turn = model.prompts.turn_cuts(ids1)[-1]  # the assistant's turn opens here in both prompts
     assert ids2[:turn] == ids1[:turn]
-    cuts1, cuts2 = model.prompt_cuts(ids1), model.prompt_cuts(ids2)
+    cuts1, cuts2 = model.prompts.prompt_cuts(ids1), model.prompts.prompt_cuts(ids2)
     assert [c for c in cuts2 if c <= turn] == cuts1 and len(cuts2) > len(cuts1)
-    breaks = model.paragraph_cuts(ids1, model.turn_cuts(ids1))
+    breaks = model.prompts.paragraph_cuts(ids1, model.prompts.turn_cuts(ids1))
     assert len(breaks) == 1 and model.tokenizer.decode(ids1[breaks[0] : turn]).startswith("Question: which?")
     assert model.tokenizer.decode(ids1[: breaks[0]]).endswith("Another one.\n\n")
 
@@ -161,7 +161,7 @@ def test_a_conversation_prefills_only_its_new_turn(chatml, chatml_path):
     from tightkv import Model
 
     model = Model(chatml_path)
-    turn_starts = model.turn_cuts(model.chat_ids(history[:2]))
+    turn_starts = model.prompts.turn_cuts(model.chat_ids(history[:2]))
     assert u2.prompt_tokens_details.cached_tokens == turn_starts[-1]  # all of turn 1 but its assistant header
     assert second == turn(cold, history)[0]
 
@@ -179,7 +179,7 @@ def test_a_new_conversation_reuses_the_system_prompt(chatml, chatml_path):
     from tightkv import Model
 
     model = Model(chatml_path)
-    first_turn = model.turn_cuts(model.chat_ids([system, {"role": "user", "content": "x"}]))[0]
+    first_turn = model.prompts.turn_cuts(model.chat_ids([system, {"role": "user", "content": "x"}]))[0]
     assert r.usage.prompt_tokens_details.cached_tokens == first_turn
     assert r.choices[0].message.content == ask(cold, "Name a tree that grows by rivers.").choices[0].message.content
 

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from tightkv.server.app import ServerConfig, create_app
-from tightkv.server.scheduler import Job, Prepared, Scheduler, Unavailable
+from tightkv.engine.requests import TextRequest
+from tightkv.server.scheduler import Job, Scheduler, Unavailable
 from tiny_gguf import write_gemma3
 
 starlette_testclient = pytest.importorskip("starlette.testclient")
@@ -105,7 +106,7 @@ def test_scheduler_bounds_the_queue():
 
     sch = Scheduler(load, parallel=1, max_queue=1)
     sch.start()
-    job = Job(lambda m: Prepared([1], 1), loop)
+    job = Job(TextRequest([1]), loop)
     with pytest.raises(Unavailable, match="Loading"):
         sch.submit(job)
     sch.stop(timeout=0)  # stops once loaded
@@ -115,10 +116,10 @@ def test_scheduler_bounds_the_queue():
 
     sch = Scheduler(lambda: _FakeModel(), parallel=1, max_queue=1)
     sch.state = "ready"  # not started: jobs stay in the inbox
-    sch.submit(Job(lambda m: Prepared([1], 1), loop))
-    sch.submit(Job(lambda m: Prepared([1], 1), loop))
+    sch.submit(Job(TextRequest([1]), loop))
+    sch.submit(Job(TextRequest([1]), loop))
     with pytest.raises(Unavailable) as err:
-        sch.submit(Job(lambda m: Prepared([1], 1), loop))
+        sch.submit(Job(TextRequest([1]), loop))
     assert err.value.retry_after >= 1
 
 
@@ -148,22 +149,25 @@ def test_a_job_being_prepared_still_counts_against_the_queue():
     loop = asyncio.new_event_loop()
     entered, release = threading.Event(), threading.Event()
 
-    def slow_prepare(model):
-        entered.set()
-        release.wait(10)
-        raise ValueError("done")
+    class SlowModel(_FakeModel):  # tokenizing its prompt takes until released
+        chat_template = None
 
-    sch = Scheduler(lambda: _FakeModel(), parallel=1, max_queue=0)
+        def tokenize(self, text, add_bos=True):
+            entered.set()
+            release.wait(10)
+            raise ValueError("done")
+
+    sch = Scheduler(lambda: SlowModel(), parallel=1, max_queue=0)
     sch.start()
     try:
         for _ in range(100):
             if sch.state == "ready":
                 break
             time.sleep(0.05)
-        sch.submit(Job(slow_prepare, loop))
+        sch.submit(Job(TextRequest("a prompt"), loop))
         assert entered.wait(10)
         with pytest.raises(Unavailable):
-            sch.submit(Job(lambda m: Prepared([1], 1), loop))
+            sch.submit(Job(TextRequest([1]), loop))
     finally:
         release.set()
         sch.stop()

@@ -14,8 +14,6 @@ import numpy as np
 from .errors import ContextOverflowError, TightKVError
 from .registry import resolve
 
-MIN_TURN_CUT = 8  # turns that open before this position are no prefill cut (`Model.turn_cuts`)
-
 
 def default_threads() -> int:
     """Physical cores, as llama.cpp defaults to."""
@@ -33,7 +31,8 @@ class Model:
         kv: KV cache type or preset for keys and values (e.g. "f16", "q8_0:tq4",
             "progressive"); default "kvarn4", or `TIGHTKV_KV_CACHE_TYPE`. "auto"
             picks the best-quality type that fits the available memory at
-            `context_length`, probed on the essays (`choose_kv` probes your own text).
+            `context_length`, probed on the essays when the first cache is made (call
+            `choose_kv` before that to probe your own text; `kv_pending` until then).
         context_length: tokens of context; defaults to the model's trained context.
             More than the trained context is an error unless `rope_scaling` is given.
         threads: CPU threads; defaults to the physical cores.
@@ -62,12 +61,13 @@ class Model:
         from .gguf.reader import read_gguf
         from .models.base import ARCHITECTURES, build_model, load_family
 
+        from .engine.prompt import PromptBuilder
         from .kernels import build, qmatmul
-        from .kv.spec import resolve_kv
+        from .kv.spec import is_auto, resolve_kv
 
-        auto = isinstance(kv, str) and kv.strip().lower() == "auto"
-        self.kv = resolve_kv(None if auto else kv)  # parsed once (a bad spec fails before the weights load)
-        self.kv_choice = None  # what `choose_kv` decided (`eval.auto.KVChoice`)
+        self.kv_pending = is_auto(kv)  # "auto": chosen by `choose_kv`, at the latest by the first cache
+        self._kv = resolve_kv(None if self.kv_pending else kv)  # parsed once (a bad spec fails before the weights load)
+        self.kv_choice = None  # what `choose_kv` decided (`autokv.KVChoice`)
         self.threads = threads or default_threads()
         torch.set_num_threads(self.threads)
         qmatmul.set_threads(self.threads)
@@ -83,13 +83,22 @@ class Model:
         if self.rope_factor is not None and not hasattr(self.args, "rope_scale"):
             raise TightKVError(f"RoPE scaling is not supported for {self.args.architecture} models")
         self.chat_template: str | None = self.gguf.metadata.get("tokenizer.chat_template")
+        tokens = self.gguf.metadata.get("tokenizer.ggml.tokens", [])
+        self.prompts = PromptBuilder(self.tokenizer, self.chat_template, tokens)  # chat text, ids, chunk ends
         self.set_context_length(context_length)
         self.last_stats = None  # GenerationStats of the last chat turn
-        if auto:
-            self.choose_kv()
 
     def __repr__(self) -> str:
-        return f"Model({str(self.path)!r}, kv={str(self.kv)!r}, context_length={self.context_length})"
+        kv = "auto" if self.kv_pending else str(self._kv)
+        return f"Model({str(self.path)!r}, kv={kv!r}, context_length={self.context_length})"
+
+    @property
+    def kv(self):
+        """The KV spec (`kv.spec.KVSpec`) of this model's caches. With kv="auto" it is chosen
+        here on first use (on the essays, at this context), unless `choose_kv` chose it first."""
+        if self.kv_pending:
+            self.choose_kv()
+        return self._kv
 
     def _load_tokenizer(self):
         from .errors import GGUFError
@@ -167,17 +176,17 @@ class Model:
         best-quality type whose bytes at `context` (default this model's) for `slots`
         sequences fit `memory` bytes (default: the RAM available less 1 GiB) and whose
         KLD against f16, probed on `text` (default, or when shorter than 1K tokens: the
-        essays), is within 0.005, the +0.5% ΔPPL bar as a log-loss (`eval.auto`). Prints
+        essays), is within 0.005, the +0.5% ΔPPL bar as a log-loss (`autokv`). Prints
         the decision in one line on stderr unless `quiet`; returns it (a `KVChoice`), also
         kept as `kv_choice`. Raises
         TightKVError saying how long a context would fit when no type does."""
         import sys
 
-        from .eval.auto import choose
+        from .autokv import choose
         from .kv.spec import parse_kv
 
         choice = choose(self, text, memory, context, slots, text_name, progress=not quiet)
-        self.kv, self.kv_choice = parse_kv(choice.kv), choice
+        self._kv, self.kv_choice, self.kv_pending = parse_kv(choice.kv), choice, False
         self._chat_cache, self._chat_ids = None, []
         if not quiet:
             print(choice.line(), file=sys.stderr, flush=True)
@@ -331,7 +340,9 @@ class Model:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         cache = cache if cache is not None else self.new_cache()
         if prompt_cache is None:
-            prompt_cache = PromptCache(cuts=tuple(self.prompt_cuts(ids)))  # chunks end at chat turns, blank lines
+            prompt_cache = PromptCache(
+                cuts=tuple(self.prompts.prompt_cuts(ids))
+            )  # chunks end at chat turns, blank lines
         constraint = self.constraint(json_schema, grammar)
         return Sequence(
             self.net,
@@ -389,129 +400,22 @@ class Model:
         return result.text
 
     def chat_stops(self, stop: list[str] | str | None = None) -> list[str]:
-        """The stop strings of a chat turn: the caller's, plus the next "User:" turn of a
-        model without a chat template (which sees the conversation as plain text)."""
-        from .engine.chat import PLAIN_CHAT_STOPS
-
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        return stops if self.chat_template else stops + PLAIN_CHAT_STOPS
+        """The stop strings of a chat turn (`engine.prompt.PromptBuilder.chat_stops`)."""
+        return self.prompts.chat_stops(stop)
 
     def chat_ids(self, messages: list[dict], tools: list[dict] | None = None, **options) -> list[int]:
-        """Prompt token ids for a conversation; `tools` (OpenAI function specs) are rendered
-        by the chat template (`engine.tools.tool_format` says whether it takes them). Options
-        as for `chat_text`."""
-        return self.chat_tokens(self.chat_text(messages, tools, **options))
+        """Prompt token ids for a conversation (`engine.prompt.PromptBuilder.chat_ids`)."""
+        return self.prompts.chat_ids(messages, tools, **options)
 
-    def chat_text(
-        self,
-        messages: list[dict],
-        tools: list[dict] | None = None,
-        *,
-        continue_final: bool | None = None,
-        add_generation_prompt: bool = True,
-        template_vars: dict | None = None,
-    ) -> str:
-        """The prompt text of a conversation: through the chat template, or as plain text
-        for a model without one. A last message from the assistant is continued, not
-        answered in a new turn (`continue_final` None: whenever the assistant speaks last;
-        False: a new turn all the same). `add_generation_prompt=False` ends the text with
-        the last message's turn. `template_vars`: more template variables, e.g.
-        ``{"enable_thinking": False}`` (Qwen3)."""
-        from .engine.chat import continues, plain_prompt, render_chat, render_continuation
-
-        cont = continues(messages, continue_final)
-        if not self.chat_template:
-            return plain_prompt(messages, cont, add_generation_prompt)
-        bos, eos = self._token_text(self.tokenizer.bos_id), self._token_text(self.tokenizer.eos_id)
-        extra = dict(template_vars or {})
-        if tools:
-            extra["tools"] = tools
-        if cont:
-            return render_continuation(self.chat_template, messages, bos_token=bos, eos_token=eos, **extra)
-        return render_chat(
-            self.chat_template,
-            messages,
-            bos_token=bos,
-            eos_token=eos,
-            add_generation_prompt=add_generation_prompt,
-            **extra,
-        )
+    def chat_text(self, messages: list[dict], tools: list[dict] | None = None, **options) -> str:
+        """The prompt text of a conversation, through the chat template or as plain text
+        (`engine.prompt.PromptBuilder.chat_text`: continue_final, add_generation_prompt,
+        template_vars)."""
+        return self.prompts.chat_text(messages, tools, **options)
 
     def chat_tokens(self, text: str) -> list[int]:
-        """The token ids of a prompt `chat_text` made (control tokens parsed in a template's
-        text; the BOS added unless the template wrote it)."""
-        if not self.chat_template:
-            return self.tokenize(text)
-        bos = self._token_text(self.tokenizer.bos_id)
-        return self.tokenize(text, add_bos=not (bos and text.startswith(bos)), special=True)
-
-    def turn_cuts(self, ids: list[int]) -> list[int]:
-        """Where the chat turns of a prompt begin (the positions of the token that opens
-        each turn), for the server's prefill chunks: a conversation's earlier turns then
-        end on a chunk, and are a stored prefix of its next request. [] without a chat
-        template, or when its turns open with no special token. A turn that opens within
-        the first `MIN_TURN_CUT` tokens (after the BOS, say) is no cut: so short a prefix
-        saves nothing and would cost a forward pass of its own."""
-        if not hasattr(self, "_turn_token"):
-            self._turn_token = self._find_turn_token()
-        t = self._turn_token
-        return [] if t is None else [i for i, x in enumerate(ids) if x == t and i >= MIN_TURN_CUT]
-
-    def prompt_cuts(self, ids: list[int]) -> list[int]:
-        """The extra prefill chunk ends of a prompt: where its chat turns begin
-        (`turn_cuts`) and its `paragraph_cuts`."""
-        return self.cut_points(ids)[0]
-
-    def cut_points(self, ids: list[int]) -> tuple[list[int], list[int]]:
-        """`prompt_cuts`, and the `paragraph_cuts` among them."""
-        turns = self.turn_cuts(ids)
-        breaks = self.paragraph_cuts(ids, turns)
-        return sorted({*turns, *breaks}), breaks
-
-    def paragraph_cuts(self, ids: list[int], turns: list[int]) -> list[int]:
-        """Just after each turn's last paragraph break ("\\n\\n"; in the last turn, only
-        past the prompt's last prefill grid point). A question asked after a document in
-        the same message then finds that document stored up to the break, whatever the
-        question; a conversation's next turn has the same cuts in its earlier turns, and
-        its grid points stay stored. `turns`: the prompt's `turn_cuts`."""
-        from .engine.generate import PREFILL_CHUNK
-
-        grid = len(ids) // PREFILL_CHUNK * PREFILL_CHUNK
-        cuts = []
-        for start, end in zip([0, *turns], [*turns, len(ids)]):
-            last = next((i for i in range(end - 1, start, -1) if self._paragraph_ends(ids, i)), None)
-            if last is not None and last + 1 < end and (end < len(ids) or last + 1 > grid):
-                cuts.append(last + 1)
-        return cuts
-
-    def _paragraph_ends(self, ids: list[int], i: int) -> bool:
-        """Whether the text up to token i ends with a blank line."""
-        piece = self.tokenizer.token_bytes(ids[i])
-        return piece.endswith(b"\n\n") or (piece == b"\n" and self.tokenizer.token_bytes(ids[i - 1]).endswith(b"\n"))
-
-    def _find_turn_token(self) -> int | None:
-        from .engine.chat import render_chat
-        from .gguf.vocab import ATTR_CONTROL, ATTR_USER_DEFINED
-
-        if not self.chat_template:
-            return None
-        msgs = [{"role": "user", "content": "x"}]
-        try:
-            head = render_chat(self.chat_template, msgs, add_generation_prompt=False)
-            full = render_chat(self.chat_template, msgs, add_generation_prompt=True)
-        except TightKVError:
-            return None
-        if not full.startswith(head) or len(full) == len(head):
-            return None
-        ids = self.tokenize(full[len(head) :], add_bos=False, special=True)
-        attrs = getattr(self.tokenizer, "attrs", None)
-        if ids and attrs is not None and attrs[ids[0]] & (ATTR_CONTROL | ATTR_USER_DEFINED):
-            return ids[0]
-        return None
-
-    def _token_text(self, token_id: int | None) -> str:
-        tokens = self.gguf.metadata.get("tokenizer.ggml.tokens", [])
-        return tokens[token_id] if token_id is not None and 0 <= token_id < len(tokens) else ""
+        """The token ids of a prompt `chat_text` made (`engine.prompt.PromptBuilder.chat_tokens`)."""
+        return self.prompts.chat_tokens(text)
 
     def _reuse_chat_cache(self, ids: list[int], reset: bool) -> list:
         old = self._chat_ids
@@ -540,7 +444,7 @@ class Model:
         In full mode the document is prefilled once into the KV cache (kv defaults to
         the default cache type, "kvarn4", or $TIGHTKV_KV_CACHE_TYPE), saved under ``$TIGHTKV_HOME/documents`` and loaded from there
         next time (cache=False skips the disk); each question costs only its own
-        tokens; cache may also be a `DocumentStore` (another directory). mode: "full",
+        tokens; cache may also be a `CacheStore` (another directory). mode: "full",
         "rag", "rlv" or "auto" (full when the document fits the model's measured working
         memory, else rlv). quotes=N (default 5; 0: none): full and rlv put the N sentences
         that best match a question before it. See `tightkv.documents`.

@@ -13,6 +13,15 @@ class GGUFError(TightKVError):
     """A GGUF file is missing, truncated, corrupt or unsupported."""
 
 
+class RequestError(TightKVError):
+    """A request the model cannot serve as asked (tools on a template without them, a
+    token id out of the vocabulary); `param` names the field at fault, as OpenAI does."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
 class ContextOverflowError(TightKVError):
     """A prompt (plus the tokens asked for) does not fit the context; `n_prompt_tokens` and
     `n_ctx` say by how much, where known (the server reports them, as llama.cpp does)."""

@@ -2,7 +2,7 @@
 
 The document is prefilled once into the (compressed) KV cache, with a progress
 bar, and saved under ``$TIGHTKV_HOME/documents``; the next `ask` about the same
-document, model and KV spec loads it instead (see tightkv.documents.store).
+document, model and KV spec loads it instead (see tightkv.kv.saved).
 Modes: full (the document in context), rag (chunk-RAG baseline), rlv
 (Read-Locate-Verify), auto (full when the document fits the model's measured
 working memory, else rlv).
@@ -83,11 +83,12 @@ def _eprint(msg: str) -> None:
 
 def run(ns: argparse.Namespace) -> int:
     t_start = time.perf_counter()
-    from ..documents.store import DocumentStore, format_entries
+    from ..documents.library import clear_saved
+    from ..kv.saved import CacheStore, format_entries
 
-    store = DocumentStore()
+    store = CacheStore()
     if ns.clear_cache:
-        print(f"deleted {store.clear()} cached documents from {store.root}")
+        print(f"deleted {clear_saved(store)} cached documents from {store.root}")
         return 0
     if ns.cache_info and not ns.doc:
         rows = store.entries()
@@ -110,22 +111,22 @@ def run(ns: argparse.Namespace) -> int:
     kv = kv_spec(ns)
     doc = read_documents([Path(d) for d in ns.doc])  # file errors before the model loads
     log = _eprint if ns.verbose else None
-    model = Model(ns.model, threads=ns.threads, context_length=ns.ctx or None)
-    if kv == "auto":  # fitted to the document (and its answer), unless -c asks for more
+    model = Model(ns.model, kv=kv, threads=ns.threads, context_length=ns.ctx or None)
+    if model.kv_pending:  # --kv auto: fitted to the document (and its answer), unless -c asks for more
         need = len(model.tokenize(doc.text)) + 2 * ANSWER_TOKENS + 512
-        kv = model.choose_kv(
+        model.choose_kv(
             doc.text,
             memory=auto_memory(ns),
             context=ns.ctx or min(model.context_length, need),
             text_name="the document",
-        ).kv
+        )
     t_model = time.perf_counter() - t_start
     if log:
         log(f"model: {model.path.name} loaded in {t_model:.2f}s")
     session = DocumentSession(
         model,
         doc,
-        kv=kv,
+        kv=model.kv,
         mode=ns.mode,
         store=None if ns.no_cache else store,
         keep_text=True,

@@ -38,9 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
-    from ..documents.store import DocumentStore, format_entries
+    from ..documents.library import clear_saved
+    from ..kv.saved import CacheStore, format_entries
 
-    store = DocumentStore()
+    store = CacheStore()
     if ns.action == "ls":
         rows = store.entries()
         if ns.json:
@@ -55,7 +56,7 @@ def run(ns: argparse.Namespace) -> int:
         if ns.all == bool(ns.names):
             raise TightKVError("give the files to remove (as `tightkv cache` lists them), or --all")
         if ns.all:
-            print(f"deleted {store.clear()} files from {store.root}")
+            print(f"deleted {clear_saved(store)} files from {store.root}")
         else:
             for name in store.remove(ns.names):
                 print(f"deleted {name}")

@@ -10,7 +10,7 @@ import sys
 from urllib.parse import urlsplit
 
 from ..errors import TightKVError
-from ..eval.endpoint import error_message, opener_for
+from ..remote import error_message, opener_for
 from .flags import SAMPLING_DEFAULTS, add_sampling_flags
 
 NAME = "client"

@@ -77,7 +77,7 @@ def run(ns: argparse.Namespace) -> int:
 
     from ..api import Model
     from ..documents.memory import save_working_memory, working_memory
-    from ..documents.store import DocumentStore
+    from ..kv.saved import CacheStore
     from ..eval.docqa import (
         company_reports,
         docset_record,
@@ -187,7 +187,7 @@ def run(ns: argparse.Namespace) -> int:
                 t = time.perf_counter()
                 if isinstance(target, LocalTarget):
                     with tempfile.TemporaryDirectory(prefix="tightkv-docqa-") as tmp:
-                        rec = run_config(model, d, mode, kv, store=DocumentStore(tmp), log=log)
+                        rec = run_config(model, d, mode, kv, store=CacheStore(tmp), log=log)
                 else:
                     rec = run_target_config(target, tokens, d, mode, counter.context_length, log=log)
                 rec["wall_s"] = round(time.perf_counter() - t, 1)

@@ -197,10 +197,10 @@ def _typed(ns: argparse.Namespace, dest: str, fallback: str) -> str:
 def _check_kv(spec: str, source: str) -> str:
     """`spec`, parsed to check it ("auto" passes: the verbs that take it choose later);
     an error names `source`, the flag or variable it came from."""
-    from ..kv.spec import parse_kv
+    from ..kv.spec import AUTO, is_auto, parse_kv
 
-    if spec.strip().lower() == "auto":
-        return "auto"
+    if is_auto(spec):
+        return AUTO
     try:
         parse_kv(spec)
     except TightKVError as err:
@@ -210,8 +210,10 @@ def _check_kv(spec: str, source: str) -> str:
 
 def kv_types(ns: argparse.Namespace) -> list[str]:
     """The KV types a measuring verb runs: --compare, else --kv / -ctk/-ctv, else f16."""
+    from ..kv.spec import is_auto
+
     one = kv_spec(ns)
-    if one == "auto":
+    if is_auto(one):
         raise TightKVError("--kv auto is for run, serve and ask; compare the types it chooses from with --compare")
     if ns.compare and one:
         raise TightKVError("use either --compare or --kv/--cache-type-k/--cache-type-v, not both")

@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _probed_choice(ns: argparse.Namespace, plan, memory: int):
     """`--kv auto`'s choice for this budget and context, probed on --file."""
     from ..api import Model
-    from ..eval.auto import choose
+    from ..autokv import choose
 
     path = Path(ns.file)
     if not path.is_file():

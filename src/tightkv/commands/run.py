@@ -78,10 +78,8 @@ def open_model(name: str | None, ns: argparse.Namespace, text: str | None = None
     rope = getattr(ns, "rope_scale", None)
     t0 = time.perf_counter()
     kv = kv_spec(ns)
-    model = Model(
-        name, kv=None if kv == "auto" else kv, context_length=ns.ctx or None, threads=ns.threads, rope_scaling=rope
-    )
-    if kv == "auto":
+    model = Model(name, kv=kv, context_length=ns.ctx or None, threads=ns.threads, rope_scaling=rope)
+    if model.kv_pending:  # --kv auto: probed on the prompt
         model.choose_kv(text, memory=auto_memory(ns))
     model.load_seconds = time.perf_counter() - t0
     return model

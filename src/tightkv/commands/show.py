@@ -124,7 +124,7 @@ def run(ns: argparse.Namespace) -> int:
     print(f"    {'type':<{width}}{'bytes/token':>12}  {'total':>10}  {'vs f16':>7}")
     for kind, per_token, total, ratio in rows:
         print(f"    {kind:<{width}}{per_token:>12,.0f}  {human_bytes(total):>10}  {ratio:>6.2f}x")
-    from ..eval.auto import ProbeCache
+    from ..autokv import ProbeCache
 
     probes = ProbeCache().of_model(path.name)
     if probes:

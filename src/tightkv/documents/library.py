@@ -7,7 +7,7 @@ be listed and opened again by its id without its file (the web page's list):
 The id is the first 16 hex digits of the text's sha256 (`DocumentText.sha256`), which
 the cache files' headers carry too (`doc_sha256`), so a text finds its caches.
 `tightkv ask` and the server keep what they read here; the KV caches stay in
-`store.DocumentStore`, which decides warm or cold.
+`kv.saved.CacheStore`, which decides warm or cold.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class DocumentLibrary:
         if root is None:
             from ..store import home
 
-            root = home() / "documents" / "texts"  # beside store.DocumentStore's caches
+            root = home() / "documents" / "texts"  # beside kv.saved.CacheStore's caches
         self.root = Path(root)
 
     def keep(self, doc: DocumentText) -> str:
@@ -91,6 +91,14 @@ class DocumentLibrary:
             p.unlink()
             n += 1
         return n
+
+
+def clear_saved(store) -> int:
+    """Delete every saved cache in `store` (a `kv.saved.CacheStore`) and the document texts
+    kept beside them; returns how many cache files went."""
+    n = store.clear()
+    DocumentLibrary(store.root / "texts").clear()
+    return n
 
 
 def _write(path: Path, text: str) -> None:

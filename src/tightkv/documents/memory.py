@@ -35,13 +35,13 @@ BUILTIN: dict[str, dict] = {
 
 
 def _file() -> Path:
-    from .store import documents_dir
+    from ..kv.saved import documents_dir
 
     return documents_dir() / "working_memory.json"
 
 
 def _identity(model) -> str:
-    from .store import model_identity
+    from ..kv.saved import model_identity
 
     return model_identity(model).split("|rope=")[0]
 

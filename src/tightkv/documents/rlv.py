@@ -53,7 +53,7 @@ from typing import Callable
 from . import prompts
 from .evidence import QUOTES, SentenceIndex, quotes_block
 from .search import BM25Index, rrf
-from .prefixes import PrefixStore
+from ..engine.prefixes import PrefixStore
 from .reading import Answer, PrefixCache, yes_score
 from .text import Section, adds_information, answer_type_ok, first_sentence, follow_up, keywords, support
 from .text import grounded as is_grounded

@@ -55,7 +55,7 @@ class DocumentSession:
         keep_text: bool = False,
     ):
         from .memory import working_memory
-        from .store import DocumentStore
+        from ..kv.saved import CacheStore
 
         if mode not in MODES:
             raise TightKVError(f"unknown mode '{mode}' (valid: {', '.join(MODES)})")
@@ -70,7 +70,7 @@ class DocumentSession:
         self.progress = progress
         self.log = log or (lambda s: None)
         self.notice = notice or (lambda s: print(s, file=sys.stderr))
-        self.store = DocumentStore() if store is True else (store or None)
+        self.store = CacheStore() if store is True else (store or None)
         self.listen = listen or (lambda event: None)
         if keep_text and self.store is not None:
             from .library import DocumentLibrary
@@ -287,7 +287,7 @@ class DocumentSession:
     def prefixes(self):
         """The store of RLV reads already prefilled: RAM, over the disk store."""
         if self._prefixes is None:
-            from .prefixes import PrefixStore
+            from ..engine.prefixes import PrefixStore
 
             self._prefixes = PrefixStore(
                 self.model, self.kv, disk=self.store, doc=self.doc, kind="rlv read", notice=self.notice

@@ -279,14 +279,14 @@ class PromptCache:
     logits: torch.Tensor | None = None
     cuts: tuple = ()
     keep: Callable[[int, list, torch.Tensor | None], None] | None = None
-    breaks: tuple = ()  # the cuts that are paragraph breaks (`Model.paragraph_cuts`)
+    breaks: tuple = ()  # the cuts that are paragraph breaks (`engine.prompt.PromptBuilder.paragraph_cuts`)
 
 
 def keep_points(ends: list[int], cuts=(), chunk: int = PREFILL_CHUNK, breaks=()) -> set[int]:
     """Where a prompt with these chunk ends is stored besides its end: its last grid
     point, its first and last cuts (the end of its system prompt, for a new conversation
     under the same one; the start of its last turn, for this conversation's next turn)
-    and its last paragraph break (`Model.paragraph_cuts`, for another question after
+    and its last paragraph break (`engine.prompt.PromptBuilder.paragraph_cuts`, for another question after
     the same document)."""
     inner = ends[:-1]
     cuts, breaks = set(cuts), set(breaks)

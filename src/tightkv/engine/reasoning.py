@@ -27,6 +27,17 @@ def thinking_tags(template: str | None) -> tuple[str, str] | None:
     return None
 
 
+def thinking_plan(template: str | None, think: bool | None, constrained: bool = False) -> tuple[dict, bool]:
+    """(template variables, whether the reply's reasoning is split off) for a request's wish
+    to think (None: the model's default, which is to think when its template does). A model
+    that does not think gets neither. A request whose output a grammar constrains does not
+    think: its reply is the constrained text."""
+    if thinking_tags(template) is None:
+        return {}, False
+    on = think is not False and not constrained
+    return {"enable_thinking": on}, on
+
+
 def start_state(prompt: str, tags: tuple[str, str] = TAGS) -> str:
     """Where the reply begins, from the prompt's end: INSIDE when the prompt left a reasoning
     block open, AFTER when it ends with a closed one, else BEFORE."""

@@ -437,9 +437,9 @@ def run_config(
     a result record. A mode ending in "-plain" runs without quoted sentences."""
     from ..documents.evidence import QUOTES
     from ..documents.session import DocumentSession
-    from ..documents.store import DocumentStore
+    from ..kv.saved import CacheStore
 
-    store = store if store is not None else DocumentStore()
+    store = store if store is not None else CacheStore()
     base, quotes = mode.removesuffix("-plain"), 0 if mode.endswith("-plain") else QUOTES
     items, reads, sessions = [], [], []
     for d in docs:

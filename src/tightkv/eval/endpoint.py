@@ -31,6 +31,7 @@ import urllib.error
 import urllib.request
 from urllib.parse import urlsplit
 
+from ..remote import error_message, opener_for
 from ..errors import TightKVError
 
 TOP = 20  # alternatives per position asked of an endpoint (vLLM's default --max-logprobs)
@@ -44,23 +45,6 @@ class EndpointError(TightKVError):
 def is_endpoint(entry: str) -> bool:
     """True for an entry of --compare that names a server (http:// or https://)."""
     return entry.startswith(("http://", "https://"))
-
-
-def opener_for(url: str):
-    """A urllib opener; loopback addresses bypass any proxy."""
-    host = urlsplit(url).hostname or ""
-    handlers = [urllib.request.ProxyHandler({})] if host in ("127.0.0.1", "localhost", "::1") else []
-    return urllib.request.build_opener(*handlers)
-
-
-def error_message(raw: bytes) -> str:
-    """The message of an OpenAI-, llama.cpp- or Ollama-shaped error body (else its text)."""
-    try:
-        doc = json.loads(raw)
-        err = doc.get("error", doc)
-        return err.get("message", str(err)) if isinstance(err, dict) else str(err)
-    except (ValueError, AttributeError):
-        return raw.decode("utf-8", "replace").strip()[:300]
 
 
 class Endpoint:
@@ -290,9 +274,10 @@ class LocalTarget:
         ({text: logprob}) at each of those positions."""
         import torch
 
-        from .ppl import OUTPUT_ROWS, _scored_hidden
+        from ..engine.score import scored_hidden
+        from .ppl import OUTPUT_ROWS
 
-        hidden = _scored_hidden(self.model.net, ids, self.model.new_cache(self.kv), first, 512)
+        hidden = scored_hidden(self.model.net, ids, self.model.new_cache(self.kv), first, 512)
         targets = torch.tensor(ids[first + 1 :])
         values, tops = [], []
         with torch.inference_mode():

@@ -295,7 +295,7 @@ def lever(plan: Plan) -> str:
 
 def format_plan(plan: Plan, choice=None) -> str:
     """The plan as `tightkv plan` prints it: the sizes, one row per KV type, the lever,
-    the recommended type (`choice`, a probed `eval.auto.KVChoice`, when given) with
+    the recommended type (`choice`, a probed `autokv.KVChoice`, when given) with
     llama.cpp's and vLLM's settings for it, and a warning when the context exceeds
     the trained one."""
     gib = 2**30

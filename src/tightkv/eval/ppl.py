@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..engine.score import scored_hidden
+
 BASELINE = "f16"
 # scored rows turned into logits per output-layer call; the baseline's float64 log-probabilities and
 # probabilities of these rows are held while each type is compared (Gemma's 262K vocab: about 1.9 GB
@@ -57,23 +59,6 @@ def chunks(tokens: list[int], bos: int, ctx: int, n_chunks: int | None) -> list[
 
 
 @torch.inference_mode()
-def _scored_hidden(net, ids: list[int], cache: list, first: int, sub: int, on_piece=None) -> torch.Tensor:
-    """Final hidden states (len(ids)-1-first, hidden) at the scored positions;
-    `on_piece(n)` is told after each forward call of n tokens."""
-    out = []
-    for s in range(0, len(ids), sub):
-        part = ids[s : s + sub]
-        lo, hi = max(first - s, 0), min(len(part), len(ids) - 1 - s)
-        rows = torch.arange(lo, max(lo, hi))
-        h = net(torch.tensor(part), cache, logits_at=rows, hidden=True)
-        if h is not None:
-            out.append(h)
-        if on_piece:
-            on_piece(len(part))
-    return torch.cat(out)
-
-
-@torch.inference_mode()
 def _log_softmax_rows(logits: torch.Tensor) -> torch.Tensor:
     """float64 log-probabilities of float32 logits, ROW_SLICE rows at a time."""
     out = torch.empty(logits.shape, dtype=torch.float64)
@@ -94,7 +79,7 @@ def score_chunk(
     once per call, so 64-row calls cost twice as much per row); the float64
     log-probabilities are taken ROW_SLICE rows at a time."""
     first = len(ids) // 2
-    hidden = {name: _scored_hidden(net, ids, cache, first, sub, on_piece) for name, cache in caches.items()}
+    hidden = {name: scored_hidden(net, ids, cache, first, sub, on_piece) for name, cache in caches.items()}
     targets = torch.tensor(ids[first + 1 :])
     for s in range(0, targets.numel(), OUTPUT_ROWS):
         tgt = targets[s : s + OUTPUT_ROWS]

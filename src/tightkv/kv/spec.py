@@ -145,6 +145,13 @@ _LAYERS = re.compile(r"^l(-?\d+)(?:\.\.(-?\d+))?$")
 
 DEFAULT = "kvarn4"  # the default cache type, chosen by measurement across texts and models (README, "KV cache")
 ENV = "TIGHTKV_KV_CACHE_TYPE"  # the environment variable that replaces it
+AUTO = "auto"  # not a type: `--kv auto` / kv="auto" has `tightkv.autokv` choose one
+
+
+def is_auto(kv: "str | KVSpec | None") -> bool:
+    """Whether a KV spec asks for the chooser (`tightkv.autokv`): the one place the
+    string "auto" is read as a KV spec."""
+    return isinstance(kv, str) and kv.strip().lower() == AUTO
 
 
 def resolve_kv(kv: "str | KVSpec | None" = None) -> KVSpec:

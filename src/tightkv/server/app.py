@@ -29,7 +29,7 @@ from starlette.staticfiles import StaticFiles
 from .. import __version__
 from ..errors import TightKVError
 from ..gguf.describe import file_type, human_number, parameters
-from .http import ApiError, error_response
+from .http import ApiError, as_api_error, error_response
 from .scheduler import Scheduler
 
 log = logging.getLogger("tightkv.server")
@@ -181,13 +181,10 @@ class ServerState:
         from ..api import Model
 
         c = self.config
-        auto = c.kv == "auto"
-        model = Model(
-            self.served.path, kv=None if auto else c.kv, context_length=c.ctx or None, threads=c.threads
-        )  # 0: trained
+        model = Model(self.served.path, kv=c.kv, context_length=c.ctx or None, threads=c.threads)  # 0: trained
         if c.ctx is None:
             model.set_context_length(min(model.context_length, DEFAULT_CTX))
-        if auto:  # every slot holds a whole context; the prefix store's RAM is spent too
+        if model.kv_pending:  # --kv auto: every slot holds a whole context; the prefix store's RAM is spent too
             budget = None if c.mem is None else c.mem - (c.cache_ram or 0)
             model.choose_kv(memory=budget, slots=c.parallel)
         model.generate([model.tokenizer.bos_id or 0], max_tokens=1)  # warm up the kernels
@@ -278,6 +275,10 @@ def create_app(
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, err: ApiError):
         return error_response(request.url.path, err)
+
+    @app.exception_handler(TightKVError)
+    async def _user_error(request: Request, err: TightKVError):  # a bad request found by the engine
+        return error_response(request.url.path, as_api_error(err))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, err: RequestValidationError):

@@ -7,15 +7,16 @@ import asyncio
 import json
 import logging
 import math
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator
 
 import anyio
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.responses import JSONResponse, StreamingResponse
 
-from ..errors import ContextOverflowError, TightKVError
-from .scheduler import ACCEPTED, DONE, ERROR, LOGPROB, PIECE, Cancelled, Job, Prepared, Unavailable
+from ..errors import ContextOverflowError, RequestError, TightKVError
+from ..engine.requests import seeded
+from .scheduler import ACCEPTED, DONE, ERROR, LOGPROB, PIECE, Cancelled, Job, Unavailable
 
 log = logging.getLogger("tightkv.server")
 
@@ -63,6 +64,8 @@ def as_api_error(err: BaseException) -> ApiError:
     if isinstance(err, ContextOverflowError):
         counts = {"n_prompt_tokens": err.n_prompt_tokens, "n_ctx": err.n_ctx} if err.n_ctx else {}
         return ApiError(400, str(err), "exceed_context_size_error", code="context_length_exceeded", **counts)
+    if isinstance(err, RequestError):
+        return ApiError(400, str(err), param=err.param)
     if isinstance(err, TightKVError):
         return ApiError(400, str(err))
     if isinstance(err, Cancelled):
@@ -149,13 +152,6 @@ def finite(value: float | None, name: str) -> None:
         raise ApiError(400, f"'{name}' must be a finite number", param=name)
 
 
-def check_token_ids(model, ids: list[int], name: str) -> None:
-    """A 400 naming `name` unless every id is in the model's vocabulary."""
-    vocab = model.tokenizer.vocab_size
-    if any(not 0 <= t < vocab for t in ids):
-        raise ApiError(400, f"'{name}' token ids must be in [0, {vocab})", param=name)
-
-
 def stop_list(stop: str | list[str] | None) -> list[str]:
     if stop is None:
         return []
@@ -163,9 +159,10 @@ def stop_list(stop: str | list[str] | None) -> list[str]:
 
 
 # --- running jobs ------------------------------------------------------------------
-async def start_job(request: Request, prepare: Callable[[Any], Prepared]) -> Job:
-    """Queue a job and wait until the worker has accepted (tokenized, validated) it."""
-    job = Job(prepare, asyncio.get_running_loop())
+async def start_job(request: Request, job_request) -> Job:
+    """Queue a job for `job_request` (`engine.requests`) and wait until the worker has
+    accepted (tokenized, validated) it; `job.prepared` then says what it made of it."""
+    job = Job(job_request, asyncio.get_running_loop())
     try:
         request.app.state.tk.scheduler.submit(job)
     except Unavailable as err:
@@ -214,16 +211,17 @@ class JobGroup:
                 t.cancel()
 
 
-async def start_choices(request: Request, prepare: Callable[[Any, int], Prepared], n: int) -> JobGroup:
-    """`n` jobs of one prompt, `prepare(model, i)` for choice i. The first is prefilled before
-    the others start, so they take its whole prompt (and logits) from the prefix store."""
-    first = await start_job(request, lambda model: prepare(model, 0))
+async def start_choices(request: Request, job_request, n: int) -> JobGroup:
+    """`n` jobs of one request, choice i seeded with seed + i (`engine.requests.seeded`).
+    The first is prefilled before the others start, so they take its whole prompt (and
+    logits) from the prefix store."""
+    first = await start_job(request, job_request)
     jobs = [first]
     try:
         if n > 1:
             await first.prefilled.wait()
             for i in range(1, n):
-                jobs.append(await start_job(request, lambda model, i=i: prepare(model, i)))
+                jobs.append(await start_job(request, seeded(job_request, i)))
     except BaseException:
         JobGroup(jobs).cancel()
         raise

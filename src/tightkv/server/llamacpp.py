@@ -1,11 +1,12 @@
-"""llama.cpp's and vLLM's tokenizer routes (CONVENTIONS B3): /tokenize, /detokenize,
+"""llama.cpp's and vLLM's tokenizer routes: /tokenize, /detokenize,
 /tokenizer_info (what lm-evaluation-harness's remote tokenizer reads) and /props."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from .http import ApiError, check_token_ids, parse_body, request_body
+from ..engine.requests import check_token_ids
+from .http import ApiError, parse_body, request_body
 from .schemas import DetokenizeRequest, TokenizeRequest
 
 router = APIRouter(tags=["llama.cpp"])
@@ -63,8 +64,8 @@ async def tokenizer_info(request: Request):
         "tokenizer_class": "gguf",
         "vocab_size": tok.vocab_size,
         "model_max_length": model.context_length,
-        "bos_token": model._token_text(tok.bos_id) or None,
-        "eos_token": model._token_text(tok.eos_id) or None,
+        "bos_token": model.prompts.token_text(tok.bos_id) or None,
+        "eos_token": model.prompts.token_text(tok.eos_id) or None,
         "pad_token": None,
         "add_bos_token": bool(tok.add_bos),
         "chat_template": model.chat_template,

@@ -1,4 +1,4 @@
-"""Ollama routes (CONVENTIONS B1): /api/chat and /api/generate as NDJSON,
+"""Ollama routes: /api/chat and /api/generate as NDJSON,
 /api/tags, /api/show, /api/ps, /api/version. Errors are `{"error": "..."}`;
 an error after the stream started is a last NDJSON line `{"error": "..."}`."""
 
@@ -19,7 +19,6 @@ from .http import (
     JobStream,
     OllamaJSON,
     as_api_error,
-    check_token_ids,
     collect,
     events,
     finite,
@@ -30,10 +29,11 @@ from .http import (
     stop_list,
 )
 from ..engine.reasoning import thinking_tags
-from ..engine.tools import template_messages, tool_format
-from .outputs import check_constraint, constraint_options, ollama_logprobs
-from .replies import Delta, new_reply, ollama_calls, thinking_plan
-from .scheduler import DONE, ERROR, LOGPROB, PIECE, Prepared
+from ..engine.requests import Budget, ChatRequest, TextRequest
+from ..engine.tools import tool_format
+from .outputs import constraint_options, ollama_logprobs
+from .replies import Delta, new_reply, ollama_calls
+from .scheduler import DONE, ERROR, LOGPROB, PIECE
 from .schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaPullRequest, OllamaShowRequest
 
 router = APIRouter(prefix="/api", tags=["Ollama"])
@@ -68,14 +68,6 @@ def _think(req) -> bool | None:
             400, f'invalid think value: "{req.think}" (must be "high", "medium", "low", "max", true, or false)'
         )
     return True
-
-
-def _thinking(model, model_id: str, think: bool | None, options: dict) -> tuple[dict, bool]:
-    """Template variables and whether to split the reasoning off; `think` on a model that
-    does not think is Ollama's 400."""
-    if think and thinking_tags(model.chat_template) is None:
-        raise ApiError(400, f'"{model_id}" does not support thinking')
-    return thinking_plan(model.chat_template, think, "json_schema" in options or "grammar" in options)
 
 
 def _logprobs(req, options: dict) -> None:
@@ -120,20 +112,11 @@ def _options(req) -> tuple[int | None, dict]:
     return max_tokens, options
 
 
-def _fit(model, ids: list[int], max_tokens: int | None, req) -> int:
+def _budget(req, max_tokens: int | None) -> Budget:
     """Ollama's budget: `num_predict` caps the reply, and generation stops at the end of the
     context ("length"), which is `num_ctx` when the request gives one below the server's
     context; a prompt that does not fit is still an error, never truncated."""
-    from ..errors import ContextOverflowError
-
-    num_ctx = req.options.num_ctx if req.options else None
-    ctx = min(num_ctx, model.context_length) if num_ctx and num_ctx > 0 else model.context_length
-    room = ctx - len(ids)
-    if room <= 0:
-        raise ContextOverflowError(
-            f"prompt of {len(ids)} tokens does not fit the context of {ctx} tokens", len(ids), ctx
-        )
-    return room if max_tokens is None else min(max_tokens, room)
+    return Budget(max_tokens, req.options.num_ctx if req.options else None, fit=True)
 
 
 def _final(job, stats, logprobs: list | None = None, context: list[int] | None = None) -> dict:
@@ -210,10 +193,11 @@ class Answer:
     record fields a piece of it makes (`message` for chat, `response` for generate), and its
     logprobs in Ollama's shape."""
 
-    def __init__(self, job, model_id: str, chat: bool, shared: dict):
+    def __init__(self, job, model_id: str, chat: bool):
         self.job, self.model_id, self.chat = job, model_id, chat
-        self.reply = new_reply(shared.get("names"), shared["template"], shared["prompt"], shared["split"])
-        self.tokenizer = shared["tokenizer"]
+        prep = job.prepared
+        self.reply = new_reply(prep.tool_names, prep.template, prep.text, prep.split)
+        self.tokenizer = prep.tokenizer
 
     def fields(self, delta: Delta) -> dict:
         if not self.chat:
@@ -295,21 +279,16 @@ async def chat(request: Request):
     _logprobs(req, options)
     think = _think(req)
     messages = [_template_message(m.model_dump(exclude_none=True)) for m in req.messages]
-    tools = req.tools or None
-    shared = {"names": {t.get("function", {}).get("name") for t in tools or ()}}
-
-    def prepare(model) -> Prepared:
-        check_constraint(model, options)
-        template_vars, split = _thinking(model, model_id, think, options)
-        if tools and tool_format(model.chat_template) is None:
-            raise ApiError(400, f"registry.ollama.ai/library/{model_id} does not support tools")
-        opts = dict(options, stop=model.chat_stops(options.get("stop")))
-        text = model.chat_text(template_messages(messages), tools, template_vars=template_vars)
-        ids = model.chat_tokens(text)
-        shared.update(template=model.chat_template, prompt=text, split=split, tokenizer=model.tokenizer)
-        return Prepared(ids, _fit(model, ids, max_tokens, req), opts)
-
-    answer = Answer(await start_job(request, prepare), model_id, True, shared)
+    job_request = ChatRequest(
+        messages,
+        _budget(req, max_tokens),
+        options,
+        tools=req.tools or None,
+        think=think,
+        no_tools=f"registry.ollama.ai/library/{model_id} does not support tools",
+        no_thinking=f'"{model_id}" does not support thinking',
+    )
+    answer = Answer(await start_job(request, job_request), model_id, True)
     return await answer.whole(request) if not req.stream else answer.stream()
 
 
@@ -342,26 +321,18 @@ async def generate(request: Request):
     max_tokens, options = _options(req)
     _logprobs(req, options)
     think = _think(req)
-    context = list(req.context or [])
-    shared: dict = {}
-
-    def prepare(model) -> Prepared:
-        check_constraint(model, options)
-        template_vars, split = _thinking(model, model_id, think, options)
-        check_token_ids(model, context, "context")
-        if req.raw or not model.chat_template:
-            text = req.prompt if req.raw or not req.system else f"{req.system}\n\n{req.prompt}"
-            ids = model.tokenize(text, add_bos=not context)
-        else:
-            messages = [{"role": "system", "content": req.system}] if req.system else []
-            text = model.chat_text(messages + [{"role": "user", "content": req.prompt}], template_vars=template_vars)
-            ids = model.chat_tokens(text)
-            if context and ids and ids[0] == model.tokenizer.bos_id:
-                ids = ids[1:]
-        shared.update(template=model.chat_template, prompt=text, split=split, tokenizer=model.tokenizer)
-        return Prepared(context + ids, _fit(model, context + ids, max_tokens, req), options)
-
-    answer = Answer(await start_job(request, prepare), model_id, False, shared)
+    context, budget = list(req.context or []), _budget(req, max_tokens)
+    no_thinking = f'"{model_id}" does not support thinking'
+    if req.raw or not state.served.chat_template:  # the prompt as it is
+        text = req.prompt if req.raw or not req.system else f"{req.system}\n\n{req.prompt}"
+        job_request = TextRequest(
+            text, budget, options, context=context, think=think, no_thinking=no_thinking, split_reasoning=True
+        )
+    else:
+        messages = [{"role": "system", "content": req.system}] if req.system else []
+        messages.append({"role": "user", "content": req.prompt})
+        job_request = ChatRequest(messages, budget, options, think=think, context=context, no_thinking=no_thinking)
+    answer = Answer(await start_job(request, job_request), model_id, False)
     return await answer.whole(request) if not req.stream else answer.stream()
 
 

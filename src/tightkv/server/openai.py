@@ -1,4 +1,4 @@
-"""OpenAI routes as llama.cpp's server and vLLM implement them (CONVENTIONS B2):
+"""OpenAI routes as llama.cpp's server and vLLM implement them:
 /v1/chat/completions, /v1/completions, /v1/models."""
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from .http import (
     JobGroup,
     JobStream,
     as_api_error,
-    check_token_ids,
     collect_all,
     dumps,
     finite,
@@ -23,11 +22,11 @@ from .http import (
     start_choices,
     stop_list,
 )
+from ..engine.requests import Budget, ChatRequest, TextRequest
 from ..engine.sampling import SamplingParams
-from ..engine.tools import call_grammar, template_messages, tool_format
-from .outputs import chat_logprobs, check_constraint, completion_logprobs, constraint_options
-from .replies import new_reply, openai_call_delta, thinking_plan
-from .scheduler import DONE, ERROR, LOGPROB, PIECE, Prepared
+from .outputs import chat_logprobs, completion_logprobs, constraint_options
+from .replies import new_reply, openai_call_delta
+from .scheduler import DONE, ERROR, LOGPROB, PIECE
 from .schemas import ChatCompletionRequest, CompletionRequest
 
 router = APIRouter(prefix="/v1", tags=["OpenAI"])
@@ -140,13 +139,6 @@ def _choices(req, state) -> int:
     return n
 
 
-def _seeded(prep: Prepared, i: int) -> Prepared:
-    """Choice i of a seeded request draws with seed + i (the first with the seed itself)."""
-    if i and prep.options.get("seed") is not None:
-        prep.options = dict(prep.options, seed=(prep.options["seed"] + i) % 2**64)
-    return prep
-
-
 def _usage(stats: list, n: int) -> dict:
     """Usage of a request's choices, `n` per prompt (prompt-major): each prompt once, every
     completion."""
@@ -207,43 +199,28 @@ async def chat_completions(request: Request):
         for m in req.messages
     ]
     tools = _tools(req)
-    names = {t["function"]["name"] for t in tools or ()}
-    template_vars, prompt_options = _template_vars(req), _prompt_options(req)
-    shared: dict = {}  # what the worker's prepare learns for the answer: the template, the prompt, the split
-
-    def prepare(model) -> Prepared:
-        opts = dict(options, stop=model.chat_stops(options["stop"]))
-        if tools:
-            fmt = tool_format(model.chat_template)
-            if fmt is None:
-                raise ApiError(400, "this model's chat template does not take tools", param="tools")
-            forced = _forced_call(req.tool_choice)
-            if forced is not None:
-                opts.pop("json_schema", None)
-                opts["grammar"] = call_grammar(fmt, tools, forced or None, req.parallel_tool_calls is not False)
-        check_constraint(model, opts)
-        think = template_vars.get("enable_thinking")
-        plan_vars, split = thinking_plan(
-            model.chat_template, None if think is None else bool(think), "json_schema" in opts or "grammar" in opts
-        )
-        text = model.chat_text(
-            template_messages(messages), tools, template_vars={**template_vars, **plan_vars}, **prompt_options
-        )
-        shared.update(
-            template=model.chat_template,
-            prompt=text,
-            tokenizer=model.tokenizer,
-            split=split and req.reasoning_format != "none",
-        )
-        return Prepared(model.chat_tokens(text), max_tokens, opts)
-
+    template_vars = _template_vars(req)
+    think = template_vars.get("enable_thinking")
+    job_request = ChatRequest(
+        messages,
+        Budget(max_tokens),
+        options,
+        tools=tools,
+        forced_call=_forced_call(req.tool_choice) if tools else None,
+        parallel_calls=req.parallel_tool_calls is not False,
+        think=None if think is None else bool(think),
+        template_vars=template_vars,
+        prompt_options=_prompt_options(req),
+        split_reasoning=req.reasoning_format != "none",
+    )
     n = _choices(req, state)
-    group = await start_choices(request, lambda model, i: _seeded(prepare(model), i), n)
-    tokenizer = shared["tokenizer"]
+    group = await start_choices(request, job_request, n)
+    prep = group.jobs[0].prepared
+    tokenizer = prep.tokenizer
     cid, created, model_id = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()), state.served.id
 
     def reply():
-        return new_reply(names, shared["template"], shared["prompt"], shared["split"])
+        return new_reply(prep.tool_names, prep.template, prep.text, prep.split)
 
     if not req.stream:
         choices, all_stats = [], []
@@ -338,35 +315,29 @@ async def completions(request: Request):
             "(--parallel plus --max-queue)",
             param="prompt",
         )
-    echoed = [{} for _ in prompts]  # per prompt: its ids and logprobs, for echo
-
-    def prepare(model, p: int) -> Prepared:
-        check_constraint(model, options)
-        ids = _prompt_ids(model, prompts[p], f"prompt.{p}" if len(prompts) > 1 else "prompt")
-        if req.echo and "ids" not in echoed[p]:  # once for all choices
-            echoed[p]["ids"] = ids
-            echoed[p]["lps"] = model.prompt_logprobs(ids, req.logprobs or 0) if want_lp else None
-        return Prepared(ids, max_tokens, dict(options))
-
     group = JobGroup([])
     try:
-        for p in range(len(prompts)):  # choice k = p * n + j is choice j of prompt p, as OpenAI numbers them
-            group.jobs += (await start_choices(request, lambda model, j, p=p: _seeded(prepare(model, p), j), n)).jobs
+        for p, prompt in enumerate(prompts):  # choice k = p * n + j is choice j of prompt p, as OpenAI numbers them
+            where = f"prompt.{p}" if len(prompts) > 1 else "prompt"
+            echo_top = (req.logprobs or 0) if req.echo and want_lp else None
+            job_request = TextRequest(prompt, Budget(max_tokens), options, where=where, echo_top=echo_top)
+            group.jobs += (await start_choices(request, job_request, n)).jobs
     except BaseException:
         group.cancel()
         raise
-    tokenizer = state.scheduler.model.tokenizer
+    echoed = [group.jobs[p * n].prepared for p in range(len(prompts))]  # per prompt: its ids and echo logprobs
+    tokenizer = echoed[0].tokenizer
     cid, created, model_id = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time()), state.served.id
     head = {"id": cid, "object": "text_completion", "created": created, "model": model_id}
     echo_text = [""] * len(prompts)
     if req.echo:
-        echo_text = [x if isinstance(x, str) else tokenizer.decode(e["ids"]) for x, e in zip(prompts, echoed)]
+        echo_text = [x if isinstance(x, str) else tokenizer.decode(e.ids) for x, e in zip(prompts, echoed)]
 
     def logprobs(k: int, lps: list, offset: int, with_prompt: bool = False) -> dict | None:
         if not want_lp:
             return None
         e = echoed[k // n]
-        pairs = list(zip(e["lps"], e["ids"])) if with_prompt else []
+        pairs = list(zip(e.prompt_logprobs, e.ids)) if with_prompt else []
         return completion_logprobs(tokenizer, pairs + [(t, t.token) for t in lps], offset)
 
     if not req.stream:
@@ -422,18 +393,6 @@ def _prompt_list(prompt) -> list:
     if not prompt:
         raise ApiError(400, "'prompt' must not be empty", param="prompt")
     return list(prompt)
-
-
-def _prompt_ids(model, prompt: str | list[int], where: str) -> list[int]:
-    """One prompt's token ids, checked; `where` names it in errors."""
-    if isinstance(prompt, str):
-        ids = model.tokenize(prompt)
-    else:
-        check_token_ids(model, prompt, where)
-        ids = list(prompt)
-    if not ids:
-        raise ApiError(400, f"'{where}' is empty and the model adds no BOS token: nothing to predict from", param=where)
-    return ids
 
 
 def _model_card(served) -> dict:

@@ -53,12 +53,6 @@ def constraint_options(
     return out
 
 
-def check_constraint(model, options: dict) -> None:
-    """Compile the request's grammar on the worker, before it is accepted (errors are 400s)."""
-    if "json_schema" in options or "grammar" in options:
-        model.constraint(options.get("json_schema"), options.get("grammar"))
-
-
 def _piece(tokenizer, token: int) -> tuple[str, list[int]]:
     raw = tokenizer.token_bytes(token)
     return raw.decode("utf-8", errors="replace"), list(raw)

@@ -144,17 +144,6 @@ def ollama_calls(done: list[tuple]) -> list[dict]:
 
 
 # --- reasoning, per request -------------------------------------------------------------------
-def thinking_plan(template: str | None, think: bool | None, constrained: bool = False) -> tuple[dict, bool]:
-    """(template variables, whether the reply's reasoning is split off) for a request's wish
-    to think (None: the model's default, which is to think when its template does). A model
-    that does not think gets neither. A request whose output a grammar constrains does not
-    think: its reply is the constrained text."""
-    if thinking_tags(template) is None:
-        return {}, False
-    on = think is not False and not constrained
-    return {"enable_thinking": on}, on
-
-
 def new_reply(names: set[str] | None, template: str | None, prompt: str | None, split: bool) -> Reply:
     """A `Reply` for a request: its tool names, and (`split`) a reasoning splitter that
     starts where the prompt left the reasoning block."""

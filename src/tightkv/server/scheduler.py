@@ -2,18 +2,18 @@
 
 The model is not thread-safe, so everything that touches it (loading,
 tokenizing, prefill, decode) runs on the worker thread. Up to `parallel`
-requests are active at once, batched continuously: each step of the worker
-runs one prefill chunk of the oldest request still reading its prompt and one
-token of every other active request, in one forward pass where their rows fit
-the block-dot kernel (`engine.generate.decode_sequences`: the weights are read
-once for the batch, attention runs per request over its own cache), else the
-chunk first and the tokens in one pass after it. A new prompt is thus read a
-chunk at a time between decode steps, and running streams keep flowing. The
-rest wait in arrival order. When `max_queue` requests are already waiting,
-`submit` refuses (the HTTP layer answers 503 with Retry-After).
+requests are active at once, batched continuously by the engine
+(`engine.batch.Batch`: each step one prefill chunk of the oldest request still
+reading its prompt and one token of every other); this module holds only the
+thread, the queue and the jobs, and posts each step's events to their jobs. A
+new prompt is thus read a chunk at a time between decode steps, and running
+streams keep flowing. The rest wait in arrival order. When `max_queue` requests
+are already waiting, `submit` refuses (the HTTP layer answers 503 with Retry-After).
 
-A request is a `Job`: the HTTP side awaits its events on an asyncio queue, the
-worker posts them with `loop.call_soon_threadsafe`. `Job.cancel()` (a client
+A request is a `Job` over a protocol-neutral request (`engine.requests`): the
+HTTP side awaits its events on an asyncio queue, the worker posts them with
+`loop.call_soon_threadsafe`; once ACCEPTED, `job.prepared` says what the worker
+made of it. `Job.cancel()` (a client
 went away) is seen by the worker before the job's next token: its generator is
 closed and its KV cache dropped at once.
 
@@ -37,11 +37,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..engine.batch import ACCEPTED, DONE, ERROR, LOGPROB, PIECE, PREFILLED, Batch, Slot
+from ..engine.requests import Prepared
+
 log = logging.getLogger("tightkv.server")
 
 RELEASE_AFTER_S = 2.0  # idle this long, the worker hands freed heap pages back to the OS
-# event kinds posted to a job
-ACCEPTED, PIECE, LOGPROB, DONE, ERROR = "accepted", "piece", "logprob", "done", "error"
+__all__ = ["ACCEPTED", "DONE", "ERROR", "LOGPROB", "PIECE", "Cancelled", "Job", "Scheduler", "Task", "Unavailable"]
 
 
 class Unavailable(Exception):
@@ -56,28 +58,18 @@ class Cancelled(Exception):
     """The job was cancelled (its client went away) before it finished."""
 
 
-@dataclass
-class Prepared:
-    """What a job's `prepare(model)` returns: prompt ids and `Model.generate` arguments."""
-
-    ids: list[int]
-    max_tokens: int | None
-    options: dict[str, Any] = field(default_factory=dict)
-
-
 class Job:
-    """One generation request, shared between the event loop and the worker."""
+    """One generation request, shared between the event loop and the worker: `request`
+    (an `engine.requests.ChatRequest` or `TextRequest`) is prepared on the worker."""
 
-    def __init__(self, prepare: Callable[[Any], Prepared], loop: asyncio.AbstractEventLoop):
-        self.prepare = prepare  # runs on the worker: model -> Prepared (may raise)
+    def __init__(self, request, loop: asyncio.AbstractEventLoop):
+        self.request = request
         self.loop = loop
         self.events: asyncio.Queue = asyncio.Queue()
         self.created = time.perf_counter()
         self.prompt: list[int] = []
-        self.prepared: Prepared | None = None
-        self.seq = None  # its engine.generate.Sequence, while active
-        self.cache: list | None = None  # its KV cache, while active
-        self.started = 0.0
+        self.prepared: Prepared | None = None  # set before ACCEPTED is posted
+        self.slot: Slot | None = None  # its place in the engine's batch, while active
         self._cancelled = threading.Event()
         self.prefilled = asyncio.Event()  # set once its prompt is in its cache (or it ended)
 
@@ -138,7 +130,7 @@ class Scheduler:
         self._load = load
         self.cache_ram = cache_ram  # the prefix store's RAM budget in bytes (None: the default, 0: off)
         self.cache_disk, self.cache_disk_tokens = cache_disk, cache_disk_tokens  # its disk budget (0: off)
-        self.prefixes = None  # documents.prefixes.PrefixStore, made once the model is loaded
+        self.batch: Batch | None = None  # the engine's batch (and prefix store), made once the model is loaded
         self.parallel = parallel
         self.max_queue = max_queue
         self._on_ready = on_ready
@@ -158,8 +150,7 @@ class Scheduler:
         self.served = 0
         self.tokens = 0
         self.cancelled = 0
-        self.batch_size = 0  # sequences in the last decode batch
-        self.decode_steps = self.decode_rows = 0  # batched forward passes, and the tokens they carried
+        self._counts = (0, 0, 0)  # the batch counters of an unloaded model's batch
         self.keep_alive: float | None = None  # seconds the model stays loaded once idle (None: forever)
         self._want_load = False
         self.last_used = time.monotonic()
@@ -240,10 +231,29 @@ class Scheduler:
     def kv_bytes(self) -> int:
         total = 0
         for job in list(self._active):
-            cache = getattr(job, "cache", None)
+            cache = job.slot.cache if job.slot is not None else None
             if cache:
                 total += sum(c.nbytes for c in cache)
         return total
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences in the last batched decode step."""
+        return self.batch.batch_size if self.batch is not None else self._counts[0]
+
+    @property
+    def decode_steps(self) -> int:
+        """Batched forward passes so far."""
+        return self._counts[1] + (self.batch.decode_steps if self.batch is not None else 0)
+
+    @property
+    def decode_rows(self) -> int:
+        """The tokens those passes carried."""
+        return self._counts[2] + (self.batch.decode_rows if self.batch is not None else 0)
+
+    def prefix_stats(self) -> dict:
+        """The prefix store's entries, bytes, budget and hits (zeros when it is off)."""
+        return (self.batch or Batch(None)).prefix_stats()
 
     # --- worker side -------------------------------------------------------
     def _run(self) -> None:
@@ -276,21 +286,9 @@ class Scheduler:
 
     def _load_model(self) -> None:
         self.model = self._load()
-        if self.cache_ram != 0:
-            from ..documents.prefixes import PrefixStore
-            from ..documents.store import DocumentStore
-
-            disk = DocumentStore() if self.cache_disk else None
-            self.prefixes = PrefixStore(
-                self.model,
-                self.model.kv,
-                ram_bytes=self.cache_ram,
-                disk=disk,
-                disk_tokens=self.cache_disk_tokens,
-                disk_bytes=self.cache_disk,
-                kind="prompt",
-                notice=log.warning,
-            )
+        self.batch = Batch.for_model(
+            self.model, self.cache_ram, self.cache_disk, self.cache_disk_tokens, notice=log.warning
+        )
 
     def _reload(self) -> None:
         try:
@@ -306,7 +304,9 @@ class Scheduler:
 
     def _unload(self) -> None:
         """Free the model, its caches and the prefix store (keep_alive ran out)."""
-        self.model = self.prefixes = None
+        if self.batch is not None:
+            self._counts = (0, self.decode_steps, self.decode_rows)
+        self.model = self.batch = None
         for hook in self.on_unload:
             hook()
         _release_memory()
@@ -393,15 +393,8 @@ class Scheduler:
             self._leave_inbox(job)
             job.post(ERROR, Cancelled("cancelled"))
             return
-        from ..engine.generate import check_context
-        from ..engine.sampling import SamplingParams
-
         try:
-            prep = job.prepare(self.model)
-            check_context(len(prep.ids), prep.max_tokens, self.model.context_length)
-            self.model.sampling_params(
-                **{k: v for k, v in prep.options.items() if k in SamplingParams.__dataclass_fields__}
-            )
+            prep = self.batch.prepare(job.request)
         except Exception as err:  # noqa: BLE001 - the request's error, not the server's
             self._leave_inbox(job)
             job.post(ERROR, err)
@@ -426,55 +419,16 @@ class Scheduler:
             self._waiting = collections.deque(j for j in self._waiting if not j.cancelled)
             while self._waiting and len(self._active) < self.parallel:
                 job = self._waiting.popleft()
-                prep = job.prepared
                 try:
-                    job.cache, prompt_cache = self._cache_for(prep.ids)
-                    job.seq = self.model.sequence(
-                        prep.ids, max_tokens=prep.max_tokens, cache=job.cache, prompt_cache=prompt_cache, **prep.options
-                    )
+                    job.slot = self.batch.start(job.prepared, owner=job)
                 except Exception as err:  # noqa: BLE001
                     job.post(ERROR, err)
                     _close(job)
                     continue
-                job.started = time.perf_counter()
                 self._active.append(job)
 
-    def _cache_for(self, ids: list[int]):
-        """A job's cache and how its prompt meets the prefix store: the longest stored
-        prefix that ends on one of the prompt's chunk ends and was filled with the same
-        ones (the prefill grid, `Model.prompt_cuts`: so the rest is computed exactly as a
-        cold prefill computes it), or the whole prompt with its logits; the prompt is
-        stored at its `keep_points` and end."""
-        from ..engine.generate import PromptCache, chunk_ends
-
-        cuts, breaks = (tuple(c) for c in self.model.cut_points(ids))
-        if self.prefixes is None:
-            return self.model.new_cache(), PromptCache(cuts=cuts)
-        _, cache, logits = self.prefixes.best(ids, chunk_ends(0, len(ids), cuts=cuts), complete=True, cuts=cuts)
-        keep = lambda end, c, lg: self.prefixes.put(ids[:end], c, lg, cuts)  # noqa: E731
-        return (cache if cache is not None else self.model.new_cache()), PromptCache(logits, cuts, keep, breaks)
-
-    def prefix_stats(self) -> dict:
-        """The prefix store's entries, bytes, budget and hits (zeros when it is off)."""
-        if self.prefixes is None:
-            return {
-                "entries": 0,
-                "bytes": 0,
-                "budget_bytes": 0,
-                "hits": 0,
-                "misses": 0,
-                "hit_rate": 0.0,
-                "reused_tokens": 0,
-            }
-        return self.prefixes.stats()
-
     def _step(self) -> None:
-        """One prefill chunk of the oldest job still reading its prompt and one token of
-        every other active job: in one forward pass where their rows fit the block-dot
-        kernel (`_merged_step`), else the chunk first, then the decodes in one batch."""
-        from ..engine.generate import decode_sequences
-        from ..kernels.qmatmul import kernel_rows
-
+        """Drop the cancelled jobs, run one step of the batch, post its events."""
         live = []
         for job in list(self._active):
             if job.cancelled:
@@ -483,78 +437,19 @@ class Scheduler:
                 self._finish(job)
             else:
                 live.append(job)
-        filling = next((j for j in live if not j.seq.prefilled), None)
-        ready = [j for j in live if j.seq.prefilled]
-        chunk = len(filling.seq.next_chunk()) if filling is not None else 0
-        if chunk and ready and chunk + len(ready) <= kernel_rows():
-            return self._merged_step(filling, ready)
-        if filling is not None:
-            try:
-                if filling.seq.prefill(chunks=1):
-                    filling.mark_prefilled()
-                    ready.append(filling)
-            except Exception as err:  # noqa: BLE001 - the request's error (logged on its stream)
-                self._fail(filling, err)
-        batch = self._sample(ready)
-        if batch:
-            try:
-                decode_sequences(self.model.net, [j.seq for j in batch])
-            except Exception as err:  # noqa: BLE001 - a failed batch fails each of its jobs
-                for job in batch:
-                    self._fail(job, err)
-        self._count(batch)
-
-    def _merged_step(self, filling: Job, ready: list[Job]) -> None:
-        """The filling job's next chunk beside one token of each ready job, in one forward
-        pass; a job whose prompt is then in takes its first token at once."""
-        from ..engine.generate import decode_sequences
-
-        batch = self._sample(ready)
-        try:
-            decode_sequences(self.model.net, [j.seq for j in batch], filling=filling.seq)
-        except Exception as err:  # noqa: BLE001 - a failed pass fails each of its jobs
-            for job in [filling, *batch]:
-                self._fail(job, err)
-            batch = []
-        self._count(batch)
-        if filling.seq is not None and filling.seq.prefilled:
-            filling.mark_prefilled()
-            self._sample([filling])
-
-    def _sample(self, jobs: list[Job]) -> list[Job]:
-        """Each job's next step (its token, or its end), unless its last token is still to
-        run (a first token sampled after a merged pass); those with a token to run."""
-        for job in jobs:
-            if job.seq.pending is not None:
+        for slot, kind, value in self.batch.step([j.slot for j in live]):
+            job = slot.owner
+            if kind == PREFILLED:
+                job.mark_prefilled()
                 continue
-            try:
-                self._emit(job, job.seq.step())
-            except Exception as err:  # noqa: BLE001
-                self._fail(job, err)
-        return [j for j in jobs if j.seq is not None and j.seq.pending is not None]
-
-    def _count(self, batch: list[Job]) -> None:
-        self.batch_size = len(batch)
-        if batch:
-            self.decode_steps += 1
-            self.decode_rows += len(batch)
-
-    def _emit(self, job: Job, item) -> None:
-        if item.logprob is not None:
-            job.post(LOGPROB, item.logprob)
-        if item.text:
-            job.post(PIECE, item.text)
-        if item.stats:
-            job.post(DONE, item.stats)
-            self.served += 1
-            self.tokens += item.stats.generated_tokens
-            seconds = time.perf_counter() - job.started
-            self._job_seconds = 0.8 * self._job_seconds + 0.2 * seconds
-            self._finish(job)
-
-    def _fail(self, job: Job, err: BaseException) -> None:
-        job.post(ERROR, err)
-        self._finish(job)
+            job.post(kind, value)
+            if kind == DONE:
+                self.served += 1
+                self.tokens += value.generated_tokens
+                seconds = time.perf_counter() - slot.started
+                self._job_seconds = 0.8 * self._job_seconds + 0.2 * seconds
+            if kind in (DONE, ERROR):
+                self._finish(job)
 
     def _finish(self, job: Job) -> None:
         _close(job)
@@ -567,8 +462,8 @@ class Scheduler:
 def _close(job: Job) -> None:
     """Drop a job's sequence and its cache."""
     job.mark_prefilled()  # whoever waits on its prompt stops waiting
-    job.seq = None
-    job.cache = None
+    if job.slot is not None:
+        job.slot.close()
 
 
 def _release_memory() -> None:

@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 from ..documents import prompts
 from ..documents.library import DocumentLibrary, doc_id
-from ..documents.store import DocumentStore
+from ..kv.saved import CacheStore
 from ..documents.text import DocumentText
 from ..errors import ContextOverflowError
 from .http import ApiError, as_api_error
@@ -87,9 +87,9 @@ class OpenDocument:
 class Shelf:
     """The open documents: add, open, follow a load, ask (queued as scheduler tasks)."""
 
-    def __init__(self, scheduler, store: DocumentStore | None = None, library: DocumentLibrary | None = None):
+    def __init__(self, scheduler, store: CacheStore | None = None, library: DocumentLibrary | None = None):
         self.scheduler = scheduler
-        self.store = store or DocumentStore()
+        self.store = store or CacheStore()
         self.library = library or DocumentLibrary(self.store.root / "texts")
         self.docs: dict[str, OpenDocument] = {}
         self.lock = threading.Lock()

@@ -17,7 +17,7 @@ chunk ends (`engine.generate.chunk_ends`: the grid, chat turns, a turn's last
 paragraph break), so the rest is computed exactly as a cold prefill computes it,
 and the prompt's own length, whose entry brings the logits after it (nothing is
 prefilled then). A store belongs to one model and one KV spec; the disk files
-carry the same checks as the document cache (`store.cache_key`).
+carry the same checks as the document cache (`kv.saved.cache_key`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from .store import DocumentStore
+from ..kv.saved import CacheStore
 
 
 def available_ram() -> int:
@@ -68,7 +68,7 @@ class PrefixStore:
         kv,
         *,
         ram_bytes: int | None = None,
-        disk: DocumentStore | None = None,
+        disk: CacheStore | None = None,
         disk_tokens: int = 0,
         disk_bytes: int | None = None,
         doc=None,
@@ -138,7 +138,7 @@ class PrefixStore:
         with chunks ending at each mark (`len(ids)` is always one), each new mark stored.
         Returns (tokens taken from the store, the cache). `progress(done, total)` counts
         the tokens prefilled here, of those not taken from the store."""
-        from ..engine.generate import prefill
+        from .generate import prefill
 
         ends = sorted({m for m in [*marks, len(ids)] if 0 < m <= len(ids)})
         reused, cache, _ = self.best(ids, ends)

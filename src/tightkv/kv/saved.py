@@ -1,7 +1,9 @@
-"""The on-disk document cache: a document's prefilled KV cache as one safetensors file.
+"""The saved-cache format: a prefilled KV cache (a document's, an RLV read's, a server
+prompt's) as one safetensors file, beside the cache protocol whose `state()` and
+`load_state()` it stores.
 
 Files live under ``home()/documents/`` (``$TIGHTKV_HOME``, default
-``~/.cache/tightkv``), one per (model, document, KV spec)::
+``~/.cache/tightkv``), one per (model, token prefix, KV spec)::
 
     documents/<key>.safetensors
 
@@ -87,7 +89,7 @@ def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
 
 
 def _spec_text(kv) -> str:
-    from ..kv.spec import parse_kv
+    from .spec import parse_kv
 
     s = parse_kv(kv)
     return json.dumps([s.k, s.v, s.sink, s.recent, list(map(list, s.overrides)), s.seed])
@@ -117,8 +119,8 @@ class CacheRejected(Exception):
     """A file that must not be used, with the reason."""
 
 
-class DocumentStore:
-    """Save and load documents' KV caches under `root` (default home()/documents)."""
+class CacheStore:
+    """Save and load filled KV caches under `root` (default home()/documents)."""
 
     def __init__(self, root: str | os.PathLike | None = None):
         self.root = Path(root) if root is not None else documents_dir()
@@ -144,7 +146,7 @@ class DocumentStore:
         after a server prompt), under checksum like the rest; `cuts`, as `cache_key` says."""
         from safetensors.torch import save_file
 
-        from ..kv.spec import parse_kv
+        from .spec import parse_kv
 
         tensors: dict[str, torch.Tensor] = {f"x.{k}": v.contiguous() for k, v in (extras or {}).items()}
         classes = []
@@ -311,14 +313,11 @@ class DocumentStore:
         return gone
 
     def clear(self) -> int:
-        """Delete every cached prefix, and the kept document texts (`library`)."""
-        from .library import DocumentLibrary
-
+        """Delete every saved cache; returns how many."""
         n = 0
         for p in self.root.glob("*.safetensors") if self.root.exists() else []:
             p.unlink()
             n += 1
-        DocumentLibrary(self.root / "texts").clear()
         return n
 
 

@@ -1,5 +1,7 @@
 """`--kv auto`: the best-quality KV type that fits the memory, its quality probed on
-the user's own text.
+the user's own text. The one resolver of `kv="auto"` (`kv.spec.is_auto` reads the
+string): `api.Model` calls `choose` here, and every face goes through the `Model`;
+`eval/` only measures (the plan's bytes, the corpus).
 
 The candidates go in order of measured quality (`eval.plan.QUALITY_ORDER`: f16,
 q8_0, k8v4, kvarn4, progressive, ...). A type whose whole-context bytes (times
@@ -23,7 +25,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 
-from ..errors import TightKVError
+from .errors import TightKVError
 
 # The KLD a type may have on the probe: ln(1.005), the mean log-loss a +0.5% ΔPPL
 # allows. The default's looser 0.01 let `progressive` through on Markdown at +0.50%
@@ -84,11 +86,11 @@ def probe_ids(model, text: str | None) -> tuple[list[int], str]:
     what = "the text"
     if len(ids) < MIN_TEXT_TOKENS:
         try:
-            from .corpus import essays
+            from .eval.corpus import essays
 
             ids, what = model.tokenize(essays()[:40000], add_bos=False), "the essays"
         except TightKVError:
-            from .niah import generated_haystack
+            from .eval.niah import generated_haystack
 
             ids, what = model.tokenize(generated_haystack(3000), add_bos=False), "the built-in haystack"
     span = min(PROBE_TOKENS, model.context_length)  # a short context holds a shorter span
@@ -97,10 +99,10 @@ def probe_ids(model, text: str | None) -> tuple[list[int], str]:
 
 def _hidden(model, ids: list[int], kv: str, on_piece):
     """Final hidden states at the scored positions (the last SCORED before the end)."""
-    from .ppl import _scored_hidden
+    from .engine.score import scored_hidden
 
     first = max(0, len(ids) - 1 - SCORED)
-    return _scored_hidden(model.net, ids, model.new_cache(kv), first, 512, on_piece)
+    return scored_hidden(model.net, ids, model.new_cache(kv), first, 512, on_piece)
 
 
 def probe_kld(model, ids: list[int], kv: str, base=None, on_piece=None) -> float:
@@ -123,7 +125,7 @@ class ProbeCache:
     """Probed KLDs on disk, keyed by model file, type and the span's token hash."""
 
     def __init__(self):
-        from ..store import home
+        from .store import home
 
         self.path = home() / "kv_probes.json"
         try:
@@ -175,7 +177,7 @@ class Prober:
             self.what = self.what if source == "the text" else source
         kld = self.cache.get(self.model, kv, self.ids)
         if kld is None:
-            from ..progress import Progress
+            from .progress import Progress
 
             todo = len(self.ids) * (2 if self.base is None else 1)
             with Progress(f"kv auto probe {kv}", todo, enabled=self.progress) as bar:
@@ -198,7 +200,7 @@ def choose(
     """The best-quality type whose bytes at `context` (default the model's) for `slots`
     sequences fit `memory` (default `default_memory()`) and whose probed KLD is within
     KLD_BAR. Raises TightKVError with the largest context that would fit when none does."""
-    from .plan import QUALITY_ORDER, make_plan
+    from .eval.plan import QUALITY_ORDER, make_plan
 
     memory = default_memory() if memory is None else memory
     context = context or model.context_length
