@@ -66,7 +66,7 @@ def main() -> int:
     from tightkv.eval.corpus import essays_path
     from tightkv.eval.plan import QUALITY_ORDER, make_plan
     from tightkv.eval.ppl import perplexity
-    from tightkv.eval.auto import probe_ids, probe_kld
+    from tightkv.autokv import probe_ids, probe_kld
     from tightkv.kv.spec import DEFAULT
 
     model = Model(context_length=CTX, threads=2)
