@@ -188,7 +188,7 @@ def torch_threads_for(rows: int):
     torch's ops are too small to gain from a parallel region; but OpenMP's threads
     spin after each one and take the cores from the kernel's threads (Qwen2.5-Coder-0.5B,
     a 32-token chunk on the 2-core AVX-512 VNNI EPYC: 187 ms with torch on 2 threads,
-    129 ms on one; `python bench/prefill_chunks.py MODEL`). Larger forwards keep torch's threads
+    129 ms on one; docs/speed.md). Larger forwards keep torch's threads
     for the float32 matmul of the dequantized tiles."""
     from ..kernels import qmatmul
 

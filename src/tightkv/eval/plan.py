@@ -29,7 +29,7 @@ WEIGHT_FILE_TYPES = [
     ("Q1_0", "Q1_0", "Q6_K"),
 ]
 # Types for models trained that way (BitNet's ternary weights, Bonsai's 1-bit ones): a model trained
-# in float and requantized to them is destroyed (docs/weight_types.md), so they are a lever only for
+# in float and requantized to them is destroyed (docs/weight-types.md), so they are a lever only for
 # a model whose own matrices already use them
 TRAINED_ONLY = {"TQ1_0": "ternary", "TQ2_0": "ternary", "Q1_0": "1-bit"}  # type -> the weights it holds
 # llama.cpp's type for a row that is not a whole number of blocks (llama-quant.cpp tensor_type_fallback)

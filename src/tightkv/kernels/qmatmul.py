@@ -21,7 +21,7 @@ Two backends, switched by `set_backend`:
   decode step on the 2-core AVX2 EPYC: 16.3 ms -> 11.1 ms,
   `bench/bench_qmatmul.py`; on the AVX-512 VNNI EPYC, one thread, busy box:
   20.5 -> 15.6 ms against float32 dots). AVX-512 builds put two groups of 32 in
-  one 512-bit register where K % 64 == 0 (`bench/gemv_crossover.py` times every
+  one 512-bit register where K % 64 == 0 (`bench/bench_qmatmul.py --crossover` times every
   layer's weights per row count). Portable builds decode 16 weights at a
   time to float32 (no activation quantization). Above
   `GEMV_MAX_ROWS` rows it dequantizes row tiles (bit-exact with the reference)
@@ -61,7 +61,7 @@ GEMV_MAX_ROWS = None  # above this many input rows: dequantized tiles + float32 
 def gemv_max_rows(lib) -> int:
     """The most input rows the block-dot kernel takes (`GEMV_MAX_ROWS` where set): the
     crossover with dequantized tiles, 40 on AVX-512 builds, 24 on the others
-    (`bench/gemv_crossover.py`; README, "Weight kernel crossover")."""
+    (`bench/bench_qmatmul.py --crossover`; docs/weight-types.md)."""
     if GEMV_MAX_ROWS is not None:
         return GEMV_MAX_ROWS
     if id(lib) not in _MAX_ROWS:

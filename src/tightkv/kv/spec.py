@@ -143,7 +143,7 @@ def _count(key: str, value: str) -> int:
 _LAYERS = re.compile(r"^l(-?\d+)(?:\.\.(-?\d+))?$")
 
 
-DEFAULT = "kvarn4"  # the default cache type, chosen by measurement across texts and models (README, "KV cache")
+DEFAULT = "kvarn4"  # the default cache type, chosen by measurement across texts and models (docs/kv-cache.md)
 ENV = "TIGHTKV_KV_CACHE_TYPE"  # the environment variable that replaces it
 AUTO = "auto"  # not a type: `--kv auto` / kv="auto" has `tightkv.autokv` choose one
 

@@ -1,5 +1,5 @@
 """`/v1/documents`: add a document, follow its load, ask about it (the web page's routes,
-documented for scripts in the README). The state and the worker side are in `sessions`.
+documented for scripts in docs/server.md). The state and the worker side are in `sessions`.
 
     POST /v1/documents                   multipart `file` (text, Markdown, HTML, PDF) or JSON {"text", "name"};
                                          optional `mode` (auto, full, rlv). 202 with the document's record
