@@ -261,7 +261,7 @@ def test_a_change_on_the_python_side_only_is_caught():
 
 
 def test_sublayer_plans_are_packed_as_the_structs_lay_them_out():
-    """`sublayers` still packs its plans as int64 arrays: byte for byte the `abi` structs."""
+    """`sublayers` builds its plans as the `abi` structs, with the fields the kernels read."""
     import torch
 
     from tightkv.kernels import qmatmul as qm

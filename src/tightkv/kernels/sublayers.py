@@ -17,24 +17,19 @@ import ctypes
 
 import torch
 
-from . import build
+from . import abi, build
 from . import qmatmul as qm
 
 ACT_IDS = {"silu": 0, "gelu": 1}  # the kernels' act argument (`tk_glu`)
 
 
-def _product(linear) -> list[int] | None:
-    """A QuantLinear or StackedLinear as the kernels' product: [n, bytes, (type, weights,
-    row stride, rows) x 3]; None where a part is not in blocks."""
+def _product(linear) -> abi.Product | None:
+    """A QuantLinear or StackedLinear as the kernels' product (`abi.Product`: up to three
+    parts over one input); None where a part is not in blocks."""
     parts = getattr(linear, "parts", [linear])
     if not 1 <= len(parts) <= 3 or any(getattr(p, "type_id", -1) < 0 for p in parts):
         return None
-    fields = [x for p in parts for x in (p.type_id, p.data_ptr, p.row_stride, p.out_features)]
-    return [len(parts), linear.nbytes, *fields, *[0] * (4 * (3 - len(parts)))]
-
-
-def _ints(*values: int) -> ctypes.Array:
-    return (ctypes.c_int64 * len(values))(*values)
+    return abi.Product(len(parts), linear.nbytes, (abi.Part * 3)(*[p.kernel_part() for p in parts]))
 
 
 def _ptr(t: torch.Tensor | None) -> int:
@@ -58,7 +53,8 @@ def _usable(lib, x: torch.Tensor) -> bool:
 
 class FfnPlan:
     """The output projection wo and the feed-forward half of a block, as `tk_ffn_block` takes
-    them (built once; holds the norms it points at)."""
+    them: `plan`, an `abi.FfnPlan` (None where the kernel does not apply), and its address
+    (built once; holds the norms it points at)."""
 
     def __init__(self, wo, mlp, post_attn_norm, ffn_norm, post_ffn_norm, act: str):
         self.norms = (post_attn_norm, ffn_norm, post_ffn_norm)  # kept alive: the plan points at them
@@ -67,10 +63,9 @@ class FfnPlan:
         self.plan = (
             None
             if None in products or not _floats(self.norms)
-            else _ints(
-                self.d, self.ff, ACT_IDS[act], wo.in_features, *map(_ptr, self.norms), *[x for p in products for x in p]
-            )
+            else abi.FfnPlan(self.d, self.ff, ACT_IDS[act], wo.in_features, *map(_ptr, self.norms), *products)
         )
+        self.address = None if self.plan is None else ctypes.addressof(self.plan)
 
 
 def ffn_block(
@@ -95,7 +90,7 @@ def ffn_block(
     T = a.shape[0]
     xo, y = torch.empty(T, plan.d), torch.empty(T, plan.d)
     if lib.tk_ffn_block(
-        plan.plan,
+        plan.address,
         a.data_ptr(),
         x.data_ptr(),
         T,
@@ -112,7 +107,7 @@ def ffn_block(
 
 class QkvPlan:
     """A q/k/v projection (one stacked linear), its bias and per-head norms, as `tk_qkv_block`
-    takes them."""
+    takes them: `plan`, an `abi.QkvPlan` (None where the kernel does not apply), and its address."""
 
     def __init__(self, wqkv, heads: int, kv_heads: int, head_dim: int, bias=None, q_norm=None, k_norm=None):
         self.vectors = (bias, q_norm, k_norm)  # kept alive: the plan points at them
@@ -121,8 +116,9 @@ class QkvPlan:
         self.plan = (
             None
             if product is None or not _floats(self.vectors) or head_dim > 512
-            else _ints(heads, kv_heads, head_dim, wqkv.in_features, *map(_ptr, self.vectors), *product)
+            else abi.QkvPlan(heads, kv_heads, head_dim, wqkv.in_features, *map(_ptr, self.vectors), product)
         )
+        self.address = None if self.plan is None else ctypes.addressof(self.plan)
 
 
 def qkv_block(
@@ -146,7 +142,7 @@ def qkv_block(
     cos, sin = cos.contiguous(), sin.contiguous()
     q, k, v = torch.empty(H, T, D), torch.empty(Hkv, T, D), torch.empty(Hkv, T, D)
     if lib.tk_qkv_block(
-        plan.plan,
+        plan.address,
         y.data_ptr(),
         T,
         eps,
