@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..kernels.qmatmul import kernel_rows
 from .generate import PromptCache, chunk_ends, check_context, decode_sequences
 from .requests import Prepared, prepare
 from .sampling import SamplingParams
@@ -121,8 +122,6 @@ class Batch:
         """One prefill chunk of the first slot still reading its prompt and one token of
         every other: in one forward pass where their rows fit the block-dot kernel, else
         the chunk first, then the decodes in one batch. Returns the step's events."""
-        from ..kernels.qmatmul import kernel_rows
-
         events: list[tuple[Slot, str, Any]] = []
         filling = next((s for s in slots if not s.seq.prefilled), None)
         ready = [s for s in slots if s.seq.prefilled]
