@@ -20,6 +20,7 @@ import torch
 
 from ..errors import ContextOverflowError
 from ..kv.cache import batch_layers, trim_to
+from ..kv.recurrent import rewind_point
 from .sampling import Sampler, SamplingParams
 
 PREFILL_CHUNK = 512
@@ -205,14 +206,17 @@ def torch_threads_for(rows: int):
 
 def reuse_prefix(cache: list, held: list[int], ids: list[int]) -> bool:
     """Trim a cache filled from `held` back to the prefix it shares with `ids` (leaving at
-    least one token of `ids` to run, for its logits). False, with the cache unchanged, when
-    some layer cannot go back that far: the caller starts a fresh cache."""
+    least one token of `ids` to run, for its logits); a hybrid model's recurrent layers go
+    back to their latest checkpoint there or before (`kv.recurrent.rewind_point`), and the
+    rest is recomputed. False, with the cache unchanged, when some layer cannot go back that
+    far: the caller starts a fresh cache."""
     common = 0
     for a, b in zip(held, ids):
         if a != b:
             break
         common += 1
-    return trim_to(cache, min(common, cache[0].offset, len(ids) - 1))
+    keep = rewind_point(cache, min(common, cache[0].offset, len(ids) - 1))
+    return keep > 0 and trim_to(cache, keep)
 
 
 @torch.inference_mode()

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import TightKVError
 from .codecs import DENSE, codec_defaults, codec_names, make_codec
+from .recurrent import RecurrentLayout
 from .rotation import DEFAULT_SEED
 
 PRESETS: dict[str, dict] = {
@@ -103,10 +104,14 @@ class KVSpec:
             return DenseCache("f16", num_kv_heads, head_dim, value_dim, window)
         return CompressedCache(kc, vc, num_kv_heads, window, sink, recent, max_tokens)
 
-    def make_caches(self, cache_layout: list[tuple[int, int, int, int | None]], max_tokens: int | None = None) -> list:
-        """One cache per layer from [(kv heads, key dim, value dim, window or None)]."""
+    def make_caches(self, cache_layout: list, max_tokens: int | None = None) -> list:
+        """One cache per layer from [(kv heads, key dim, value dim, window or None)]; a
+        layer laid out as a `recurrent.RecurrentLayout` gets its exact recurrent state."""
         n = len(cache_layout)
-        return [self.make_cache(i, n, h, d, dv, w, max_tokens) for i, (h, d, dv, w) in enumerate(cache_layout)]
+        return [
+            L.make_cache() if isinstance(L, RecurrentLayout) else self.make_cache(i, n, *L, max_tokens=max_tokens)
+            for i, L in enumerate(cache_layout)
+        ]
 
 
 def valid_names() -> list[str]:
@@ -205,7 +210,7 @@ def parse_kv(text: "str | KVSpec | None") -> KVSpec:
 
 def _dense_bytes(itemsize: int, layout, tokens: int) -> int:
     total = 0
-    for h, d, dv, w in layout:
+    for h, d, dv, w in attention_layers(layout):
         total += (min(tokens, w) if w else tokens) * h * (d + dv) * itemsize
     return total
 
@@ -218,13 +223,18 @@ def kv_bytes_per_token(
     dense FP16 and FP32 caches under the same sliding-window policy.
 
     Returns a dict: spec, context, total_bytes, bytes_per_token, f16_bytes,
-    f32_bytes, ratio_vs_f16, ratio_vs_f32, layers (per layer: k, v, sink, recent,
-    window, bytes).
+    f32_bytes, ratio_vs_f16, ratio_vs_f32, layers (per attention layer: k, v, sink, recent,
+    window, bytes), and recurrent_bytes: the fixed float32 state of a hybrid model's
+    linear-attention layers (`recurrent.RecurrentLayout`), not in total_bytes (it does not
+    grow with the context, and no --kv type changes it).
     """
     spec = parse_kv(spec)
     n = len(cache_layout)
     layers = []
-    for i, (h, d, dv, w) in enumerate(cache_layout):
+    for i, L in enumerate(cache_layout):
+        if isinstance(L, RecurrentLayout):
+            continue
+        h, d, dv, w = L
         k, v = spec.types(i, n)
         cache = spec.make_cache(i, n, h, d, dv, w)
         layers.append(
@@ -242,4 +252,10 @@ def kv_bytes_per_token(
         "ratio_vs_f16": f16 / total if total else float("inf"),
         "ratio_vs_f32": f32 / total if total else float("inf"),
         "layers": layers,
+        "recurrent_bytes": sum(L.nbytes for L in cache_layout if isinstance(L, RecurrentLayout)),
     }
+
+
+def attention_layers(cache_layout: list) -> list[tuple[int, int, int, int | None]]:
+    """The (kv heads, key dim, value dim, window) of the layers that hold KV."""
+    return [L for L in cache_layout if not isinstance(L, RecurrentLayout)]

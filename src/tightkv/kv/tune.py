@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from .cache import DenseCache, causal_window_mask, dense_attention
+from .recurrent import RecurrentLayout
 from .spec import parse_kv
 
 
@@ -31,11 +32,16 @@ class _Recorder(DenseCache):
 
 @torch.inference_mode()
 def capture(model, ids: list[int], chunk: int = 512) -> list[dict]:
-    """Per layer: {"q" (H, N, D), "k" (Hkv, N, D), "v" (Hkv, N, Dv), "window", "scale"}."""
+    """Per attention layer: {"q" (H, N, D), "k" (Hkv, N, D), "v" (Hkv, N, Dv), "window", "scale",
+    "layer" (its index), "layers" (the model's layer count)} (a hybrid model's recurrent layers
+    run on their own state and are not captured)."""
     layout = model.net.cache_layout()
     caches = []
-    for h, d, dv, w in layout:
-        c = _Recorder("f32", h, d, dv, w)
+    for L in layout:
+        if isinstance(L, RecurrentLayout):
+            caches.append(L.make_cache())
+            continue
+        c = _Recorder("f32", *L)
         c.log = []
         caches.append(c)
     for s in range(0, len(ids), chunk):
@@ -45,10 +51,13 @@ def capture(model, ids: list[int], chunk: int = 512) -> list[dict]:
             "q": torch.cat([x[0] for x in c.log], 1),
             "k": torch.cat([x[1] for x in c.log], 1),
             "v": torch.cat([x[2] for x in c.log], 1),
-            "window": w,
+            "window": L[3],
             "scale": c.scale,
+            "layer": i,
+            "layers": len(layout),
         }
-        for c, (_, _, _, w) in zip(caches, layout)
+        for i, (c, L) in enumerate(zip(caches, layout))
+        if isinstance(c, _Recorder)
     ]
 
 
@@ -57,7 +66,6 @@ def attention_error(layers: list[dict], spec: str, chunk: int = 512, scored_from
     """Relative squared error of each layer's attention output (positions from
     `scored_from` of the way in) against exact attention over fp16 keys and values."""
     errs = []
-    n_layers = len(layers)
     for i, L in enumerate(layers):
         q, k, v = L["q"], L["k"], L["v"]
         n = q.shape[1]
@@ -65,7 +73,9 @@ def attention_error(layers: list[dict], spec: str, chunk: int = 512, scored_from
         exact = dense_attention(
             q, k.half().float(), v.half().float(), causal_window_mask(pos, pos, L["window"]), L["scale"]
         )
-        cache = parse_kv(spec).make_cache(i, n_layers, k.shape[0], k.shape[2], v.shape[2], L["window"])
+        cache = parse_kv(spec).make_cache(
+            L.get("layer", i), L.get("layers", len(layers)), k.shape[0], k.shape[2], v.shape[2], L["window"]
+        )
         out = torch.cat(
             [
                 cache.attend(q[:, s : s + chunk], k[:, s : s + chunk], v[:, s : s + chunk], L["scale"])

@@ -23,6 +23,7 @@ from ..errors import GGUFError
 from ..gguf.reader import GGUFFile
 from ..kernels import qmatmul as qm
 from ..kernels import sublayers
+from ..kv.recurrent import RecurrentLayout
 
 # GGUF architecture name -> module under tightkv.models
 ARCHITECTURES = {
@@ -31,7 +32,19 @@ ARCHITECTURES = {
     "mistral": "mistral",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
+    "qwen3moe": "qwen3moe",
+    "qwen35": "qwen35",
+    "qwen35moe": "qwen35moe",
     "phi3": "phi3",
+}
+
+
+SSM_KEYS = {
+    "conv": "conv_kernel",
+    "inner": "inner_size",
+    "state": "state_size",
+    "groups": "group_count",
+    "heads": "time_step_rank",
 }
 
 
@@ -56,6 +69,16 @@ class BaseModelArgs:
     rope_scale: float = 1.0  # linear scaling of positions (1 / factor)
     rope_dim: int = 0  # rotated dims of each head (0: all of head_dim)
     rope_attn_factor: float = 1.0  # multiplies RoPE's cos and sin (Phi-3's LongRoPE)
+    num_experts: int = 0  # routed experts of a mixture-of-experts feed-forward (0: a dense one)
+    experts_used: int = 0  # experts each token is routed to (top-k)
+    expert_ff: int = 0  # an expert's width
+    shared_ff: int = 0  # the shared expert's width (0: none)
+    expert_weights_scale: float = 0.0  # multiplies the routing weights (0 or 1: not)
+    ssm_conv: int = 0  # linear attention: the short convolution's width
+    ssm_inner: int = 0  # linear attention: value heads x value dim
+    ssm_state: int = 0  # linear attention: a key head's dim
+    ssm_groups: int = 0  # linear attention: key heads
+    ssm_heads: int = 0  # linear attention: value heads
 
     rope_style: ClassVar[str] = "neox"  # rotate pairs (i, i + R/2); "interleaved": (2i, 2i + 1)
     qkv_bias: ClassVar[bool] = False  # attn_{q,k,v}.bias added to the projections
@@ -64,10 +87,33 @@ class BaseModelArgs:
     act: ClassVar[str] = "silu"  # the gated unit's activation: "silu" or "gelu" (tanh form)
     fused_gate_up: ClassVar[bool] = False  # one ffn_up matrix: the gate rows, then the up rows
     rope_factor_tensors: ClassVar[dict[str, str]] = {}  # kind: tensor of RoPE frequency divisors, if present
+    gated_attention: ClassVar[bool] = False  # attn_q gives each head's query, then its output gate (Qwen3.5)
+    ffn_norm: ClassVar[str] = "ffn_norm"  # the tensor norming the feed-forward's input
 
-    def cache_layout(self) -> list[tuple[int, int, int, int | None]]:
-        """Per layer: (kv heads, key dim, value dim, sliding window or None)."""
-        return [(self.num_kv_heads, self.head_dim, self.head_dim, self.window(i)) for i in range(self.num_layers)]
+    def cache_layout(self) -> list:
+        """Per layer: (kv heads, key dim, value dim, sliding window or None); a recurrent
+        layer's `kv.recurrent.RecurrentLayout` instead."""
+        return [
+            self.recurrent_layout()
+            if self.recurrent(i)
+            else (self.num_kv_heads, self.head_dim, self.head_dim, self.window(i))
+            for i in range(self.num_layers)
+        ]
+
+    def recurrent(self, layer: int) -> bool:
+        """Whether a layer is linear attention with a recurrent state (`models.deltanet`)."""
+        return False
+
+    def recurrent_layout(self) -> RecurrentLayout:
+        """What a recurrent layer keeps: its convolution's inputs over q, k and v, and a state per value head."""
+        key_width = self.ssm_groups * self.ssm_state
+        return RecurrentLayout(
+            2 * key_width + self.ssm_inner,
+            self.ssm_conv,
+            self.ssm_heads,
+            self.ssm_state,
+            self.ssm_inner // self.ssm_heads,
+        )
 
     def window(self, layer: int) -> int | None:
         """The tokens a layer attends to (None: all)."""
@@ -95,13 +141,7 @@ class BaseModelArgs:
     def from_gguf(cls, g: GGUFFile, **extra: Any) -> "BaseModelArgs":
         """Build the config from metadata; keys a family does not know are ignored."""
         m, arch = g.metadata, g.architecture
-
-        def key(name, default=None):
-            value = m.get(f"{arch}.{name}", default)
-            if value is None:
-                raise GGUFError(f"{g.path}: missing metadata key {arch}.{name}")
-            return value
-
+        key = functools.partial(metadata_key, g)
         heads = key("attention.head_count")
         hidden = key("embedding_length")
         kv_heads = key("attention.head_count_kv", heads)
@@ -114,15 +154,30 @@ class BaseModelArgs:
             num_heads=int(heads),
             num_kv_heads=int(kv_heads),
             head_dim=int(key("attention.key_length", hidden // heads)),
-            intermediate_size=int(key("feed_forward_length")),
+            intermediate_size=int(key("feed_forward_length", 0 if m.get(f"{arch}.expert_count") else None)),
             rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(key("rope.freq_base", 10000.0)),
+            num_experts=int(m.get(f"{arch}.expert_count") or 0),
+            experts_used=int(m.get(f"{arch}.expert_used_count") or 0),
+            expert_ff=int(m.get(f"{arch}.expert_feed_forward_length") or 0),
+            shared_ff=int(m.get(f"{arch}.expert_shared_feed_forward_length") or 0),
+            expert_weights_scale=float(m.get(f"{arch}.expert_weights_scale") or 0.0),
+            **{f"ssm_{k}": int(m.get(f"{arch}.ssm.{name}") or 0) for k, name in SSM_KEYS.items()},
         )
         if "rope_scale" not in extra:  # (a family reading it its own way gives it)
             values["rope_scale"] = linear_rope_scale(g)
         values.update(extra)
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names})
+
+
+def metadata_key(g: GGUFFile, name: str, default: Any = None) -> Any:
+    """The architecture's metadata value ``{arch}.{name}``; a one-line error naming the key
+    where it is missing and has no default."""
+    value = g.metadata.get(f"{g.architecture}.{name}", default)
+    if value is None:
+        raise GGUFError(f"{g.path}: missing metadata key {g.architecture}.{name}")
+    return value
 
 
 class Weights:
@@ -151,6 +206,20 @@ class Weights:
         quants.check_supported(t.qtype, name)
         out_features, in_features = t.shape
         return QuantLinear(_as_torch(t.data), t.qtype, in_features, out_features)
+
+    def experts(self, name: str) -> list:
+        """A 3-D expert tensor (experts, out, in) as one `QuantLinear` per expert, each over
+        its own rows of the file's blocks (zero-copy): a token reads only its experts'."""
+        from ..gguf import quants
+        from ..kernels.qmatmul import QuantLinear
+
+        t = self._get(name)
+        if len(t.shape) != 3:
+            raise GGUFError(f"{self.g.path}: tensor {name} has shape {t.shape}, expected (experts, rows, cols)")
+        quants.check_supported(t.qtype, name)
+        n, out_features, in_features = t.shape
+        data = _as_torch(t.data).reshape(n, out_features, -1)
+        return [QuantLinear(data[e], t.qtype, in_features, out_features) for e in range(n)]
 
     def stacked(self, names: list[str]):
         """A `StackedLinear`: the named matrices over one input, outputs side by side

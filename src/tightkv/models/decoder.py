@@ -28,6 +28,8 @@ from .base import (
     rms_norm,
     rope_cos_sin,
 )
+from .deltanet import GatedDeltaNet
+from .moe import MoE
 
 
 class Attention(torch.nn.Module):
@@ -53,12 +55,27 @@ class Attention(torch.nn.Module):
         self.wo = w.linear(p + "attn_output.weight")
         self.eps, self.scale = args.rms_norm_eps, args.attention_scale
         self.interleaved = args.rope_style == "interleaved"
+        self.gated = args.gated_attention
+        if self.gated:  # attn_q's rows: per head, its query then its output gate
+            self.sizes[0] *= 2
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache) -> torch.Tensor:
         T = x.shape[0]
+        if self.gated:
+            return self._gated(x, cos, sin, cache)
         q, k, v = self._heads_interleaved(x, cos, sin) if self.interleaved else self._heads_neox(x, cos, sin)
         out = cache.attend(q, k, v, self.scale)  # (H, T, D)
         return out.transpose(0, 1).reshape(T, self.num_heads * self.head_dim)  # before wo
+
+    def _gated(self, x, cos, sin, cache) -> torch.Tensor:
+        """Qwen3.5's gated attention: the attended rows times sigmoid(gate), before wo."""
+        T, H, D = x.shape[0], self.num_heads, self.head_dim
+        qg, k, v = self.wqkv(x).split(self.sizes, dim=-1)
+        q, gate = qg.reshape(T, H, 2, D).unbind(2)  # (T, H, D) each
+        q = torch.cat([q.reshape(T, H * D), k, v], dim=-1)
+        q, k, v = qkv_heads(q, H, self.num_kv_heads, D, cos, sin, self.q_norm, self.k_norm, self.eps)
+        out = cache.attend(q, k, v, self.scale).transpose(0, 1).reshape(T, H * D)
+        return out * torch.sigmoid(gate.reshape(T, H * D))
 
     __call__ = forward  # no hooks on the hot path (nn.Module's call machinery)
 
@@ -107,7 +124,9 @@ class MLP(torch.nn.Module):
 
 class Block(torch.nn.Module):
     """x + attn(attn_norm(x)), then + mlp(ffn_norm(x)); with post norms (Gemma) each sublayer's
-    output is normed before it is added.
+    output is normed before it is added. In a hybrid model `attn` is linear attention on a
+    recurrent layer (`deltanet.GatedDeltaNet`), and `mlp` a mixture of experts where the
+    file has experts (`moe.MoE`).
 
     `forward` takes the stream x (T, hidden) and its attn_norm already applied (y), and returns
     the new stream and its next_norm (the next block's attn_norm, or the output norm), so each
@@ -119,10 +138,11 @@ class Block(torch.nn.Module):
         super().__init__()
         p = f"blk.{i}."
         self.eps = args.rms_norm_eps
-        self.attn = Attention(args, w, i)
-        self.mlp = MLP(args, w, i)
+        self.attn = GatedDeltaNet(args, w, i) if args.recurrent(i) else Attention(args, w, i)
+        self.mlp = MoE(args, w, i) if args.num_experts else MLP(args, w, i)
+        self.fused = isinstance(self.mlp, MLP)  # wo through the feed-forward half in one kernel call
         self.attn_norm = w.vector(p + "attn_norm.weight")  # (hidden,)
-        self.ffn_norm = w.vector(p + "ffn_norm.weight")  # (hidden,)
+        self.ffn_norm = w.vector(p + args.ffn_norm + ".weight")  # (hidden,)
         self.post_attn_norm = w.vector(p + "post_attention_norm.weight") if args.post_norms else None
         self.post_ffn_norm = w.vector(p + "post_ffw_norm.weight") if args.post_norms else None
 
@@ -130,7 +150,7 @@ class Block(torch.nn.Module):
         self, x: torch.Tensor, y: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache, next_norm: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         a = self.attn(y, *rope, cache)  # (T, H D)
-        out = sublayers.ffn_block(self, a, x, next_norm, self.eps)
+        out = sublayers.ffn_block(self, a, x, next_norm, self.eps) if self.fused else None
         if out is not None:
             return out
         x, y = add_rms_norm(x, self.attn.wo(a), self.post_attn_norm, self.ffn_norm, self.eps)

@@ -1,0 +1,85 @@
+"""The mixture-of-experts feed-forward (Qwen3-MoE, Qwen3.5/3.6-MoE), as llama.cpp runs it
+(`build_moe_ffn`, softmax gating):
+
+    probs = softmax(router(x))                       # (T, experts)
+    w, e = top-k of probs; w /= sum(w)               # (T, k): the routed experts and weights
+    out = sum_j w_j * down_e(silu(gate_e(x)) * up_e(x))
+        + sigmoid(x . shared_gate) * shared(x)       # the shared expert, where there is one
+
+The experts stay blocks in the memory map: each is a `QuantLinear` over its rows of the
+3-D expert tensors (`base.Weights.experts`), so a decode step reads the routed experts'
+rows and no others. A prompt chunk is grouped by expert: each expert runs once over the
+rows routed to it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels.qmatmul import StackedLinear
+from .base import BaseModelArgs, Weights, glu
+
+
+class MoE(torch.nn.Module):
+    """A block's routed experts and its shared expert (where the file has one)."""
+
+    def __init__(self, args: BaseModelArgs, w: Weights, i: int):
+        super().__init__()
+        p = f"blk.{i}."
+        self.act, self.k, self.scale = args.act, args.experts_used, args.expert_weights_scale
+        self.router = w.linear(p + "ffn_gate_inp.weight")  # (experts, hidden)
+        gates, ups = w.experts(p + "ffn_gate_exps.weight"), w.experts(p + "ffn_up_exps.weight")
+        self.gate_up = [StackedLinear([g, u]) for g, u in zip(gates, ups)]  # each (2 ff, hidden)
+        self.down = w.experts(p + "ffn_down_exps.weight")  # each (hidden, ff)
+        if not 0 < self.k <= len(self.down):
+            raise ValueError(f"blk.{i}: {self.k} experts used of {len(self.down)}")
+        self.shared = None
+        if w.has(p + "ffn_up_shexp.weight"):
+            self.shared = w.stacked([p + "ffn_gate_shexp.weight", p + "ffn_up_shexp.weight"])  # (2 ff, hidden)
+            self.shared_down = w.linear(p + "ffn_down_shexp.weight")
+            self.shared_gate = w.vector(p + "ffn_gate_inp_shexp.weight").reshape(-1, 1)  # (hidden, 1)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The experts (T, k) each row goes to and their weights (T, k)."""
+        probs = torch.softmax(self.router(x), dim=-1)  # (T, experts)
+        weights, experts = probs.topk(self.k, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True).clamp_min(6.103515625e-5)
+        if self.scale not in (0.0, 1.0):
+            weights = weights * self.scale
+        return experts, weights
+
+    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert e over rows x (n, hidden) -> (n, hidden)."""
+        return self.down[e](glu(self.gate_up[e](x), self.act))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (T, hidden) -> (T, hidden)."""
+        experts, weights = self.route(x)
+        if x.shape[0] == 1:  # a decode row: its k experts in turn
+            out = torch.zeros_like(x)
+            for e, wt in zip(experts[0].tolist(), weights[0].tolist()):
+                out += wt * self.expert(e, x)
+        else:
+            out = self.grouped(x, experts, weights)
+        if self.shared is not None:
+            gate = torch.sigmoid(x @ self.shared_gate)  # (T, 1)
+            out = out + gate * self.shared_down(glu(self.shared(x), self.act))
+        return out
+
+    __call__ = forward
+
+    def grouped(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Rows grouped by expert: each routed expert runs once over its rows."""
+        out = torch.zeros_like(x)
+        flat = experts.reshape(-1)  # (T k,)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=len(self.down)).tolist()
+        rows = order // self.k  # the token of each routed pair, grouped by expert
+        w = weights.reshape(-1)[order]
+        start = 0
+        for e, n in enumerate(counts):
+            if n:
+                r = rows[start : start + n]
+                out.index_add_(0, r, self.expert(e, x[r]) * w[start : start + n, None])
+            start += n
+        return out
