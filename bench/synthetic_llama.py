@@ -69,11 +69,11 @@ def write_model(path: Path, seed: int = 0) -> Path:
     )
 
 
-def tokens(n: int, seed: int) -> list[int]:
-    return np.random.default_rng(seed).integers(10, CONFIG["vocab"], size=n).tolist()
+def tokens(n: int, seed: int, vocab: int = 0) -> list[int]:
+    return np.random.default_rng(seed).integers(10, vocab or CONFIG["vocab"], size=n).tolist()
 
 
-def ours(path: Path, kv: str, depth: int, n_gen: int, threads: int, reps: int) -> dict:
+def ours(path: Path, kv: str, depth: int, n_gen: int, threads: int, reps: int, vocab: int = 0) -> dict:
     import torch
 
     from tightkv.api import Model
@@ -82,7 +82,7 @@ def ours(path: Path, kv: str, depth: int, n_gen: int, threads: int, reps: int) -
 
     torch.set_num_threads(threads)
     model = Model(str(path), threads=threads, context_length=depth + n_gen + 8)
-    context, steps = [1] + tokens(depth - 1, 2), tokens(n_gen + 1, 3)
+    context, steps = [1] + tokens(depth - 1, 2, vocab), tokens(n_gen + 1, 3, vocab)
     runs, pp = [], []
     for _ in range(reps):
         cache = model.new_cache(kv)
@@ -109,7 +109,7 @@ def ours(path: Path, kv: str, depth: int, n_gen: int, threads: int, reps: int) -
     }
 
 
-def llamacpp(path: Path, kv: str, depth: int, n_gen: int, threads: int, reps: int) -> dict:
+def llamacpp(path: Path, kv: str, depth: int, n_gen: int, threads: int, reps: int, vocab: int = 0) -> dict:
     from llama_cpp import Llama
 
     from tightkv.eval.bench import LLAMA_KV_TYPES, peak_rss
@@ -126,7 +126,7 @@ def llamacpp(path: Path, kv: str, depth: int, n_gen: int, threads: int, reps: in
         verbose=False,
         **kw,
     )
-    context, steps = [1] + tokens(depth - 1, 2), tokens(n_gen + 1, 3)
+    context, steps = [1] + tokens(depth - 1, 2, vocab), tokens(n_gen + 1, 3, vocab)
     runs, pp = [], []
     for _ in range(reps):
         m.reset()

@@ -155,8 +155,11 @@ def test_chunks_steps_and_batches_give_the_whole_prefill(files, backend, family,
         if name == "reference":
             reference = whole
             continue
-        assert_rel_close(whole, reference, steps_rtol())
-        assert_rel_close(steps, reference, steps_rtol())
+        # a mixture of experts routes a row elsewhere where two experts' probabilities nearly tie
+        # and the int8 activations move them (measured: one row of 24, 0.1938 against 0.1910)
+        flips = 0.1 if family in MOE else 0.0
+        assert_rel_close(whole, reference, steps_rtol(), flips)
+        assert_rel_close(steps, reference, steps_rtol(), flips)
         prompts = [x[:5], x[5:14]]
         alone = [_decoded([p], m, first=[7 + i])[0] for i, p in enumerate(prompts)]
         for a, b in zip(alone, _decoded(prompts, m, first=[7, 8])):
@@ -176,7 +179,9 @@ def _decoded(prompts: list[list[int]], m: Model, first: list[int]) -> list[torch
     return list(rows.transpose(0, 1))
 
 
-def assert_rel_close(ours: torch.Tensor, ref: torch.Tensor, rtol: float) -> None:
+def assert_rel_close(ours: torch.Tensor, ref: torch.Tensor, rtol: float, flips: float = 0.0) -> None:
+    """Every row within rtol of the reference's largest logit, but a `flips` share of rows."""
     assert ours.shape == ref.shape
-    err, scale = (ours - ref).abs().max().item(), ref.abs().max().item()
+    rows, scale = (ours - ref).abs().reshape(-1, ours.shape[-1]).max(-1).values, ref.abs().max().item()
+    err = rows.sort(descending=True).values[int(flips * len(rows))].item()
     assert err <= rtol * scale, f"max |ours - reference| = {err:.3g} > {rtol} * {scale:.3g}"

@@ -72,7 +72,7 @@ def test_q8_0_greedy_equals_llamacpp_up_to_a_near_tie(arch, refs):
     cache = m.new_cache("f32")
     out = m.net(torch.tensor(z["prompt_ids"].tolist()), cache).numpy()
     ref = z["llama_q8_0_prompt_logits"]
-    assert (out.argmax(-1) == ref.argmax(-1)).mean() >= 0.85
+    assert (out.argmax(-1) == ref.argmax(-1)).mean() >= 0.95  # measured 0.98-0.99
     greedy, margins = z["llama_q8_0_greedy"].tolist(), z["llama_q8_0_margins"]
     tokens = [int(out[-1].argmax())]
     for t in tokens:
@@ -85,7 +85,7 @@ def test_q8_0_greedy_equals_llamacpp_up_to_a_near_tie(arch, refs):
         assert ours == theirs, f"step {i}: {ours} != llama.cpp's {theirs} (margin {margins[i]:.3f})"
 
 
-NEAR_TIE = 0.5  # logits: the Q8_0 prompt rows differ from llama.cpp's by a median 0.14-0.71 here
+NEAR_TIE = 0.25  # logits: the Q8_0 prompt rows differ from llama.cpp's by at most a median 0.06-0.12 here
 
 
 @pytest.mark.parametrize("arch", HYBRID)
