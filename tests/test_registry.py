@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -58,10 +59,60 @@ def hub(tiny_bytes, monkeypatch):
         ("phi3.5", "phi3.5:3.8b"),
         ("smollm2", "smollm2:1.7b"),
         ("SmolLM2:135M", "smollm2:135m"),
+        ("qwen3.5", "qwen3.5:4b"),
+        ("qwen3.5:0.8b", "qwen3.5:0.8b"),
+        ("qwen3.5:27b", "qwen3.5:27b"),
+        ("qwen3.6", "qwen3.6:35b-a3b"),
+        ("qwen3:30b-a3b", "qwen3:30b-a3b"),
+        ("qwen3-coder", "qwen3-coder:30b"),
     ],
 )
 def test_names_and_default_tags(name, canonical):
     assert registry.lookup(name).name == canonical
+
+
+HYBRID_AND_MOE = {
+    "qwen3.5:0.8b": "qwen35",
+    "qwen3.5:2b": "qwen35",
+    "qwen3.5:4b": "qwen35",
+    "qwen3.5:9b": "qwen35",
+    "qwen3.5:27b": "qwen35",
+    "qwen3.6:35b-a3b": "qwen35moe",
+    "qwen3:30b-a3b": "qwen3moe",
+    "qwen3-coder:30b": "qwen3moe",
+}
+
+
+def test_hybrid_and_moe_names_are_runnable_unverified_leads():
+    """Q4_K_M files from the usual publishers, no hash pinned (the hub's LFS sha256 is checked at
+    download), of architectures tightkv runs, so they are pulled rather than refused."""
+    from tightkv.models.base import ARCHITECTURES
+
+    for name, arch in HYBRID_AND_MOE.items():
+        e = registry.CATALOG[name]
+        assert (e.arch, e.sha256) == (arch, None) and arch in ARCHITECTURES
+        assert e.file.endswith("-Q4_K_M.gguf") and e.repo.split("/")[0] in ("unsloth", "bartowski", "Qwen")
+        assert e.file.lower().startswith(e.repo.split("/")[1].lower().removesuffix("-gguf"))
+
+
+def test_pull_and_show_a_hybrid_moe_by_its_name(home):
+    """`tightkv pull qwen3.6` from a hub (on loopback, serving a tiny qwen35moe file under the
+    lead's repo and name), checked against the hub's sha256, then `show` by the bare name."""
+    data = (Path(__file__).parent / "data" / "families" / "qwen35moe" / "qwen35moe-q8_0.gguf").read_bytes()
+    entry = registry.lookup("qwen3.6")
+    with FakeHub() as h:
+        h.add(entry.repo, entry.file, data)
+        env = {"TIGHTKV_HOME": str(home), "HF_ENDPOINT": h.url}
+        r = cli("show", "qwen3.6", env=env)
+        assert_one_line_error(r, "model 'qwen3.6:35b-a3b' is not pulled yet (run: tightkv pull qwen3.6:35b-a3b)")
+        r = cli("pull", "qwen3.6", env=env)
+        assert r.returncode == 0 and "verifying sha256 digest" in r.stderr, r.stderr
+    assert (home / "blobs" / f"sha256-{hashlib.sha256(data).hexdigest()}").is_file()
+    r = cli("show", "qwen3.6", env={"TIGHTKV_HOME": str(home)})
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^    name +qwen3\.6:35b-a3b$", r.stdout, re.M), r.stdout
+    assert re.search(r"^    experts +2 of 8 per token, and a shared expert$", r.stdout, re.M), r.stdout
+    assert "read per token" in r.stdout and "recurrent state" in r.stdout
 
 
 def test_every_hub_entry_names_a_repo_and_a_gguf():

@@ -205,10 +205,11 @@ def choose(
     memory = default_memory() if memory is None else memory
     context = context or model.context_length
     plan = make_plan(model.path, context, memory, QUALITY_ORDER)
-    budget = memory - plan.weights - plan.working
+    budget = memory - plan.weights - plan.working - plan.recurrent * slots  # a recurrent state per sequence
     if budget <= 0:
         raise TightKVError(
-            f"the weights ({plan.weights / 2**30:.2f} GiB) and working buffers do not fit in "
+            f"the weights ({plan.weights / 2**30:.2f} GiB) and working buffers"
+            f"{' and recurrent states' if plan.recurrent else ''} do not fit in "
             f"{memory / 2**30:.2f} GiB: {weight_room(plan, -budget) or 'a smaller model is needed'}"
         )
     f16_bytes = next(r["kv_bytes"] for r in plan.rows if r["kv"] == "f16") * slots

@@ -68,10 +68,33 @@ CATALOG: dict[str, Entry] = {
             "smollm2:135m", "Felladrin/gguf-Q8_0-SmolLM2-135M-Instruct", "smollm2-135m-instruct-q8_0.gguf", arch="llama"
         ),
         Entry("smollm2:1.7b", "bartowski/SmolLM2-1.7B-Instruct-GGUF", "SmolLM2-1.7B-Instruct-Q8_0.gguf", arch="llama"),
+        # Qwen3.5/3.6 hybrids (Gated DeltaNet + attention) and the mixtures of experts: Q4_K_M, sha256 from the hub
+        Entry("qwen3.5:0.8b", "unsloth/Qwen3.5-0.8B-GGUF", "Qwen3.5-0.8B-Q4_K_M.gguf", arch="qwen35"),
+        Entry("qwen3.5:2b", "unsloth/Qwen3.5-2B-GGUF", "Qwen3.5-2B-Q4_K_M.gguf", arch="qwen35"),
+        Entry("qwen3.5:4b", "unsloth/Qwen3.5-4B-GGUF", "Qwen3.5-4B-Q4_K_M.gguf", arch="qwen35"),
+        Entry("qwen3.5:9b", "unsloth/Qwen3.5-9B-GGUF", "Qwen3.5-9B-Q4_K_M.gguf", arch="qwen35"),
+        Entry("qwen3.5:27b", "unsloth/Qwen3.5-27B-GGUF", "Qwen3.5-27B-Q4_K_M.gguf", arch="qwen35"),
+        Entry("qwen3.6:35b-a3b", "unsloth/Qwen3.6-35B-A3B-GGUF", "Qwen3.6-35B-A3B-Q4_K_M.gguf", arch="qwen35moe"),
+        Entry("qwen3:30b-a3b", "Qwen/Qwen3-30B-A3B-GGUF", "Qwen3-30B-A3B-Q4_K_M.gguf", arch="qwen3moe"),
+        Entry(
+            "qwen3-coder:30b",
+            "unsloth/Qwen3-Coder-30B-A3B-Instruct-GGUF",
+            "Qwen3-Coder-30B-A3B-Instruct-Q4_K_M.gguf",
+            arch="qwen3moe",
+        ),
     ]
 }
 # The tag a bare name (or ``:latest``) takes; Ollama's default where ours has it.
-DEFAULT_TAGS = {"gemma3": "270m", "qwen3": "4b", "llama3.2": "3b", "phi3.5": "3.8b", "smollm2": "1.7b"}
+DEFAULT_TAGS = {
+    "gemma3": "270m",
+    "qwen3": "4b",
+    "qwen3.5": "4b",
+    "qwen3.6": "35b-a3b",
+    "qwen3-coder": "30b",
+    "llama3.2": "3b",
+    "phi3.5": "3.8b",
+    "smollm2": "1.7b",
+}
 
 _NAME_LIKE = re.compile(r"^[a-z0-9][a-z0-9._-]*:[a-z0-9._-]+$", re.IGNORECASE)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")

@@ -67,6 +67,9 @@ def run(ns: argparse.Namespace) -> int:
             "memory": plan.memory,
             "weights": plan.weights,
             "working": plan.working,
+            "recurrent": plan.recurrent,  # a hybrid model's recurrent state, its checkpoints included (in the fit)
+            "recurrent_state": plan.recurrent_state,
+            "read_per_token": plan.read.per_token,  # weight bytes a decoded token reads (the routed experts' share)
             "lever": lever(plan),
             "rows": plan.rows,
         }

@@ -1,4 +1,6 @@
-"""`tightkv show NAME`: what a model is, and what its KV cache costs per token."""
+"""`tightkv show NAME`: what a model is, what a token reads of its weights (a mixture of
+experts reads its routed experts' share), and what its KV cache costs per token (a hybrid
+model's attention layers; its linear-attention layers keep a fixed recurrent state)."""
 
 from __future__ import annotations
 
@@ -47,9 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     one_line_errors(p)
 
 
-def cache_layout(g) -> list[tuple[int, int, int, int | None]]:
-    """Per-layer (kv heads, key dim, value dim, sliding window) from the model family,
-    or from the generic metadata when tightkv does not run this architecture yet."""
+def cache_layout(g) -> list:
+    """Per-layer (kv heads, key dim, value dim, sliding window) from the model family (a
+    linear-attention layer's `kv.recurrent.RecurrentLayout` instead), or from the generic
+    metadata when tightkv does not run this architecture yet."""
     from ..errors import GGUFError
     from ..models.base import header_layout
 
@@ -80,12 +83,30 @@ def kv_table(g, context: int) -> list[tuple[str, float, int, float]]:
     return rows
 
 
+def recurrent_line(layout, human_bytes) -> str | None:
+    """What a hybrid model's linear-attention layers keep, whatever the context; None
+    when every layer is attention."""
+    from ..kv.recurrent import MAX_CHECKPOINTS, RecurrentLayout
+    from ..kv.spec import kv_bytes_per_token
+
+    n = sum(isinstance(L, RecurrentLayout) for L in layout)
+    if not n:
+        return None
+    state = kv_bytes_per_token("f16", layout, 1)["recurrent_bytes"]
+    return (
+        f"    recurrent state  {human_bytes(state)} ({n} linear-attention layer{'s' * (n > 1)}, float32, fixed "
+        f"whatever the context; with up to {MAX_CHECKPOINTS} prefill checkpoints: "
+        f"{human_bytes(state * (1 + MAX_CHECKPOINTS))})"
+    )
+
+
 def run(ns: argparse.Namespace) -> int:
-    from ..gguf.describe import describe, format_pairs
     from ..errors import TightKVError
+    from ..gguf.describe import describe, format_pairs, read_per_token
     from ..gguf.reader import read_gguf
     from ..hub import human_binary_bytes as human_bytes
     from ..kernels import build
+    from ..kv.spec import attention_layers
     from ..registry import looks_like_path, resolve
     from .flags import model_label
 
@@ -99,6 +120,8 @@ def run(ns: argparse.Namespace) -> int:
     if ns.ctx is not None and ns.ctx < 0:
         raise TightKVError(f"-c/--ctx must be positive (or 0 for the model's context), got {ns.ctx}")
     context = ns.ctx or int(g.metadata.get(f"{g.architecture}.context_length", 0) or 4096)
+    read = read_per_token(g)
+    moe = [("read per token", f"{human_bytes(read.per_token)} ({read.parts(human_bytes)})")] if read.moe else []
     print("  Model")
     print(
         format_pairs(
@@ -107,6 +130,7 @@ def run(ns: argparse.Namespace) -> int:
                 *describe(g),
                 ("file", path),
                 ("size", human_bytes(path.stat().st_size)),
+                *moe,
                 ("cpu kernels", build.summary()),
             ]
         )
@@ -118,12 +142,21 @@ def run(ns: argparse.Namespace) -> int:
     else:
         print("    (none: the model runs as plain text completion)")
     print()
+    layout = cache_layout(g)
+    kv_layers = len(attention_layers(layout))
     print(f"  KV cache at {context} tokens of context (exact sink and recent windows included)")
+    if kv_layers < len(layout):
+        print(
+            f"    only the {kv_layers} full-attention layer{'s' * (kv_layers != 1)} of {len(layout)} hold KV; "
+            f"the {len(layout) - kv_layers} linear-attention layers keep a recurrent state (below)"
+        )
     rows = kv_table(g, context)
     width = max(len(r[0]) for r in rows) + 4
     print(f"    {'type':<{width}}{'bytes/token':>12}  {'total':>10}  {'vs f16':>7}")
     for kind, per_token, total, ratio in rows:
         print(f"    {kind:<{width}}{per_token:>12,.0f}  {human_bytes(total):>10}  {ratio:>6.2f}x")
+    if (line := recurrent_line(layout, human_bytes)) is not None:
+        print(line)
     from ..autokv import ProbeCache
 
     probes = ProbeCache().of_model(path.name)

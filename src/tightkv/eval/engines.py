@@ -8,10 +8,12 @@ same algorithm (llama.cpp's q8_0 and q4_0 blocks are ours bit for bit; vLLM's
 correction, as our `tq4`), and the nearest by bits otherwise, marked as such. Neither engine keeps our exact sink and recent
 window, so a preset that adds them (`progressive`) maps to its body type.
 
-Bytes per sequence count every layer's K and V at the context (a sliding-window
-layer at its window, as llama.cpp with `swa_full` off and vLLM's hybrid
-allocator hold it): llama.cpp's from its block sizes; vLLM's TurboQuant types
-estimated from their layout (the codes and an fp16 norm per head vector).
+Bytes per sequence count every attention layer's K and V at the context (a
+sliding-window layer at its window, as llama.cpp with `swa_full` off and vLLM's
+hybrid allocator hold it): llama.cpp's from its block sizes; vLLM's TurboQuant
+types estimated from their layout (the codes and an fp16 norm per head vector).
+A hybrid model's linear-attention layers hold no KV: their recurrent state
+stays float32 in every engine, whatever the cache type, and is left out here.
 """
 
 from __future__ import annotations
@@ -77,11 +79,13 @@ def _vllm_bits(dtype: str, head_dim: int) -> tuple[float, float]:
     return VLLM_BITS[dtype], VLLM_BITS[dtype]
 
 
-def sequence_bytes(layout: list[tuple[int, int, int, int | None]], context: int, k_bits, v_bits) -> int:
-    """K and V bytes of one sequence at `context` tokens; k_bits, v_bits are bits per
-    element or functions of the head dim."""
+def sequence_bytes(layout: list, context: int, k_bits, v_bits) -> int:
+    """K and V bytes of one sequence at `context` tokens (the attention layers of `layout`);
+    k_bits, v_bits are bits per element or functions of the head dim."""
+    from ..kv.spec import attention_layers
+
     total = 0.0
-    for heads, d, dv, window in layout:
+    for heads, d, dv, window in attention_layers(layout):
         cells = context if window is None else min(context, window)
         kb = k_bits(d) if callable(k_bits) else k_bits
         vb = v_bits(dv) if callable(v_bits) else v_bits
@@ -89,7 +93,7 @@ def sequence_bytes(layout: list[tuple[int, int, int, int | None]], context: int,
     return int(total)
 
 
-def equivalents(spec: str, layout: list[tuple[int, int, int, int | None]], context: int) -> list[Equivalent]:
+def equivalents(spec: str, layout: list, context: int) -> list[Equivalent]:
     """llama.cpp's and vLLM's settings for a tightkv type (exact or nearest), each with
     the KV bytes that engine holds per sequence at `context`."""
     base = spec.split(",")[0].strip().lower()

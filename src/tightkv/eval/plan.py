@@ -1,9 +1,16 @@
-"""Memory planning from the GGUF header alone: weights, KV per cache type, working
-buffers, what fits, and which lever (weights or KV cache) decides it."""
+"""Memory planning from the GGUF header alone: weights, KV per cache type, a hybrid model's
+recurrent state, working buffers, what fits, and which lever (weights or KV cache) decides it.
+
+A hybrid model (Qwen3.5's Gated DeltaNet layers) holds KV only in its full-attention layers;
+each linear-attention layer keeps a float32 state of fixed size and, at prefill chunk ends,
+up to `kv.recurrent.MAX_CHECKPOINTS` checkpoints of it: that much is taken from the budget
+once, whatever the context. A mixture of experts holds all its experts but reads only its
+routed ones per token (`gguf.describe.read_per_token`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import prod
 
 PLAN_TYPES = ["f32", "f16", "q8_0", "q4_0", "tq4", "tq3", "kivi4", "kvarn4", "progressive", "k8v4", "aggressive"]
 # the types in order of measured quality (ΔPPL and KLD against f16, docs/benchmarks.md): what `plan`
@@ -54,6 +61,8 @@ FALLBACK = {
 # AQLM-style additive codebooks: groups of 8 weights, M codebooks of 2^B entries (bits per weight = M*B/8)
 AQLM_CONFIGS = [("1x16", 1, 16), ("2x12", 2, 12)]
 AQLM_GROUP = 8
+# tensors llama.cpp's quantize leaves as they are (llama-quant.cpp): the MoE router, the short convolution
+KEPT_AS_STORED = ("ffn_gate_inp", "ssm_conv1d")
 
 
 @dataclass
@@ -70,10 +79,24 @@ class Plan:
     weight_options: list = field(default_factory=list)  # {"type", "bytes"} per WEIGHT_FILE_TYPES
     matrices: list = field(default_factory=list)  # (rows, cols) of the model's matrices, output layer left out
     block_types: set = field(default_factory=set)  # the GGML types of the model's matrices
+    recurrent: int = 0  # a hybrid model's recurrent state with its checkpoints at most (in what must fit)
+    recurrent_state: int = 0  # one recurrent state (float32, every linear-attention layer)
+    read: object = None  # gguf.describe.TokenRead: the weight bytes a decoded token reads
+
+    @property
+    def fixed(self) -> int:
+        """What must fit whatever the KV: weights, working buffers and the recurrent state."""
+        return self.weights + self.working + self.recurrent
 
     @property
     def weights_fit(self) -> bool:
-        return self.weights + self.working <= self.memory
+        return self.fixed <= self.memory
+
+    @property
+    def kv_layers(self) -> int:
+        from ..kv.spec import attention_layers
+
+        return len(attention_layers(self.layout))
 
     def smaller_weights(self) -> list[dict]:
         """The weight options below the file's own size, largest first, that suit this model:
@@ -86,16 +109,40 @@ class Plan:
 
 
 def working_bytes(args, context: int) -> int:
-    """Runtime, prefill activations of one chunk and one chunk's logits (float32)."""
+    """Runtime, prefill activations of one chunk and one chunk's logits (float32).
+
+    The feed-forward's width is an expert's plus the shared expert's for a mixture of
+    experts (a chunk runs one expert at a time over its rows, `models.moe`), with the
+    router's scores; a linear-attention layer's own (its convolved q, k, v, the gate and
+    a 64-token block's matrices per head, `models.deltanet`) is counted where it is wider
+    than attention's."""
     T = min(PREFILL_CHUNK, context)
-    acts = T * (4 * args.hidden_size + 3 * args.intermediate_size + 2 * args.num_heads * args.head_dim) * 4
+    ffn = 3 * args.intermediate_size
+    if args.num_experts:
+        ffn = 3 * (args.expert_ff + args.shared_ff) + 2 * args.num_experts
+    mixer = 2 * args.num_heads * args.head_dim
+    if any(args.recurrent(i) for i in range(args.num_layers)):
+        L = args.recurrent_layout()
+        mixer = max(mixer, 2 * L.conv_channels + 2 * L.heads * L.value_dim + L.heads * 64)
+    acts = T * (4 * args.hidden_size + ffn + mixer) * 4
     scores = args.num_heads * T * min(context, 4096) * 4  # attention scores of one block
     logits = args.vocab_size * 4 * 2
     return RUNTIME_BYTES + acts + scores + logits
 
 
+def recurrent_bytes(layout) -> tuple[int, int]:
+    """(one recurrent state, the most it holds with its prefill checkpoints) of a layout's
+    linear-attention layers; (0, 0) when every layer is attention."""
+    from ..kv.recurrent import MAX_CHECKPOINTS
+    from ..kv.spec import kv_bytes_per_token
+
+    state = kv_bytes_per_token("f16", layout, 1)["recurrent_bytes"]
+    return state, state * (1 + MAX_CHECKPOINTS)
+
+
 def largest_context(spec: str, layout, budget: int, limit: int) -> int:
-    """The most tokens whose KV fits in budget bytes (binary search; 0 if none)."""
+    """The most tokens whose KV fits in budget bytes (binary search; 0 if none). The budget
+    is what is left after the fixed bytes (`Plan.fixed`: a recurrent state is among them)."""
     from ..kv.spec import kv_bytes_per_token
 
     if budget <= 0:
@@ -113,6 +160,7 @@ def largest_context(spec: str, layout, budget: int, limit: int) -> int:
 def make_plan(path, context: int | None, memory: int, kv_types: list[str], name: str | None = None) -> Plan:
     """The memory plan of the GGUF at `path` (shown as `name`) at `context` tokens
     (default: its trained context) within `memory` bytes, for each KV type."""
+    from ..gguf.describe import read_per_token
     from ..gguf.reader import read_gguf
     from ..kv.spec import kv_bytes_per_token
     from ..models.base import header_layout
@@ -120,9 +168,11 @@ def make_plan(path, context: int | None, memory: int, kv_types: list[str], name:
     g = read_gguf(path)
     args, layout = header_layout(g)
     ctx = context or args.context_length
-    weights = sum(int(t.data.nbytes) for t in g.tensors.values())
+    read = read_per_token(g)
+    weights = read.weights
     working = working_bytes(args, ctx)
-    budget = memory - weights - working
+    state, recurrent = recurrent_bytes(layout)
+    budget = memory - weights - working - recurrent
     rows = []
     for spec in kv_types:
         info = kv_bytes_per_token(spec, layout, ctx)
@@ -148,7 +198,10 @@ def make_plan(path, context: int | None, memory: int, kv_types: list[str], name:
         layout,
         weight_options(g),
         _matrices(g),
-        {t.qtype for t in g.tensors.values() if len(t.shape) == 2},
+        {t.qtype for t in g.tensors.values() if len(t.shape) in (2, 3)},
+        recurrent=recurrent,
+        recurrent_state=state,
+        read=read,
     )
 
 
@@ -175,25 +228,28 @@ def _use_more_bits(i: int, n: int) -> bool:
 
 def weight_bytes(g, base: str, output: str, mix: bool = False) -> int:
     """Bytes of the GGUF `g`'s tensors requantized with matrices of type `base` and the
-    output layer (the embedding when tied) of type `output`; vectors as stored; with `mix`
-    (llama.cpp's Q4_K_M/Q5_K_M), attn_v and ffn_down at Q6_K in `_use_more_bits` layers.
-    llama.cpp's other per-tensor choices are left out (an estimate: see tests/test_plan.py)."""
+    output layer (the embedding when tied) of type `output`; vectors as stored; a 3-D expert
+    tensor as its experts' matrices; the router and a short convolution as stored (llama.cpp
+    leaves them unquantized); with `mix` (llama.cpp's Q4_K_M/Q5_K_M), attn_v and ffn_down
+    (an expert's too) at Q6_K in `_use_more_bits` layers. llama.cpp's other per-tensor
+    choices are left out (an estimate: see tests/test_plan.py)."""
     from ..gguf.quants import BLOCK_SIZES
 
     n_layers = 1 + max((int(n.split(".")[1]) for n in g.tensors if n.startswith("blk.")), default=-1)
     tied = "output.weight" not in g.tensors
     total = 0
     for name, t in g.tensors.items():
-        if len(t.shape) != 2:
+        if len(t.shape) not in (2, 3) or any(k in name for k in KEPT_AS_STORED):
             total += int(t.data.nbytes)
             continue
-        rows, cols = t.shape
+        *lead, cols = t.shape
+        rows = prod(lead)
         qtype = base
         if name == "output.weight" or (tied and name == "token_embd.weight"):
             qtype = "Q8_0" if cols % BLOCK_SIZES[base][0] else output  # llama.cpp's rule for the output layer
         elif (
             mix
-            and (name.endswith("attn_v.weight") or name.endswith("ffn_down.weight"))
+            and (name.endswith("attn_v.weight") or ".ffn_down" in name)
             and _use_more_bits(int(name.split(".")[1]), n_layers)
         ):
             qtype = "Q6_K"
@@ -210,8 +266,9 @@ def weight_options(g) -> list[dict]:
 
 
 def _matrices(g) -> list[tuple[int, int]]:
+    """(rows, cols) of the model's matrices (an expert tensor's: one expert's), output layer left out."""
     skip = ("token_embd.weight", "output.weight")
-    return [tuple(t.shape) for n, t in g.tensors.items() if len(t.shape) == 2 and n not in skip]
+    return [tuple(t.shape[-2:]) for n, t in g.tensors.items() if len(t.shape) in (2, 3) and n not in skip]
 
 
 def aqlm_rho(plan: Plan) -> list[dict]:
@@ -247,7 +304,7 @@ def weight_lever(plan: Plan) -> str | None:
     rows = sorted(plan.rows, key=lambda r: rank.get(r["kv"], len(rank)))
 
     def best_kv(opt: dict) -> dict | None:  # the best-quality KV row that fits beside these weights
-        budget = plan.memory - opt["bytes"] - plan.working
+        budget = plan.memory - opt["bytes"] - plan.working - plan.recurrent
         return next((r for r in rows if r["kv_bytes"] <= budget), None) if budget > 0 else None
 
     where = f"{plan.context:,} tokens in {plan.memory / 2**30:.2f} GiB"
@@ -279,8 +336,9 @@ def recommended(plan: Plan) -> dict | None:
 def lever(plan: Plan) -> str:
     """One sentence naming what decides the fit."""
     if not plan.weights_fit:
+        plus = " and the recurrent state" if plan.recurrent else ""
         return (
-            f"the weights ({plan.weights / 2**30:.2f} GiB) plus working buffers do not fit in "
+            f"the weights ({plan.weights / 2**30:.2f} GiB) plus working buffers{plus} do not fit in "
             f"{plan.memory / 2**30:.2f} GiB: the lever is the weights (a smaller quantization or model)"
         )
     if not any(r["fits"] for r in plan.rows):
@@ -298,21 +356,40 @@ def format_plan(plan: Plan, choice=None) -> str:
     the recommended type (`choice`, a probed `autokv.KVChoice`, when given) with
     llama.cpp's and vLLM's settings for it, and a warning when the context exceeds
     the trained one."""
-    gib = 2**30
+    from ..hub import human_binary_bytes as human
+
+    gib, mib = 2**30, 2**20
     lines = [
         f"model     {plan.model}",
         f"context   {plan.context} tokens (trained {plan.trained_context})",
         f"memory    {plan.memory / gib:.2f} GiB",
         f"weights   {plan.weights / gib:.3f} GiB (stay quantized)",
-        f"working   {plan.working / gib:.3f} GiB (runtime, one prefill chunk, logits)",
+    ]
+    if plan.read is not None and plan.read.moe:
+        lines.append(f"          {human(plan.read.per_token)} read per token ({plan.read.parts(human)})")
+    if plan.recurrent:
+        from ..kv.recurrent import MAX_CHECKPOINTS
+
+        lines.append(
+            f"recurrent {human(plan.recurrent)} (the float32 state of {len(plan.layout) - plan.kv_layers} "
+            f"linear-attention layers, {human(plan.recurrent_state)}, and up to {MAX_CHECKPOINTS} prefill "
+            "checkpoints of it; fixed, whatever the context)"
+        )
+    lines.append(f"working   {plan.working / gib:.3f} GiB (runtime, one prefill chunk, logits)")
+    if plan.recurrent:
+        lines.append(f"kv        in the {plan.kv_layers} full-attention layers of {len(plan.layout)}")
+    lines += [
         "",
-        f"{'kv':<14} {'KV total':>13} {'per token':>11} {'vs f16':>7} {'fits':>5} {'max context':>12}",
+        f"{'kv':<14} {'KV total':>13} {'per token':>11} {'vs f16':>7} {'fits':>5} {'max context':>12} {'in all':>10}",
     ]
     for r in plan.rows:
         lines.append(
-            f"{r['kv']:<14} {r['kv_bytes'] / 2**20:9.1f} MiB {r['bytes_per_token'] / 1024:7.2f} KiB "
-            f"{r['ratio_vs_f16']:6.2f}x {'yes' if r['fits'] else 'no':>5} {r['max_context']:>12}"
+            f"{r['kv']:<14} {r['kv_bytes'] / mib:9.1f} MiB {r['bytes_per_token'] / 1024:7.2f} KiB "
+            f"{r['ratio_vs_f16']:6.2f}x {'yes' if r['fits'] else 'no':>5} {r['max_context']:>12} "
+            f"{(plan.fixed + r['kv_bytes']) / gib:6.2f} GiB"
         )
+    what = "weights, working buffers" + (", recurrent state" if plan.recurrent else "") + " and KV"
+    lines.append(f"(in all: {what})")
     lines += ["", lever(plan)]
     if weight_lever(plan):
         lines.append(weight_lever(plan))
