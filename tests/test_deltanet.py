@@ -24,7 +24,7 @@ def inputs(T: int, H: int = 4, Dk: int = 16, Dv: int = 24, seed: int = 0):
 def test_chunked_equals_token_by_token():
     for T in (1, 63, 64, 150):
         q, k, v, g, beta, S = inputs(T, seed=T)
-        o_ref, S_ref = reference(q, k, v, g, beta, S)
+        o_ref, S_ref = reference(q, k, v, g, beta, S.clone())
         o, S_out = chunked(q, k, v, g, beta, S)
         assert o.shape == o_ref.shape and S_out.shape == S_ref.shape
         torch.testing.assert_close(o, o_ref, atol=1e-5, rtol=1e-4)
@@ -35,8 +35,8 @@ def test_cut_state_equals_straight_through():
     q, k, v, g, beta, S = inputs(200, seed=3)
     o_all, S_all = chunked(q, k, v, g, beta, S)
     o1, S1 = chunked(q[:77], k[:77], v[:77], g[:77], beta[:77], S)
-    o2, S2 = reference(q[77:80], k[77:80], v[77:80], g[77:80], beta[77:80], S1)
+    o2, S2 = reference(q[77:80], k[77:80], v[77:80], g[77:80], beta[77:80], S1.clone())
     o3, S3 = chunked(q[80:], k[80:], v[80:], g[80:], beta[80:], S2)
     torch.testing.assert_close(torch.cat([o1, o2, o3]), o_all, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(S3, S_all, atol=1e-5, rtol=1e-4)
-    assert not torch.equal(S1, S)  # (a new state: the one given is never written)
+    assert not torch.equal(S1, S)  # (a new state: the chunked form never writes the one given)

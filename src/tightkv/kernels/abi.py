@@ -212,6 +212,7 @@ FUNCTIONS = {
     # weights (csrc/qmatmul.cpp)
     "tk_gemv": (_i32, [_i32, _p, _i64, _i64, _i64, _p, _i64, _p, _i32]),
     "tk_gemv_parts": (_i32, [_i32, _p, _p, _p, _p, _i64, _p, _i64, _p, _i32]),
+    "tk_gemv_each": (_i32, [_i32, _p, _p, _p, _i64, _i64, _p, _p, _i32]),
     "tk_dequant": (_i32, [_i32, _p, _i64, _i64, _i64, _p, _i32]),
     "tk_simd": (_i32, []),
     "tk_gemv_int8": (_i32, []),
@@ -226,6 +227,11 @@ FUNCTIONS = {
     "tk_qkv_heads": (None, [_p, _i64, _i64, _i64, _i64, _p, _p, _f32, _p, _p, _i64, _p, _p, _p]),
     "tk_ffn_block": (_i32, [_p, _p, _p, _i64, _f32, _p, _p, _p, _i32, _i64]),
     "tk_qkv_block": (_i32, [_p, _p, _i64, _f32, _p, _p, _i64, _p, _p, _p, _i32, _i64]),
+    # a Gated DeltaNet decode token (csrc/recurrent.cpp)
+    "tk_gdn_step": (
+        _i32,
+        [_p, _p, _p, _i64, _i64, _p, _p, _p, _p, _p, _p, _i64, _i64, _i64, _i64, _p, _f32, _p, _p, _i32],
+    ),
     # attention and the KV encoders (csrc/attention.cpp, csrc/encode.cpp)
     "tk_attn": (_i32, [ctypes.POINTER(AttnArgs)]),
     "tk_attn_int8": (_i32, [_i32]),

@@ -41,7 +41,13 @@ import torch
 from . import abi
 
 SOURCE_DIR = Path(__file__).with_name("csrc")
-SOURCES = ("pool.cpp", "qmatmul.cpp", "attention.cpp", "encode.cpp")  # compiled together into one library
+SOURCES = (
+    "pool.cpp",
+    "qmatmul.cpp",
+    "attention.cpp",
+    "encode.cpp",
+    "recurrent.cpp",
+)  # compiled together into one library
 TARGETS = {
     "native": (),
     "avx512": (),

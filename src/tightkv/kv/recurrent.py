@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-MAX_CHECKPOINTS = 8  # per layer, the latest kept (llama.cpp's --ctx-checkpoints default)
+MAX_CHECKPOINTS = 4  # per layer, the latest kept (each a whole state: 63 MB for Qwen3.6-35B-A3B)
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,13 @@ class RecurrentState:
         if tokens > 1:
             self.checkpoint()
 
+    def writable(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(conv, ssm) to update in place: these, or copies where a checkpoint holds them."""
+        held = any(c is self.conv or s is self.ssm for c, s in self.checkpoints.values())
+        return (self.conv.clone(), self.ssm.clone()) if held else (self.conv, self.ssm)
+
     def checkpoint(self) -> None:
-        """Keep the current state (the tensors are replaced, never written in place, so no copy)."""
+        """Keep the current state (its tensors are never written in place after: `writable`)."""
         self.checkpoints[self.offset] = (self.conv, self.ssm)
         while len(self.checkpoints) > MAX_CHECKPOINTS:
             del self.checkpoints[min(self.checkpoints)]

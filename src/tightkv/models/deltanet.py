@@ -10,7 +10,7 @@ the GGUF (`qwen35.cpp`, `delta-net-base.cpp`):
     out = ssm_out(rms_norm(o, ssm_norm) * silu(z))
 
 The state (conv inputs and S) is the layer's cache entry (`kv.recurrent.RecurrentState`),
-float32. A decode row takes the step form; a prompt chunk the chunked form (`chunked`,
+float32. A decode row takes the step form (one kernel call, `tk_gdn_step`); a prompt chunk the chunked form (`chunked`,
 chunks of 64 as llama.cpp), which gives the same state and outputs as the steps
 (`reference`, token by token; tests/test_deltanet.py).
 """
@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..kernels import build
+from ..kernels import qmatmul as qm
 from ..kv.cache import BatchLayer
 from .base import BaseModelArgs, Weights, rms_norm
 
@@ -48,36 +50,91 @@ class GatedDeltaNet(torch.nn.Module):
         self.wo = w.linear(p + "ssm_out.weight")  # (hidden, Hv Dv)
 
     def forward(self, x: torch.Tensor, cos, sin, cache) -> torch.Tensor:
-        T = x.shape[0]
-        qkv, z, b, a = self.proj(x).split(self.sizes, dim=-1)
+        proj = self.proj(x)  # (T, qkv + z + b + a)
+        if not isinstance(cache, BatchLayer):
+            return self._run(proj, cache)
+        outs, s = [], 0  # N sequences: each its rows on its own state
+        for c, n in zip(cache.layers, cache.rows):
+            outs.append(self._run(proj[s : s + n], c))
+            s += n
+        return torch.cat(outs)
+
+    __call__ = forward
+
+    def _run(self, proj: torch.Tensor, state) -> torch.Tensor:
+        """One sequence's projected rows (T, .) through its state -> (T, Hv Dv)."""
+        T = proj.shape[0]
+        lib = qm.small_ops(proj)
+        if T == 1 and lib is not None:
+            return self._step(lib, proj, state)
+        qkv, z, b, a = proj.split(self.sizes, dim=-1)
         beta = torch.sigmoid(b)  # (T, Hv)
         g = F.softplus(a + self.dt_bias) * self.a  # (T, Hv), log decay
-        if isinstance(cache, BatchLayer):  # N sequences: each its rows on its own state
-            outs, s = [], 0
-            for c, n in zip(cache.layers, cache.rows):
-                outs.append(self._mix(qkv[s : s + n], beta[s : s + n], g[s : s + n], c))
-                s += n
-            o = torch.cat(outs)
-        else:
-            o = self._mix(qkv, beta, g, cache)  # (T, Hv, Dv)
+        o = self._mix(qkv, beta, g, state)  # (T, Hv, Dv)
         o = rms_norm(o, self.norm, self.eps) * F.silu(z.reshape(T, self.hv, self.dv))
         return o.reshape(T, self.hv * self.dv)
 
-    __call__ = forward
+    def _step(self, lib, proj: torch.Tensor, state) -> torch.Tensor:
+        """A decode row in one kernel call (`tk_gdn_step`): the convolution, the delta rule
+        and the gated norm, the state updated in place."""
+        conv, ssm = state.writable()
+        proj = proj.contiguous()
+        at = [proj.data_ptr() + 4 * o for o in (0, *torch.tensor(self.sizes).cumsum(0).tolist()[:-1])]
+        out, scratch = torch.empty(1, self.hv * self.dv), torch.empty(self.sizes[0])
+        if lib.tk_gdn_step(
+            at[0],
+            conv.data_ptr(),
+            self.conv.data_ptr(),
+            self.sizes[0],
+            self.kernel,
+            at[1],
+            at[2],
+            at[3],
+            self.dt_bias.data_ptr(),
+            self.a.data_ptr(),
+            ssm.data_ptr(),
+            self.hk,
+            self.hv,
+            self.dk,
+            self.dv,
+            self.norm.data_ptr(),
+            self.eps,
+            scratch.data_ptr(),
+            out.data_ptr(),
+            build.threads(),
+        ):
+            raise RuntimeError("tightkv kernel: the Gated DeltaNet step failed")
+        state.advance(conv, ssm, 1)
+        return out
 
     def _mix(self, qkv: torch.Tensor, beta: torch.Tensor, g: torch.Tensor, state) -> torch.Tensor:
         """One sequence's rows through its convolution and delta rule -> o (T, Hv, Dv)."""
         T = qkv.shape[0]
         window = torch.cat([state.conv, qkv])  # (K - 1 + T, channels)
-        conv = F.silu((window.unfold(0, self.kernel, 1) * self.conv).sum(-1))  # (T, channels)
+        conv = window[:T] * self.conv[:, 0]
+        for j in range(1, self.kernel):  # causal: row t takes inputs t - K + 1 .. t
+            conv += window[j : j + T] * self.conv[:, j]
+        conv = F.silu(conv)  # (T, channels)
         q, k, v = conv.split([self.hk * self.dk, self.hk * self.dk, self.hv * self.dv], dim=-1)
         q, k = (_l2norm(t.reshape(T, self.hk, self.dk), self.eps).repeat(1, self.hv // self.hk, 1) for t in (q, k))
         q = q * self.dk**-0.5
         v = v.reshape(T, self.hv, self.dv)
-        run = reference if T <= STEP_MAX else chunked
-        o, ssm = run(q, k, v, g, beta, state.ssm)
+        if T <= STEP_MAX:
+            o, ssm = reference(q, k, v, g, beta, state.writable()[1])
+        else:
+            o, ssm = chunked(q, k, v, g, beta, state.ssm)
         state.advance(window[T:].clone(), ssm, T)
         return o
+
+
+def _unit_lower_inverse(A: torch.Tensor) -> torch.Tensor:
+    """(I + A)^-1 for strictly lower triangular A (..., C, C), by forward substitution, row by
+    row over the whole batch (torch's batched triangular solve takes a LAPACK call per matrix)."""
+    C = A.shape[-1]
+    X = -A.clone()  # row i of (I + A)^-1 - I: -A[i] - sum_j<i A[i, j] X[j]
+    for i in range(2, C):
+        X[..., i, :i] += (X[..., i, None, :i] @ X[..., :i, :i]).squeeze(-2)
+    return X + torch.eye(C)
 
 
 def _l2norm(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -87,15 +144,15 @@ def _l2norm(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 def reference(q, k, v, g, beta, S):
     """The delta rule token by token: q, k (T, H, Dk), v (T, H, Dv), g and beta (T, H), the
-    state S (H, Dk, Dv) -> the outputs (T, H, Dv) and the new state (a new tensor)."""
-    S = S.clone()
+    state S (H, Dk, Dv), updated in place -> the outputs (T, H, Dv) and S."""
     out = torch.empty(v.shape)
+    decay = g.exp()[..., None, None]  # (T, H, 1, 1)
     for t in range(q.shape[0]):
-        S *= g[t].exp()[:, None, None]
-        kv = torch.einsum("hk,hkv->hv", k[t], S)
+        S *= decay[t]
+        kv = (k[t].unsqueeze(1) @ S).squeeze(1)  # (H, Dv): k_t S
         delta = (v[t] - kv) * beta[t][:, None]
-        S += k[t][:, :, None] * delta[:, None, :]
-        out[t] = torch.einsum("hk,hkv->hv", q[t], S)
+        S.baddbmm_(k[t].unsqueeze(2), delta.unsqueeze(1))  # S += k_t delta^T
+        out[t] = (q[t].unsqueeze(1) @ S).squeeze(1)
     return out, S
 
 
@@ -116,8 +173,7 @@ def chunked(q, k, v, g, beta, S, chunk: int = CHUNK):
     kb = k * beta[..., None]
     A = (kb @ k.transpose(-1, -2)) * decay
     A = A.masked_fill(lower.logical_not() | torch.eye(chunk, dtype=torch.bool), 0.0)  # strictly lower
-    eye = torch.eye(chunk).expand_as(A)
-    Tinv = torch.linalg.solve_triangular(eye + A, eye, upper=False, unitriangular=True)  # (I + A)^-1
+    Tinv = _unit_lower_inverse(A)  # (I + A)^-1
     value = Tinv @ (v * beta[..., None])  # (H, n, C, Dv)
     kdecay = Tinv @ (kb * gam.exp()[..., None])  # (H, n, C, Dk)
     local = (q @ k.transpose(-1, -2)) * decay  # (H, n, C, C), the diagonal included

@@ -8,14 +8,16 @@
 
 The experts stay blocks in the memory map: each is a `QuantLinear` over its rows of the
 3-D expert tensors (`base.Weights.experts`), so a decode step reads the routed experts'
-rows and no others. A prompt chunk is grouped by expert: each expert runs once over the
-rows routed to it.
+rows and no others, in two kernel calls (`kernels.experts.ExpertTable`: gate and up of
+all k, then the k down projections). A prompt chunk is grouped by expert: each expert
+runs once over the rows routed to it.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..kernels.experts import ExpertTable
 from ..kernels.qmatmul import StackedLinear
 from .base import BaseModelArgs, Weights, glu
 
@@ -31,6 +33,7 @@ class MoE(torch.nn.Module):
         gates, ups = w.experts(p + "ffn_gate_exps.weight"), w.experts(p + "ffn_up_exps.weight")
         self.gate_up = [StackedLinear([g, u]) for g, u in zip(gates, ups)]  # each (2 ff, hidden)
         self.down = w.experts(p + "ffn_down_exps.weight")  # each (hidden, ff)
+        self.table = ExpertTable(gates, ups, self.down)
         if not 0 < self.k <= len(self.down):
             raise ValueError(f"blk.{i}: {self.k} experts used of {len(self.down)}")
         self.shared = None
@@ -54,32 +57,27 @@ class MoE(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (T, hidden) -> (T, hidden)."""
+        T, k = x.shape[0], self.k
         experts, weights = self.route(x)
-        if x.shape[0] == 1:  # a decode row: its k experts in turn
-            out = torch.zeros_like(x)
-            for e, wt in zip(experts[0].tolist(), weights[0].tolist()):
-                out += wt * self.expert(e, x)
-        else:
-            out = self.grouped(x, experts, weights)
+        y = torch.empty(T * k, x.shape[1])  # each (token, slot)'s expert output
+        if T == 1:  # a decode row: its k experts in two kernel calls (`kernels.experts`), or in turn
+            if not self.table.run(x, experts[0].tolist(), self.act, y):
+                for j, e in enumerate(experts[0].tolist()):
+                    y[j] = self.expert(e, x)[0]
+        else:  # grouped by expert: each routed expert runs once over its rows
+            flat = experts.reshape(-1)
+            order = torch.argsort(flat, stable=True)  # (token, slot) pairs, grouped by expert
+            rows = x[order // k]
+            grouped, start = torch.empty_like(rows), 0
+            for e, n in enumerate(torch.bincount(flat, minlength=len(self.down)).tolist()):
+                if n:
+                    grouped[start : start + n] = self.expert(e, rows[start : start + n])
+                start += n
+            y[order] = grouped
+        out = (y.view(T, k, -1) * weights[..., None]).sum(1)  # the slots' sum, in the same order for any T
         if self.shared is not None:
             gate = torch.sigmoid(x @ self.shared_gate)  # (T, 1)
             out = out + gate * self.shared_down(glu(self.shared(x), self.act))
         return out
 
     __call__ = forward
-
-    def grouped(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """Rows grouped by expert: each routed expert runs once over its rows."""
-        out = torch.zeros_like(x)
-        flat = experts.reshape(-1)  # (T k,)
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=len(self.down)).tolist()
-        rows = order // self.k  # the token of each routed pair, grouped by expert
-        w = weights.reshape(-1)[order]
-        start = 0
-        for e, n in enumerate(counts):
-            if n:
-                r = rows[start : start + n]
-                out.index_add_(0, r, self.expert(e, x[r]) * w[start : start + n, None])
-            start += n
-        return out

@@ -176,7 +176,7 @@ static chunk_fn bind_type(int type, PartCtx &g, const uint8_t *w, int64_t ldw, i
 }
 
 // Chunks of the parts of one product, numbered one after another.
-static const int MAX_PARTS = 8;
+static const int MAX_PARTS = 16;  // (gate and up of 8 routed experts)
 struct Parts {
   int n;
   chunk_fn fn[MAX_PARTS];
@@ -228,6 +228,39 @@ extern "C" int tk_gemv_parts(int n, const int *types, const uint8_t *const *ws, 
     else
       run_chunks(parts_chunk, &s, total, nth);
   }
+  return 0;
+}
+
+// y (n, N): row i = weight matrix i (N, K) times row i of x (n, K), for n parts that each take
+// their own activations (the routed experts' down projections, each over its own expert's
+// gated unit): the rows are quantized once and every part's rows share one pass of the pool,
+// with the arithmetic of tk_gemv_parts on each row. 0 on success; as tk_gemv_parts otherwise.
+extern "C" int tk_gemv_each(int n, const int *types, const uint8_t *const *ws, const int64_t *ldws, int64_t N,
+                            int64_t K, const float *x, float *y, int nth) {
+  if (n < 1 || n > MAX_PARTS || K % 32) return 1;
+  for (int i = 0; i < n; i++) {
+    if (types[i] < 0 || types[i] >= NTYPES) return 2;
+    if (!tk_lowbit_ready(types[i])) return 3;
+  }
+  Act a = {x, nullptr, nullptr, nullptr, nullptr, K};
+#if TK_GEMV_I8
+  thread_local avec<int8_t> q;
+  thread_local avec<float> d, hs, d8;
+  q.resize(n * K); d.resize(n * K / 32); hs.resize(n * K / 16);
+  if (TK_GEMV_512) d8.resize((n * K / 64 + 1) * 32);
+  i8::quantize_rows(x, n, K, q.data(), d.data(), hs.data(), TK_GEMV_512 ? d8.data() : nullptr);
+  a.q = q.data(); a.d = d.data(); a.hs = hs.data(); a.d8 = TK_GEMV_512 ? d8.data() : nullptr;
+#endif
+  PartCtx ctx[MAX_PARTS];
+  Parts s = {n, {}, ctx, {}};
+  int64_t total = 0;
+  for (int i = 0; i < n; i++) {  // part i: activation row i into output row i (y + i * N)
+    s.fn[i] = bind_type(types[i], ctx[i], ws[i], ldws[i], N, a, i, 1, y, N, nth);
+    if (!s.fn[i]) return 1;
+    s.nchunks[i] = (N + ctx[i].rows - 1) / ctx[i].rows;
+    total += s.nchunks[i];
+  }
+  run_chunks(parts_chunk, &s, total, nth);
   return 0;
 }
 
