@@ -41,9 +41,11 @@ class GatedDeltaNet(torch.nn.Module):
         self.kernel = L.conv_kernel
         self.eps = args.rms_norm_eps
         self.sizes = [2 * self.hk * self.dk + self.hv * self.dv, self.hv * self.dv, self.hv, self.hv]
+        self.offsets = [sum(self.sizes[:i]) for i in range(4)]
         # qkv, z, beta, alpha: one product over the same rows
         self.proj = w.stacked([p + n + ".weight" for n in ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")])
         self.conv = w.vector(p + "ssm_conv1d.weight")  # (channels, K)
+        self.conv_t = self.conv.t().contiguous()  # (K, channels): the step kernel's layout
         self.dt_bias = w.vector(p + "ssm_dt.bias")  # (Hv,)
         self.a = w.vector(p + "ssm_a")  # (Hv,): -exp(A_log)
         self.norm = w.vector(p + "ssm_norm.weight")  # (Dv,)
@@ -79,12 +81,12 @@ class GatedDeltaNet(torch.nn.Module):
         and the gated norm, the state updated in place."""
         conv, ssm = state.writable()
         proj = proj.contiguous()
-        at = [proj.data_ptr() + 4 * o for o in (0, *torch.tensor(self.sizes).cumsum(0).tolist()[:-1])]
+        at = [proj.data_ptr() + 4 * o for o in self.offsets]
         out, scratch = torch.empty(1, self.hv * self.dv), torch.empty(self.sizes[0])
         if lib.tk_gdn_step(
             at[0],
             conv.data_ptr(),
-            self.conv.data_ptr(),
+            self.conv_t.data_ptr(),
             self.sizes[0],
             self.kernel,
             at[1],

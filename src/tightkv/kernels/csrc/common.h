@@ -49,6 +49,28 @@ static inline void hadamard_blocks(T *v, int64_t D, int64_t hb) {
         }
 }
 
+// e^x within about an ulp, for any float x (clamped to [-87, 88], where e^x stays a normal
+// float): x = n ln2 + r, ln2 in two parts (Cody and Waite) so r is exact, e^r by its Taylor
+// series to r^7 (|r| <= ln2/2: the next term is below 1e-8), 2^n put in the exponent bits.
+// Plain float operations, no branches: the loops over it vectorize, every lane alike.
+static inline float exp_f(float x) {
+  x = x < -87.f ? -87.f : x > 88.f ? 88.f : x;
+  const float n = (x * 1.44269504f + 12582912.f) - 12582912.f;  // round to nearest
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.f / 5040.f;
+  p = p * r + 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const int32_t bits = ((int32_t)n + 127) << 23;
+  float two_n;
+  memcpy(&two_n, &bits, 4);
+  return p * two_n;
+}
+
 #if defined(__AVX2__)
 // The sum of the 8 lanes of an AVX2 float vector.
 static inline float hsum8(__m256 s) {

@@ -52,7 +52,7 @@ static void head(const void *p, int64_t h) {
   for (int64_t j = 0; j < Dv; j++) ss += (double)o[j] * o[j];
   const float inv = (float)(1.0 / sqrt(ss / (double)Dv + (double)s->eps));
   const float *z = s->z + h * Dv;
-  for (int64_t j = 0; j < Dv; j++) o[j] = o[j] * inv * s->norm[j] * (z[j] / (1.0f + expf(-z[j])));
+  for (int64_t j = 0; j < Dv; j++) o[j] = o[j] * inv * s->norm[j] * (z[j] / (1.0f + exp_f(-z[j])));
 }
 
 static void l2norm(float *x, int64_t n, float eps, float scale) {
@@ -65,24 +65,23 @@ static void l2norm(float *x, int64_t n, float eps, float scale) {
 }  // namespace gdn
 
 // qkv (C,): the token's projection before the convolution (q, k: Hk heads of Dk; v: Hv of
-// Dv); conv (K - 1, C): the last inputs, shifted in place; w (C, K): the convolution; z (Hv
+// Dv); conv (K - 1, C): the last inputs, shifted in place; wt (K, C): the convolution; z (Hv
 // Dv), b and a (Hv,): the gate, beta and decay projections; dt (Hv,): the decay's bias;
 // A (Hv,): -exp(A_log); S (Hv, Dk, Dv): the state, updated in place; norm (Dv,), eps;
 // scratch (C,); out (Hv, Dv). 0 on success, 1 for a head dim over 1024.
-extern "C" int tk_gdn_step(const float *qkv, float *conv, const float *w, int64_t C, int64_t K, const float *z,
+extern "C" int tk_gdn_step(const float *qkv, float *conv, const float *wt, int64_t C, int64_t K, const float *z,
                            const float *b, const float *a, const float *dt, const float *A, float *S, int64_t Hk,
                            int64_t Hv, int64_t Dk, int64_t Dv, const float *norm, float eps, float *scratch,
                            float *out, int nth) {
   if (Dv > 1024) return 1;
-  for (int64_t c = 0; c < C; c++) {  // causal convolution over the K - 1 kept inputs and this one, then silu
-    float acc = conv[c] * w[c * K];
-    for (int64_t j = 1; j < K - 1; j++) acc += conv[j * C + c] * w[c * K + j];
-    acc += qkv[c] * w[c * K + K - 1];
-    scratch[c] = acc / (1.0f + expf(-acc));
+  for (int64_t c = 0; c < C; c++) scratch[c] = conv[c] * wt[c];  // the causal convolution, tap by tap
+  for (int64_t j = 1; j < K; j++) {
+    const float *in = j < K - 1 ? conv + j * C : qkv, *wj = wt + j * C;
+    for (int64_t c = 0; c < C; c++) scratch[c] += in[c] * wj[c];
   }
-  for (int64_t j = 0; j + 1 < K - 1; j++)
-    for (int64_t c = 0; c < C; c++) conv[j * C + c] = conv[(j + 1) * C + c];
-  for (int64_t c = 0; c < C; c++) conv[(K - 2) * C + c] = qkv[c];
+  for (int64_t c = 0; c < C; c++) scratch[c] = scratch[c] / (1.0f + exp_f(-scratch[c]));  // silu
+  memmove(conv, conv + C, (K - 2) * C * sizeof(float));  // the kept inputs move up one
+  memcpy(conv + (K - 2) * C, qkv, C * sizeof(float));
   float *q = scratch, *k = scratch + Hk * Dk, *v = scratch + 2 * Hk * Dk;
   for (int64_t h = 0; h < Hk; h++) {
     gdn::l2norm(q + h * Dk, Dk, eps, 1.0f / sqrtf((float)Dk));
