@@ -106,6 +106,13 @@ EXTRA = {
         ],
     ),
     "step-overhead": ("docs/speed.md", [["step_overhead.py", "--model", "{qwen}", "--threads", "2"]]),
+    "moe-hybrid": (
+        "docs/speed.md",
+        [
+            ["synthetic_moe_hybrid.py", "--depths", "16,512,16384", "--n-gen", "16", "--bytes"]
+            + ["--json", "{json_synthetic_moe_hybrid}"]
+        ],
+    ),
     "kv-auto": ("docs/kv-cache.md", [["kv_auto.py", "--brief", "{brief}", "--json", "{out}/kv_auto.json"]]),
     "serving": (
         "docs/server.md",

@@ -40,3 +40,35 @@ def test_cut_state_equals_straight_through():
     torch.testing.assert_close(torch.cat([o1, o2, o3]), o_all, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(S3, S_all, atol=1e-5, rtol=1e-4)
     assert not torch.equal(S1, S)  # (a new state: the chunked form never writes the one given)
+
+
+def test_step_kernel_equals_the_torch_step():
+    """A decode row in one kernel call (`tk_gdn_step`) gives the torch path's output and state,
+    from a non-zero state, on a layer whose key heads are fewer than its value heads."""
+    from pathlib import Path
+
+    from tightkv import Model
+    from tightkv.kernels import qmatmul
+    from tightkv.kv.recurrent import RecurrentState
+
+    m = Model(str(Path(__file__).parent / "data" / "families" / "qwen35" / "qwen35-f32.gguf"), kv="f32")
+    layer = m.net.layers[0].attn
+    assert layer.hk < layer.hv
+    g = torch.Generator().manual_seed(5)
+    results = []
+    for backend in ("fast", "reference"):
+        qmatmul.set_backend(backend)
+        try:
+            state = RecurrentState(m.args.recurrent_layout())
+            state.conv = torch.randn(state.conv.shape, generator=g.manual_seed(1))
+            state.ssm = torch.randn(state.ssm.shape, generator=g.manual_seed(2)) * 0.1
+            x = torch.randn(1, m.args.hidden_size, generator=g.manual_seed(3))
+            out = layer(x, None, None, state)
+            results.append((out, state.conv, state.ssm, state.offset))
+        finally:
+            qmatmul.set_backend("fast")
+    (o1, c1, s1, n1), (o2, c2, s2, n2) = results
+    assert n1 == n2 == 1
+    torch.testing.assert_close(c1, c2, atol=0, rtol=0)
+    torch.testing.assert_close(s1, s2, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(o1, o2, atol=1e-5, rtol=1e-4)

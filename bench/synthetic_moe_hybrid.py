@@ -1,0 +1,323 @@
+"""Speed of the new families on synthetic models of real shapes, ours against llama.cpp on
+the same file, threads and depth (flash attention on), and what an MoE decode step reads.
+
+Two models, random Q4_K weights (valid blocks, seeded; speed only), written into a
+temporary directory:
+
+- ``hybrid``: Qwen3.5-2B-shaped (``qwen35``): hidden 2048, 24 layers of which every 4th is
+  gated full attention (8 query heads, 2 KV heads of 256, 64 rotated dims) and the others
+  Gated DeltaNet (16 key and 16 value heads of 128, convolution 4), FFN 6144, vocab 248320,
+  output tied to the embedding.
+- ``moe``: Qwen3-30B-A3B-shaped (``qwen3moe``) with 8 of its 48 layers: hidden 2048, 32
+  query heads and 4 KV heads of 128, 128 experts of width 768, 8 used, vocab 151936.
+
+    python bench/synthetic_moe_hybrid.py --depths 16,16384 --json docs/bench/synthetic_moe_hybrid.json
+
+Rows: each engine fills its cache to `depth` tokens with a prefill (pp, tokens/s; at depth
+512 that is pp512), then decodes `n-gen` tokens (tg; the first step not timed). Ours with
+the default cache, llama.cpp with f16 and q8_0 caches. For the MoE model, `--bytes` also
+measures the weight bytes one decode step reads: the file's pages are dropped from memory
+(madvise and posix_fadvise DONTNEED, read-around off), one token decoded, and the pages
+then resident counted (mincore), against the routed experts' rows plus the dense weights.
+Prints a table and writes JSON. Not a timed test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import synthetic_llama as base  # noqa: E402  (the measurement of one engine, in its own process)
+
+MODELS = {
+    "hybrid": dict(
+        arch="qwen35",
+        hidden=2048,
+        layers=24,
+        heads=8,
+        kv_heads=2,
+        head_dim=256,
+        rope_dim=64,
+        intermediate=6144,
+        vocab=248320,
+        k_heads=16,
+        v_heads=16,
+        head_k=128,
+        head_v=128,
+        conv=4,
+        interval=4,
+    ),
+    "moe": dict(
+        arch="qwen3moe",
+        hidden=2048,
+        layers=8,
+        heads=32,
+        kv_heads=4,
+        head_dim=128,
+        intermediate=6144,
+        vocab=151936,
+        experts=128,
+        used=8,
+        expert_ff=768,
+    ),
+}
+
+
+def q4k(rng, rows: int, cols: int) -> np.ndarray:
+    """Random valid Q4_K blocks (rows, cols / 256 * 144): small fixed scales, random codes."""
+    n = cols // 256
+    raw = rng.integers(0, 256, size=(rows, n, 144), dtype=np.uint8)
+    raw[:, :, 0:2] = np.frombuffer(np.float16(2e-3).tobytes(), np.uint8)  # d
+    raw[:, :, 2:4] = np.frombuffer(np.float16(1e-3).tobytes(), np.uint8)  # dmin
+    return raw.reshape(rows, n * 144)
+
+
+def vocab(size: int):
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny_gguf import BYTE, CONTROL, NORMAL, SPACE, UNKNOWN, Vocab
+
+    tokens = ["<pad>", "</s>", "<s>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [CONTROL, CONTROL, CONTROL, UNKNOWN] + [BYTE] * 256
+    tokens += [f"{SPACE}t{i}" for i in range(size - len(tokens))]
+    types += [NORMAL] * (size - len(types))
+    scores = [0.0] * 260 + [-float(i) for i in range(size - 260)]
+    return Vocab(tokens, scores, types, {"padding": 0, "eos": 1, "bos": 2, "unk": 3})
+
+
+def write_model(kind: str, path: Path, seed: int = 0) -> Path:
+    """The synthetic GGUF of `kind` (see MODELS), Q4_K matrices and float32 vectors."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny_gguf import _add_vocab
+
+    c, rng = MODELS[kind], np.random.default_rng(seed)
+    arch, h = c["arch"], c["hidden"]
+    w = GGUFWriter(str(path), arch)
+    w.add_name(f"synthetic-{kind}")
+    meta = {
+        "context_length": 32768,
+        "embedding_length": h,
+        "block_count": c["layers"],
+        "feed_forward_length": c["intermediate"],
+        "attention.head_count": c["heads"],
+        "attention.head_count_kv": c["kv_heads"],
+        "attention.key_length": c["head_dim"],
+        "attention.value_length": c["head_dim"],
+        "rope.dimension_count": c.get("rope_dim", c["head_dim"]),
+        "rope.freq_base": 1e7,
+    }
+    for key, value in meta.items():
+        w.add_uint32(f"{arch}.{key}", value) if isinstance(value, int) else w.add_float32(f"{arch}.{key}", value)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    if kind == "moe":
+        for key in ("expert_count", "expert_used_count", "expert_feed_forward_length"):
+            w.add_uint32(
+                f"{arch}.{key}", c[{"expert_count": "experts", "expert_used_count": "used"}.get(key, "expert_ff")]
+            )
+    else:
+        ssm = {"conv_kernel": c["conv"], "state_size": c["head_k"], "group_count": c["k_heads"]}
+        ssm.update(time_step_rank=c["v_heads"], inner_size=c["v_heads"] * c["head_v"])
+        for key, value in ssm.items():
+            w.add_uint32(f"{arch}.ssm.{key}", value)
+        w.add_uint32(f"{arch}.full_attention_interval", c["interval"])
+        w.add_array(
+            f"{arch}.rope.dimension_sections", [c["rope_dim"] // 2 - c["rope_dim"] // 4, c["rope_dim"] // 4, 0, 0]
+        )
+    _add_vocab(w, vocab(c["vocab"]))
+
+    def mat(name, rows, cols):
+        w.add_tensor(name, q4k(rng, rows, cols), raw_dtype=GGMLQuantizationType.Q4_K)
+
+    def vec(name, values):
+        w.add_tensor(name, np.ascontiguousarray(values, dtype=np.float32))
+
+    mat("token_embd.weight", c["vocab"], h)
+    for i in range(c["layers"]):
+        p, hd = f"blk.{i}.", c["head_dim"]
+        vec(p + "attn_norm.weight", np.ones(h))
+        if kind == "hybrid" and (i + 1) % c["interval"]:
+            kw, vw = c["k_heads"] * c["head_k"], c["v_heads"] * c["head_v"]
+            mat(p + "attn_qkv.weight", 2 * kw + vw, h)
+            mat(p + "attn_gate.weight", vw, h)
+            mat(p + "ssm_beta.weight", c["v_heads"], h)
+            mat(p + "ssm_alpha.weight", c["v_heads"], h)
+            vec(p + "ssm_conv1d.weight", rng.uniform(-0.5, 0.5, (2 * kw + vw, c["conv"])))
+            vec(p + "ssm_dt.bias", rng.uniform(-4, -2, c["v_heads"]))
+            vec(p + "ssm_a", -np.exp(rng.uniform(0, 2, c["v_heads"])))
+            vec(p + "ssm_norm.weight", np.ones(c["head_v"]))
+            mat(p + "ssm_out.weight", h, vw)
+        else:
+            q_rows = c["heads"] * hd * (2 if kind == "hybrid" else 1)
+            mat(p + "attn_q.weight", q_rows, h)
+            mat(p + "attn_k.weight", c["kv_heads"] * hd, h)
+            mat(p + "attn_v.weight", c["kv_heads"] * hd, h)
+            mat(p + "attn_output.weight", h, c["heads"] * hd)
+            vec(p + "attn_q_norm.weight", np.ones(hd))
+            vec(p + "attn_k_norm.weight", np.ones(hd))
+        if kind == "hybrid":
+            vec(p + "post_attention_norm.weight", np.ones(h))
+            mat(p + "ffn_gate.weight", c["intermediate"], h)
+            mat(p + "ffn_up.weight", c["intermediate"], h)
+            mat(p + "ffn_down.weight", h, c["intermediate"])
+        else:
+            vec(p + "ffn_norm.weight", np.ones(h))
+            vec(p + "ffn_gate_inp.weight", rng.standard_normal((c["experts"], h)) / np.sqrt(h))
+            E, ff = c["experts"], c["expert_ff"]
+            for name, rows, cols in (("gate", ff, h), ("up", ff, h), ("down", h, ff)):
+                blocks = np.stack([q4k(rng, rows, cols) for _ in range(E)])
+                w.add_tensor(p + f"ffn_{name}_exps.weight", blocks, raw_dtype=GGMLQuantizationType.Q4_K)
+    vec("output_norm.weight", np.ones(h))
+    if kind == "moe":
+        mat("output.weight", c["vocab"], h)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def expected_bytes(path: Path) -> dict:
+    """What one decode step must read: every tensor but the embedding (one row of it) and
+    the expert tensors (their `used` of `experts` experts)."""
+    from tightkv.gguf.reader import read_gguf
+
+    g = read_gguf(path)
+    used, total = g.metadata.get(f"{g.architecture}.expert_used_count", 0), 0
+    dense = experts = 0
+    for name, t in g.tensors.items():
+        n = int(t.data.nbytes)
+        if name == "token_embd.weight" and "output.weight" in g.tensors:
+            dense += n // t.shape[0]
+        elif len(t.shape) == 3:
+            total = t.shape[0]
+            experts += n * used // total
+        else:
+            dense += n
+    return {"dense_bytes": dense, "routed_expert_bytes": experts, "expected_bytes": dense + experts}
+
+
+def measured_bytes(path: Path, threads: int) -> dict:
+    """The file bytes one decode step brings into memory (see the module docstring)."""
+    import torch
+
+    from tightkv.api import Model
+    from tightkv.engine.generate import decode_step, prefill
+
+    torch.set_num_threads(threads)
+    model = Model(str(path), threads=threads, context_length=256)
+    cache = model.new_cache()
+    prefill(model.net, [2, 300, 301, 302], cache)
+    whole = model.gguf.tensors["token_embd.weight"].data
+    while not isinstance(whole, np.memmap) or isinstance(whole.base, np.ndarray):
+        whole = whole.base  # up to the map of the whole file (gguf's reader maps it at offset 0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    size, base_addr = whole.nbytes, whole.ctypes.data
+    page = os.sysconf("SC_PAGE_SIZE")
+    MADV_RANDOM, MADV_DONTNEED = 1, 4
+    libc.madvise(ctypes.c_void_p(base_addr), ctypes.c_size_t(size), MADV_RANDOM)
+    libc.madvise(ctypes.c_void_p(base_addr), ctypes.c_size_t(size), MADV_DONTNEED)
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    before = _resident(libc, base_addr, size, page)
+    decode_step(model.net, 400, cache)
+    after = _resident(libc, base_addr, size, page)
+    os.close(fd)
+    return {"resident_before": before, "read_bytes": after - before}
+
+
+def _resident(libc, addr: int, size: int, page: int) -> int:
+    pages = (size + page - 1) // page
+    vec = (ctypes.c_ubyte * pages)()
+    if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec):
+        raise OSError(ctypes.get_errno(), "mincore failed")
+    return int(np.frombuffer(vec, np.uint8).astype(bool).sum()) * page
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="hybrid,moe")
+    ap.add_argument("--depths", default="16,512,16384", help="context depths, comma-separated")
+    ap.add_argument("--n-gen", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=16,
+        help="decode steps before the timed ones (an MoE step touches experts not yet mapped)",
+    )
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ours", default="kvarn4", help="our KV types (default: the default cache), comma-separated")
+    ap.add_argument("--llamacpp", default="f16,q8_0")
+    ap.add_argument("--bytes", action="store_true", help="measure the bytes an MoE decode step reads")
+    ap.add_argument("--dir", default=None, help="keep the written models here (default: a temp dir)")
+    ap.add_argument("--json", default=None)
+    ns = ap.parse_args()
+    doc = {"models": {k: MODELS[k] for k in ns.models.split(",")}, "threads": ns.threads, "n_gen": ns.n_gen}
+    doc["warmup"] = ns.warmup
+    doc["machine"] = base_machine()
+    rows = doc["rows"] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(ns.dir or tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        for kind in ns.models.split(","):
+            path = folder / f"synthetic-{kind}-q4_k.gguf"
+            if not path.exists():
+                t = time.perf_counter()
+                write_model(kind, path)
+                print(
+                    f"wrote {path.name} ({path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t:.0f} s",
+                    file=sys.stderr,
+                )
+            if ns.bytes and kind == "moe":
+                doc["moe_bytes"] = {**expected_bytes(path), **base.isolated(measured_bytes, path, ns.threads)}
+                print(doc["moe_bytes"], file=sys.stderr)
+            for depth in (int(d) for d in ns.depths.split(",")):
+                runs = [(base.ours, "tightkv", kv) for kv in filter(None, ns.ours.split(","))]
+                runs += [(base.llamacpp, "llama.cpp", kv) for kv in filter(None, ns.llamacpp.split(","))]
+                for fn, engine, kv in runs:
+                    print(f"{kind} depth {depth}: {engine} {kv} ...", file=sys.stderr, flush=True)
+                    args = (path, kv, depth, ns.n_gen, ns.threads, ns.reps, MODELS[kind]["vocab"], ns.warmup)
+                    row = base.isolated(fn, *args)
+                    rows.append({"model": kind, **row})
+                    if ns.json:
+                        Path(ns.json).write_text(json.dumps(doc, indent=1))
+    print_table(rows)
+
+
+def base_machine() -> str:
+    flags = open("/proc/cpuinfo").read()
+    isa = "AVX-512 VNNI" if "avx512_vnni" in flags else "AVX-512" if "avx512f" in flags else "AVX2"
+    name = next((line.split(":", 1)[1].strip() for line in flags.splitlines() if line.startswith("model name")), "?")
+    return f"{os.cpu_count()} cores, {name}, {isa}"
+
+
+def print_table(rows: list[dict]) -> None:
+    print(
+        "| model  | depth | engine    | kv          | tg t/s | vs llama.cpp f16 | vs q8_0 | pp t/s | vs f16 | peak RSS MiB |"
+    )
+    print("|--------|------:|-----------|-------------|-------:|-----:|-----:|-------:|------:|------:|")
+    for r in rows:
+        same = [x for x in rows if x["model"] == r["model"] and x["depth"] == r["depth"] and x["engine"] == "llama.cpp"]
+        ref = {x["kv"]: x for x in same}
+        f16, q8 = ref.get("f16"), ref.get("q8_0")
+        ratio = lambda key, x: f"{r[key] / x[key]:.2f}x" if x else ""  # noqa: E731
+        print(
+            f"| {r['model']:<6} | {r['depth']:>5} | {r['engine']:<9} | {r['kv']:<11} | {r['tg_tok_s']:6.2f} "
+            f"| {ratio('tg_tok_s', f16):>5} | {ratio('tg_tok_s', q8):>5} | {r['pp_tok_s']:6.1f} "
+            f"| {ratio('pp_tok_s', f16):>5} | {r['peak_rss'] / 2**20:6.0f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
