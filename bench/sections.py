@@ -109,7 +109,7 @@ EXTRA = {
     "moe-hybrid": (
         "docs/speed.md",
         [
-            ["synthetic_moe_hybrid.py", "--depths", "16,512,16384", "--n-gen", "16", "--bytes"]
+            ["synthetic_moe_hybrid.py", "--depths", "16,512,16384", "--n-gen", "16", "--bytes", "--memory", "16384"]
             + ["--json", "{json_synthetic_moe_hybrid}"]
         ],
     ),

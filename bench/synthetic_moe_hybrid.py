@@ -19,7 +19,9 @@ the default cache, llama.cpp with f16 and q8_0 caches. For the MoE model, `--byt
 measures the weight bytes one decode step reads: the file's pages are dropped from memory
 (madvise and posix_fadvise DONTNEED, read-around off), one token decoded, and the pages
 then resident counted (mincore), against the routed experts' rows plus the dense weights.
-Prints a table and writes JSON. Not a timed test.
+`--memory TOKENS` also records the RSS at load against the file's size and a decode step's
+peak RSS at that depth against the load plus the cache (bench/decode_memory.py). Prints a
+table and writes JSON. Not a timed test.
 """
 
 from __future__ import annotations
@@ -236,6 +238,18 @@ def measured_bytes(path: Path, threads: int) -> dict:
     return {"resident_before": before, "read_bytes": after - before}
 
 
+def memory(path: Path, tokens: int, threads: int) -> dict:
+    """RSS at load (every weight touched) against the file, and a decode step's peak at `tokens`
+    tokens against the load plus the cache (bench/decode_memory.py, the default cache)."""
+    import decode_memory
+
+    row = decode_memory.run(str(path), "kvarn4", tokens, 32, threads)
+    size = path.stat().st_size
+    row.update(file_bytes=size, load_bound=int(1.3 * size + 100 * 2**20))
+    row["load_ok"] = row["load_rss"] <= row["load_bound"]
+    return row
+
+
 def _resident(libc, addr: int, size: int, page: int) -> int:
     pages = (size + page - 1) // page
     vec = (ctypes.c_ubyte * pages)()
@@ -260,6 +274,9 @@ def main() -> None:
     ap.add_argument("--ours", default="kvarn4", help="our KV types (default: the default cache), comma-separated")
     ap.add_argument("--llamacpp", default="f16,q8_0")
     ap.add_argument("--bytes", action="store_true", help="measure the bytes an MoE decode step reads")
+    ap.add_argument(
+        "--memory", type=int, default=0, help="TOKENS: RSS at load and of decode steps at this depth (decode_memory.py)"
+    )
     ap.add_argument("--dir", default=None, help="keep the written models here (default: a temp dir)")
     ap.add_argument("--json", default=None)
     ns = ap.parse_args()
@@ -279,6 +296,9 @@ def main() -> None:
                     f"wrote {path.name} ({path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t:.0f} s",
                     file=sys.stderr,
                 )
+            if ns.memory:
+                doc.setdefault("memory", {})[kind] = memory(path, ns.memory, ns.threads)
+                print(doc["memory"][kind], file=sys.stderr)
             if ns.bytes and kind == "moe":
                 doc["moe_bytes"] = {**expected_bytes(path), **base.isolated(measured_bytes, path, ns.threads)}
                 print(doc["moe_bytes"], file=sys.stderr)

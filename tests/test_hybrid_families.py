@@ -186,3 +186,29 @@ def test_missing_tensor_or_key_is_named():
     g.tensors["blk.1.ffn_up_exps.weight"] = g.tensors["blk.1.ffn_gate_inp.weight"]
     with pytest.raises(GGUFError, match=r"blk\.1\.ffn_up_exps\.weight"):
         build_model(g)
+
+
+@pytest.mark.parametrize("arch", HYBRID)
+def test_document_session_restores_the_state_between_questions(arch, tmp_path, monkeypatch):
+    """A whole-document session on a hybrid model: the document's cache (recurrent state and
+    KV) is restored after each question, saved, and loaded by a new session, which answers
+    the same question with the same words."""
+    monkeypatch.setenv("TIGHTKV_HOME", str(tmp_path))
+    text = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")[:1500]
+    m = Model(gguf(arch, "q8_0"))
+    doc = m.load_document(text, mode="full", progress=False)
+    first = doc.ask("What is tightkv?", max_tokens=8).text
+    doc.ask("What does it compress?", max_tokens=8)
+    assert doc.ask("What is tightkv?", max_tokens=8).text == first
+    warm = Model(gguf(arch, "q8_0")).load_document(text, mode="full", progress=False)
+    assert warm.ask("What is tightkv?", max_tokens=8).text == first
+
+
+@pytest.mark.parametrize("arch", HYBRID)
+def test_kv_auto_chooses_for_the_attention_layers(arch):
+    m = Model(gguf(arch, "q8_0"), kv="auto")
+    text = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")[:6000]  # over 1K tokens
+    m.choose_kv(text, memory=1 << 30, quiet=True)
+    cache = m.new_cache()
+    assert sum(isinstance(c, RecurrentState) for c in cache) == sum(m.args.recurrent_layers)
+    assert m.generate("The essays", max_tokens=4)

@@ -36,6 +36,9 @@ def run(ns: argparse.Namespace) -> int:
     from ..api import Model, default_threads
     from itertools import zip_longest
 
+    from ..gguf.describe import read_per_token
+    from ..hub import human_binary_bytes
+
     from ..eval.bench import (
         LLAMA_KV_TYPES,
         LLAMA_SETTINGS,
@@ -79,6 +82,9 @@ def run(ns: argparse.Namespace) -> int:
     print(format_table(rows))
     mach = machine()
     build = next((r.build for r in rows if r.build), "")
+    read = read_per_token(model.gguf)
+    if read.moe:  # GB/s counts what a token reads: the routed experts' share, the rest whole
+        print(f"weights read per token: {read.parts(human_binary_bytes)} of {human_binary_bytes(read.weights)}")
     print(
         f"model {model.path.name}, {threads} threads, medians of {ns.reps} rounds (engines and types in turn); "
         f"{mach['cpu']}, kernels {mach['kernels']}" + (f"; llama.cpp built with {build}" if build else "")

@@ -20,6 +20,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..gguf.describe import read_per_token
+
 LLAMA_KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 LLAMA_SETTINGS = {"flash_attn": True, "swa_full": False}  # every llama.cpp row, f16 included
 INSTALL_HINT = (
@@ -175,7 +177,7 @@ def run_tightkv(
     """tightkv's pp and tg rows for one KV type; `on_row` sees each row as it finishes."""
     vocab = model.args.vocab_size
     rows = []
-    weight_bytes = model.path.stat().st_size
+    weight_bytes = read_per_token(model.gguf).per_token  # a mixture of experts: its routed experts' share
     prompt = [model.tokenizer.bos_id] + bench_tokens(max(n_prompt, 64) - 1, vocab, 1)
     _ours_pp(model, kv, prompt[:64])  # warm-up: kernels compiled, pages touched
     if n_prompt > 0:  # -p 0 skips the prompt test, as in llama-bench

@@ -213,6 +213,10 @@ FUNCTIONS = {
     "tk_gemv": (_i32, [_i32, _p, _i64, _i64, _i64, _p, _i64, _p, _i32]),
     "tk_gemv_parts": (_i32, [_i32, _p, _p, _p, _p, _i64, _p, _i64, _p, _i32]),
     "tk_gemv_each": (_i32, [_i32, _p, _p, _p, _i64, _i64, _p, _p, _i32]),
+    "tk_moe_row": (
+        _i32,
+        [_p, _p, _i64, _i64, _i32, _i32, _f32, _p, _p, _p, _p, _p, _p, _i64, _i32, _p, _p, _p, _i32],
+    ),
     "tk_dequant": (_i32, [_i32, _p, _i64, _i64, _i64, _p, _i32]),
     "tk_simd": (_i32, []),
     "tk_gemv_int8": (_i32, []),

@@ -1,7 +1,8 @@
-"""A decode row's routed experts in two kernel calls: gate and up of all k experts over the
-row (`tk_gemv_parts`, the activations quantized once), the gated unit, then the k down
-projections each over its own expert's unit (`tk_gemv_each`). Per row the same arithmetic
-as each expert's `QuantLinear` alone."""
+"""A decode row's mixture of experts in one kernel call (`tk_moe_row`): the router's softmax
+and top-k, gate and up of the k routed experts over the row (`tk_gemv_parts`, the activations
+quantized once), the gated units, the k down projections each over its own expert's unit
+(`tk_gemv_each`), and their weighted sum. Per expert the same arithmetic as its
+`QuantLinear` alone; every row alike, alone or in a batch."""
 
 from __future__ import annotations
 
@@ -12,16 +13,18 @@ from . import build
 from . import qmatmul as qm
 from .sublayers import ACT_IDS
 
-MAX_PARTS = 16  # the kernels' most parts in one call (csrc/qmatmul.cpp)
+MAX_PARTS = 16  # the kernels' most parts in one call (csrc/qmatmul.cpp): gate and up of 8 experts
 
 
 class ExpertTable:
-    """The kernels' view of every expert's gate, up and down rows (type, address, row stride),
-    indexed by expert, for `run`."""
+    """The kernels' view of a block's router (float32) and every expert's gate, up and down
+    rows (type, address, row stride), indexed by expert, for `rows`."""
 
-    def __init__(self, gates: list, ups: list, downs: list):
+    def __init__(self, router, gates: list, ups: list, downs: list, k: int, scale: float):
         parts = [*gates, *ups, *downs]
-        self.ok = all(p.type_id >= 0 for p in parts)
+        self.router = router.raw if router.qtype == "F32" else None  # (experts, hidden)
+        self.ok = self.router is not None and all(p.type_id >= 0 for p in parts) and 2 * k <= MAX_PARTS
+        self.k, self.scale = k, scale
         self.ff, self.hidden = gates[0].out_features, gates[0].in_features
 
         def table(pairs):
@@ -33,45 +36,34 @@ class ExpertTable:
 
         self.gate_up = table(list(zip(gates, ups)))  # each (experts, 2)
         self.down = table([[d] for d in downs])  # each (experts, 1)
+        self.args = [a.ctypes.data for a in (*self.gate_up, *self.down)]
 
-    def run(self, x: torch.Tensor, experts: list[int], act: str, out: torch.Tensor) -> bool:
-        """out[j] (hidden,) = down_e(act(gate_e x) * up_e x) for the j-th of `experts` and the
-        row x (1, hidden); False (out untouched) where the kernels do not apply."""
-        k = len(experts)
+    def rows(self, x: torch.Tensor, act: str) -> torch.Tensor | None:
+        """The routed experts' weighted sum for each row of x (T, hidden), a row at a time,
+        within the rows the block-dot kernel takes; None where the kernels do not apply."""
         lib = qm.small_ops(x)
-        if lib is None or not self.ok or 2 * k > MAX_PARTS or not x.is_contiguous():
-            return False
-        idx = np.asarray(experts)
-        types, ptrs, lds = (t[idx].reshape(-1).copy() for t in self.gate_up)
-        sizes = np.full(2 * k, self.ff, np.int64)
-        gu = torch.empty(1, 2 * k * self.ff)  # [gate_0 | up_0 | gate_1 | up_1 | ...]
-        nth = build.threads()
-        if lib.tk_gemv_parts(
-            2 * k,
-            types.ctypes.data,
-            ptrs.ctypes.data,
-            lds.ctypes.data,
-            sizes.ctypes.data,
-            self.hidden,
-            x.data_ptr(),
-            1,
-            gu.data_ptr(),
-            nth,
-        ):
-            raise RuntimeError("tightkv kernel: the experts' gate and up failed")
-        h = torch.empty(k, self.ff)
-        lib.tk_glu(gu.data_ptr(), k, self.ff, ACT_IDS[act], h.data_ptr())
-        types, ptrs, lds = (t[idx].reshape(-1).copy() for t in self.down)
-        if lib.tk_gemv_each(
-            k,
-            types.ctypes.data,
-            ptrs.ctypes.data,
-            lds.ctypes.data,
-            self.hidden,
-            self.ff,
-            h.data_ptr(),
-            out.data_ptr(),
-            nth,
-        ):
-            raise RuntimeError("tightkv kernel: the experts' down projections failed")
-        return True
+        if lib is None or not self.ok or x.shape[0] > max(1, qm.kernel_rows()):
+            return None
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        ids, weights = torch.empty(self.k, dtype=torch.int32), torch.empty(self.k)
+        E, nth = self.router.shape[0], build.threads()
+        for t in range(x.shape[0]):
+            if lib.tk_moe_row(
+                x[t].data_ptr(),
+                self.router.data_ptr(),
+                E,
+                self.hidden,
+                self.k,
+                1,
+                self.scale,
+                *self.args,
+                self.ff,
+                ACT_IDS[act],
+                ids.data_ptr(),
+                weights.data_ptr(),
+                out[t].data_ptr(),
+                nth,
+            ):
+                raise RuntimeError("tightkv kernel: the routed experts failed")
+        return out

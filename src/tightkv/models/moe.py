@@ -8,9 +8,9 @@
 
 The experts stay blocks in the memory map: each is a `QuantLinear` over its rows of the
 3-D expert tensors (`base.Weights.experts`), so a decode step reads the routed experts'
-rows and no others, in two kernel calls (`kernels.experts.ExpertTable`: gate and up of
-all k, then the k down projections). A prompt chunk is grouped by expert: each expert
-runs once over the rows routed to it.
+rows and no others, in one kernel call (`kernels.experts.ExpertTable`: the router, gate and
+up of all k, the k down projections, their sum). A prompt chunk is grouped by expert:
+each expert runs once over the rows routed to it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.experts import ExpertTable
-from ..kernels.qmatmul import StackedLinear
+from ..kernels.qmatmul import StackedLinear, kernel_rows
 from .base import BaseModelArgs, Weights, glu
 
 
@@ -33,18 +33,18 @@ class MoE(torch.nn.Module):
         gates, ups = w.experts(p + "ffn_gate_exps.weight"), w.experts(p + "ffn_up_exps.weight")
         self.gate_up = [StackedLinear([g, u]) for g, u in zip(gates, ups)]  # each (2 ff, hidden)
         self.down = w.experts(p + "ffn_down_exps.weight")  # each (hidden, ff)
-        self.table = ExpertTable(gates, ups, self.down)
+        self.table = ExpertTable(self.router, gates, ups, self.down, self.k, self.scale)
         if not 0 < self.k <= len(self.down):
             raise ValueError(f"blk.{i}: {self.k} experts used of {len(self.down)}")
         self.shared = None
         if w.has(p + "ffn_up_shexp.weight"):
             self.shared = w.stacked([p + "ffn_gate_shexp.weight", p + "ffn_up_shexp.weight"])  # (2 ff, hidden)
             self.shared_down = w.linear(p + "ffn_down_shexp.weight")
-            self.shared_gate = w.vector(p + "ffn_gate_inp_shexp.weight").reshape(-1, 1)  # (hidden, 1)
+            self.shared_gate = w.vector(p + "ffn_gate_inp_shexp.weight").reshape(-1)  # (hidden,)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The experts (T, k) each row goes to and their weights (T, k)."""
-        probs = torch.softmax(self.router(x), dim=-1)  # (T, experts)
+        probs = torch.softmax(rowwise(self.router, x), dim=-1)  # (T, experts)
         weights, experts = probs.topk(self.k, dim=-1)
         weights = weights / weights.sum(-1, keepdim=True).clamp_min(6.103515625e-5)
         if self.scale not in (0.0, 1.0):
@@ -57,27 +57,39 @@ class MoE(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (T, hidden) -> (T, hidden)."""
-        T, k = x.shape[0], self.k
-        experts, weights = self.route(x)
-        y = torch.empty(T * k, x.shape[1])  # each (token, slot)'s expert output
-        if T == 1:  # a decode row: its k experts in two kernel calls (`kernels.experts`), or in turn
-            if not self.table.run(x, experts[0].tolist(), self.act, y):
-                for j, e in enumerate(experts[0].tolist()):
-                    y[j] = self.expert(e, x)[0]
-        else:  # grouped by expert: each routed expert runs once over its rows
-            flat = experts.reshape(-1)
-            order = torch.argsort(flat, stable=True)  # (token, slot) pairs, grouped by expert
-            rows = x[order // k]
-            grouped, start = torch.empty_like(rows), 0
-            for e, n in enumerate(torch.bincount(flat, minlength=len(self.down)).tolist()):
-                if n:
-                    grouped[start : start + n] = self.expert(e, rows[start : start + n])
-                start += n
-            y[order] = grouped
-        out = (y.view(T, k, -1) * weights[..., None]).sum(1)  # the slots' sum, in the same order for any T
+        out = self.table.rows(x, self.act)  # decode rows: a kernel call each
+        if out is None:
+            out = self.routed(x)
         if self.shared is not None:
-            gate = torch.sigmoid(x @ self.shared_gate)  # (T, 1)
+            gate = torch.sigmoid((x * self.shared_gate).sum(-1, keepdim=True))  # (T, 1), each row's sum alike
             out = out + gate * self.shared_down(glu(self.shared(x), self.act))
         return out
 
+    def routed(self, x: torch.Tensor) -> torch.Tensor:
+        """The routed experts' weighted sum (T, hidden), grouped by expert: each routed
+        expert runs once over its rows."""
+        T, k = x.shape[0], self.k
+        experts, weights = self.route(x)
+        flat = experts.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # (token, slot) pairs, grouped by expert
+        rows = x[order // k]
+        grouped, start = torch.empty_like(rows), 0
+        for e, n in enumerate(torch.bincount(flat, minlength=len(self.down)).tolist()):
+            if n:
+                grouped[start : start + n] = self.expert(e, rows[start : start + n])
+            start += n
+        y = torch.empty_like(grouped)  # each (token, slot)'s expert output
+        y[order] = grouped
+        return (y.view(T, k, -1) * weights[..., None]).sum(1)
+
     __call__ = forward
+
+
+def rowwise(linear, x: torch.Tensor) -> torch.Tensor:
+    """linear(x) for a float32 matrix (the router), each row's sums alike however many rows
+    come along, up to the rows the block-dot kernel takes (a decode batch or a chunk beside
+    it: a row then computes what it computes alone, as the kernels' rows do); torch's matmul,
+    whose sums depend on the rows, above."""
+    if linear.qtype != "F32" or x.shape[0] > max(1, kernel_rows()):
+        return linear(x)
+    return (x[:, None, :] * linear.raw).sum(-1)  # (T, out)

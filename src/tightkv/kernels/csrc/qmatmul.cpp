@@ -318,6 +318,69 @@ extern "C" void tk_glu(const float *gu, int64_t rows, int64_t ff, int act, float
   }
 }
 
+// A decode row's routed experts (models/moe.py), from its normed row x (K,): the router's
+// logits R x (R (E, K) float32), their softmax, the k largest probabilities (the lower expert
+// first on a tie), renormalized to sum 1 where `norm` and times `scale` (0: not); then
+// out (K,) = sum_j w_j down_j(act(gate_j x) * up_j x), the j in order. The experts' tables,
+// indexed by expert: gate and up (E, 2) types, addresses, row strides; down (E,); their width
+// ff. ids and weights (k,): the choice, written. 0 on success, 1 a bad shape, else as
+// tk_gemv_parts.
+extern "C" int tk_moe_row(const float *x, const float *R, int64_t E, int64_t K, int k, int norm, float scale,
+                          const int *gu_types, const uint8_t *const *gu_ws, const int64_t *gu_lds, const int *d_types,
+                          const uint8_t *const *d_ws, const int64_t *d_lds, int64_t ff, int act, int32_t *ids,
+                          float *weights, float *out, int nth) {
+  if (k < 1 || 2 * k > MAX_PARTS || k > E || E > 4096 || K % 32 || ff % 32) return 1;
+  float p[4096];
+  float top = -INFINITY;
+  for (int64_t e = 0; e < E; e++) {
+    const float *r = R + e * K;
+    V acc = vzero();
+    for (int64_t i = 0; i < K; i += 16) acc = vfma(vld(r + i), vld(x + i), acc);
+    p[e] = vsum(acc);
+    top = p[e] > top ? p[e] : top;
+  }
+  double total = 0.0;
+  for (int64_t e = 0; e < E; e++) total += (p[e] = exp_f(p[e] - top));
+  for (int64_t e = 0; e < E; e++) p[e] = (float)(p[e] / total);
+  float sum = 0.f;
+  for (int j = 0; j < k; j++) {  // the k largest, by selection (k is small)
+    int64_t best = -1;
+    for (int64_t e = 0; e < E; e++) {
+      bool taken = false;
+      for (int i = 0; i < j; i++) taken |= ids[i] == e;
+      if (!taken && (best < 0 || p[e] > p[best])) best = e;
+    }
+    ids[j] = (int32_t)best;
+    sum += (weights[j] = p[best]);
+  }
+  for (int j = 0; j < k; j++) {
+    if (norm) weights[j] /= sum > 6.103515625e-5f ? sum : 6.103515625e-5f;
+    if (scale != 0.f && scale != 1.f) weights[j] *= scale;
+  }
+  int types[MAX_PARTS];
+  const uint8_t *ws[MAX_PARTS];
+  int64_t lds[MAX_PARTS], Ns[MAX_PARTS];
+  for (int j = 0; j < k; j++)
+    for (int g = 0; g < 2; g++) {  // gate, then up, of each routed expert
+      const int64_t at = 2 * (int64_t)ids[j] + g;
+      types[2 * j + g] = gu_types[at], ws[2 * j + g] = gu_ws[at], lds[2 * j + g] = gu_lds[at], Ns[2 * j + g] = ff;
+    }
+  thread_local avec<float> gu, h, ys;
+  gu.resize(2 * k * ff); h.resize(k * ff); ys.resize(k * K);
+  int rc = tk_gemv_parts(2 * k, types, ws, lds, Ns, K, x, 1, gu.data(), nth);
+  if (rc) return rc;
+  tk_glu(gu.data(), k, ff, act, h.data());
+  for (int j = 0; j < k; j++) types[j] = d_types[ids[j]], ws[j] = d_ws[ids[j]], lds[j] = d_lds[ids[j]];
+  if ((rc = tk_gemv_each(k, types, ws, lds, K, ff, h.data(), ys.data(), nth))) return rc;
+  for (int64_t i = 0; i < K; i++) {
+    float o = 0.f;
+    for (int j = 0; j < k; j++) o += weights[j] * ys[j * K + i];
+    out[i] = o;
+  }
+  return 0;
+}
+
+
 // out[r] = the index of the first largest of the n floats of row r (rows ld apart), as
 // torch.argmax gives it (a NaN is never the largest here): 16 running maxima, then a scan
 // for the first equal one, blocks of 64 compared at once. Both loops vectorize.
