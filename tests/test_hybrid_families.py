@@ -184,7 +184,19 @@ def test_missing_tensor_or_key_is_named():
         build_model(g)
     g = read_gguf(gguf("qwen3moe"))
     g.tensors["blk.1.ffn_up_exps.weight"] = g.tensors["blk.1.ffn_gate_inp.weight"]
-    with pytest.raises(GGUFError, match=r"blk\.1\.ffn_up_exps\.weight"):
+    with pytest.raises(
+        GGUFError, match=r"tensor blk\.1\.ffn_up_exps\.weight has shape \(8, 64\), expected \(8, 32, 64\)"
+    ):
+        build_model(g)
+    g = read_gguf(gguf("qwen35"))
+    g.tensors["blk.3.ssm_conv1d.weight"] = g.tensors["blk.3.attn_qkv.weight"]
+    with pytest.raises(
+        GGUFError, match=r"tensor blk\.3\.ssm_conv1d\.weight has shape \(128, 64\), expected \(128, 4\)"
+    ):
+        build_model(g)
+    g = read_gguf(gguf("qwen35moe"))
+    del g.metadata["qwen35moe.expert_used_count"]
+    with pytest.raises(GGUFError, match=r"missing metadata key qwen35moe\.expert_used_count"):
         build_model(g)
 
 
@@ -212,3 +224,32 @@ def test_kv_auto_chooses_for_the_attention_layers(arch):
     cache = m.new_cache()
     assert sum(isinstance(c, RecurrentState) for c in cache) == sum(m.args.recurrent_layers)
     assert m.generate("The essays", max_tokens=4)
+
+
+def test_multi_token_prediction_blocks_are_not_run():
+    """A Qwen3.5 GGUF as the converter writes it with its multi-token-prediction block: one more
+    block (``nextn_predict_layers``), last, with ``block_count`` counting it. The model is the
+    blocks before it, with the same logits; the token reads none of it."""
+    from tightkv.gguf.describe import read_per_token
+
+    g = read_gguf(gguf("qwen35"))
+    ids = torch.tensor([5, 6, 7, 8])
+    base = build_model(g)(ids, _cache(g))
+    for name in [n for n in g.tensors if n.startswith("blk.5.")]:
+        g.tensors[name.replace("blk.5.", "blk.6.")] = g.tensors[name]
+    g.metadata["qwen35.block_count"] = 7
+    g.metadata["qwen35.nextn_predict_layers"] = 1
+    layers = list(g.metadata["qwen35.attention.recurrent_layers"]) + [False]
+    g.metadata["qwen35.attention.recurrent_layers"] = layers
+    net = build_model(g)
+    assert net.args.num_layers == 6 and len(net.layers) == 6
+    assert torch.equal(net(ids, _cache(g)), base)
+    before = read_per_token(read_gguf(gguf("qwen35")))
+    assert read_per_token(g).per_token == before.per_token
+
+
+def _cache(g):
+    from tightkv.kv.spec import parse_kv
+    from tightkv.models.base import header_layout
+
+    return parse_kv("f32").make_caches(header_layout(g)[1])

@@ -89,13 +89,17 @@ def is_expert_tensor(name: str, shape: tuple[int, ...]) -> bool:
 def read_per_token(g) -> TokenRead:
     """The weight bytes one decoded token reads from the GGUF `g` (header only, no data read):
     every dense tensor whole, the shared expert whole, and ``{arch}.expert_used_count`` of the
-    ``expert_count`` experts of each 3-D expert tensor (all of them when the count is missing)."""
+    ``expert_count`` experts of each 3-D expert tensor (all of them when the count is missing);
+    the multi-token-prediction blocks after the model's own (``nextn_predict_layers``) not at all."""
     m, arch = g.metadata, g.architecture
-    dense = shared = experts = read = count = 0
+    dense = shared = experts = read = count = unrun = 0
     used = int(m.get(f"{arch}.expert_used_count") or 0)
+    layers = int(m.get(f"{arch}.block_count") or 1 << 30) - int(m.get(f"{arch}.nextn_predict_layers") or 0)
     for name, t in g.tensors.items():
         nbytes = int(t.data.nbytes)
-        if is_expert_tensor(name, t.shape):
+        if name.startswith("blk.") and int(name.split(".")[1]) >= layers:
+            unrun += nbytes
+        elif is_expert_tensor(name, t.shape):
             count = int(t.shape[0])
             k = min(used or count, count)
             experts += nbytes
@@ -109,7 +113,7 @@ def read_per_token(g) -> TokenRead:
     if embd is not None and "output.weight" in g.tensors and len(embd.shape) == 2:
         unread = int(embd.data.nbytes) - int(embd.data.nbytes) // int(embd.shape[0])
     return TokenRead(
-        dense + shared + experts,
+        dense + shared + experts + unrun,
         dense,
         shared,
         experts,

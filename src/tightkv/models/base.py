@@ -89,6 +89,7 @@ class BaseModelArgs:
     rope_factor_tensors: ClassVar[dict[str, str]] = {}  # kind: tensor of RoPE frequency divisors, if present
     gated_attention: ClassVar[bool] = False  # attn_q gives each head's query, then its output gate (Qwen3.5)
     ffn_norm: ClassVar[str] = "ffn_norm"  # the tensor norming the feed-forward's input
+    required: ClassVar[tuple[str, ...]] = ()  # metadata keys the family cannot run without (`{arch}.` left out)
 
     def cache_layout(self) -> list:
         """Per layer: (kv heads, key dim, value dim, sliding window or None); a recurrent
@@ -142,6 +143,8 @@ class BaseModelArgs:
         """Build the config from metadata; keys a family does not know are ignored."""
         m, arch = g.metadata, g.architecture
         key = functools.partial(metadata_key, g)
+        for name in cls.required:
+            key(name)
         heads = key("attention.head_count")
         hidden = key("embedding_length")
         kv_heads = key("attention.head_count_kv", heads)
@@ -150,7 +153,7 @@ class BaseModelArgs:
             vocab_size=len(m.get("tokenizer.ggml.tokens", [])) or int(g.tensors["token_embd.weight"].shape[0]),
             context_length=int(key("context_length")),
             hidden_size=int(hidden),
-            num_layers=int(key("block_count")),
+            num_layers=int(key("block_count")) - int(m.get(f"{arch}.nextn_predict_layers") or 0),  # (MTP blocks last)
             num_heads=int(heads),
             num_kv_heads=int(kv_heads),
             head_dim=int(key("attention.key_length", hidden // heads)),
@@ -189,31 +192,32 @@ class Weights:
     def has(self, name: str) -> bool:
         return name in self.g.tensors
 
-    def vector(self, name: str) -> torch.Tensor:
-        """A small float tensor (norm weights, biases), copied out as float32."""
+    def vector(self, name: str, shape: tuple | None = None) -> torch.Tensor:
+        """A small float tensor (norm weights, biases), copied out as float32; `shape`, where
+        given, is what it must have (else a one-line error naming it), as for each method."""
         from ..gguf import quants
 
-        t = self._get(name)
+        t = self._get(name, shape)
         raw = _as_torch(t.data)
         return quants.dequantize(raw, t.qtype, t.shape).reshape(t.shape).float().clone()
 
-    def linear(self, name: str):
+    def linear(self, name: str, shape: tuple | None = None):
         """A `QuantLinear` over the tensor's blocks, zero-copy from the file."""
         from ..gguf import quants
         from ..kernels.qmatmul import QuantLinear
 
-        t = self._get(name)
+        t = self._get(name, shape)
         quants.check_supported(t.qtype, name)
         out_features, in_features = t.shape
         return QuantLinear(_as_torch(t.data), t.qtype, in_features, out_features)
 
-    def experts(self, name: str) -> list:
+    def experts(self, name: str, shape: tuple | None = None) -> list:
         """A 3-D expert tensor (experts, out, in) as one `QuantLinear` per expert, each over
         its own rows of the file's blocks (zero-copy): a token reads only its experts'."""
         from ..gguf import quants
         from ..kernels.qmatmul import QuantLinear
 
-        t = self._get(name)
+        t = self._get(name, shape)
         if len(t.shape) != 3:
             raise GGUFError(f"{self.g.path}: tensor {name} has shape {t.shape}, expected (experts, rows, cols)")
         quants.check_supported(t.qtype, name)
@@ -221,18 +225,20 @@ class Weights:
         data = _as_torch(t.data).reshape(n, out_features, -1)
         return [QuantLinear(data[e], t.qtype, in_features, out_features) for e in range(n)]
 
-    def stacked(self, names: list[str]):
+    def stacked(self, names: list[str], shapes: list[tuple] | None = None):
         """A `StackedLinear`: the named matrices over one input, outputs side by side
         (one kernel call for q, k and v, or gate and up)."""
         from ..kernels.qmatmul import StackedLinear
 
-        return StackedLinear([self.linear(n) for n in names])
+        return StackedLinear([self.linear(n, s) for n, s in zip(names, shapes or [None] * len(names))])
 
-    def _get(self, name: str):
-        try:
-            return self.g.tensors[name]
-        except KeyError:
-            raise GGUFError(f"{self.g.path}: missing tensor {name}") from None
+    def _get(self, name: str, shape: tuple | None = None):
+        t = self.g.tensors.get(name)
+        if t is None:
+            raise GGUFError(f"{self.g.path}: missing tensor {name}")
+        if shape is not None and tuple(t.shape) != tuple(shape):
+            raise GGUFError(f"{self.g.path}: tensor {name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+        return t
 
 
 def _as_torch(array: np.ndarray) -> torch.Tensor:

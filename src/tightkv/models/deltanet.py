@@ -42,14 +42,16 @@ class GatedDeltaNet(torch.nn.Module):
         self.eps = args.rms_norm_eps
         self.sizes = [2 * self.hk * self.dk + self.hv * self.dv, self.hv * self.dv, self.hv, self.hv]
         self.offsets = [sum(self.sizes[:i]) for i in range(4)]
+        d = args.hidden_size
         # qkv, z, beta, alpha: one product over the same rows
-        self.proj = w.stacked([p + n + ".weight" for n in ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")])
-        self.conv = w.vector(p + "ssm_conv1d.weight")  # (channels, K)
+        names = [p + n + ".weight" for n in ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")]
+        self.proj = w.stacked(names, [(n, d) for n in self.sizes])
+        self.conv = w.vector(p + "ssm_conv1d.weight", (self.sizes[0], self.kernel))  # (channels, K)
         self.conv_t = self.conv.t().contiguous()  # (K, channels): the step kernel's layout
-        self.dt_bias = w.vector(p + "ssm_dt.bias")  # (Hv,)
-        self.a = w.vector(p + "ssm_a")  # (Hv,): -exp(A_log)
-        self.norm = w.vector(p + "ssm_norm.weight")  # (Dv,)
-        self.wo = w.linear(p + "ssm_out.weight")  # (hidden, Hv Dv)
+        self.dt_bias = w.vector(p + "ssm_dt.bias", (self.hv,))
+        self.a = w.vector(p + "ssm_a", (self.hv,))  # -exp(A_log)
+        self.norm = w.vector(p + "ssm_norm.weight", (self.dv,))
+        self.wo = w.linear(p + "ssm_out.weight", (d, self.hv * self.dv))
 
     def forward(self, x: torch.Tensor, cos, sin, cache) -> torch.Tensor:
         proj = self.proj(x)  # (T, qkv + z + b + a)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import GGUFError
 from ..kernels.experts import ExpertTable
 from ..kernels.qmatmul import StackedLinear, kernel_rows
 from .base import BaseModelArgs, Weights, glu
@@ -29,13 +30,16 @@ class MoE(torch.nn.Module):
         super().__init__()
         p = f"blk.{i}."
         self.act, self.k, self.scale = args.act, args.experts_used, args.expert_weights_scale
-        self.router = w.linear(p + "ffn_gate_inp.weight")  # (experts, hidden)
-        gates, ups = w.experts(p + "ffn_gate_exps.weight"), w.experts(p + "ffn_up_exps.weight")
+        E, ff, d = args.num_experts, args.expert_ff, args.hidden_size
+        self.router = w.linear(p + "ffn_gate_inp.weight", (E, d))
+        gates, ups = (w.experts(p + f"ffn_{n}_exps.weight", (E, ff, d)) for n in ("gate", "up"))
         self.gate_up = [StackedLinear([g, u]) for g, u in zip(gates, ups)]  # each (2 ff, hidden)
-        self.down = w.experts(p + "ffn_down_exps.weight")  # each (hidden, ff)
+        self.down = w.experts(p + "ffn_down_exps.weight", (E, d, ff))  # each (hidden, ff)
         self.table = ExpertTable(self.router, gates, ups, self.down, self.k, self.scale)
         if not 0 < self.k <= len(self.down):
-            raise ValueError(f"blk.{i}: {self.k} experts used of {len(self.down)}")
+            raise GGUFError(
+                f"{w.g.path}: {args.architecture}.expert_used_count is {self.k}, of {len(self.down)} experts"
+            )
         self.shared = None
         if w.has(p + "ffn_up_shexp.weight"):
             self.shared = w.stacked([p + "ffn_gate_shexp.weight", p + "ffn_up_shexp.weight"])  # (2 ff, hidden)
@@ -65,6 +69,8 @@ class MoE(torch.nn.Module):
             out = out + gate * self.shared_down(glu(self.shared(x), self.act))
         return out
 
+    __call__ = forward
+
     def routed(self, x: torch.Tensor) -> torch.Tensor:
         """The routed experts' weighted sum (T, hidden), grouped by expert: each routed
         expert runs once over its rows."""
@@ -81,8 +87,6 @@ class MoE(torch.nn.Module):
         y = torch.empty_like(grouped)  # each (token, slot)'s expert output
         y[order] = grouped
         return (y.view(T, k, -1) * weights[..., None]).sum(1)
-
-    __call__ = forward
 
 
 def rowwise(linear, x: torch.Tensor) -> torch.Tensor:

@@ -25,13 +25,12 @@ class ModelArgs(BaseModelArgs):
     qk_norm = True
     gated_attention = True
     ffn_norm = "post_attention_norm"
+    required = ("ssm.conv_kernel", "ssm.inner_size", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank")
 
     @classmethod
     def from_gguf(cls, g, **extra):
         m, arch = g.metadata, g.architecture
-        n = int(metadata_key(g, "block_count"))
-        for name in ("ssm.conv_kernel", "ssm.inner_size", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank"):
-            metadata_key(g, name)  # (a missing one is named)
+        n = int(metadata_key(g, "block_count")) - int(m.get(f"{arch}.nextn_predict_layers") or 0)  # MTP blocks: unused
         layers = m.get(f"{arch}.attention.recurrent_layers")
         if layers is None:
             interval = int(m.get(f"{arch}.full_attention_interval") or 4)

@@ -6,6 +6,10 @@ sigmoid of its own (``ffn_gate_inp_shexp``) (`moe.MoE`).
 from __future__ import annotations
 
 from .decoder import Model
-from .qwen35 import ModelArgs
+from .qwen35 import ModelArgs as Qwen35Args
 
 __all__ = ["ModelArgs", "Model"]
+
+
+class ModelArgs(Qwen35Args):
+    required = (*Qwen35Args.required, "expert_count", "expert_used_count", "expert_feed_forward_length")

@@ -13,3 +13,4 @@ __all__ = ["ModelArgs", "Model"]
 
 class ModelArgs(BaseModelArgs):
     qk_norm = True  # each query and key head RMS-normed (attn_q_norm, attn_k_norm), before RoPE
+    required = ("expert_count", "expert_used_count", "expert_feed_forward_length")
