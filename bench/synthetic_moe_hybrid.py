@@ -279,11 +279,15 @@ def main() -> None:
     )
     ap.add_argument("--dir", default=None, help="keep the written models here (default: a temp dir)")
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--merge", action="store_true", help="keep the JSON's other rows (a partial rerun replaces its own)"
+    )
     ns = ap.parse_args()
     doc = {"models": {k: MODELS[k] for k in ns.models.split(",")}, "threads": ns.threads, "n_gen": ns.n_gen}
     doc["warmup"] = ns.warmup
     doc["machine"] = base_machine()
     rows = doc["rows"] = []
+    kept = json.loads(Path(ns.json).read_text()) if ns.merge and ns.json and Path(ns.json).exists() else {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(ns.dir or tmp)
         folder.mkdir(parents=True, exist_ok=True)
@@ -311,8 +315,22 @@ def main() -> None:
                     row = base.isolated(fn, *args)
                     rows.append({"model": kind, **row})
                     if ns.json:
-                        Path(ns.json).write_text(json.dumps(doc, indent=1))
+                        Path(ns.json).write_text(json.dumps(merged(kept, doc), indent=1))
     print_table(rows)
+
+
+def merged(kept: dict, doc: dict) -> dict:
+    """`doc`, with the rows, byte and memory figures of `kept` it does not measure itself."""
+    if not kept:
+        return doc
+    key = lambda r: (r["model"], r["depth"], r["engine"], r["kv"])  # noqa: E731
+    new = {key(r) for r in doc["rows"]}
+    out = {**kept, **{k: v for k, v in doc.items() if k != "rows"}}
+    out["rows"] = [r for r in kept.get("rows", []) if key(r) not in new] + doc["rows"]
+    for part in ("moe_bytes", "memory"):
+        if part in kept and part not in doc:
+            out[part] = kept[part]
+    return out
 
 
 def base_machine() -> str:
