@@ -149,3 +149,18 @@ def test_cli_start_and_import_stay_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr)
+
+
+def test_a_pasted_paragraph_is_the_prompt(home):
+    """#53: a prompt longer than a file name may be (255 bytes) is the prompt of the default
+    model, not an OSError from asking the file system whether it is a file."""
+    from cli_helpers import seed_embedded
+
+    from tightkv.registry import is_model_name, looks_like_path
+
+    para = "Why do TCP/IP stacks buffer what they send? " * 8  # 352 bytes, spaces and a slash
+    assert not is_model_name(para)
+    assert not looks_like_path("x" * 300) and not looks_like_path("a\0b")
+    seed_embedded(home)
+    r = cli("run", para, "-n", "2", "--threads", "1", env={"TIGHTKV_HOME": str(home)})
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "Error" not in r.stderr, r.stderr

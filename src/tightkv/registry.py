@@ -114,7 +114,10 @@ def looks_like_path(name: str) -> bool:
     low = name.strip().lower()
     if low in CATALOG or low.partition(":")[0] in DEFAULT_TAGS:
         return False  # a registry name wins over a stray file of that name
-    return Path(name).is_file()
+    try:
+        return Path(name).is_file()
+    except (OSError, ValueError):  # longer than a file name may be, or a NUL: a pasted prompt
+        return False
 
 
 def is_model_name(text: str) -> bool:
