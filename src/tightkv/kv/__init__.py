@@ -4,6 +4,8 @@ Modules:
 
 - ``cache``: the per-layer protocol (``attend``, ``offset``, ``window``, ``can_trim``/
   ``trim``, ``nbytes``/``bytes_at``, ``state``/``load_state``) and the dense f32/f16/bf16 cache.
+- ``recurrent``: a hybrid model's linear-attention layer in the same protocol: its exact
+  float32 state (convolution inputs, delta-rule state) and checkpoints at prefill chunk ends.
 - ``fused``: what the caches hand to the fused attention kernel (``kernels/attention``).
 - ``codecs``: q8_0 and q4_0 (llama.cpp blocks), TurboQuant-MSE ``tq2/3/4``,
   TurboQuant-prod ``tqp``/``tqp3``, KVarN ``kvarn2/3/4``, KIVI ``kivi2/3/4``; each
