@@ -190,23 +190,15 @@ def write_model(kind: str, path: Path, seed: int = 0) -> Path:
 
 
 def expected_bytes(path: Path) -> dict:
-    """What one decode step must read: every tensor but the embedding (one row of it) and
-    the expert tensors (their `used` of `experts` experts)."""
+    """What one decode step must read (`gguf.describe.read_per_token`): the routed experts'
+    share of the expert tensors, the rest whole, but one row of an embedding that is not
+    also the output layer."""
+    from tightkv.gguf.describe import read_per_token
     from tightkv.gguf.reader import read_gguf
 
-    g = read_gguf(path)
-    used, total = g.metadata.get(f"{g.architecture}.expert_used_count", 0), 0
-    dense = experts = 0
-    for name, t in g.tensors.items():
-        n = int(t.data.nbytes)
-        if name == "token_embd.weight" and "output.weight" in g.tensors:
-            dense += n // t.shape[0]
-        elif len(t.shape) == 3:
-            total = t.shape[0]
-            experts += n * used // total
-        else:
-            dense += n
-    return {"dense_bytes": dense, "routed_expert_bytes": experts, "expected_bytes": dense + experts}
+    r = read_per_token(read_gguf(path))
+    dense = r.dense + r.shared - r.embedding_unread
+    return {"dense_bytes": dense, "routed_expert_bytes": r.experts_read, "expected_bytes": dense + r.experts_read}
 
 
 def measured_bytes(path: Path, threads: int) -> dict:

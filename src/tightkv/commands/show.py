@@ -86,17 +86,15 @@ def kv_table(g, context: int) -> list[tuple[str, float, int, float]]:
 def recurrent_line(layout, human_bytes) -> str | None:
     """What a hybrid model's linear-attention layers keep, whatever the context; None
     when every layer is attention."""
-    from ..kv.recurrent import MAX_CHECKPOINTS, RecurrentLayout
-    from ..kv.spec import kv_bytes_per_token
+    from ..kv.recurrent import MAX_CHECKPOINTS, RecurrentLayout, recurrent_bytes
 
     n = sum(isinstance(L, RecurrentLayout) for L in layout)
     if not n:
         return None
-    state = kv_bytes_per_token("f16", layout, 1)["recurrent_bytes"]
+    state, most = recurrent_bytes(layout)
     return (
         f"    recurrent state  {human_bytes(state)} ({n} linear-attention layer{'s' * (n > 1)}, float32, fixed "
-        f"whatever the context; with up to {MAX_CHECKPOINTS} prefill checkpoints: "
-        f"{human_bytes(state * (1 + MAX_CHECKPOINTS))})"
+        f"whatever the context; with up to {MAX_CHECKPOINTS} prefill checkpoints: {human_bytes(most)})"
     )
 
 

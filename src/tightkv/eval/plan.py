@@ -130,16 +130,6 @@ def working_bytes(args, context: int) -> int:
     return RUNTIME_BYTES + acts + scores + logits
 
 
-def recurrent_bytes(layout) -> tuple[int, int]:
-    """(one recurrent state, the most it holds with its prefill checkpoints) of a layout's
-    linear-attention layers; (0, 0) when every layer is attention."""
-    from ..kv.recurrent import MAX_CHECKPOINTS
-    from ..kv.spec import kv_bytes_per_token
-
-    state = kv_bytes_per_token("f16", layout, 1)["recurrent_bytes"]
-    return state, state * (1 + MAX_CHECKPOINTS)
-
-
 def largest_context(spec: str, layout, budget: int, limit: int) -> int:
     """The most tokens whose KV fits in budget bytes (binary search; 0 if none). The budget
     is what is left after the fixed bytes (`Plan.fixed`: a recurrent state is among them)."""
@@ -162,6 +152,7 @@ def make_plan(path, context: int | None, memory: int, kv_types: list[str], name:
     (default: its trained context) within `memory` bytes, for each KV type."""
     from ..gguf.describe import read_per_token
     from ..gguf.reader import read_gguf
+    from ..kv.recurrent import recurrent_bytes
     from ..kv.spec import kv_bytes_per_token
     from ..models.base import header_layout
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-MAX_CHECKPOINTS = 4  # per layer, the latest kept (each a whole state: 63 MB for Qwen3.6-35B-A3B)
+MAX_CHECKPOINTS = 4  # per layer, the latest kept (each as large as the state itself)
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,13 @@ class RecurrentState:
             raise ValueError(f"recurrent state of shape {tuple(ssm.shape)}, not {tuple(self.ssm.shape)}")
         self.conv, self.ssm, self.offset = conv, ssm, int(state["meta"][0])
         self.checkpoints = {self.offset: (self.conv, self.ssm)}
+
+
+def recurrent_bytes(layout: list) -> tuple[int, int]:
+    """(one state, the most the states hold with their prefill checkpoints) of a cache layout's
+    linear-attention layers (`RecurrentLayout`); (0, 0) where every layer is attention."""
+    state = sum(L.nbytes for L in layout if isinstance(L, RecurrentLayout))
+    return state, state * (1 + MAX_CHECKPOINTS)
 
 
 def rewind_point(cache: list, keep: int) -> int:

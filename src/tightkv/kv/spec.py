@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import TightKVError
 from .codecs import DENSE, codec_defaults, codec_names, make_codec
-from .recurrent import RecurrentLayout
+from .recurrent import RecurrentLayout, recurrent_bytes
 from .rotation import DEFAULT_SEED
 
 PRESETS: dict[str, dict] = {
@@ -252,7 +252,7 @@ def kv_bytes_per_token(
         "ratio_vs_f16": f16 / total if total else float("inf"),
         "ratio_vs_f32": f32 / total if total else float("inf"),
         "layers": layers,
-        "recurrent_bytes": sum(L.nbytes for L in cache_layout if isinstance(L, RecurrentLayout)),
+        "recurrent_bytes": recurrent_bytes(cache_layout)[0],
     }
 
 
