@@ -5,12 +5,15 @@ messages), and checked against hand-written prompts.
 The templates are the models' own `chat_template`s (tokenizer_config.json, and
 the GGUFs converted from them): Llama 3 8B Instruct, Llama 3.2 Instruct (also
 3.1), Qwen2.5 Instruct, Qwen3, Phi-3.5 mini instruct, Mistral 7B Instruct v0.1
-and v0.2, Gemma 3 (it), SmolLM2 Instruct.
+and v0.2, Gemma 3 (it), SmolLM2 Instruct; gpt-oss 120b and Gemma 4 31B it
+(tests/reference/templates), also with tools, tool calls and their responses,
+reasoning, and gpt-oss's `reasoning_effort`, `builtin_tools` and `model_identity`.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -343,6 +346,10 @@ You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>
 ' }}{% endif %}"""
 
 # name -> (template, bos_token, eos_token)
+TEMPLATES = Path(__file__).resolve().parent / "reference" / "templates"
+GPT_OSS = (TEMPLATES / "openai-gpt-oss-120b.jinja").read_text(encoding="utf-8")
+GEMMA4 = (TEMPLATES / "google-gemma-4-31B-it.jinja").read_text(encoding="utf-8")
+
 FAMILIES = {
     "llama3": (LLAMA3, "<|begin_of_text|>", "<|eot_id|>"),
     "llama3.2": (LLAMA32, "<|begin_of_text|>", "<|eot_id|>"),
@@ -353,6 +360,8 @@ FAMILIES = {
     "mistral-v0.2": (MISTRAL_V02, "<s>", "</s>"),
     "gemma3": (GEMMA3, "<bos>", "<eos>"),
     "smollm2": (SMOLLM2, "<|im_start|>", "<|im_end|>"),
+    "gpt-oss": (GPT_OSS, "<|startoftext|>", "<|return|>"),
+    "gemma4": (GEMMA4, "<bos>", "<eos>"),
 }
 
 CHAT = [
@@ -430,6 +439,19 @@ EXPECTED = [
     ),
     ("smollm2", CHAT, {}, "<|im_start|>system\nYou are terse.<|im_end|>\n" + CHATML_TURNS),
     ("smollm2", NO_SYSTEM, {}, SMOL_DEFAULT + CHATML_TURNS),
+    (
+        "gemma4",
+        CHAT,
+        {},
+        "<bos><|turn>system\nYou are terse.<turn|>\n<|turn>user\nHi!<turn|>\n<|turn>model\nHello.<turn|>\n"
+        "<|turn>user\nWhat is 2+2?<turn|>\n<|turn>model\n<|channel>thought\n<channel|>",
+    ),
+    (
+        "gemma4",
+        NO_SYSTEM[:1],
+        {"enable_thinking": True},
+        "<bos><|turn>system\n<|think|>\n<turn|>\n<|turn>user\nHi!<turn|>\n<|turn>model\n",
+    ),
 ]
 
 
@@ -582,3 +604,102 @@ def test_continuing_the_assistant_message():
     assert not continues([{"role": "assistant", "content": "", "tool_calls": [{}]}])
     with pytest.raises(TightKVError):
         continues(NO_SYSTEM, continue_final=True)
+
+
+# -- gpt-oss and Gemma 4: tools, tool calls, reasoning ------------------------------
+
+CALL = {
+    "role": "assistant",
+    "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}
+    ],
+}
+RESULT = {"role": "tool", "tool_call_id": "c1", "name": "get_weather", "content": '{"temp": 21, "sky": "<clear> & ü"}'}
+RICH_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city, in °C",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": 'City <name> & "quoted"'},
+                "unit": {"type": "string", "enum": ["c", "f"]},
+                "days": {"type": "integer"},
+                "tags": {"type": "array", "items": {"type": "string"}},
+            },
+            "required": ["city"],
+        },
+    },
+}
+CONVERSATIONS = {
+    "chat": CHAT,
+    "call": [{"role": "user", "content": "Weather in Paris?"}, {**CALL, "content": ""}, RESULT],
+    # OpenAI's API lets a message with tool calls leave its content out
+    "call-no-content": [CHAT[0], {"role": "user", "content": "Weather in Paris?"}, CALL, RESULT],
+    "call-string-arguments": [
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+            ],
+        },
+        RESULT,
+        {"role": "assistant", "content": "It is 21°C."},
+        {"role": "user", "content": "Thanks"},
+    ],
+    "reasoning": [
+        {"role": "user", "content": "Weather?"},
+        {**CALL, "content": "", "thinking": "Call the tool.", "reasoning_content": "Call the tool."},
+        RESULT,
+    ],
+}
+OPTIONS = {
+    "gpt-oss": [
+        {},
+        {"reasoning_effort": "high"},
+        {"builtin_tools": ["browser", "python"], "model_identity": "You are a test."},
+    ],
+    "gemma4": [{}, {"enable_thinking": True}, {"enable_thinking": False}],
+}
+
+
+@pytest.mark.parametrize("family", ["gpt-oss", "gemma4"])
+@pytest.mark.parametrize("conversation", list(CONVERSATIONS))
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_tool_conversations_same_as_transformers(family, conversation, add_generation_prompt):
+    template, bos, eos = FAMILIES[family]
+    messages = CONVERSATIONS[conversation]
+    for options in OPTIONS[family]:
+        for tools in ([RICH_WEATHER], None):
+            extra = {**options, "tools": tools}
+            ours = render_chat(template, messages, bos, eos, add_generation_prompt=add_generation_prompt, **extra)
+            theirs = hf_render(family, messages, add_generation_prompt=add_generation_prompt, **extra)
+            assert ours == theirs, (options, tools)
+
+
+def test_gpt_oss_prompt():
+    """The harmony prompt: system message with today's date and the reasoning effort."""
+    text = render("gpt-oss", CHAT, reasoning_effort="low")
+    today = datetime.now().strftime("%Y-%m-%d")
+    assert text == (
+        "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+        f"Knowledge cutoff: 2024-06\nCurrent date: {today}\n\nReasoning: low\n\n"
+        "# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>"
+        "<|start|>developer<|message|># Instructions\n\nYou are terse.\n\n<|end|>"
+        "<|start|>user<|message|>Hi!<|end|><|start|>assistant<|channel|>final<|message|>Hello.<|end|>"
+        "<|start|>user<|message|>What is 2+2?<|end|><|start|>assistant"
+    )
+
+
+def test_gpt_oss_refuses_channel_tags_in_content():
+    messages = [NO_SYSTEM[0], {"role": "assistant", "content": "<|channel|>final<|message|>Hi"}, NO_SYSTEM[2]]
+    with pytest.raises(TightKVError, match="^chat template: You have passed a message containing <.channel.> tags"):
+        render("gpt-oss", messages)
+
+
+def test_message_needs_content_or_tool_calls():
+    with pytest.raises(TightKVError, match="needs a 'role' and a 'content'"):
+        render("gemma4", [{"role": "user"}])

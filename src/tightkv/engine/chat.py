@@ -62,10 +62,11 @@ def render_chat(
 
     extra: further template variables, e.g. ``tools=[...]``, ``enable_thinking=False``
     (Qwen3), ``date_string=...`` (Llama 3.x); ``tools`` and ``documents`` are none
-    unless given, as in transformers."""
+    unless given, as in transformers. A message that calls tools may leave its content
+    out, as OpenAI's API allows (gpt-oss's and Gemma 4's templates expect that)."""
     for m in messages:
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise TightKVError("each message needs a 'role' and a 'content'")
+        if not isinstance(m, dict) or "role" not in m or ("content" not in m and not m.get("tool_calls")):
+            raise TightKVError("each message needs a 'role' and a 'content' (or 'tool_calls')")
     extra = {"tools": None, "documents": None, **extra}
     try:
         return _compile(template).render(
@@ -115,7 +116,7 @@ PLAIN_CHAT_STOPS = ["\nUser:"]  # where a model without a template would write t
 def plain_prompt(messages: list[dict], continue_final: bool = False, add_generation_prompt: bool = True) -> str:
     """A model without a template (a base model) sees the conversation as plain text; a
     continued last message ends the text as written."""
-    text = "\n".join(f"{m['role'].capitalize()}: {m['content']}" for m in messages)
+    text = "\n".join(f"{m['role'].capitalize()}: {m.get('content') or ''}" for m in messages)
     if continue_final:
         return text if messages[-1]["content"] else text.rstrip()
     return text + "\nAssistant:" if add_generation_prompt else text

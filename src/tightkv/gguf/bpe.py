@@ -28,6 +28,16 @@ Decoding maps each character of a normal token back to its byte
 tokens; user-defined tokens give their text, control tokens nothing. llama.cpp's
 optional space clean-up (`clean_spaces`) is not applied.
 
+Gemma 4 (`tokenizer.ggml.model` = 'gemma4', or `tokenizer.ggml.pre` = 'gemma4')
+stores a SentencePiece-style BPE that llama.cpp runs through the same code with
+three changes (`SPM_STYLE_PRES`): spaces become ``▁`` before anything else; the
+only pre-tokenizer split is between newline runs and the rest
+(``[^\n]+|[\n]+``), and a newline run that is itself a token is taken whole;
+words are not byte-encoded (merges and tokens are plain UTF-8), and a symbol with
+no token falls back to ``<0xNN>`` byte tokens (a byte without one is dropped).
+Normal tokens decode with ``▁`` back to spaces. A BOS is always added (llama.cpp
+overrides ``add_bos_token`` = false for it).
+
 Deliberate differences from llama.cpp, for inputs real vocabularies do not hit:
 - a symbol with no token falls back to its bytes' tokens (llama.cpp looks up
   single bytes of the byte-encoded UTF-8 string and, for non-ASCII bytes,
@@ -45,6 +55,7 @@ from typing import Any
 import regex
 
 from ..errors import GGUFError
+from .spm import SPACE
 from .vocab import (
     ATTR_UNDEFINED,
     TYPE_NORMAL,
@@ -190,6 +201,10 @@ _PRE_SPECS: list[tuple[tuple[str, ...], bool, bool, tuple[str, ...]]] = [
 PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool, bool]] = {
     name: (regexes, ignore_merges, add_bos) for regexes, ignore_merges, add_bos, names in _PRE_SPECS for name in names
 }
+# SentencePiece-style BPE (Gemma 4): "▁" for spaces, no byte encoding, <0xNN> byte tokens
+SPM_STYLE_PRES = ("gemma4", "granite-embed-multi-311m")
+for _name in SPM_STYLE_PRES:
+    PRE_TOKENIZERS[_name] = ((r"[^\n]+|[\n]+",), False, True)
 
 _CACHE_LIMIT = 200_000
 
@@ -237,7 +252,8 @@ class PreTokenizer:
 
 
 class BPETokenizer(Tokenizer):
-    """Byte-level BPE vocab (`tokenizer.ggml.model` = 'gpt2'), as llama.cpp runs it."""
+    """Byte-level BPE vocab (`tokenizer.ggml.model` = 'gpt2'), or Gemma 4's SentencePiece-style
+    one ('gemma4'), as llama.cpp runs them."""
 
     def __init__(
         self,
@@ -283,15 +299,20 @@ class BPETokenizer(Tokenizer):
         regexes, self.ignore_merges, default_add_bos = spec
         self.pre = pre
         self.pre_tokenizer = PreTokenizer(regexes)
+        self.spm_style = pre in SPM_STYLE_PRES
 
         self.bos_id = bos_id
         self.eos_id = eos_id
-        self.add_bos = default_add_bos if add_bos is None else bool(add_bos)
+        # llama.cpp turns Gemma 4's add_bos_token = false into true
+        self.add_bos = default_add_bos if add_bos is None or self.spm_style else bool(add_bos)
         self.add_eos = bool(add_eos)
 
         self._setup_specials(eos_id, eot_ids)
 
-        self._char_ids = {c: self.ids.get(c) for c in BYTE_TO_CHAR}
+        if self.spm_style:
+            self._byte_ids = [self.ids.get(f"<0x{b:02X}>") for b in range(256)]
+        else:
+            self._byte_ids = [self.ids.get(c) for c in BYTE_TO_CHAR]
         self._cache: dict[str, tuple[int, ...]] = {}
         self._pieces: dict[int, bytes] = {}
 
@@ -316,13 +337,16 @@ class BPETokenizer(Tokenizer):
             if i is not None:
                 eot.add(i)
         add_bos = meta.get("tokenizer.ggml.add_bos_token")
+        # a 'gemma4' model is its own pre-tokenizer and has no default BOS/EOS ids
+        gemma4 = meta.get("tokenizer.ggml.model") == "gemma4"
+        default_id = None if gemma4 else 11
         return cls(
             list(tokens),
             list(merges),
             list(types[:n]) if types is not None else None,
-            pre=meta.get("tokenizer.ggml.pre"),
-            bos_id=_meta_id(meta, "tokenizer.ggml.bos_token_id", 11, n),
-            eos_id=_meta_id(meta, "tokenizer.ggml.eos_token_id", 11, n),
+            pre="gemma4" if gemma4 else meta.get("tokenizer.ggml.pre"),
+            bos_id=_meta_id(meta, "tokenizer.ggml.bos_token_id", default_id, n),
+            eos_id=_meta_id(meta, "tokenizer.ggml.eos_token_id", default_id, n),
             add_bos=None if add_bos is None else bool(add_bos),
             add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)),
             eot_ids=eot,
@@ -344,6 +368,8 @@ class BPETokenizer(Tokenizer):
     def _encode_fragment(self, text: str) -> list[int]:
         out: list[int] = []
         cache = self._cache
+        if self.spm_style:
+            text = text.replace(" ", SPACE)
         for word in self.pre_tokenizer.split(text):
             ids = cache.get(word)
             if ids is None:
@@ -356,10 +382,10 @@ class BPETokenizer(Tokenizer):
 
     def _encode_word(self, word: str) -> tuple[int, ...]:
         """One pre-tokenized word: byte-encode, merge, look up."""
-        s = byte_encode(word)
+        s = word if self.spm_style else byte_encode(word)
         ids = self.ids
-        if self.ignore_merges:
-            i = ids.get(s)
+        if self.ignore_merges or (self.spm_style and not s.strip("\n")):
+            i = ids.get(s)  # taken whole: a Llama 3 word, a Gemma 4 newline run
             if i is not None:
                 return (i,)
         out: list[int] = []
@@ -367,13 +393,22 @@ class BPETokenizer(Tokenizer):
             i = ids.get(sym)
             if i is not None:
                 out.append(i)
-                continue
-            for c in sym:  # no such token: one token per byte
-                i = self._char_ids.get(c)
-                if i is None:
-                    raise GGUFError(f"tokenizer has no token for byte 0x{CHAR_TO_BYTE[c]:02X}")
-                out.append(i)
+            else:  # no such token: one token per byte
+                out.extend(self._fallback(sym))
         return tuple(out)
+
+    def _fallback(self, sym: str) -> list[int]:
+        """The byte tokens of a symbol that is no token: GPT-2 byte characters (each one
+        byte), or Gemma 4's <0xNN> tokens of its UTF-8 (llama.cpp drops a missing one)."""
+        if self.spm_style:
+            return [i for i in map(self._byte_ids.__getitem__, sym.encode("utf-8")) if i is not None]
+        out = []
+        for c in sym:
+            i = self._byte_ids[CHAR_TO_BYTE[c]]
+            if i is None:
+                raise GGUFError(f"tokenizer has no token for byte 0x{CHAR_TO_BYTE[c]:02X}")
+            out.append(i)
+        return out
 
     def merge(self, s: str) -> list[str]:
         """The BPE merge of byte-encoded `s`: lowest merge rank first, leftmost on ties."""
@@ -427,7 +462,10 @@ class BPETokenizer(Tokenizer):
     # -- decoding -----------------------------------------------------------
 
     def normal_bytes(self, text: str) -> bytes:
-        """GPT-2's byte characters back to bytes; other characters stay as their UTF-8."""
+        """GPT-2's byte characters back to bytes; other characters stay as their UTF-8.
+        Gemma 4: the text with "▁" back to spaces."""
+        if self.spm_style:
+            return text.replace(SPACE, " ").encode("utf-8")
         get = CHAR_TO_BYTE.get
         data = bytearray()
         for c in text:

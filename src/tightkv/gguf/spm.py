@@ -250,9 +250,10 @@ class SPMTokenizer(Tokenizer):
     def normal_bytes(self, text: str) -> bytes:
         return text.replace(SPACE, " ").encode("utf-8")
 
-    def decode(self, ids: list[int]) -> str:
-        """llama.cpp's `detokenize` (no special-token rendering, no clean-up of spaces)."""
-        data = b"".join(self.token_bytes(i) for i in ids)
+    def decode(self, ids: list[int], special: bool = False) -> str:
+        """llama.cpp's `detokenize` (control tokens rendered only with `special`, no clean-up
+        of spaces)."""
+        data = self.decode_bytes(ids, special)
         if self.add_space_prefix and ids and self.token_bytes(ids[0]).startswith(b" "):
             data = data[1:]  # llama.cpp drops the space the encoder put in front
         return data.decode("utf-8", errors="replace")

@@ -4,6 +4,8 @@
 
 - ``llama``: SentencePiece-style vocab (`spm.SPMTokenizer`), llama.cpp's `llm_tokenizer_spm`.
 - ``gpt2``: byte-level BPE (`bpe.BPETokenizer`), llama.cpp's `llm_tokenizer_bpe`.
+- ``gemma4``: the same BPE machinery in SentencePiece style (``▁`` spaces, ``<0xNN>``
+  byte tokens), as llama.cpp runs Gemma 4's vocab.
 
 The shared base and token types are in `vocab`.
 """
@@ -32,7 +34,11 @@ from .vocab import (  # noqa: F401  (the names callers import from here)
     Tokenizer,
 )
 
-TOKENIZER_CLASSES: dict[str, type[Tokenizer]] = {"llama": SPMTokenizer, "gpt2": BPETokenizer}
+TOKENIZER_CLASSES: dict[str, type[Tokenizer]] = {
+    "llama": SPMTokenizer,
+    "gpt2": BPETokenizer,
+    "gemma4": BPETokenizer,
+}
 
 
 def load_tokenizer(meta: dict[str, Any]) -> Tokenizer:

@@ -3,6 +3,14 @@ attributes, the end-of-generation ids, and the special-token partition
 (`tokenizer_st_partition`): control, unknown and user-defined tokens are cut out
 of the raw text, longest text first. User-defined tokens are always cut out;
 control and unknown ones only with ``special=True``.
+
+llama.cpp's loader also retypes a few tokens by their text, and so does
+`Tokenizer._setup_specials`: end-of-generation texts become control tokens; the
+harmony (gpt-oss) tokens ``<|channel|>``, ``<|message|>``, ``<|start|>`` and
+``<|constrain|>`` become user-defined, so they are cut out of plain text too and
+render in the output, where a reply parser reads them; and with ``<|return|>`` and
+``<|call|>`` in the vocab ``<|end|>`` ends no generation and is user-defined as well
+(a harmony reply goes on after an analysis message's ``<|end|>``).
 """
 
 from __future__ import annotations
@@ -49,8 +57,17 @@ EOG_TEXTS = (
     "[EOS]",
     "<|end_of_text|>",
     "<end_of_utterance>",
+    "<eos>",  # Gemma 4
+    "<turn|>",  # Gemma 4
+    "<|tool_response>",  # Gemma 4: a tool call waits for its response
+    "<|flush|>",  # solar-open
+    "<|calls|>",  # solar-open
     "<｜end▁of▁sentence｜>",
+    "[e~[",  # MiniMax M2
 )
+
+# harmony tokens that llama.cpp always renders, as user-defined tokens
+VISIBLE_TEXTS = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 
 
 class Tokenizer:
@@ -85,9 +102,21 @@ class Tokenizer:
             ids = [*ids, self.eos_id]
         return ids
 
-    def decode(self, ids: list[int]) -> str:
-        """Text of `ids` (control tokens render as nothing); bad UTF-8 becomes U+FFFD."""
-        return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
+    def decode(self, ids: list[int], special: bool = False) -> str:
+        """Text of `ids`, llama.cpp's `token_to_piece` of each joined (control tokens render
+        as nothing, or with `special` as their text); bad UTF-8 becomes U+FFFD."""
+        return self.decode_bytes(ids, special).decode("utf-8", errors="replace")
+
+    def decode_bytes(self, ids: list[int], special: bool = False) -> bytes:
+        """The bytes of `ids` as `decode` joins them."""
+        return b"".join(self.token_piece(i, special) for i in ids)
+
+    def token_piece(self, id: int, special: bool = False) -> bytes:
+        """llama.cpp's `token_to_piece(id, special)`: `token_bytes`, but with `special`
+        control and unknown tokens give their text."""
+        if special and 0 <= id < self.vocab_size and self.attrs[id] & (ATTR_CONTROL | ATTR_UNKNOWN):
+            return self.texts[id].encode("utf-8")
+        return self.token_bytes(id)
 
     def token_bytes(self, id: int) -> bytes:
         """The bytes token `id` adds to the output (may be part of a UTF-8 character), as
@@ -118,16 +147,7 @@ class Tokenizer:
 
     def _setup_specials(self, eos_id: int | None, eot_ids: set[int] | None) -> None:
         """End-of-generation ids and the special-token partition tables."""
-        # end-of-generation tokens; llama.cpp also treats them as control tokens
-        eog = set(eot_ids or ())
-        for text in EOG_TEXTS:
-            i = self.ids.get(text)
-            if i is not None:
-                eog.add(i)
-                self.attrs[i] |= ATTR_CONTROL
-        if eos_id is not None:
-            eog.add(eos_id)
-        self.eot_ids = eog
+        self.eot_ids = self._retype_by_text(eos_id, eot_ids)
 
         # special-token partition order: longest text first (llama.cpp's std::sort leaves ties
         # unordered; that matters only if equal-length specials can overlap, none do in Gemma)
@@ -140,6 +160,29 @@ class Tokenizer:
             self._specials_all.setdefault(self.texts[i][:2], []).append(entry)
             if not self.attrs[i] & (ATTR_CONTROL | ATTR_UNKNOWN):
                 self._specials_user.setdefault(self.texts[i][:2], []).append(entry)
+
+    def _retype_by_text(self, eos_id: int | None, eot_ids: set[int] | None) -> set[int]:
+        """The end-of-generation ids, retyping tokens by their text as llama.cpp's loader
+        does (see the module docstring)."""
+        ids, attrs = self.ids, self.attrs
+        eog = set(eot_ids or ())
+        for text in EOG_TEXTS:  # llama.cpp also makes them control tokens
+            i = ids.get(text)
+            if i is not None:
+                eog.add(i)
+                attrs[i] |= ATTR_CONTROL
+        for text in VISIBLE_TEXTS:
+            if text in ids:
+                attrs[ids[text]] = ATTR_USER_DEFINED
+        if eos_id is not None:
+            eog.add(eos_id)
+        eog_texts = {self.texts[i] for i in eog}
+        has_call = bool(eog_texts & {"<|call|>", "<|calls|>"})
+        end = ids.get("<|end|>")
+        if end in eog and has_call and eog_texts & {"<|return|>", "<|flush|>"}:
+            eog.discard(end)
+            attrs[end] = ATTR_USER_DEFINED
+        return eog
 
     def _partition(self, text: str, special: bool) -> list[str | int]:
         """Cut special tokens out of `text`: a list of text fragments and token ids."""
