@@ -65,6 +65,13 @@ def hub(tiny_bytes, monkeypatch):
         ("qwen3.6", "qwen3.6:35b-a3b"),
         ("qwen3:30b-a3b", "qwen3:30b-a3b"),
         ("qwen3-coder", "qwen3-coder:30b"),
+        ("gpt-oss", "gpt-oss:20b"),
+        ("gpt-oss:120b", "gpt-oss:120b"),
+        ("gemma4", "gemma4:e4b"),
+        ("gemma4:26b", "gemma4:26b"),
+        ("ministral-3", "ministral-3:8b"),
+        ("ministral-3:14b", "ministral-3:14b"),
+        ("mistral-small3.2", "mistral-small3.2:24b"),
     ],
 )
 def test_names_and_default_tags(name, canonical):
@@ -93,6 +100,41 @@ def test_hybrid_and_moe_names_are_runnable_unverified_leads():
         assert (e.arch, e.sha256) == (arch, None) and arch in ARCHITECTURES
         assert e.file.endswith("-Q4_K_M.gguf") and e.repo.split("/")[0] in ("unsloth", "bartowski", "Qwen")
         assert e.file.lower().startswith(e.repo.split("/")[1].lower().removesuffix("-gguf"))
+
+
+NEW_FAMILIES = {
+    "gpt-oss:20b": ("gpt-oss", "ggml-org"),
+    "gpt-oss:120b": ("gpt-oss", "ggml-org"),
+    "gemma4:e2b": ("gemma4", "unsloth"),
+    "gemma4:e4b": ("gemma4", "unsloth"),
+    "gemma4:26b": ("gemma4", "unsloth"),
+    "gemma4:31b": ("gemma4", "unsloth"),
+    "ministral-3:3b": ("mistral3", "unsloth"),
+    "ministral-3:8b": ("mistral3", "unsloth"),
+    "ministral-3:14b": ("mistral3", "unsloth"),
+    "mistral-small3.2:24b": ("llama", "unsloth"),
+}
+
+
+def test_new_family_names_are_unverified_leads():
+    """gpt-oss, Gemma 4, Ministral 3 and Mistral Small 3.2: the publishers' files (gpt-oss's
+    MXFP4, the others Q4_K_M), no hash pinned (nobody here fetched them; the hub's LFS sha256
+    is checked at download), with the architecture their GGUFs name."""
+    for name, (arch, publisher) in NEW_FAMILIES.items():
+        e = registry.CATALOG[name]
+        assert (e.arch, e.sha256, e.repo.split("/")[0]) == (arch, None, publisher), name
+        assert e.file.lower().startswith(e.repo.split("/")[1].lower().removesuffix("-gguf")), name
+        assert e.file.endswith(("-Q4_K_M.gguf", "-mxfp4.gguf", "-mxfp4-00001-of-00003.gguf")), name
+
+
+def test_a_split_gguf_is_refused_before_any_download(home):
+    """gpt-oss:120b is published in three parts: pull says how to join them, and fetches nothing."""
+    with pytest.raises(TightKVError) as err:
+        registry.pull_model("gpt-oss:120b")
+    text = str(err.value)
+    assert "\n" not in text and "gpt-oss:120b is published in 3 parts (hf:ggml-org/gpt-oss-120b-GGUF)" in text
+    assert "llama-gguf-split --merge gpt-oss-120b-mxfp4-00001-of-00003.gguf gpt-oss-120b-mxfp4.gguf" in text
+    assert not any(home.rglob("*.gguf*"))
 
 
 def test_pull_and_show_a_hybrid_moe_by_its_name(home):

@@ -82,6 +82,41 @@ CATALOG: dict[str, Entry] = {
             "Qwen3-Coder-30B-A3B-Instruct-Q4_K_M.gguf",
             arch="qwen3moe",
         ),
+        # gpt-oss (MXFP4 experts as published by ggml-org), Gemma 4 (E2B/E4B with per-layer
+        # embeddings, the 26B-A4B mixture of experts, 31B dense), Ministral 3 and Mistral Small
+        # 3.2: unverified leads (nobody here has fetched them), sha256 from the hub at download
+        Entry("gpt-oss:20b", "ggml-org/gpt-oss-20b-GGUF", "gpt-oss-20b-mxfp4.gguf", arch="gpt-oss"),
+        # over the hub's 50 GB a file: published in three parts (`pull` says so, see SPLIT_GGUF)
+        Entry("gpt-oss:120b", "ggml-org/gpt-oss-120b-GGUF", "gpt-oss-120b-mxfp4-00001-of-00003.gguf", arch="gpt-oss"),
+        Entry("gemma4:e2b", "unsloth/gemma-4-E2B-it-GGUF", "gemma-4-E2B-it-Q4_K_M.gguf", arch="gemma4"),
+        Entry("gemma4:e4b", "unsloth/gemma-4-E4B-it-GGUF", "gemma-4-E4B-it-Q4_K_M.gguf", arch="gemma4"),
+        Entry("gemma4:26b", "unsloth/gemma-4-26B-A4B-it-GGUF", "gemma-4-26B-A4B-it-Q4_K_M.gguf", arch="gemma4"),
+        Entry("gemma4:31b", "unsloth/gemma-4-31B-it-GGUF", "gemma-4-31B-it-Q4_K_M.gguf", arch="gemma4"),
+        Entry(
+            "ministral-3:3b",
+            "unsloth/Ministral-3-3B-Instruct-2512-GGUF",
+            "Ministral-3-3B-Instruct-2512-Q4_K_M.gguf",
+            arch="mistral3",
+        ),
+        Entry(
+            "ministral-3:8b",
+            "unsloth/Ministral-3-8B-Instruct-2512-GGUF",
+            "Ministral-3-8B-Instruct-2512-Q4_K_M.gguf",
+            arch="mistral3",
+        ),
+        Entry(
+            "ministral-3:14b",
+            "unsloth/Ministral-3-14B-Instruct-2512-GGUF",
+            "Ministral-3-14B-Instruct-2512-Q4_K_M.gguf",
+            arch="mistral3",
+        ),
+        # converted (June 2025) before llama.cpp had 'mistral3': its text model as 'llama'
+        Entry(
+            "mistral-small3.2:24b",
+            "unsloth/Mistral-Small-3.2-24B-Instruct-2506-GGUF",
+            "Mistral-Small-3.2-24B-Instruct-2506-Q4_K_M.gguf",
+            arch="llama",
+        ),
     ]
 }
 # The tag a bare name (or ``:latest``) takes; Ollama's default where ours has it.
@@ -91,11 +126,17 @@ DEFAULT_TAGS = {
     "qwen3.5": "4b",
     "qwen3.6": "35b-a3b",
     "qwen3-coder": "30b",
+    "gpt-oss": "20b",
+    "gemma4": "e4b",
+    "ministral-3": "8b",
+    "mistral-small3.2": "24b",
     "llama3.2": "3b",
     "phi3.5": "3.8b",
     "smollm2": "1.7b",
 }
 
+# a GGUF split in parts (llama.cpp's gguf-split): NAME-00001-of-0000N.gguf
+SPLIT_GGUF = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 _NAME_LIKE = re.compile(r"^[a-z0-9][a-z0-9._-]*:[a-z0-9._-]+$", re.IGNORECASE)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -226,6 +267,7 @@ def pull_model(name: str, quiet: bool = False, check_remote: bool = False, repor
     if looks_like_path(name):
         raise TightKVError(f"'{name}' is a file path; pull takes a model name (e.g. {DEFAULT_MODEL})")
     entry = lookup(name)
+    _refuse_split(entry)
     if entry.embedded or (installed(entry) is not None and not check_remote):
         if report is not None:
             report({"status": "pulling manifest"})
@@ -236,6 +278,18 @@ def pull_model(name: str, quiet: bool = False, check_remote: bool = False, repor
     from . import hub
 
     return hub.pull(entry, quiet=quiet, report=report)
+
+
+def _refuse_split(entry: Entry) -> None:
+    """A model published as a split GGUF cannot be pulled yet: say so before any download."""
+    split = SPLIT_GGUF.search(entry.file)
+    if split is not None:
+        whole = SPLIT_GGUF.sub(".gguf", entry.file)
+        raise TightKVError(
+            f"{entry.name} is published in {int(split.group(2))} parts (hf:{entry.repo}), which tightkv "
+            f"cannot join yet; download them and join them with llama.cpp's `llama-gguf-split --merge "
+            f"{entry.file} {whole}`, then run the file by its path"
+        )
 
 
 def install_embedded(entry: Entry, quiet: bool = False) -> Installed:
