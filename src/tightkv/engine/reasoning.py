@@ -27,6 +27,14 @@ def thinking_tags(template: str | None) -> tuple[str, str] | None:
     return None
 
 
+def thinks(template: str | None) -> bool:
+    """Whether a chat template's model reasons before it answers: between tags, or in
+    harmony's analysis channel (gpt-oss, `engine.harmony`)."""
+    from .harmony import is_harmony
+
+    return thinking_tags(template) is not None or is_harmony(template)
+
+
 def thinking_plan(template: str | None, think: bool | None, constrained: bool = False) -> tuple[dict, bool]:
     """(template variables, whether the reply's reasoning is split off) for a request's wish
     to think (None: the model's default, which is to think when its template does). A model

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import ContextOverflowError, RequestError
-from .reasoning import thinking_plan, thinking_tags
+from . import harmony
+from .reasoning import thinking_plan, thinks
 from .tools import call_grammar, template_messages, tool_format
 
 
@@ -52,7 +53,9 @@ class ChatRequest:
     `options`: `Model.generate`'s options (sampling, stop, json_schema or grammar,
     logprobs). `tools`: OpenAI function specs; `forced_call`: None lets the model choose,
     "" forces some call, a name forces that function (`parallel_calls`: one or more).
-    `think`: the request's wish to reason (None: the model's default). `template_vars`:
+    `think`: the request's wish to reason (None: the model's default); `effort`: how hard
+    (OpenAI's reasoning_effort, Ollama's think level: the template's `reasoning_effort`,
+    which harmony's template reads; None: its default). `template_vars`:
     more chat-template variables; `prompt_options`: `PromptBuilder.chat_text`'s
     continue_final and add_generation_prompt. `split_reasoning`: read the reasoning off
     the reply. `context`: token ids before the prompt (Ollama's `context`).
@@ -66,6 +69,7 @@ class ChatRequest:
     forced_call: str | None = None
     parallel_calls: bool = True
     think: bool | None = None
+    effort: str | None = None
     template_vars: dict = field(default_factory=dict)
     prompt_options: dict = field(default_factory=dict)
     split_reasoning: bool = True
@@ -145,29 +149,56 @@ def check_token_ids(model, ids: list[int], name: str) -> None:
 
 def _reasoning(model, r: ChatRequest | TextRequest, options: dict) -> tuple[dict, bool]:
     """(template variables, whether the reply's reasoning is split off) for the request's
-    wish to think; `no_thinking` is the error when it asks a model that does not think."""
-    if r.think and r.no_thinking and thinking_tags(model.chat_template) is None:
+    wish to think; `no_thinking` is the error when it asks a model that does not think. A
+    harmony model always reasons (its analysis channel): think and effort set how hard."""
+    template = model.chat_template
+    if r.think and r.no_thinking and not thinks(template):
         raise RequestError(r.no_thinking, param="think")
-    plan_vars, split = thinking_plan(model.chat_template, r.think, "json_schema" in options or "grammar" in options)
+    effort = getattr(r, "effort", None)
+    if harmony.is_harmony(template):
+        try:
+            level = harmony.effort_level(effort, r.think)
+        except ValueError:
+            raise RequestError(
+                f"'reasoning_effort' must be low, medium or high (or none, minimal, xhigh), not {effort!r}",
+                param="reasoning_effort",
+            ) from None
+        explicit = "reasoning_effort" in getattr(r, "template_vars", {})  # chat_template_kwargs win
+        return ({"reasoning_effort": level} if level and not explicit else {}), r.split_reasoning
+    plan_vars, split = thinking_plan(template, r.think, "json_schema" in options or "grammar" in options)
+    if effort and effort != "none" and "reasoning_effort" not in getattr(r, "template_vars", {}):
+        # as llama.cpp's server passes it, to any template
+        plan_vars["reasoning_effort"] = effort
     return plan_vars, split and r.split_reasoning
+
+
+def _harmony_constraint(r: ChatRequest, opts: dict) -> None:
+    """A harmony request's grammar: a forced call, or the JSON schema / grammar asked for,
+    over the final message only (analysis stays free: the model reasons, then answers)."""
+    if r.tools and r.forced_call is not None:
+        opts.pop("json_schema", None)
+        opts["grammar"] = harmony.call_grammar(r.tools, r.forced_call or None)
+    elif "json_schema" in opts or "grammar" in opts:
+        opts["grammar"] = harmony.final_grammar(opts.pop("json_schema", None), opts.pop("grammar", None))
 
 
 def _prepare_chat(model, r: ChatRequest) -> Prepared:
     template = model.chat_template
     opts = dict(r.options, stop=model.chat_stops(r.options.get("stop")))
-    if r.tools:
-        fmt = tool_format(template)
-        if fmt is None:
-            raise RequestError(r.no_tools, param="tools")
-        if r.forced_call is not None:
-            opts.pop("json_schema", None)
-            opts["grammar"] = call_grammar(fmt, r.tools, r.forced_call or None, r.parallel_calls)
+    fmt = tool_format(template) if r.tools else None
+    if r.tools and fmt is None:
+        raise RequestError(r.no_tools, param="tools")
+    messages = template_messages(r.messages)
+    if harmony.is_harmony(template):
+        _harmony_constraint(r, opts)
+        messages = harmony.harmony_messages(messages)
+    elif r.tools and r.forced_call is not None:
+        opts.pop("json_schema", None)
+        opts["grammar"] = call_grammar(fmt, r.tools, r.forced_call or None, r.parallel_calls)
     check_constraint(model, opts)
     plan_vars, split = _reasoning(model, r, opts)
     check_token_ids(model, r.context, "context")
-    text = model.chat_text(
-        template_messages(r.messages), r.tools, template_vars={**r.template_vars, **plan_vars}, **r.prompt_options
-    )
+    text = model.chat_text(messages, r.tools, template_vars={**r.template_vars, **plan_vars}, **r.prompt_options)
     ids = model.chat_tokens(text)
     if r.context and ids and ids[0] == model.tokenizer.bos_id:
         ids = ids[1:]

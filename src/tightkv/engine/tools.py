@@ -6,6 +6,8 @@ Formats, by what the template says (`engine.tool_parse` reads them all back):
 - ``hermes``: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Qwen2.5, Qwen3, Hermes).
 - ``mistral``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}]``.
 - ``llama3``: a bare JSON object ``{"name": ..., "parameters": {...}}`` (Llama 3.1-3.3).
+- ``harmony``: a commentary message to ``functions.NAME`` (gpt-oss; `engine.harmony` reads
+  and constrains it).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 from dataclasses import dataclass
 
 from ..errors import TightKVError
+from .harmony import is_harmony
 from .tool_parse import parse_reply
 
 
@@ -27,6 +30,8 @@ def tool_format(template: str | None) -> str | None:
     """The call format a chat template defines; None when it does not take tools."""
     if not template or "tools" not in template:
         return None
+    if is_harmony(template):
+        return "harmony"
     if "<tool_call>" in template:
         return "hermes"
     if "[TOOL_CALLS]" in template:

@@ -28,7 +28,7 @@ from .http import (
     start_job,
     stop_list,
 )
-from ..engine.reasoning import thinking_tags
+from ..engine.reasoning import thinks
 from ..engine.requests import Budget, ChatRequest, TextRequest
 from ..engine.tools import tool_format
 from .outputs import constraint_options, ollama_logprobs
@@ -57,6 +57,12 @@ def _check(req, state) -> None:
 
 
 THINK_LEVELS = ("high", "medium", "low", "max")
+
+
+def _effort(req) -> str | None:
+    """Ollama's `think` level ("high", "medium", "low", "max"), the template's reasoning
+    effort (gpt-oss reads it); None for a boolean."""
+    return req.think if isinstance(req.think, str) else None
 
 
 def _think(req) -> bool | None:
@@ -285,6 +291,7 @@ async def chat(request: Request):
         options,
         tools=req.tools or None,
         think=think,
+        effort=_effort(req),
         no_tools=f"registry.ollama.ai/library/{model_id} does not support tools",
         no_thinking=f'"{model_id}" does not support thinking',
     )
@@ -331,7 +338,9 @@ async def generate(request: Request):
     else:
         messages = [{"role": "system", "content": req.system}] if req.system else []
         messages.append({"role": "user", "content": req.prompt})
-        job_request = ChatRequest(messages, budget, options, think=think, context=context, no_thinking=no_thinking)
+        job_request = ChatRequest(
+            messages, budget, options, think=think, effort=_effort(req), context=context, no_thinking=no_thinking
+        )
     answer = Answer(await start_job(request, job_request), model_id, False)
     return await answer.whole(request) if not req.stream else answer.stream()
 
@@ -404,7 +413,7 @@ async def show(request: Request):
             "capabilities": (
                 ["completion"]
                 + (["tools"] if tool_format(served.chat_template) else [])
-                + (["thinking"] if thinking_tags(served.chat_template) else [])
+                + (["thinking"] if thinks(served.chat_template) else [])
             ),
             "modified_at": served.modified_at(),
             "tightkv": {"kv_cache_type": served.kv, "context_length": served.context_length, "kv_auto": served.kv_auto},

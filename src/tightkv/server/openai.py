@@ -209,6 +209,7 @@ async def chat_completions(request: Request):
         forced_call=_forced_call(req.tool_choice) if tools else None,
         parallel_calls=req.parallel_tool_calls is not False,
         think=None if think is None else bool(think),
+        effort=req.reasoning_effort,
         template_vars=template_vars,
         prompt_options=_prompt_options(req),
         split_reasoning=req.reasoning_format != "none",

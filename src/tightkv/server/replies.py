@@ -1,6 +1,7 @@
 """One choice's reply as it streams, read for what the routes answer beyond text: the
 reasoning split off (a model that thinks, `engine.reasoning`), then the tool calls read out
-of the content (a request with tools, `engine.tool_parse`). Both APIs build their answers,
+of the content (a request with tools, `engine.tool_parse`); or, for a harmony model
+(gpt-oss), its channels read by `engine.harmony` (analysis, final, calls). Both APIs build their answers,
 streamed or whole, from the same `Reply`, so a streamed answer adds up to the whole one."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
+from ..engine.harmony import HarmonyReader, is_harmony
 from ..engine.reasoning import ReasoningSplitter, start_state, thinking_tags
 from ..engine.tool_parse import parse_reply
 
@@ -41,21 +43,31 @@ class Delta:
 class Reply:
     """Feed the reply's text piece by piece (`feed`), then `finish`; each returns a `Delta`.
     `names`: the request's tool names (none: no calls are looked for); `splitter`: a
-    `ReasoningSplitter` when the model's reasoning is to be split off."""
+    `ReasoningSplitter` when the model's reasoning is to be split off; `harmony`: a
+    `HarmonyReader`, which reads reasoning, content and calls alike (no splitter then)."""
 
-    def __init__(self, names: set[str] | None = None, splitter: ReasoningSplitter | None = None):
+    def __init__(
+        self,
+        names: set[str] | None = None,
+        splitter: ReasoningSplitter | None = None,
+        harmony: HarmonyReader | None = None,
+    ):
         self.names = names or set()
-        self.splitter = splitter
+        self.splitter, self.harmony = splitter, harmony
         self.text = ""  # the content side so far, before its calls are read out
         self.reasoning = ""
         self.content = ""  # as sent
         self.calls: list[CallState] = []
 
     def feed(self, text: str) -> Delta:
+        if self.harmony:
+            return self._channels(*self.harmony.feed(text))
         reasoning, content = self.splitter.feed(text) if self.splitter else ("", text)
         return self._advance(reasoning, content, final=False)
 
     def finish(self) -> Delta:
+        if self.harmony:
+            return self._channels(*self.harmony.finish())
         reasoning, content = self.splitter.finish() if self.splitter else ("", "")
         return self._advance(reasoning, content, final=True)
 
@@ -76,13 +88,25 @@ class Reply:
         self.content += delta.content
         return delta
 
+    def _channels(self, reasoning: str, content: str) -> Delta:
+        """What a harmony reader made of a piece: its calls are the reader's, not parsed."""
+        delta = Delta(reasoning=reasoning, content=content)
+        self.reasoning += reasoning
+        self.content += content
+        self._sync_calls(self.harmony.calls, delta)
+        return delta
+
     def _read_calls(self, delta: Delta, final: bool) -> None:
         parsed = parse_reply(self.text, self.names, final)
         # whitespace at the end of the content waits: it may stand before a call
         shown = parsed.content if final and not parsed.calls else parsed.content.rstrip()
         if shown.startswith(self.content):
             delta.content = shown[len(self.content) :]
-        for k, call in enumerate(parsed.calls):
+        self._sync_calls(parsed.calls, delta)
+
+    def _sync_calls(self, calls: list, delta: Delta) -> None:
+        """Add to `delta` what the calls read so far (name, arguments, complete) add to those sent."""
+        for k, call in enumerate(calls):
             if k == len(self.calls):
                 self.calls.append(CallState(f"call_{uuid.uuid4().hex[:24]}", call.name))
                 delta.calls.append(("start", k))
@@ -146,7 +170,10 @@ def ollama_calls(done: list[tuple]) -> list[dict]:
 # --- reasoning, per request -------------------------------------------------------------------
 def new_reply(names: set[str] | None, template: str | None, prompt: str | None, split: bool) -> Reply:
     """A `Reply` for a request: its tool names, and (`split`) a reasoning splitter that
-    starts where the prompt left the reasoning block."""
+    starts where the prompt left the reasoning block; for a harmony template, a channel
+    reader that starts where the prompt left off (not `split`: analysis stays in the content)."""
+    if is_harmony(template):
+        return Reply(names, harmony=HarmonyReader(names, prompt or "", raw=not split))
     tags = thinking_tags(template)
     if not (split and tags):
         return Reply(names)

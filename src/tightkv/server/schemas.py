@@ -83,7 +83,11 @@ class ChatCompletionRequest(_OpenAISampling):
         description="llama.cpp's: a thinking model's reasoning in reasoning_content (auto, deepseek; the "
         "default) or left in the content (none)",
     )
-    reasoning_effort: str | None = Field(None, description="'none' asks a thinking model not to think")
+    reasoning_effort: str | None = Field(
+        None,
+        description="'none' asks a thinking model not to think; low, medium or high set the template's "
+        "reasoning_effort (gpt-oss; minimal and none are low there: it always reasons)",
+    )
     chat_template_kwargs: dict | None = Field(
         None, description="more chat template variables, e.g. {'enable_thinking': false} (Qwen3)"
     )
