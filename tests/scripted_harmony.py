@@ -44,7 +44,7 @@ SPECIALS = (
 BRANCH_BIAS = 40
 FIRST, OTHER = 10.0, 8.0  # how strongly a chain's token calls its next (the first chain wins where they part)
 
-GPT_OSS_TEMPLATE = Path("/tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates/openai-gpt-oss-120b.jinja")
+GPT_OSS_TEMPLATE = Path(__file__).parent / "reference" / "templates" / "openai-gpt-oss-120b.jinja"
 
 
 def gpt_oss_template() -> str | None:

@@ -52,9 +52,12 @@ WRITERS = {
 }
 
 FIXTURES = Path(__file__).parent / "data" / "families"  # made by llama.cpp's converter (tests/reference/mkfamilies.py)
-for _arch in ("qwen3moe", "qwen35", "qwen35moe"):
-    WRITERS[_arch] = lambda p, q, a=_arch: shutil.copy(FIXTURES / a / f"{a}-{q.lower()}.gguf", p) and p
-MOE = {"qwen3moe", "qwen35moe"}  # the router is a float matrix: torch's sums, which may depend on the rows
+QUANTIZED = {"gpt-oss": "mxfp4"}  # the fixture's quantized file where it is not Q8_0 (gpt-oss: its experts)
+for _arch in ("qwen3moe", "qwen35", "qwen35moe", "gpt-oss", "mistral3"):
+    WRITERS[_arch] = lambda p, q, a=_arch: (
+        shutil.copy(FIXTURES / a / f"{a}-{q.lower() if q == 'F32' else QUANTIZED.get(a, 'q8_0')}.gguf", p) and p
+    )
+MOE = {"qwen3moe", "qwen35moe", "gpt-oss"}  # the router is a float matrix: torch's sums, which may depend on the rows
 
 # what each family's ModelArgs states, undone one at a time (the base's value): each must
 # move the logits
@@ -75,6 +78,15 @@ UNDONE = {
     "qwen3moe": [{"qk_norm": False}, {"experts_used": 1}],
     "qwen35": [{"qk_norm": False}, {"rope_dim": 0}, {"ffn_norm": "attn_norm"}],
     "qwen35moe": [{"experts_used": 3}, {"qk_norm": False}],
+    "gpt-oss": [
+        {"qkv_bias": False},
+        {"attention_sinks": False},
+        {"act": "silu"},
+        {"window": BaseModelArgs.window},
+        {"rope_yarn": None},
+        {"ffn_norm": "attn_norm"},
+    ],
+    "mistral3": [{"rope_style": "neox"}, {"rope_yarn": None}],  # (its temperature steps at 32: T is 24)
 }
 
 

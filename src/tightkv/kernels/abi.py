@@ -130,7 +130,8 @@ class AttnArgs(ctypes.Structure):
     """`tk_attn`'s arguments (`csrc/attention.cpp`, ``struct AttnArgs``): queries q (Hkv, R, D),
     R = (H / Hkv) * T rows per KV head; each side's body rotation (signs, Hadamard block),
     channel scale and centre (null: none); `nseg` segments and their ranges (nseg, T, 2);
-    codebooks (16 floats, null: none); the output (Hkv, R, Dv)."""
+    codebooks (16 floats, null: none); the output (Hkv, R, Dv); a sink logit per query head
+    (null: none)."""
 
     _fields_ = [
         ("q", _p),
@@ -154,6 +155,7 @@ class AttnArgs(ctypes.Structure):
         ("vcb", _p),
         ("chunk_tokens", _i64),
         ("out", _p),
+        ("sinks", _p),
         ("scale", _f32),
         ("nth", ctypes.c_int32),
     ]
@@ -215,7 +217,7 @@ FUNCTIONS = {
     "tk_gemv_each": (_i32, [_i32, _p, _p, _p, _i64, _i64, _p, _p, _i32]),
     "tk_moe_row": (
         _i32,
-        [_p, _p, _i64, _i64, _i32, _i32, _f32, _p, _p, _p, _p, _p, _p, _i64, _i32, _p, _p, _p, _i32],
+        [_p, _p, _p, _i64, _i64, _i32, _i32, _f32, *[_p] * 9, _i64, _i32, _p, _p, _p, _i32],
     ),
     "tk_dequant": (_i32, [_i32, _p, _i64, _i64, _i64, _p, _i32]),
     "tk_simd": (_i32, []),

@@ -140,11 +140,13 @@ def run(
     vcenter=None,
     kcb=None,
     vcb=None,
+    sinks=None,
 ) -> torch.Tensor:
     """q (H, T, D) -> (H, T, Dv) float32. segs: `Seg`s (`segment`), as a list or `pack`ed,
     of which the first `nseg` (default all) are attended. ranges: per segment and query
     position, lo, hi (a list of ints, or a contiguous int64 tensor). krot, vrot: the body
-    codecs' rotations as (signs (D,) float32, Hadamard block), or None."""
+    codecs' rotations as (signs (D,) float32, Hadamard block), or None. sinks: (H,) float32,
+    a logit per head that joins each row's softmax with no value (gpt-oss), or None."""
     H, T, D = q.shape
     qf = q if q.dtype == torch.float32 and q.is_contiguous() else q.float().contiguous()
     out = torch.empty(H, T, dv)
@@ -177,6 +179,7 @@ def run(
         vcb=_ptr(vcb),
         chunk_tokens=CHUNK_TOKENS,
         out=out.data_ptr(),
+        sinks=_ptr(sinks),
         scale=scale,
         nth=build.threads(),
     )

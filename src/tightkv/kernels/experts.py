@@ -1,6 +1,7 @@
 """A decode row's mixture of experts in one kernel call (`tk_moe_row`): the router's softmax
-and top-k, gate and up of the k routed experts over the row (`tk_gemv_parts`, the activations
-quantized once), the gated units, the k down projections each over its own expert's unit
+and top-k, gate and up of the k routed
+experts over the row (`tk_gemv_parts`, the activations quantized once), their biases where
+the file has them, the gated units, the k down projections each over its own expert's unit
 (`tk_gemv_each`), and their weighted sum. Per expert the same arithmetic as its
 `QuantLinear` alone; every row alike, alone or in a batch."""
 
@@ -20,11 +21,22 @@ class ExpertTable:
     """The kernels' view of a block's router (float32) and every expert's gate, up and down
     rows (type, address, row stride), indexed by expert, for `rows`."""
 
-    def __init__(self, router, gates: list, ups: list, downs: list, k: int, scale: float):
+    def __init__(
+        self,
+        router,
+        gates: list,
+        ups: list,
+        downs: list,
+        k: int,
+        scale: float,
+        biases: tuple | None = None,
+    ):
+        """biases: (router (E,), gate (E, ff), up (E, ff), down (E, hidden)) float32, or None."""
         parts = [*gates, *ups, *downs]
         self.router = router.raw if router.qtype == "F32" else None  # (experts, hidden)
         self.ok = self.router is not None and all(p.type_id >= 0 for p in parts) and 2 * k <= MAX_PARTS
         self.k, self.scale = k, scale
+        self.biases = [None] * 4 if biases is None else [b.contiguous() for b in biases]
         self.ff, self.hidden = gates[0].out_features, gates[0].in_features
 
         def table(pairs):
@@ -37,6 +49,7 @@ class ExpertTable:
         self.gate_up = table(list(zip(gates, ups)))  # each (experts, 2)
         self.down = table([[d] for d in downs])  # each (experts, 1)
         self.args = [a.ctypes.data for a in (*self.gate_up, *self.down)]
+        self.bias_args = [None if b is None else b.data_ptr() for b in self.biases]
 
     def rows(self, x: torch.Tensor, act: str) -> torch.Tensor | None:
         """The routed experts' weighted sum for each row of x (T, hidden), a row at a time,
@@ -52,12 +65,14 @@ class ExpertTable:
             if lib.tk_moe_row(
                 x[t].data_ptr(),
                 self.router.data_ptr(),
+                self.bias_args[0],
                 E,
                 self.hidden,
                 self.k,
                 1,
                 self.scale,
                 *self.args,
+                *self.bias_args[1:],
                 self.ff,
                 ACT_IDS[act],
                 ids.data_ptr(),

@@ -20,7 +20,7 @@ import torch
 from . import abi, build
 from . import qmatmul as qm
 
-ACT_IDS = {"silu": 0, "gelu": 1}  # the kernels' act argument (`tk_glu`)
+ACT_IDS = {"silu": 0, "gelu": 1, "swiglu_oai": 2}  # the kernels' act argument (`tk_glu`)
 
 
 def _product(linear) -> abi.Product | None:

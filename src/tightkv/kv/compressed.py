@@ -39,6 +39,7 @@ from __future__ import annotations
 import torch
 
 from . import fused
+from .cache import with_sinks
 from .codecs import Codec
 
 _NEG_INF = float("-inf")
@@ -115,9 +116,11 @@ class CompressedCache:
         self._kernel_inputs: tuple = ((), None)
 
     # --- protocol -------------------------------------------------------------
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, sinks: torch.Tensor | None = None
+    ) -> torch.Tensor:
         b = self.append(k, v, q)
-        out = self.attend_stored(q, b, scale)
+        out = self.attend_stored(q, b, scale, sinks)
         self._forget()
         return out
 
@@ -138,12 +141,15 @@ class CompressedCache:
             return self._bound[1]
         return boundary(torch.arange(start, end), self.sink, self.recent, self.flush).clamp_min(body_before)
 
-    def attend_stored(self, q: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
-        """Attend q (H, T, D), the last T positions, over the stored history -> (H, T, Dv)."""
+    def attend_stored(
+        self, q: torch.Tensor, b: torch.Tensor, scale: float, sinks: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Attend q (H, T, D), the last T positions, over the stored history -> (H, T, Dv);
+        sinks (H,): a logit per head that joins each softmax with no value, or None."""
         T = q.shape[1]
-        out = fused.compressed_attend(self, q, self.offset - T, b, scale)
+        out = fused.compressed_attend(self, q, self.offset - T, b, scale, sinks)
         if out is None:  # formats or shapes it does not take: the torch reference
-            out = self._attention(q, torch.arange(self.offset - T, self.offset), b, scale)
+            out = self._attention(q, torch.arange(self.offset - T, self.offset), b, scale, sinks)
         return out if out.dtype == q.dtype else out.to(q.dtype)
 
     def kernel_inputs(self) -> tuple:
@@ -425,7 +431,9 @@ class CompressedCache:
             self.nsink, self.pool_start = ns, p0
 
     # --- attention ----------------------------------------------------------------
-    def _attention(self, q: torch.Tensor, q_pos: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
+    def _attention(
+        self, q: torch.Tensor, q_pos: torch.Tensor, b: torch.Tensor, scale: float, sinks: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """q (H, T, D) at positions q_pos (T,); body visible below b (T,) -> (H, T, Dv)."""
         H, T, D = q.shape
         g = H // self.hkv
@@ -487,6 +495,8 @@ class CompressedCache:
             acc = acc + (acc_c if self.vscale is None else acc_c * self.vscale.float()[:, None, :])
             if l_c is not None:
                 acc = acc + l_c.view(self.hkv, g * T, 1) * self.vcenter.float()[:, None, :]
+        if sinks is not None:
+            acc, l = with_sinks(acc, l, m, sinks.view(self.hkv, g, 1))
         out = acc / l.view(self.hkv, g * T, 1)
         return out.view(H, T, self.dv)
 

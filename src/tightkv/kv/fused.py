@@ -31,8 +31,9 @@ def takes(kcodec, vcodec, tile: int) -> bool:
 
 
 # --- dense cache ------------------------------------------------------------------
-def dense_attend(cache, q: torch.Tensor, scale: float) -> torch.Tensor | None:
-    """DenseCache attention for its last T positions (T <= MAX_T) -> (H, T, Dv) float32."""
+def dense_attend(cache, q: torch.Tensor, scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor | None:
+    """DenseCache attention for its last T positions (T <= MAX_T) -> (H, T, Dv) float32;
+    sinks (H,): a value-less logit per head in each softmax, or None."""
     H, T, D = q.shape
     if T > MAX_T or not kernel.dims_ok(D, cache.values.shape[2]):
         return None
@@ -50,11 +51,13 @@ def dense_attend(cache, q: torch.Tensor, scale: float) -> torch.Tensor | None:
         p = cache.offset - T + t
         lo = max(start, p - win + 1) if win is not None else start
         ranges += [lo - start, min(p + 1, start + cache.length) - start]
-    return kernel.run(lib, q, keys.shape[0], values.shape[2], scale, held[2], ranges)
+    return kernel.run(lib, q, keys.shape[0], values.shape[2], scale, held[2], ranges, sinks=sinks)
 
 
 # --- compressed cache -------------------------------------------------------------
-def compressed_attend(cache, q: torch.Tensor, q_pos0: int, b: torch.Tensor, scale: float) -> torch.Tensor | None:
+def compressed_attend(
+    cache, q: torch.Tensor, q_pos0: int, b: torch.Tensor, scale: float, sinks: torch.Tensor | None = None
+) -> torch.Tensor | None:
     """CompressedCache attention for T positions q_pos0.. whose bodies end at b (T,):
     decode steps and prefill chunks alike (no limit on T) -> (H, T, Dv) float32."""
     if not cache.fused:
@@ -66,8 +69,8 @@ def compressed_attend(cache, q: torch.Tensor, q_pos0: int, b: torch.Tensor, scal
     ranges = (_decode_ranges if q.shape[1] <= MAX_T else _prefill_ranges)(cache, q.shape[1], q_pos0, b, body)
     segs, tables = cache.kernel_inputs()
     if not body:
-        return kernel.run(lib, q, cache.hkv, cache.dv, scale, segs, ranges, nseg=2)
-    return kernel.run(lib, q, cache.hkv, cache.dv, scale, segs, ranges, **tables)
+        return kernel.run(lib, q, cache.hkv, cache.dv, scale, segs, ranges, nseg=2, sinks=sinks)
+    return kernel.run(lib, q, cache.hkv, cache.dv, scale, segs, ranges, sinks=sinks, **tables)
 
 
 def kernel_inputs(cache) -> tuple:

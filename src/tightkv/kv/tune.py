@@ -24,15 +24,15 @@ from .spec import parse_kv
 
 
 class _Recorder(DenseCache):
-    def attend(self, q, k, v, scale):
+    def attend(self, q, k, v, scale, sinks=None):
         self.log.append((q.clone(), k.clone(), v.clone()))
-        self.scale = scale
-        return super().attend(q, k, v, scale)
+        self.scale, self.sinks = scale, sinks
+        return super().attend(q, k, v, scale, sinks)
 
 
 @torch.inference_mode()
 def capture(model, ids: list[int], chunk: int = 512) -> list[dict]:
-    """Per attention layer: {"q" (H, N, D), "k" (Hkv, N, D), "v" (Hkv, N, Dv), "window", "scale",
+    """Per attention layer: {"q" (H, N, D), "k" (Hkv, N, D), "v" (Hkv, N, Dv), "window", "scale", "sinks",
     "layer" (its index), "layers" (the model's layer count)} (a hybrid model's recurrent layers
     run on their own state and are not captured)."""
     layout = model.net.cache_layout()
@@ -53,6 +53,7 @@ def capture(model, ids: list[int], chunk: int = 512) -> list[dict]:
             "v": torch.cat([x[2] for x in c.log], 1),
             "window": L[3],
             "scale": c.scale,
+            "sinks": c.sinks,
             "layer": i,
             "layers": len(layout),
         }
@@ -70,15 +71,14 @@ def attention_error(layers: list[dict], spec: str, chunk: int = 512, scored_from
         q, k, v = L["q"], L["k"], L["v"]
         n = q.shape[1]
         pos = torch.arange(n)
-        exact = dense_attention(
-            q, k.half().float(), v.half().float(), causal_window_mask(pos, pos, L["window"]), L["scale"]
-        )
+        mask, sinks = causal_window_mask(pos, pos, L["window"]), L.get("sinks")
+        exact = dense_attention(q, k.half().float(), v.half().float(), mask, L["scale"], sinks)
         cache = parse_kv(spec).make_cache(
             L.get("layer", i), L.get("layers", len(layers)), k.shape[0], k.shape[2], v.shape[2], L["window"]
         )
         out = torch.cat(
             [
-                cache.attend(q[:, s : s + chunk], k[:, s : s + chunk], v[:, s : s + chunk], L["scale"])
+                cache.attend(q[:, s : s + chunk], k[:, s : s + chunk], v[:, s : s + chunk], L["scale"], sinks)
                 for s in range(0, n, chunk)
             ],
             1,

@@ -31,6 +31,8 @@ ARCHITECTURES = {
     "llama": "llama",
     "mistral": "mistral",
     "qwen2": "qwen2",
+    "gpt-oss": "gptoss",
+    "mistral3": "mistral3",
     "qwen3": "qwen3",
     "qwen3moe": "qwen3moe",
     "qwen35": "qwen35",
@@ -68,7 +70,9 @@ class BaseModelArgs:
     rope_theta: float
     rope_scale: float = 1.0  # linear scaling of positions (1 / factor)
     rope_dim: int = 0  # rotated dims of each head (0: all of head_dim)
-    rope_attn_factor: float = 1.0  # multiplies RoPE's cos and sin (Phi-3's LongRoPE)
+    rope_attn_factor: float = 1.0  # multiplies RoPE's cos and sin (Phi-3's LongRoPE; YaRN's, see `yarn_rope`)
+    rope_yarn: tuple[int, float, float] | None = None  # YaRN: (original context, beta_fast, beta_slow)
+    attn_temperature: tuple[float, int] | None = None  # q times 1 + a log(floor(pos / n) + 1): (a, n)
     num_experts: int = 0  # routed experts of a mixture-of-experts feed-forward (0: a dense one)
     experts_used: int = 0  # experts each token is routed to (top-k)
     expert_ff: int = 0  # an expert's width
@@ -84,11 +88,12 @@ class BaseModelArgs:
     qkv_bias: ClassVar[bool] = False  # attn_{q,k,v}.bias added to the projections
     qk_norm: ClassVar[bool] = False  # each query and key head RMS-normed (attn_{q,k}_norm), before RoPE
     post_norms: ClassVar[bool] = False  # each sublayer's output RMS-normed before the residual add
-    act: ClassVar[str] = "silu"  # the gated unit's activation: "silu" or "gelu" (tanh form)
+    act: ClassVar[str] = "silu"  # the gated unit's activation: "silu", "gelu" (tanh form) or "swiglu_oai"
     fused_gate_up: ClassVar[bool] = False  # one ffn_up matrix: the gate rows, then the up rows
     rope_factor_tensors: ClassVar[dict[str, str]] = {}  # kind: tensor of RoPE frequency divisors, if present
     gated_attention: ClassVar[bool] = False  # attn_q gives each head's query, then its output gate (Qwen3.5)
     ffn_norm: ClassVar[str] = "ffn_norm"  # the tensor norming the feed-forward's input
+    attention_sinks: ClassVar[bool] = False  # a learned logit per head in every softmax (attn_sinks)
     required: ClassVar[tuple[str, ...]] = ()  # metadata keys the family cannot run without (`{arch}.` left out)
 
     def cache_layout(self) -> list:
@@ -169,9 +174,23 @@ class BaseModelArgs:
         )
         if "rope_scale" not in extra:  # (a family reading it its own way gives it)
             values["rope_scale"] = linear_rope_scale(g)
+            values.update(yarn_rope(g))
         values.update(extra)
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names})
+
+
+def sliding_layers(g: GGUFFile, pattern: int) -> tuple[bool, ...]:
+    """Which layers attend through a sliding window, as llama.cpp reads it: the array
+    ``attention.sliding_window_pattern`` where the file has one, else every layer but the
+    last of each `pattern` (the key's number where present; 0: every layer)."""
+    m, arch = g.metadata, g.architecture
+    n = int(metadata_key(g, "block_count")) - int(m.get(f"{arch}.nextn_predict_layers") or 0)
+    given = m.get(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(given, (list, tuple)):
+        return tuple(bool(x) for x in given[:n])
+    pattern = int(given if given is not None else pattern)
+    return tuple(pattern == 0 or i % pattern < pattern - 1 for i in range(n))
 
 
 def metadata_key(g: GGUFFile, name: str, default: Any = None) -> Any:
@@ -294,18 +313,41 @@ def rope_cos_sin(
     scale: float = 1.0,
     factors: torch.Tensor | None = None,
     mscale: float = 1.0,
+    yarn: tuple[int, float, float] | None = None,
 ):
     """cos, sin (T, head_dim/2) at the given positions (T,).
 
     Frequency i is theta^(-2i/head_dim) * scale / factors[i] (linear scaling and
     llama.cpp's per-frequency divisors: Llama 3 `rope_freqs`, Phi-3 long/short
-    factors); cos and sin are multiplied by mscale (Phi-3's attention factor).
+    factors); cos and sin are multiplied by mscale (Phi-3's attention factor). With
+    yarn = (original context, beta_fast, beta_slow), YaRN as llama.cpp computes it: the
+    frequencies that turn more than beta_fast times over the original context keep their
+    unscaled value, those under beta_slow take the scaled one, a linear ramp between; and
+    cos and sin grow by 1 + 0.1 ln(1 / scale).
     """
     inv_freq = _inv_freq(head_dim, theta)
     if factors is not None:
         inv_freq = inv_freq / factors.to(torch.float64)
-    angles = (positions.to(torch.float64)[:, None] * scale) * inv_freq[None, :]
+    if yarn is None or scale == 1.0:
+        angles = (positions.to(torch.float64)[:, None] * scale) * inv_freq[None, :]
+    else:
+        mix = _yarn_ramp(head_dim, theta, *yarn)  # (head_dim/2,): 1 keeps a frequency, 0 scales it
+        angles = positions.to(torch.float64)[:, None] * (inv_freq * (scale + (1 - scale) * mix))[None, :]
+        mscale *= 1.0 + 0.1 * math.log(1.0 / scale)
     return (angles.cos() * mscale).float(), (angles.sin() * mscale).float()
+
+
+@functools.lru_cache(maxsize=32)
+def _yarn_ramp(dims: int, theta: float, n_ctx: int, beta_fast: float, beta_slow: float) -> torch.Tensor:
+    """Per frequency, how much of it stays unscaled: 1 below the dim that turns beta_fast
+    times over n_ctx tokens (floored), 0 from the one that turns beta_slow times (ceiled)."""
+
+    def dim(turns: float) -> float:
+        return dims * math.log(n_ctx / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = max(0.0, math.floor(dim(beta_fast))), min(dims - 1.0, math.ceil(dim(beta_slow)))
+    y = (torch.arange(dims // 2, dtype=torch.float64) - low) / max(0.001, high - low)
+    return 1 - y.clamp(0, 1)
 
 
 @functools.lru_cache(maxsize=32)
@@ -388,16 +430,42 @@ def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 
 def linear_rope_scale(g: GGUFFile) -> float:
     """Position scale from `{arch}.rope.scaling.{type,factor}` (1 / factor for linear
-    scaling); other scaling types are a one-line error, except the ones llama.cpp
+    scaling and YaRN); other scaling types are a one-line error, except the ones llama.cpp
     carries as factor tensors (Llama 3 `rope_freqs`, Phi-3 longrope)."""
     m, arch = g.metadata, g.architecture
     kind = str(m.get(f"{arch}.rope.scaling.type", "none") or "none")
     factor = float(m.get(f"{arch}.rope.scaling.factor") or 1.0)
-    if kind == "linear":
+    if kind in ("linear", "yarn"):
         return 1.0 / factor if factor > 0 else 1.0
     if kind in ("none", "llama3", "longrope", "su") or factor == 1.0:
         return 1.0
     raise GGUFError(f"{g.path}: unsupported RoPE scaling type '{kind}' for {arch}")
+
+
+def yarn_rope(g: GGUFFile) -> dict:
+    """YaRN's fields of `BaseModelArgs` where the file scales RoPE by YaRN (else none):
+    the original context and beta_fast, beta_slow (llama.cpp's defaults 32 and 1), and the
+    factor on cos and sin beside the one `rope_cos_sin` applies, as llama.cpp works it out:
+    1 / (1 + 0.1 ln f), times mscale(f, 1) / mscale(f, log_mul) where the file has
+    `rope.scaling.yarn_log_multiplier`, times `rope.scaling.attn_factor`."""
+    m, arch = g.metadata, g.architecture
+    factor = float(m.get(f"{arch}.rope.scaling.factor") or 1.0)
+    if str(m.get(f"{arch}.rope.scaling.type", "none")) != "yarn" or factor <= 1.0:
+        return {}
+    key = functools.partial(metadata_key, g)
+    n_ctx = int(key("rope.scaling.original_context_length", key("context_length")))
+    beta_fast, beta_slow = (
+        float(key("rope.scaling.yarn_beta_fast", 32.0)),
+        float(key("rope.scaling.yarn_beta_slow", 1.0)),
+    )
+    log_mul = float(key("rope.scaling.yarn_log_multiplier", 0.0))
+
+    def mscale(scale: float) -> float:
+        return 0.1 * scale * math.log(factor) + 1.0
+
+    attn = (mscale(1.0) / mscale(log_mul) if log_mul else mscale(1.0)) / (1.0 + 0.1 * math.log(factor))
+    attn *= float(key("rope.scaling.attn_factor", 1.0))
+    return {"rope_yarn": (n_ctx, beta_fast, beta_slow), "rope_attn_factor": attn}
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -407,15 +475,21 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 ACTIVATIONS = {"gelu": gelu_tanh, "silu": F.silu}
 
 
+def swiglu_oai(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gpt-oss's clamped SwiGLU: g sigmoid(1.702 g) (u + 1), g = min(gate, 7), u = up in [-7, 7]."""
+    g, u = gate.clamp(max=7.0), up.clamp(-7.0, 7.0)
+    return g * torch.sigmoid(1.702 * g) * (u + 1)
+
+
 def glu(gate_up: torch.Tensor, act: str) -> torch.Tensor:
     """act(gate) * up of a fused projection gate_up (T, 2 ff), each row [gate | up]; act "gelu"
-    (tanh form) or "silu" -> (T, ff). One kernel call where the library is loaded (for every
-    row count, so a row computes the same alone, in a batch or in a prompt chunk), within
-    a few ulps of torch's ops, which run otherwise."""
+    (tanh form), "silu" or "swiglu_oai" (`swiglu_oai`) -> (T, ff). One kernel call where the
+    library is loaded (for every row count, so a row computes the same alone, in a batch or
+    in a prompt chunk), within a few ulps of torch's ops, which run otherwise."""
     lib = qm.small_ops(gate_up)
     if lib is None or gate_up.dim() != 2:
         gate, up = gate_up.split(gate_up.shape[-1] // 2, dim=-1)
-        return ACTIVATIONS[act](gate) * up
+        return swiglu_oai(gate, up) if act == "swiglu_oai" else ACTIVATIONS[act](gate) * up
     gate_up = gate_up.contiguous()
     rows, ff = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(rows, ff)
@@ -457,6 +531,7 @@ __all__ = [
     "qkv_heads",
     "apply_rope_interleaved",
     "linear_rope_scale",
+    "yarn_rope",
     "gelu_tanh",
     "glu",
     "load_family",

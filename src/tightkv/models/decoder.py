@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import sublayers
-from ..kv.cache import positions
+from ..kv.cache import BatchLayer, positions
 from .base import (
     BaseModelArgs,
     Weights,
@@ -53,6 +53,10 @@ class Attention(torch.nn.Module):
         self.q_norm = w.vector(p + "attn_q_norm.weight") if args.qk_norm else None  # (head_dim,)
         self.k_norm = w.vector(p + "attn_k_norm.weight") if args.qk_norm else None  # (head_dim,)
         self.wo = w.linear(p + "attn_output.weight")
+        if w.has(p + "attn_output.bias"):  # (gpt-oss, some Mistral 3)
+            self.wo = Biased(self.wo, w.vector(p + "attn_output.bias", (args.hidden_size,)))
+        self.sinks = w.vector(p + "attn_sinks.weight", (args.num_heads,)) if args.attention_sinks else None
+        self.temperature = args.attn_temperature
         self.eps, self.scale = args.rms_norm_eps, args.attention_scale
         self.interleaved = args.rope_style == "interleaved"
         self.gated = args.gated_attention
@@ -64,7 +68,9 @@ class Attention(torch.nn.Module):
         if self.gated:
             return self._gated(x, cos, sin, cache)
         q, k, v = self._heads_interleaved(x, cos, sin) if self.interleaved else self._heads_neox(x, cos, sin)
-        out = cache.attend(q, k, v, self.scale)  # (H, T, D)
+        if self.temperature is not None:
+            q = q * temperature(self.temperature, cache, T)[:, None]
+        out = cache.attend(q, k, v, self.scale, self.sinks)  # (H, T, D)
         return out.transpose(0, 1).reshape(T, self.num_heads * self.head_dim)  # before wo
 
     def _gated(self, x, cos, sin, cache) -> torch.Tensor:
@@ -100,6 +106,30 @@ class Attention(torch.nn.Module):
         if self.q_norm is not None:
             q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
         return apply_rope_interleaved(q, cos, sin), apply_rope_interleaved(k, cos, sin), v
+
+
+def temperature(params: tuple[float, int], cache, T: int) -> torch.Tensor:
+    """Llama 4's and Mistral 3's query scale by position, (T,): 1 + a log(floor(pos / n) + 1)
+    for the rows' positions (each sequence's in a batch), params (a, n)."""
+    if isinstance(cache, BatchLayer):
+        pos = torch.cat([torch.arange(c.offset, c.offset + n) for c, n in zip(cache.layers, cache.rows)])
+    else:
+        pos = torch.arange(cache.offset, cache.offset + T)
+    a, n = params
+    return 1 + a * torch.log(torch.floor(pos.double() / n) + 1).float()
+
+
+class Biased(torch.nn.Module):
+    """A linear layer plus its bias vector (out,)."""
+
+    def __init__(self, linear, bias: torch.Tensor):
+        super().__init__()
+        self.linear, self.bias = linear, bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) + self.bias
+
+    __call__ = forward
 
 
 class MLP(torch.nn.Module):
@@ -140,7 +170,8 @@ class Block(torch.nn.Module):
         self.eps = args.rms_norm_eps
         self.attn = GatedDeltaNet(args, w, i) if args.recurrent(i) else Attention(args, w, i)
         self.mlp = MoE(args, w, i) if args.num_experts else MLP(args, w, i)
-        self.fused = isinstance(self.mlp, MLP)  # wo through the feed-forward half in one kernel call
+        # wo through the feed-forward half in one kernel call
+        self.fused = isinstance(self.mlp, MLP) and not isinstance(self.attn.wo, Biased)
         self.attn_norm = w.vector(p + "attn_norm.weight")  # (hidden,)
         self.ffn_norm = w.vector(p + args.ffn_norm + ".weight")  # (hidden,)
         self.post_attn_norm = w.vector(p + "post_attention_norm.weight") if args.post_norms else None
@@ -196,7 +227,9 @@ class Model(torch.nn.Module):
         instead: `self.output` turns them into logits."""
         a = self.args
         pos = positions(cache, ids.shape[0])
-        tables = [rope_cos_sin(pos, self.rope_dim, *r, self.rope_factors, a.rope_attn_factor) for r in self.ropes]
+        tables = [
+            rope_cos_sin(pos, self.rope_dim, *r, self.rope_factors, a.rope_attn_factor, a.rope_yarn) for r in self.ropes
+        ]
         x = self.embed.embed_rows(ids)  # (T, hidden)
         if self.embed_scale is not None:
             x = x * self.embed_scale

@@ -1,10 +1,14 @@
-"""The mixture-of-experts feed-forward (Qwen3-MoE, Qwen3.5/3.6-MoE), as llama.cpp runs it
-(`build_moe_ffn`, softmax gating):
+"""The mixture-of-experts feed-forward (Qwen3-MoE, Qwen3.5/3.6-MoE, gpt-oss), as llama.cpp
+runs it (`build_moe_ffn`, softmax gating):
 
     probs = softmax(router(x))                       # (T, experts)
     w, e = top-k of probs; w /= sum(w)               # (T, k): the routed experts and weights
     out = sum_j w_j * down_e(silu(gate_e(x)) * up_e(x))
         + sigmoid(x . shared_gate) * shared(x)       # the shared expert, where there is one
+
+gpt-oss gates as llama.cpp's "softmax_weight" (the softmax of the top k of the router's
+logits), which is this; it has biases on the router and on each expert's gate, up and down
+rows, and its clamped SwiGLU (``act = "swiglu_oai"``).
 
 The experts stay blocks in the memory map: each is a `QuantLinear` over its rows of the
 3-D expert tensors (`base.Weights.experts`), so a decode step reads the routed experts'
@@ -35,7 +39,13 @@ class MoE(torch.nn.Module):
         gates, ups = (w.experts(p + f"ffn_{n}_exps.weight", (E, ff, d)) for n in ("gate", "up"))
         self.gate_up = [StackedLinear([g, u]) for g, u in zip(gates, ups)]  # each (2 ff, hidden)
         self.down = w.experts(p + "ffn_down_exps.weight", (E, d, ff))  # each (hidden, ff)
-        self.table = ExpertTable(self.router, gates, ups, self.down, self.k, self.scale)
+        self.biases = None  # router (E,), gate and up as one (E, 2 ff), down (E, hidden)
+        if w.has(p + "ffn_gate_inp.bias"):
+            shapes = {"gate_inp": (E,), "gate_exps": (E, ff), "up_exps": (E, ff), "down_exps": (E, d)}
+            b = {n: w.vector(p + f"ffn_{n}.bias", shape) for n, shape in shapes.items()}
+            self.biases = (b["gate_inp"], torch.cat([b["gate_exps"], b["up_exps"]], 1), b["down_exps"])
+        table_biases = None if self.biases is None else (b["gate_inp"], b["gate_exps"], b["up_exps"], b["down_exps"])
+        self.table = ExpertTable(self.router, gates, ups, self.down, self.k, self.scale, table_biases)
         if not 0 < self.k <= len(self.down):
             raise GGUFError(
                 f"{w.g.path}: {args.architecture}.expert_used_count is {self.k}, of {len(self.down)} experts"
@@ -48,8 +58,10 @@ class MoE(torch.nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The experts (T, k) each row goes to and their weights (T, k)."""
-        probs = torch.softmax(rowwise(self.router, x), dim=-1)  # (T, experts)
-        weights, experts = probs.topk(self.k, dim=-1)
+        logits = rowwise(self.router, x)  # (T, experts)
+        if self.biases is not None:
+            logits = logits + self.biases[0]
+        weights, experts = torch.softmax(logits, dim=-1).topk(self.k, dim=-1)
         weights = weights / weights.sum(-1, keepdim=True).clamp_min(6.103515625e-5)
         if self.scale not in (0.0, 1.0):
             weights = weights * self.scale
@@ -57,7 +69,9 @@ class MoE(torch.nn.Module):
 
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert e over rows x (n, hidden) -> (n, hidden)."""
-        return self.down[e](glu(self.gate_up[e](x), self.act))
+        if self.biases is None:
+            return self.down[e](glu(self.gate_up[e](x), self.act))
+        return self.down[e](glu(self.gate_up[e](x) + self.biases[1][e], self.act)) + self.biases[2][e]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (T, hidden) -> (T, hidden)."""
@@ -71,11 +85,12 @@ class MoE(torch.nn.Module):
 
     __call__ = forward
 
-    def routed(self, x: torch.Tensor) -> torch.Tensor:
+    def routed(self, x: torch.Tensor, router_x: torch.Tensor | None = None) -> torch.Tensor:
         """The routed experts' weighted sum (T, hidden), grouped by expert: each routed
-        expert runs once over its rows."""
+        expert runs once over its rows; router_x (T, hidden): what the router reads where
+        that is not x (Gemma 4)."""
         T, k = x.shape[0], self.k
-        experts, weights = self.route(x)
+        experts, weights = self.route(x if router_x is None else router_x)
         flat = experts.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (token, slot) pairs, grouped by expert
         rows = x[order // k]

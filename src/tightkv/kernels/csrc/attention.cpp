@@ -137,7 +137,8 @@ static_assert(sizeof(Seg) == 32 * 8, "segment descriptor");
 // side the body's rotation (signs, Hadamard block hb; null: none), channel scale and centre
 // (null: none); nseg segments and each query position's range in each, ranges (nseg, T, 2);
 // the codebooks of codebook kinds (16 floats; null: none); tokens per chunk a thread claims
-// in a decode step; the output (Hkv, R, Dv); threads. kernels/abi.py mirrors this struct,
+// in a decode step; the output (Hkv, R, Dv); per query head a sink logit that enters each
+// row's softmax as one more score with no value (gpt-oss; null: none); threads. kernels/abi.py mirrors this struct,
 // as it does Seg and enum Kind (tests/test_kernel_abi.py checks that they agree).
 struct AttnArgs {
   const float *q;
@@ -153,10 +154,11 @@ struct AttnArgs {
   const float *kcb, *vcb;
   int64_t chunk_tokens;
   float *out;
+  const float *sinks;
   float scale;
   int32_t nth;
 };
-static_assert(sizeof(AttnArgs) == 22 * 8, "tk_attn's arguments");
+static_assert(sizeof(AttnArgs) == 23 * 8, "tk_attn's arguments");
 
 struct Ctx {
   int64_t Hkv, R, T, D, Dv;
@@ -187,6 +189,7 @@ struct Ctx {
   const int64_t *row_chunks, *row_first;
   int64_t rt;  // rows per tile
   float *out;  // (Hkv, R, Dv)
+  const float *sinks;  // (Hkv R / T) per query head, or null
 };
 
 static const int BT = 32;
@@ -1484,7 +1487,9 @@ static void merge_rows(const void *p, int64_t c) {
       const float mc = x->part[x->poff[ci] + (r - x->chunks[CH * ci + 4]) * W + Dv];
       m = mc > m ? mc : m;
     }
-    float l = 0.f, lc = 0.f;
+    const float sink = x->sinks ? x->sinks[hr / x->T] : -INFINITY;  // row hr: query head hr / T
+    m = sink > m ? sink : m;
+    float l = x->sinks ? expf(sink - m) : 0.f, lc = 0.f;
     float *acc = accs.data() + k * Dv;
     for (int64_t i = 0; i < Dv; i++) acc[i] = accc[i] = 0.f;
     for (int64_t kk = 0; kk < nm; kk++) {
@@ -1634,6 +1639,7 @@ extern "C" int tk_attn(const attn::AttnArgs *args) {
   }
   cx.chunks = chunks.data(); cx.poff = poff.data(); cx.part = part.data();
   cx.row_chunks = row_chunks.data(); cx.row_first = row_first.data(); cx.rt = rt; cx.out = out;
+  cx.sinks = args->sinks;
   // a short history (a decode step at small depth) is scored on this thread: the pool's
   // round-trip would cost more than the split saves
   run_chunks(chunk_fn_attn, &cx, nch, nch > 1 && work * (D + Dv) >= PARALLEL_MACS ? nth : 1);

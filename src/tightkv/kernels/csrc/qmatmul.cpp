@@ -302,13 +302,20 @@ extern "C" void tk_add_rms_norm(const float *x, const float *h, const float *hw,
 
 // The gated unit of a fused projection gu (rows, 2 ff), each row [gate | up]:
 // out (rows, ff) = act(gate) * up, act silu (act 0: g sigmoid(g)) or GELU's tanh form
-// (act 1: g sigmoid(2 u), u = sqrt(2/pi) (g + 0.044715 g^3), as 0.5 g (1 + tanh u) is).
+// (act 1: g sigmoid(2 u), u = sqrt(2/pi) (g + 0.044715 g^3), as 0.5 g (1 + tanh u) is), or
+// gpt-oss's clamped SwiGLU (act 2: g' sigmoid(1.702 g') (u' + 1), g' = min(g, 7), u' = u
+// clamped to [-7, 7]).
 extern "C" void tk_glu(const float *gu, int64_t rows, int64_t ff, int act, float *out) {
   for (int64_t r = 0; r < rows; r++) {
     const float *g = gu + r * 2 * ff, *u = g + ff;
     float *o = out + r * ff;
     if (act == 0) {
       for (int64_t i = 0; i < ff; i++) o[i] = g[i] / (1.f + exp_f(-g[i])) * u[i];
+    } else if (act == 2) {
+      for (int64_t i = 0; i < ff; i++) {
+        const float x = g[i] < 7.f ? g[i] : 7.f, y = u[i] < -7.f ? -7.f : u[i] > 7.f ? 7.f : u[i];
+        o[i] = x / (1.f + exp_f(-1.702f * x)) * (y + 1.f);
+      }
     } else {
       for (int64_t i = 0; i < ff; i++) {
         const float x = g[i], z = 1.5957691216f * (x + 0.044715f * x * x * x);  // 2 sqrt(2/pi) (...)
@@ -319,15 +326,17 @@ extern "C" void tk_glu(const float *gu, int64_t rows, int64_t ff, int act, float
 }
 
 // A decode row's routed experts (models/moe.py), from its normed row x (K,): the router's
-// logits R x (R (E, K) float32), their softmax, the k largest probabilities (the lower expert
-// first on a tie), renormalized to sum 1 where `norm` and times `scale` (0: not); then
-// out (K,) = sum_j w_j down_j(act(gate_j x) * up_j x), the j in order. The experts' tables,
-// indexed by expert: gate and up (E, 2) types, addresses, row strides; down (E,); their width
-// ff. ids and weights (k,): the choice, written. 0 on success, 1 a bad shape, else as
+// logits R x + rb (R (E, K) float32; rb (E,) or null), their softmax, the k largest
+// probabilities (the lower expert first on a tie), renormalized to sum 1 where `norm` (as
+// gpt-oss's softmax of the k largest logits is) and times `scale` (0: not); then out (K,) = sum_j w_j (down_j(act(gate_j x + gb_j) * (up_j x + ub_j)) +
+// db_j), the j in order. The experts' tables, indexed by expert: gate and up (E, 2) types,
+// addresses, row strides; down (E,); their width ff; the biases gb, ub (E, ff) and db (E, K),
+// or null. ids and weights (k,): the choice, written. 0 on success, 1 a bad shape, else as
 // tk_gemv_parts.
-extern "C" int tk_moe_row(const float *x, const float *R, int64_t E, int64_t K, int k, int norm, float scale,
-                          const int *gu_types, const uint8_t *const *gu_ws, const int64_t *gu_lds, const int *d_types,
-                          const uint8_t *const *d_ws, const int64_t *d_lds, int64_t ff, int act, int32_t *ids,
+extern "C" int tk_moe_row(const float *x, const float *R, const float *rb, int64_t E, int64_t K, int k, int norm,
+                          float scale, const int *gu_types, const uint8_t *const *gu_ws,
+                          const int64_t *gu_lds, const int *d_types, const uint8_t *const *d_ws, const int64_t *d_lds,
+                          const float *gb, const float *ub, const float *db, int64_t ff, int act, int32_t *ids,
                           float *weights, float *out, int nth) {
   if (k < 1 || 2 * k > MAX_PARTS || k > E || E > 4096 || K % 32 || ff % 32) return 1;
   float p[4096];
@@ -336,7 +345,7 @@ extern "C" int tk_moe_row(const float *x, const float *R, int64_t E, int64_t K, 
     const float *r = R + e * K;
     V acc = vzero();
     for (int64_t i = 0; i < K; i += 16) acc = vfma(vld(r + i), vld(x + i), acc);
-    p[e] = vsum(acc);
+    p[e] = vsum(acc) + (rb ? rb[e] : 0.f);
     top = p[e] > top ? p[e] : top;
   }
   double total = 0.0;
@@ -369,9 +378,13 @@ extern "C" int tk_moe_row(const float *x, const float *R, int64_t E, int64_t K, 
   gu.resize(2 * k * ff); h.resize(k * ff); ys.resize(k * K);
   int rc = tk_gemv_parts(2 * k, types, ws, lds, Ns, K, x, 1, gu.data(), nth);
   if (rc) return rc;
+  for (int j = 0; j < k && gb; j++)
+    for (int64_t i = 0; i < ff; i++) gu[2 * j * ff + i] += gb[ids[j] * ff + i], gu[(2 * j + 1) * ff + i] += ub[ids[j] * ff + i];
   tk_glu(gu.data(), k, ff, act, h.data());
   for (int j = 0; j < k; j++) types[j] = d_types[ids[j]], ws[j] = d_ws[ids[j]], lds[j] = d_lds[ids[j]];
   if ((rc = tk_gemv_each(k, types, ws, lds, K, ff, h.data(), ys.data(), nth))) return rc;
+  for (int j = 0; j < k && db; j++)
+    for (int64_t i = 0; i < K; i++) ys[j * K + i] += db[ids[j] * K + i];
   for (int64_t i = 0; i < K; i++) {
     float o = 0.f;
     for (int j = 0; j < k; j++) o += weights[j] * ys[j * K + i];
