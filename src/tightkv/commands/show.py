@@ -104,6 +104,7 @@ def run(ns: argparse.Namespace) -> int:
     from ..gguf.reader import read_gguf
     from ..hub import human_binary_bytes as human_bytes
     from ..kernels import build
+    from ..kv.shared import SharedLayout
     from ..kv.spec import attention_layers
     from ..registry import looks_like_path, resolve
     from .flags import model_label
@@ -143,11 +144,14 @@ def run(ns: argparse.Namespace) -> int:
     layout = cache_layout(g)
     kv_layers = len(attention_layers(layout))
     print(f"  KV cache at {context} tokens of context (exact sink and recent windows included)")
-    if kv_layers < len(layout):
+    shared = sum(isinstance(L, SharedLayout) for L in layout)
+    if kv_layers + shared < len(layout):
         print(
             f"    only the {kv_layers} full-attention layer{'s' * (kv_layers != 1)} of {len(layout)} hold KV; "
-            f"the {len(layout) - kv_layers} linear-attention layers keep a recurrent state (below)"
+            f"the {len(layout) - kv_layers - shared} linear-attention layers keep a recurrent state (below)"
         )
+    if shared:
+        print(f"    {shared} layers read the KV of earlier layers and hold none of their own (counted once)")
     rows = kv_table(g, context)
     width = max(len(r[0]) for r in rows) + 4
     print(f"    {'type':<{width}}{'bytes/token':>12}  {'total':>10}  {'vs f16':>7}")

@@ -88,6 +88,8 @@ class BatchLayer:
 
     def attend(self, q, k, v, scale, sinks=None) -> torch.Tensor:
         """q (H, R, D), k and v (Hkv, R, D), R = sum(rows): each sequence's rows in turn -> (H, R, Dv)."""
+        if k is None:  # a layer reading another's KV (`kv.shared`): queries only
+            k = v = q.new_empty(0, q.shape[1], 0)
         if len(self.rows) == q.shape[1]:  # a decode step: one row each, taken apart in one copy per tensor
             qs, ks, vs = (t.transpose(0, 1).contiguous().unsqueeze(2) for t in (q, k, v))  # (N, H, 1, D)
             outs = [c.attend(qs[i], ks[i], vs[i], scale, sinks) for i, c in enumerate(self.layers)]
@@ -172,6 +174,7 @@ class DenseCache:
 
     step = 256
     sink = recent = 0
+    reread = False  # a later layer attends this one's last rows again (`kv.shared`)
 
     def __init__(
         self, kind: str, num_kv_heads: int, head_dim: int, value_dim: int | None = None, window: int | None = None
@@ -187,12 +190,21 @@ class DenseCache:
         self._packed = None  # the fused kernel's segment for these stores (`fused.dense_attend`)
 
     def attend(self, q, k, v, scale, sinks=None):
+        if self.reread:  # what these rows see stays held for attend_last: drop before the next append
+            self._drop_outside_window()
         self._append(k, v)
+        out = self.attend_last(q, scale, sinks)
+        if not self.reread:
+            self._drop_outside_window()
+        return out
+
+    def attend_last(self, q, scale, sinks=None):
+        """Attend q (H, T, D) at the last T positions over the stored history, appending
+        nothing: a layer sharing this one's KV (`kv.shared`), after this one's attend."""
         T = q.shape[1]
         if T <= fused.MAX_T:  # decode: the fused kernel, straight from storage
             out = fused.dense_attend(self, q, scale, sinks)
             if out is not None:
-                self._drop_outside_window()
                 return out if out.dtype == q.dtype else out.to(q.dtype)
         # only the keys some query of the chunk can see: what else is held (tokens not yet
         # shifted out of the window) must not change the sums, so a restored cache attends alike
@@ -201,9 +213,7 @@ class DenseCache:
         k_pos = torch.arange(lo, self.start + self.length)
         mask = causal_window_mask(q_pos, k_pos, self.window)
         i0 = lo - self.start
-        out = dense_attention(q, self.keys[:, i0 : self.length], self.values[:, i0 : self.length], mask, scale, sinks)
-        self._drop_outside_window()
-        return out
+        return dense_attention(q, self.keys[:, i0 : self.length], self.values[:, i0 : self.length], mask, scale, sinks)
 
     def _append(self, k, v):
         T = k.shape[1]

@@ -72,6 +72,7 @@ class CompressedCache:
     """
 
     step = 256  # growth of the exact store, in tokens
+    reread = False  # a later layer attends this one's last rows again (`kv.shared`)
     block_elems = 1 << 18  # body elements decoded at a time per K or V (1 MiB of float32)
 
     def __init__(
@@ -119,10 +120,19 @@ class CompressedCache:
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, sinks: torch.Tensor | None = None
     ) -> torch.Tensor:
-        b = self.append(k, v, q)
+        if self.reread:  # what these rows see stays held for attend_last: forget before the next append
+            self._forget()
+        b = self._last_b = self.append(k, v, q)
         out = self.attend_stored(q, b, scale, sinks)
-        self._forget()
+        if not self.reread:
+            self._forget()
         return out
+
+    def attend_last(self, q: torch.Tensor, scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
+        """Attend q (H, T, D) at the last T positions over the stored history, appending
+        nothing: a layer sharing this one's KV (`kv.shared`), after this one's attend."""
+        b = self._last_b
+        return self.attend_stored(q, b[b.shape[0] - q.shape[1] :], scale, sinks)
 
     def append(self, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor | None = None) -> torch.Tensor:
         """Store new tokens: exact first, then encode those that leave the recent window.

@@ -33,6 +33,7 @@ from ..errors import TightKVError
 from .codecs import DENSE, codec_defaults, codec_names, make_codec
 from .recurrent import RecurrentLayout, recurrent_bytes
 from .rotation import DEFAULT_SEED
+from .shared import SharedLayout
 
 PRESETS: dict[str, dict] = {
     "progressive": {"k": "tq4", "v": "tq4", "sink": 16, "recent": 128},
@@ -106,12 +107,20 @@ class KVSpec:
 
     def make_caches(self, cache_layout: list, max_tokens: int | None = None) -> list:
         """One cache per layer from [(kv heads, key dim, value dim, window or None)]; a
-        layer laid out as a `recurrent.RecurrentLayout` gets its exact recurrent state."""
+        layer laid out as a `recurrent.RecurrentLayout` gets its exact recurrent state, one
+        laid out as a `shared.SharedLayout` a view of an earlier layer's cache."""
         n = len(cache_layout)
-        return [
-            L.make_cache() if isinstance(L, RecurrentLayout) else self.make_cache(i, n, *L, max_tokens=max_tokens)
-            for i, L in enumerate(cache_layout)
-        ]
+        caches: list = []
+        for i, L in enumerate(cache_layout):
+            if isinstance(L, SharedLayout):
+                caches.append(L.make_cache(caches))
+            else:
+                caches.append(
+                    L.make_cache()
+                    if isinstance(L, RecurrentLayout)
+                    else self.make_cache(i, n, *L, max_tokens=max_tokens)
+                )
+        return caches
 
 
 def valid_names() -> list[str]:
@@ -232,7 +241,7 @@ def kv_bytes_per_token(
     n = len(cache_layout)
     layers = []
     for i, L in enumerate(cache_layout):
-        if isinstance(L, RecurrentLayout):
+        if not isinstance(L, tuple):  # a recurrent layer, or one sharing another's KV
             continue
         h, d, dv, w = L
         k, v = spec.types(i, n)
@@ -257,5 +266,6 @@ def kv_bytes_per_token(
 
 
 def attention_layers(cache_layout: list) -> list[tuple[int, int, int, int | None]]:
-    """The (kv heads, key dim, value dim, window) of the layers that hold KV."""
-    return [L for L in cache_layout if not isinstance(L, RecurrentLayout)]
+    """The (kv heads, key dim, value dim, window) of the layers that hold KV (not a recurrent
+    layer's state, nor a layer reading another's KV: `shared.SharedLayout`)."""
+    return [L for L in cache_layout if isinstance(L, tuple)]

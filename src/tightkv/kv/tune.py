@@ -20,6 +20,7 @@ import torch
 
 from .cache import DenseCache, causal_window_mask, dense_attention
 from .recurrent import RecurrentLayout
+from .shared import SharedLayout
 from .spec import parse_kv
 
 
@@ -40,6 +41,9 @@ def capture(model, ids: list[int], chunk: int = 512) -> list[dict]:
     for L in layout:
         if isinstance(L, RecurrentLayout):
             caches.append(L.make_cache())
+            continue
+        if isinstance(L, SharedLayout):  # reads an earlier layer's KV: nothing of its own to capture
+            caches.append(L.make_cache(caches))
             continue
         c = _Recorder("f32", *L)
         c.log = []

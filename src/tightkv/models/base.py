@@ -28,6 +28,7 @@ from ..kv.recurrent import RecurrentLayout
 # GGUF architecture name -> module under tightkv.models
 ARCHITECTURES = {
     "gemma3": "gemma3",
+    "gemma4": "gemma4",
     "llama": "llama",
     "mistral": "mistral",
     "qwen2": "qwen2",
