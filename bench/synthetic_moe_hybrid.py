@@ -10,6 +10,11 @@ temporary directory:
   output tied to the embedding.
 - ``moe``: Qwen3-30B-A3B-shaped (``qwen3moe``) with 8 of its 48 layers: hidden 2048, 32
   query heads and 4 KV heads of 128, 128 experts of width 768, 8 used, vocab 151936.
+- ``gptoss``: gpt-oss-20b-shaped (``gpt-oss``) with 4 of its 24 layers: hidden 2880, 64
+  query heads and 8 KV heads of 64 with sinks and biases, sliding windows of 128 tokens on
+  every other layer, YaRN (factor 32 over 4096), 32 experts of width 2880, 4 used, with
+  biases, vocab 201088; as the published files, the experts in MXFP4 and the other matrices
+  in Q8_0 (random valid blocks).
 
     python bench/synthetic_moe_hybrid.py --depths 16,16384 --json docs/bench/synthetic_moe_hybrid.json
 
@@ -59,6 +64,20 @@ MODELS = {
         conv=4,
         interval=4,
     ),
+    "gptoss": dict(
+        arch="gpt-oss",
+        hidden=2880,
+        layers=4,
+        heads=64,
+        kv_heads=8,
+        head_dim=64,
+        intermediate=2880,
+        vocab=201088,
+        experts=32,
+        used=4,
+        expert_ff=2880,
+        window=128,
+    ),
     "moe": dict(
         arch="qwen3moe",
         hidden=2048,
@@ -82,6 +101,20 @@ def q4k(rng, rows: int, cols: int) -> np.ndarray:
     raw[:, :, 0:2] = np.frombuffer(np.float16(2e-3).tobytes(), np.uint8)  # d
     raw[:, :, 2:4] = np.frombuffer(np.float16(1e-3).tobytes(), np.uint8)  # dmin
     return raw.reshape(rows, n * 144)
+
+
+def q8_0(rng, rows: int, cols: int) -> np.ndarray:
+    """Random valid Q8_0 blocks (rows, cols / 32 * 34): a small fixed scale, random int8."""
+    raw = rng.integers(0, 256, size=(rows, cols // 32, 34), dtype=np.uint8)
+    raw[:, :, 0:2] = np.frombuffer(np.float16(2e-4).tobytes(), np.uint8)
+    return raw.reshape(rows, cols // 32 * 34)
+
+
+def mxfp4(rng, rows: int, cols: int) -> np.ndarray:
+    """Random valid MXFP4 blocks (rows, cols / 32 * 17): exponent 2^-8, random E2M1 nibbles."""
+    raw = rng.integers(0, 256, size=(rows, cols // 32, 17), dtype=np.uint8)
+    raw[:, :, 0] = 120
+    return raw.reshape(rows, cols // 32 * 17)
 
 
 def vocab(size: int):
@@ -127,7 +160,7 @@ def write_model(kind: str, path: Path, seed: int = 0) -> Path:
             w.add_uint32(
                 f"{arch}.{key}", c[{"expert_count": "experts", "expert_used_count": "used"}.get(key, "expert_ff")]
             )
-    else:
+    elif kind == "hybrid":
         ssm = {"conv_kernel": c["conv"], "state_size": c["head_k"], "group_count": c["k_heads"]}
         ssm.update(time_step_rank=c["v_heads"], inner_size=c["v_heads"] * c["head_v"])
         for key, value in ssm.items():
@@ -137,6 +170,8 @@ def write_model(kind: str, path: Path, seed: int = 0) -> Path:
             f"{arch}.rope.dimension_sections", [c["rope_dim"] // 2 - c["rope_dim"] // 4, c["rope_dim"] // 4, 0, 0]
         )
     _add_vocab(w, vocab(c["vocab"]))
+    if kind == "gptoss":
+        return write_gptoss(w, c, rng, path)
 
     def mat(name, rows, cols):
         w.add_tensor(name, q4k(rng, rows, cols), raw_dtype=GGMLQuantizationType.Q4_K)
@@ -182,6 +217,52 @@ def write_model(kind: str, path: Path, seed: int = 0) -> Path:
     vec("output_norm.weight", np.ones(h))
     if kind == "moe":
         mat("output.weight", c["vocab"], h)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_gptoss(w, c: dict, rng, path: Path) -> Path:
+    """The rest of the gpt-oss-shaped file (see MODELS) after the common metadata and vocabulary."""
+    from gguf import GGMLQuantizationType
+
+    arch, h, E, ff = c["arch"], c["hidden"], c["experts"], c["expert_ff"]
+    for key, value in (("expert_count", E), ("expert_used_count", c["used"]), ("expert_feed_forward_length", ff)):
+        w.add_uint32(f"{arch}.{key}", value)
+    w.add_uint32(f"{arch}.attention.sliding_window", c["window"])
+    w.add_string(f"{arch}.rope.scaling.type", "yarn")
+    w.add_float32(f"{arch}.rope.scaling.factor", 32.0)
+    w.add_uint32(f"{arch}.rope.scaling.original_context_length", 4096)
+
+    def mat(name, rows, cols, kind=GGMLQuantizationType.Q8_0):
+        make = q8_0 if kind == GGMLQuantizationType.Q8_0 else mxfp4
+        w.add_tensor(name, make(rng, rows, cols), raw_dtype=kind)
+
+    def vec(name, values):
+        w.add_tensor(name, np.ascontiguousarray(values, dtype=np.float32))
+
+    q, kv = c["heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"]
+    mat("token_embd.weight", c["vocab"], h)
+    for i in range(c["layers"]):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", np.ones(h))
+        vec(p + "post_attention_norm.weight", np.ones(h))
+        for name, rows in (("q", q), ("k", kv), ("v", kv)):
+            mat(p + f"attn_{name}.weight", rows, h)
+            vec(p + f"attn_{name}.bias", rng.standard_normal(rows) * 0.01)
+        mat(p + "attn_output.weight", h, q)
+        vec(p + "attn_output.bias", rng.standard_normal(h) * 0.01)
+        vec(p + "attn_sinks.weight", rng.standard_normal(c["heads"]))
+        vec(p + "ffn_gate_inp.weight", rng.standard_normal((E, h)) / np.sqrt(h))
+        vec(p + "ffn_gate_inp.bias", rng.standard_normal(E) * 0.1)
+        for name, rows, cols in (("gate", ff, h), ("up", ff, h), ("down", h, ff)):
+            blocks = np.stack([mxfp4(rng, rows, cols) for _ in range(E)])
+            w.add_tensor(p + f"ffn_{name}_exps.weight", blocks, raw_dtype=GGMLQuantizationType.MXFP4)
+            vec(p + f"ffn_{name}_exps.bias", rng.standard_normal((E, rows)) * 0.01)
+    vec("output_norm.weight", np.ones(h))
+    mat("output.weight", c["vocab"], h)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -295,9 +376,9 @@ def main() -> None:
             if ns.memory:
                 doc.setdefault("memory", {})[kind] = memory(path, ns.memory, ns.threads)
                 print(doc["memory"][kind], file=sys.stderr)
-            if ns.bytes and kind == "moe":
-                doc["moe_bytes"] = {**expected_bytes(path), **base.isolated(measured_bytes, path, ns.threads)}
-                print(doc["moe_bytes"], file=sys.stderr)
+            if ns.bytes and kind in ("moe", "gptoss"):
+                doc[f"{kind}_bytes"] = {**expected_bytes(path), **base.isolated(measured_bytes, path, ns.threads)}
+                print(doc[f"{kind}_bytes"], file=sys.stderr)
             for depth in (int(d) for d in ns.depths.split(",")):
                 runs = [(base.ours, "tightkv", kv) for kv in filter(None, ns.ours.split(","))]
                 runs += [(base.llamacpp, "llama.cpp", kv) for kv in filter(None, ns.llamacpp.split(","))]
@@ -319,7 +400,7 @@ def merged(kept: dict, doc: dict) -> dict:
     new = {key(r) for r in doc["rows"]}
     out = {**kept, **{k: v for k, v in doc.items() if k != "rows"}}
     out["rows"] = [r for r in kept.get("rows", []) if key(r) not in new] + doc["rows"]
-    for part in ("moe_bytes", "memory"):
+    for part in ("moe_bytes", "gptoss_bytes", "memory"):
         if part in kept and part not in doc:
             out[part] = kept[part]
     return out
