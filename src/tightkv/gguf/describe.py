@@ -51,17 +51,20 @@ class TokenRead:
     its header too): the token embedding whole, though a lookup reads one row of it
     (`embedding_unread` says how much that leaves out; 0 when the embedding is also the
     output layer). A mixture of experts reads its routed experts' share of each 3-D expert
-    tensor, and all the rest whole.
+    tensor, and all the rest whole. A per-layer token embedding table (Gemma 4 E2B/E4B's
+    ``per_layer_token_embd``, more than half such a file) is only ever looked up, one row a
+    token: that row is in `dense`, the rest in `per_layer_unread` (in `weights`, not read).
     """
 
     weights: int  # every tensor, as stored
-    dense: int  # what every token reads whole: all but the routed and the shared experts
+    dense: int  # what every token reads: all but the experts whole, a row of per_layer_token_embd
     shared: int  # the shared expert (*_shexp), read by every token
     experts: int  # the routed experts' tensors (3-D *_exps), every expert
     experts_read: int  # their share a token reads: experts_used of expert_count, per tensor
     experts_used: int = 0
     expert_count: int = 0
     embedding_unread: int = 0  # token_embd bytes beyond the one row a lookup reads (in dense)
+    per_layer_unread: int = 0  # per_layer_token_embd bytes beyond a token's row (not in dense)
 
     @property
     def per_token(self) -> int:
@@ -89,10 +92,11 @@ def is_expert_tensor(name: str, shape: tuple[int, ...]) -> bool:
 def read_per_token(g) -> TokenRead:
     """The weight bytes one decoded token reads from the GGUF `g` (header only, no data read):
     every dense tensor whole, the shared expert whole, and ``{arch}.expert_used_count`` of the
-    ``expert_count`` experts of each 3-D expert tensor (all of them when the count is missing);
-    the multi-token-prediction blocks after the model's own (``nextn_predict_layers``) not at all."""
+    ``expert_count`` experts of each 3-D expert tensor (all of them when the count is missing),
+    one row of the per-layer token embeddings (``per_layer_token_embd``, a lookup only); the
+    multi-token-prediction blocks after the model's own (``nextn_predict_layers``) not at all."""
     m, arch = g.metadata, g.architecture
-    dense = shared = experts = read = count = unrun = 0
+    dense = shared = experts = read = count = unrun = per_layer_unread = 0
     used = int(m.get(f"{arch}.expert_used_count") or 0)
     layers = int(m.get(f"{arch}.block_count") or 1 << 30) - int(m.get(f"{arch}.nextn_predict_layers") or 0)
     for name, t in g.tensors.items():
@@ -106,6 +110,10 @@ def read_per_token(g) -> TokenRead:
             read += nbytes // count * k
         elif "_shexp." in name:
             shared += nbytes
+        elif name == "per_layer_token_embd.weight" and len(t.shape) == 2:
+            row = nbytes // int(t.shape[0])  # (vocab, layers * per-layer width): a token's row
+            dense += row
+            per_layer_unread += nbytes - row
         else:
             dense += nbytes
     embd = g.tensors.get("token_embd.weight")
@@ -113,7 +121,7 @@ def read_per_token(g) -> TokenRead:
     if embd is not None and "output.weight" in g.tensors and len(embd.shape) == 2:
         unread = int(embd.data.nbytes) - int(embd.data.nbytes) // int(embd.shape[0])
     return TokenRead(
-        dense + shared + experts + unrun,
+        dense + shared + experts + unrun + per_layer_unread,
         dense,
         shared,
         experts,
@@ -121,6 +129,7 @@ def read_per_token(g) -> TokenRead:
         min(used or count, count) if count else 0,
         count,
         unread,
+        per_layer_unread,
     )
 
 
