@@ -1,7 +1,7 @@
 """Speed of the new families on synthetic models of real shapes, ours against llama.cpp on
 the same file, threads and depth (flash attention on), and what an MoE decode step reads.
 
-Two models, random Q4_K weights (valid blocks, seeded; speed only), written into a
+The models, random Q4_K weights (valid blocks, seeded; speed only), written into a
 temporary directory:
 
 - ``hybrid``: Qwen3.5-2B-shaped (``qwen35``): hidden 2048, 24 layers of which every 4th is
@@ -15,15 +15,25 @@ temporary directory:
   every other layer, YaRN (factor 32 over 4096), 32 experts of width 2880, 4 used, with
   biases, vocab 201088; as the published files, the experts in MXFP4 and the other matrices
   in Q8_0 (random valid blocks).
+- ``gemma4``: Gemma-4-E2B-shaped (``gemma4``), whole: hidden 1536, 35 layers, every 5th
+  global (head dim 512, proportional RoPE over 1e6 via rope_freqs) and the others sliding
+  (head dim 256, window 512, RoPE 1e4), 8 query heads and 1 KV head, the last 20 layers
+  reading the KV of the last earlier layer of their kind (no K/V of their own) with a
+  double-wide FFN (12288 against 6144), per-layer token embeddings of 256 a layer (a
+  262144 x 8960 table), logits soft-capped at 30, output tied to the embedding, vocab
+  262144; tensor types as llama.cpp's Q4_K_M (Q6_K embeddings, Q6_K attn_v/ffn_down on its
+  more-bits layers, F16 per_layer_model_proj): 4.6B parameters, 3.4 GB, 1.47 GB of it read
+  per decoded token (one row of the per-layer table); sources in `write_gemma4`.
 
     python bench/synthetic_moe_hybrid.py --depths 16,16384 --json docs/bench/synthetic_moe_hybrid.json
 
 Rows: each engine fills its cache to `depth` tokens with a prefill (pp, tokens/s; at depth
 512 that is pp512), then decodes `n-gen` tokens (tg; the first step not timed). Ours with
-the default cache, llama.cpp with f16 and q8_0 caches. For the MoE model, `--bytes` also
-measures the weight bytes one decode step reads: the file's pages are dropped from memory
-(madvise and posix_fadvise DONTNEED, read-around off), one token decoded, and the pages
-then resident counted (mincore), against the routed experts' rows plus the dense weights.
+the default cache, llama.cpp with f16 and q8_0 caches. For the MoE models (and gemma4),
+`--bytes` also measures the weight bytes one decode step reads: the file's pages are dropped
+from memory (madvise and posix_fadvise DONTNEED, read-around off), one token decoded, and
+the pages then resident counted (mincore), against the routed experts' rows plus the dense
+weights (gemma4: one row of the per-layer embedding table).
 `--memory TOKENS` also records the RSS at load against the file's size and a decode step's
 peak RSS at that depth against the load plus the cache (bench/decode_memory.py). Prints a
 table and writes JSON. Not a timed test.
@@ -78,6 +88,24 @@ MODELS = {
         expert_ff=2880,
         window=128,
     ),
+    "gemma4": dict(
+        arch="gemma4",
+        hidden=1536,
+        layers=35,
+        heads=8,
+        kv_heads=1,
+        head_dim=512,  # global layers
+        head_dim_swa=256,  # sliding layers
+        intermediate=6144,
+        intermediate_shared=12288,  # the double-wide MLP of the shared-KV layers
+        vocab=262144,
+        window=512,
+        global_every=5,  # layers 4, 9, ..., 34 global
+        shared_kv_layers=20,
+        per_layer=256,
+        softcap=30.0,
+        rope_partial=0.25,  # global layers: the first quarter of the head rotated
+    ),
     "moe": dict(
         arch="qwen3moe",
         hidden=2048,
@@ -110,6 +138,14 @@ def q8_0(rng, rows: int, cols: int) -> np.ndarray:
     return raw.reshape(rows, cols // 32 * 34)
 
 
+def q6k(rng, rows: int, cols: int) -> np.ndarray:
+    """Random valid Q6_K blocks (rows, cols / 256 * 210): random codes and int8 sub-block
+    scales, a small fixed d."""
+    raw = rng.integers(0, 256, size=(rows, cols // 256, 210), dtype=np.uint8)
+    raw[:, :, 208:210] = np.frombuffer(np.float16(1e-4).tobytes(), np.uint8)  # d
+    return raw.reshape(rows, cols // 256 * 210)
+
+
 def mxfp4(rng, rows: int, cols: int) -> np.ndarray:
     """Random valid MXFP4 blocks (rows, cols / 32 * 17): exponent 2^-8, random E2M1 nibbles."""
     raw = rng.integers(0, 256, size=(rows, cols // 32, 17), dtype=np.uint8)
@@ -137,6 +173,8 @@ def write_model(kind: str, path: Path, seed: int = 0) -> Path:
     from tiny_gguf import _add_vocab
 
     c, rng = MODELS[kind], np.random.default_rng(seed)
+    if kind == "gemma4":
+        return write_gemma4(c, rng, path)
     arch, h = c["arch"], c["hidden"]
     w = GGUFWriter(str(path), arch)
     w.add_name(f"synthetic-{kind}")
@@ -270,10 +308,115 @@ def write_gptoss(w, c: dict, rng, path: Path) -> Path:
     return path
 
 
+def write_gemma4(c: dict, rng, path: Path) -> Path:
+    """The Gemma-4-E2B-shaped file (see MODELS), metadata keys, tensor names and shapes as
+    llama.cpp's converter writes them (tests/reference/mkgemma4.py's fixtures).
+
+    Where the numbers come from (the checkpoint's own config.json could not be read offline):
+    - 35 layers: llama.cpp's gemma4.cpp (35 layers is LLM_TYPE_E2B).
+    - hidden 1536, FFN 6144, 8 heads, 1 KV head, head_dim 256, global_head_dim 512,
+      sliding_window 512, layer_types global at index % 5 == 4, num_kv_shared_layers 20,
+      use_double_wide_mlp, hidden_size_per_layer_input 256, vocab_size(_per_layer_input)
+      262144, final_logit_softcapping 30, tied embeddings, max_position_embeddings 131072,
+      RoPE 1e4 sliding / 1e6 global with partial_rotary_factor 0.25: google/gemma-4-E2B's
+      text_config as several public repositories quote it (all agreeing), and gemma.cpp's
+      E2B config (google/gemma.cpp PR 919: 35 layers, 1536, TTTTF, FFN 6144/12288, 256/512
+      head dims, window 512, cap 30, vocab 262144).
+    - The double width (2 x 6144) on exactly the KV-sharing layers, the global layers' KV
+      heads equal to num_key_value_heads (attention_k_eq_v false): transformers 5.25's
+      gemma4 (Gemma4TextMLP, Gemma4TextConfig).
+    - Types: llama.cpp's quantizer (llama-quant.cpp of llama-cpp-python 0.3.36) at Q4_K_M:
+      with a tied output, token_embd and per_layer_token_embd (both its TOKEN_EMBD) take the
+      output's type, Q6_K; attn_v and ffn_down Q6_K on its use_more_bits layers (of the 15
+      attn_v and the 35 ffn_down), per_layer_model_proj never quantized (F16 here; a bf16
+      conversion keeps BF16), norms, scales and rope_freqs float32, all else Q4_K (every
+      width a multiple of 256). Not verified: the types in the published Q4_K_M files.
+    """
+    from gguf import GGMLQuantizationType, GGUFWriter
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny_gguf import _add_vocab
+
+    arch, h, n, H, P = c["arch"], c["hidden"], c["layers"], c["heads"], c["per_layer"]
+    first_shared = n - c["shared_kv_layers"]
+    sliding = [bool((i + 1) % c["global_every"]) for i in range(n)]
+    ff = [c["intermediate_shared"] if i >= first_shared else c["intermediate"] for i in range(n)]
+    w = GGUFWriter(str(path), arch)
+    w.add_name("synthetic-gemma4")
+    w.add_uint32("general.file_type", 15)  # MOSTLY_Q4_K_M
+    for key, value in {
+        "context_length": 131072,
+        "embedding_length": h,
+        "block_count": n,
+        "attention.head_count": H,
+        "attention.head_count_kv": c["kv_heads"],
+        "attention.key_length": c["head_dim"],
+        "attention.value_length": c["head_dim"],
+        "attention.key_length_swa": c["head_dim_swa"],
+        "attention.value_length_swa": c["head_dim_swa"],
+        "attention.sliding_window": c["window"],
+        "attention.shared_kv_layers": c["shared_kv_layers"],
+        "embedding_length_per_layer_input": P,
+        "rope.dimension_count": c["head_dim"],
+        "rope.dimension_count_swa": c["head_dim_swa"],
+    }.items():
+        w.add_uint32(f"{arch}.{key}", value)
+    w.add_array(f"{arch}.feed_forward_length", ff)  # per layer (int32)
+    w.add_array(f"{arch}.attention.sliding_window_pattern", sliding)  # per layer (bool)
+    w.add_float32(f"{arch}.rope.freq_base", 1e6)
+    w.add_float32(f"{arch}.rope.freq_base_swa", 1e4)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_float32(f"{arch}.final_logit_softcapping", c["softcap"])
+    _add_vocab(w, vocab(c["vocab"]))
+
+    Q4_K, Q6_K = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
+
+    def mat(name, rows, cols, kind=Q4_K):
+        w.add_tensor(name, (q4k if kind == Q4_K else q6k)(rng, rows, cols), raw_dtype=kind)
+
+    def vec(name, values):
+        w.add_tensor(name, np.ascontiguousarray(values, dtype=np.float32))
+
+    def more_bits(i: int, count: int) -> bool:  # llama-quant.cpp's use_more_bits
+        return i < count // 8 or i >= 7 * count // 8 or (i - count // 8) % 3 == 2
+
+    rotated = int(c["rope_partial"] * c["head_dim"]) // 2  # pairs; the others divided by 1e30
+    vec("rope_freqs.weight", [1.0] * rotated + [1e30] * (c["head_dim"] // 2 - rotated))
+    mat("token_embd.weight", c["vocab"], h, Q6_K)
+    mat("per_layer_token_embd.weight", c["vocab"], n * P, Q6_K)
+    proj = rng.standard_normal((n * P, h), dtype=np.float32) / np.sqrt(h)
+    w.add_tensor("per_layer_model_proj.weight", proj.astype(np.float16))
+    vec("per_layer_proj_norm.weight", np.ones(P))
+    for i in range(n):
+        p, D = f"blk.{i}.", c["head_dim_swa"] if sliding[i] else c["head_dim"]
+        kv = c["kv_heads"] * D
+        for norm in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm", "post_norm"):
+            vec(p + norm + ".weight", np.ones(h))
+        vec(p + "layer_output_scale.weight", [1.0])
+        mat(p + "attn_q.weight", H * D, h)
+        vec(p + "attn_q_norm.weight", np.ones(D))
+        if i < first_shared:  # a shared layer has queries only
+            mat(p + "attn_k.weight", kv, h)
+            mat(p + "attn_v.weight", kv, h, Q6_K if more_bits(i, first_shared) else Q4_K)
+            vec(p + "attn_k_norm.weight", np.ones(D))
+        mat(p + "attn_output.weight", h, H * D)
+        mat(p + "ffn_gate.weight", ff[i], h)
+        mat(p + "ffn_up.weight", ff[i], h)
+        mat(p + "ffn_down.weight", h, ff[i], Q6_K if more_bits(i, n) else Q4_K)
+        mat(p + "inp_gate.weight", P, h)
+        mat(p + "proj.weight", h, P)
+    vec("output_norm.weight", np.ones(h))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def expected_bytes(path: Path) -> dict:
     """What one decode step must read (`gguf.describe.read_per_token`): the routed experts'
     share of the expert tensors, the rest whole, but one row of an embedding that is not
-    also the output layer."""
+    also the output layer and of a per-layer embedding table (counted so in `dense`)."""
     from tightkv.gguf.describe import read_per_token
     from tightkv.gguf.reader import read_gguf
 
@@ -346,7 +489,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ours", default="kvarn4", help="our KV types (default: the default cache), comma-separated")
     ap.add_argument("--llamacpp", default="f16,q8_0")
-    ap.add_argument("--bytes", action="store_true", help="measure the bytes an MoE decode step reads")
+    ap.add_argument("--bytes", action="store_true", help="measure the bytes an MoE (or gemma4) decode step reads")
     ap.add_argument(
         "--memory", type=int, default=0, help="TOKENS: RSS at load and of decode steps at this depth (decode_memory.py)"
     )
@@ -376,7 +519,7 @@ def main() -> None:
             if ns.memory:
                 doc.setdefault("memory", {})[kind] = memory(path, ns.memory, ns.threads)
                 print(doc["memory"][kind], file=sys.stderr)
-            if ns.bytes and kind in ("moe", "gptoss"):
+            if ns.bytes and kind in ("moe", "gptoss", "gemma4"):
                 doc[f"{kind}_bytes"] = {**expected_bytes(path), **base.isolated(measured_bytes, path, ns.threads)}
                 print(doc[f"{kind}_bytes"], file=sys.stderr)
             for depth in (int(d) for d in ns.depths.split(",")):
@@ -400,7 +543,7 @@ def merged(kept: dict, doc: dict) -> dict:
     new = {key(r) for r in doc["rows"]}
     out = {**kept, **{k: v for k, v in doc.items() if k != "rows"}}
     out["rows"] = [r for r in kept.get("rows", []) if key(r) not in new] + doc["rows"]
-    for part in ("moe_bytes", "gptoss_bytes", "memory"):
+    for part in ("moe_bytes", "gptoss_bytes", "gemma4_bytes", "memory"):
         if part in kept and part not in doc:
             out[part] = kept[part]
     return out
