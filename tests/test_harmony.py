@@ -274,6 +274,7 @@ def test_final_grammar_leaves_the_analysis_free(model):
     assert accepts(model, g, final)
     assert accepts(model, g, "<|channel|>analysis<|message|>any {text} here<|end|><|start|>assistant" + final)
     assert accepts(model, g, '<|channel|>final <|constrain|>json<|message|>{"a": "yes"}')
+    assert not accepts(model, g, '<|channel|>finaljson<|message|>{"a": "yes"}')  # "json" apart from the channel
     assert not accepts(model, g, '<|channel|>final<|message|>{"a": "no"}')
     assert not accepts(model, g, '{"a": "yes"}')  # the final channel's header first
     lark = harmony.final_grammar(grammar='root ::= "yes" | "no"')
@@ -293,4 +294,5 @@ def test_call_grammar_either_header(model):
         ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "x"}',
     )
     assert not accepts(model, g, '<|channel|>commentary to=functions.other json<|message|>{"city": "x"}')
+    assert not accepts(model, g, '<|channel|>commentary to=functions.get_weatherjson<|message|>{"city": "x"}')
     assert not accepts(model, g, '<|channel|>commentary to=functions.get_weather json<|message|>{"town": "x"}')

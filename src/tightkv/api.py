@@ -87,6 +87,7 @@ class Model:
         self.prompts = PromptBuilder(self.tokenizer, self.chat_template, tokens)  # chat text, ids, chunk ends
         self.set_context_length(context_length)
         self.last_stats = None  # GenerationStats of the last chat turn
+        self.last_reasoning = ""  # the reasoning of the last chat turn (`chat`)
 
     def __repr__(self) -> str:
         kv = "auto" if self.kv_pending else str(self._kv)
@@ -388,16 +389,33 @@ class Model:
             return self.chat([{"role": "user", "content": prompt}], reset=True, **kwargs)
         return self.generate(prompt, **kwargs).text
 
-    def chat(self, messages: list[dict], reset: bool = False, **kwargs) -> str:
+    def chat(self, messages: list[dict], reset: bool = False, think: bool | str | None = None, **kwargs) -> str:
         """Answer a conversation; the KV cache is reused across turns when the
-        conversation extends the previous one, so a turn prefills only new tokens."""
-        ids = self.chat_ids(messages)
+        conversation extends the previous one, so a turn prefills only new tokens.
+
+        A model that reasons first (a ``<think>`` block, or gpt-oss's harmony analysis
+        channel) returns its answer (harmony's final channel), no markup; the reasoning is in
+        `last_reasoning` (give it back as an assistant message's `reasoning_content`).
+        `think`: True or False, or a level "low", "medium", "high" (gpt-oss's reasoning
+        effort; False is low there, as it always reasons), as Ollama's `think`; None: the
+        model's default."""
+        from .engine.reasoning import reply_reader, think_vars
+
+        try:
+            template_vars = think_vars(self.chat_template, think)
+        except ValueError:
+            raise TightKVError(f"think must be true, false, low, medium or high, not {think!r}") from None
+        text = self.chat_text(messages, template_vars=template_vars)
+        ids = self.chat_tokens(text)
         cache = self._reuse_chat_cache(ids, reset)
         kwargs["stop"] = self.chat_stops(kwargs.get("stop"))
         result = self.generate(ids, cache=cache, **kwargs)
         self._chat_ids = ids + result.ids
         self.last_stats = result.stats
-        return result.text
+        reader = reply_reader(self.chat_template, text)
+        (r1, c1), (r2, c2) = reader.feed(result.text), reader.finish()
+        self.last_reasoning = r1 + r2
+        return c1 + c2
 
     def chat_stops(self, stop: list[str] | str | None = None) -> list[str]:
         """The stop strings of a chat turn (`engine.prompt.PromptBuilder.chat_stops`)."""

@@ -5,8 +5,12 @@ conversation through the chat template, keeps the cached prefix it shares with
 the previous turn, and prefills only the new tokens (``--verbose`` shows
 ``prompt eval count: N token(s) (M cached)``).
 
+A model that reasons (a ``<think>`` block, gpt-oss's analysis channel) shows it as Ollama's
+CLI does (`ThinkingWriter`), and the answer joins the conversation with its reasoning.
+
 Commands: ``/set parameter NAME VALUE``, ``/set system TEXT``, ``/set verbose``,
-``/set quiet``, ``/show [info|parameters|template|system]``, ``/clear``,
+``/set quiet``, ``/set think [LEVEL]``, ``/set nothink``, ``/set [no]hidethinking``,
+``/show [info|parameters|template|system]``, ``/clear``,
 ``/bye``, ``/?``; ``\"\"\"`` starts and ends a multi-line message; Ctrl-C stops a
 reply (and at the prompt, cancels the line); Ctrl-D exits.
 """
@@ -25,6 +29,11 @@ HELP = '''Available Commands:
                               presence_penalty, frequency_penalty, num_ctx, stop
   /set system TEXT            Set the system message
   /set verbose | quiet        Show or hide token counts and speeds after each reply
+  /set think [LEVEL] | nothink
+                              Reasoning models: think (gpt-oss: how hard, low, medium
+                              or high), or not
+  /set hidethinking | nohidethinking
+                              Hide or show the reasoning
   /show [info|parameters|template|system]
                               Show the model, the parameters, the chat template
   /clear                      Clear the conversation and its KV cache
@@ -70,6 +79,49 @@ class Interrupted(Exception):
     """Ctrl-C during a reply."""
 
 
+# Ollama's CLI draws the reasoning so (readline.ColorGrey, ColorBold, ColorDefault)
+GREY, BOLD, PLAIN = "\033[38;5;245m", "\033[1m", "\033[0m"
+THINKING, DONE_THINKING = "Thinking...\n", "...done thinking.\n\n"
+
+
+class ThinkingWriter:
+    """Writes a reply's (reasoning, content) pieces as Ollama's CLI shows a thinking model:
+    "Thinking..." and the reasoning (grey on a terminal), "...done thinking." once the
+    answer begins, then the answer; `hide`: the answer alone. `color`: ANSI colors (a
+    terminal); else plain text, as Ollama's CLI writes to a pipe."""
+
+    def __init__(self, write: Callable[[str], None], hide: bool = False, color: bool = False):
+        self.write, self.hide, self.color = write, hide, color
+        self.opened = self.closed = False
+        self.last = ""  # the last character of the reasoning written
+
+    def __call__(self, reasoning: str, content: str) -> None:
+        if reasoning and not self.hide:
+            if not self.opened:
+                self.write(GREY + BOLD + THINKING + PLAIN + GREY if self.color else THINKING)
+                self.opened, self.closed = True, False
+            self.write(reasoning)
+            self.last = reasoning[-1]
+        if content:
+            self._close(done=True)
+            self.write(content)
+
+    def finish(self) -> None:
+        """The reply ended (within its reasoning, where it was cut short: no "done")."""
+        self._close(done=False)
+
+    def _close(self, done: bool) -> None:
+        if not self.opened or self.closed:
+            return
+        if self.last != "\n":
+            self.write("\n")
+        if done:
+            self.write(GREY + BOLD + DONE_THINKING + PLAIN if self.color else DONE_THINKING)
+        elif self.color:
+            self.write(PLAIN)
+        self.closed = True
+
+
 class ChatSession:
     """A conversation with a model whose KV cache is kept between turns.
 
@@ -79,11 +131,13 @@ class ChatSession:
         system: an optional system message.
     """
 
-    def __init__(self, model, options: dict, system: str | None = None):
+    def __init__(self, model, options: dict, system: str | None = None, think: bool | str | None = None):
         self.model = model
         self.options = dict(options)
         self.options["stop"] = list(self.options.get("stop") or [])
         self.system = system
+        self.think = think  # True, False, a level, or None: the model's default (`engine.reasoning.think_vars`)
+        self.hide_thinking = False
         self.verbose = False
         self.messages: list[dict] = []
         self.cache: list | None = None
@@ -114,12 +168,24 @@ class ChatSession:
     def kv_bytes(self) -> int:
         return sum(c.nbytes for c in self.cache) if self.cache else 0
 
-    def reply(self, text: str, write: Callable[[str], None], stop_requested: Callable[[], bool] = lambda: False):
-        """Answer one user message, streaming pieces to `write`; returns the
-        GenerationStats, or None when `stop_requested` turned true mid-reply (the
-        turn is then dropped from the conversation)."""
+    def reply(
+        self,
+        text: str,
+        write: Callable[[str, str], None],
+        stop_requested: Callable[[], bool] = lambda: False,
+    ):
+        """Answer one user message, streaming its (reasoning, content) pieces to `write`
+        (a model that reasons: a <think> block or gpt-oss's analysis channel, split off
+        with `engine.reasoning.reply_reader`); returns the GenerationStats, or None when
+        `stop_requested` turned true mid-reply (the turn is then dropped from the
+        conversation). The answer joins the conversation, its reasoning as the message's
+        `reasoning_content`."""
+        from .engine.reasoning import reply_reader, think_vars
+
         model = self.model
-        ids = model.chat_ids(self.conversation(text))
+        prompt = model.chat_text(self.conversation(text), template_vars=think_vars(model.chat_template, self.think))
+        ids = model.chat_tokens(prompt)
+        reader = reply_reader(model.chat_template, prompt)
         options = dict(self.options, stop=model.chat_stops(self.options["stop"]))
 
         def progress(done: int, total: int) -> None:
@@ -127,12 +193,17 @@ class ChatSession:
                 raise Interrupted
 
         pieces = model.generate(ids, stream=True, cache=self._reuse_cache(ids), progress=progress, **options)
-        out: list[str] = []
+        said = {"reasoning": [], "content": []}
+
+        def read(piece: tuple[str, str]) -> None:
+            said["reasoning"].append(piece[0])
+            said["content"].append(piece[1])
+            write(*piece)
+
         stats = None
         try:
             for step in pieces:
-                out.append(step.text)
-                write(step.text)
+                read(reader.feed(step.text))
                 stats = step.stats
                 if stats is None and stop_requested():
                     raise Interrupted
@@ -140,13 +211,36 @@ class ChatSession:
             pieces.close()
             self.held = ids  # the cache holds a prefix of these (plus some reply tokens)
             return None
-        reply = "".join(out)
-        self.messages += [
-            {"role": "user", "content": text},
-            {"role": "assistant", "content": reply if model.chat_template else reply.strip()},
-        ]
+        read(reader.finish())
+        reply, reasoning = "".join(said["content"]), "".join(said["reasoning"])
+        answer = {"role": "assistant", "content": reply if model.chat_template else reply.strip()}
+        if reasoning:
+            answer["reasoning_content"] = reasoning
+        self.messages += [{"role": "user", "content": text}, answer]
         self.held = ids + stats.ids
         return stats
+
+    @property
+    def hides_thinking(self) -> bool:
+        """Whether the reasoning is left out of what is printed: asked for, or gpt-oss told
+        not to think (it reasons all the same, at low effort)."""
+        return self.hide_thinking or self.think is False
+
+    def set_think(self, what: str, level: str | None = None) -> str:
+        """Apply `/set think [LEVEL]` or `/set nothink`; returns what to print."""
+        from .engine.reasoning import think_vars
+
+        think: bool | str = what == "think"
+        if think and level:
+            think = level.lower()
+            try:
+                think_vars(self.model.chat_template, think)
+            except ValueError:
+                raise TightKVError(f"/set think takes low, medium or high, got '{level}'") from None
+        self.think = think
+        if think is False:
+            return "Set 'nothink' mode."
+        return f"Set 'think' mode{'' if think is True else f' ({think})'}."
 
     def set_parameter(self, name: str, value: str) -> str:
         """Apply `/set parameter NAME VALUE`; returns what to print."""
@@ -267,10 +361,20 @@ def read_message(prompt: str = ">>> ", more: str = "... ") -> str:
     return "\n".join(lines)
 
 
-def run_repl(model, options: dict, verbose: bool = False, system: str | None = None, name: str | None = None) -> int:
-    """The chat loop; returns the exit code. `name` is what the banner calls the model."""
-    session = ChatSession(model, options, system=system)
+def run_repl(
+    model,
+    options: dict,
+    verbose: bool = False,
+    system: str | None = None,
+    name: str | None = None,
+    think: bool | str | None = None,
+    hide_thinking: bool = False,
+) -> int:
+    """The chat loop; returns the exit code. `name` is what the banner calls the model;
+    `think` and `hide_thinking` as `tightkv run`'s --think and --hidethinking."""
+    session = ChatSession(model, options, system=system, think=think)
     session.verbose = verbose
+    session.hide_thinking = hide_thinking
     _setup_readline()
     out = sys.stdout
     kind = "chat" if model.chat_template else "plain completion: no chat template"
@@ -313,10 +417,11 @@ def _turn(session: ChatSession, text: str) -> None:
     def on_sigint(signum, frame):
         flag["stop"] = True
 
-    def write(piece: str) -> None:
+    def put(piece: str) -> None:
         out.write(piece)
         out.flush()
 
+    write = ThinkingWriter(put, hide=session.hides_thinking, color=out.isatty())
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         stats = session.reply(text, write, lambda: flag["stop"])
@@ -326,6 +431,7 @@ def _turn(session: ChatSession, text: str) -> None:
         return
     finally:
         signal.signal(signal.SIGINT, previous)
+        write.finish()
     if stats is None:
         out.write("\n(stopped)\n\n")
         out.flush()
@@ -362,8 +468,16 @@ def _command(session: ChatSession, line: str) -> str | None:
         elif what in ("verbose", "quiet"):
             session.verbose = what == "verbose"
             print(f"Set '{what}' mode.", flush=True)
+        elif what in ("think", "nothink"):
+            print(session.set_think(what, args[1] if len(args) > 1 else None), flush=True)
+        elif what in ("hidethinking", "nohidethinking"):
+            session.hide_thinking = what == "hidethinking"
+            print(f"Set '{what}' mode.", flush=True)
         else:
-            raise TightKVError(f"unknown /set target '{args[0]}' (parameter, system, verbose, quiet)")
+            raise TightKVError(
+                f"unknown /set target '{args[0]}' (parameter, system, verbose, quiet, think, nothink, "
+                "hidethinking, nohidethinking)"
+            )
     else:
         raise TightKVError(f"unknown command '{words[0]}' (type /? for help)")
     return None

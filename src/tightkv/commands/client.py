@@ -25,6 +25,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-stream", dest="stream", action="store_false", help="wait for the whole answer")
     p.add_argument("--model", default=None, help="model id (default: the server's)")
     p.add_argument("--system", default=None, help="a system message first")
+    p.add_argument(
+        "--hidethinking",
+        "--hide-thinking",
+        action="store_true",
+        help="do not print the reasoning (the answer's reasoning_content), only the answer",
+    )
     add_sampling_flags(p)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the server")
 
@@ -89,10 +95,20 @@ def run(ns: argparse.Namespace) -> int:
         raise TightKVError(f"server answered {err.code}: {error_message(err.read())}") from None
     except (urllib.error.URLError, OSError) as err:
         raise TightKVError(f"cannot reach {url}: {getattr(err, 'reason', err)}") from None
+    from ..repl import ThinkingWriter
+
+    def put(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    # the reasoning (reasoning_content: a thinking model, gpt-oss's analysis) as `tightkv run` shows it
+    write = ThinkingWriter(put, hide=ns.hidethinking, color=sys.stdout.isatty())
     with response:
         if not ns.stream:
-            doc = json.loads(response.read())
-            print(doc["choices"][0]["message"]["content"])
+            message = json.loads(response.read())["choices"][0]["message"]
+            write(message.get("reasoning_content") or "", message.get("content") or "")
+            write.finish()
+            sys.stdout.write("\n")
             return 0
         for raw in response:
             line = raw.decode("utf-8").rstrip("\r\n")
@@ -106,9 +122,8 @@ def run(ns: argparse.Namespace) -> int:
                 sys.stdout.write("\n")
                 raise TightKVError(f"server error: {error_message(data.encode())}")
             for choice in chunk.get("choices", []):
-                text = (choice.get("delta") or {}).get("content")
-                if text:
-                    sys.stdout.write(text)
-                    sys.stdout.flush()
+                delta = choice.get("delta") or {}
+                write(delta.get("reasoning_content") or "", delta.get("content") or "")
+        write.finish()
         sys.stdout.write("\n")
     return 0

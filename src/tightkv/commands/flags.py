@@ -160,6 +160,48 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
 
 
+THINK_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
+
+
+def parse_think(text: str) -> bool | str:
+    """A --think value, as Ollama's CLI takes it: true or false, or a level (low, medium,
+    high; gpt-oss's reasoning effort, which `engine.harmony.effort_level` also reads
+    from minimal, none, xhigh and max)."""
+    from ..engine.harmony import effort_level
+
+    word = text.strip().lower()
+    if word in THINK_WORDS:
+        return THINK_WORDS[word]
+    try:
+        effort_level(word, None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--think takes true, false, low, medium or high, got '{text}' "
+            "(a prompt right after --think is read as its value: write --think=true, or the prompt first)"
+        ) from None
+    return word
+
+
+def add_think_flags(p: argparse.ArgumentParser) -> None:
+    """Ollama's --think[=true|false|low|medium|high] and --hidethinking."""
+    p.add_argument(
+        "--think",
+        nargs="?",
+        const=True,
+        default=None,
+        type=parse_think,
+        metavar="LEVEL",
+        help="reasoning models: think (true, the default), or not (false), or how hard: low, medium, high "
+        "(gpt-oss's reasoning effort; it always reasons, false is low)",
+    )
+    p.add_argument(
+        "--hidethinking",
+        "--hide-thinking",
+        action="store_true",
+        help="do not print the reasoning (a <think> block, gpt-oss's analysis channel), only the answer",
+    )
+
+
 def model_label(name: str | None) -> str:
     """The model as a user names it: the registry name (the embedded one by
     default), or a .gguf path's file name."""

@@ -15,7 +15,15 @@ from pathlib import Path
 
 from ..errors import TightKVError
 
-from .flags import add_auto_flags, add_model_flags, add_sampling_flags, auto_memory, kv_spec, one_line_errors
+from .flags import (
+    add_auto_flags,
+    add_model_flags,
+    add_sampling_flags,
+    add_think_flags,
+    auto_memory,
+    kv_spec,
+    one_line_errors,
+)
 
 NAME = "run"
 HELP = "chat with a model, or answer one prompt (the embedded model by default)"
@@ -39,6 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="linear RoPE scaling: allows --ctx up to FACTOR x the trained context",
     )
     p.add_argument("--system", default=None, help="system message (chat models)")
+    add_think_flags(p)
     add_sampling_flags(p)
     one_line_errors(p)
 
@@ -86,7 +95,8 @@ def open_model(name: str | None, ns: argparse.Namespace, text: str | None = None
 
 
 def run(ns: argparse.Namespace) -> int:
-    from ..repl import print_stats, run_repl
+    from ..engine.reasoning import reply_reader, think_vars, thinks
+    from ..repl import ThinkingWriter, print_stats, run_repl
 
     name, prompt = split_model_and_prompt(ns.args)
     options = sampling_options(ns)
@@ -97,24 +107,44 @@ def run(ns: argparse.Namespace) -> int:
             raise TightKVError("no prompt given (usage: tightkv run [MODEL] PROMPT, or run it on a terminal to chat)")
     kv_spec(ns)  # a bad cache type fails before the model loads
     model = open_model(name, ns, prompt)
+    if ns.think is not None and not thinks(model.chat_template):
+        print("warning: this model does not think: --think does nothing", file=sys.stderr, flush=True)
     if interactive:
         from ..registry import DEFAULT_MODEL, looks_like_path, lookup
 
         shown = Path(name).name if name and looks_like_path(name) else lookup(name or DEFAULT_MODEL).name
-        return run_repl(model, options, verbose=ns.verbose, system=ns.system, name=shown)
+        return run_repl(
+            model,
+            options,
+            verbose=ns.verbose,
+            system=ns.system,
+            name=shown,
+            think=ns.think,
+            hide_thinking=ns.hidethinking,
+        )
+    text = ""
     if model.chat_template:
         messages = ([{"role": "system", "content": ns.system}] if ns.system else []) + [
             {"role": "user", "content": prompt}
         ]
-        ids = model.chat_ids(messages)
+        text = model.chat_text(messages, template_vars=think_vars(model.chat_template, ns.think))
+        ids = model.chat_tokens(text)
     else:
         ids = prompt  # a base model: plain text completion
+    reader = reply_reader(model.chat_template, text)  # reasoning apart from the answer, as Ollama shows it
+
+    def put(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    write = ThinkingWriter(put, hide=ns.hidethinking or ns.think is False, color=sys.stdout.isatty())
     pieces = model.generate(ids, stream=True, **options)
     stats = None
     for step in pieces:
-        sys.stdout.write(step.text)
-        sys.stdout.flush()
+        write(*reader.feed(step.text))
         stats = step.stats
+    write(*reader.finish())
+    write.finish()
     sys.stdout.write("\n")
     sys.stdout.flush()
     if ns.verbose and stats:

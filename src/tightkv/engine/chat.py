@@ -87,7 +87,19 @@ def render_continuation(template: str, messages: list[dict], bos_token: str = ""
     turn (llama.cpp's server does it so): the conversation before it with the generation
     prompt, then its content as written, with no end of turn. A conversation of that one
     message (which many templates cannot render without it) is cut after its content, as
-    vLLM's continue_final_message does."""
+    vLLM's continue_final_message does. A harmony template (gpt-oss) gets the message's
+    reasoning and the final channel's open header after the generation prompt
+    (`harmony.continued_message`)."""
+    from .harmony import continued_message, is_harmony
+
+    if is_harmony(template):
+        if len(messages) > 1:
+            head = render_chat(template, messages[:-1], bos_token, eos_token, add_generation_prompt=True, **extra)
+        else:  # the template renders no conversation without a message: cut where the assistant's opens
+            full = render_chat(template, messages, bos_token, eos_token, add_generation_prompt=False, **extra)
+            opens = "<|start|>assistant"
+            head = full[: full.index(opens) + len(opens)]
+        return head + continued_message(messages[-1])
     content = messages[-1]["content"]
     if len(messages) > 1:
         return render_chat(template, messages[:-1], bos_token, eos_token, add_generation_prompt=True, **extra) + content

@@ -79,13 +79,28 @@ def harmony_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
+def continued_message(message: dict) -> str:
+    """What follows the generation prompt (``<|start|>assistant``) when an assistant's message
+    is continued, as llama.cpp prefills it: its reasoning (`thinking` or `reasoning_content`)
+    as an analysis message, then the final channel's header and the content so far. A message
+    with reasoning and no content yet leaves the analysis open: the reply goes on reasoning."""
+    thinking = message.get("thinking") or message.get("reasoning_content") or ""
+    content = message.get("content") or ""
+    if thinking and not content:
+        return f"{CHANNEL}analysis{MESSAGE}{thinking}"
+    head = f"{CHANNEL}analysis{MESSAGE}{thinking}{END}{START}assistant" if thinking else ""
+    return f"{head}{CHANNEL}final{MESSAGE}{content}"
+
+
 # --- grammars (llguidance Lark) ----------------------------------------------------------------
 # Analysis messages, written freely, may come first; the markup is text to the grammar (the
 # loader makes these tokens user-defined) and <|return|> / <|call|> end it (EOS).
 _ANALYSIS = """harmony_analysis: "<|channel|>analysis<|message|>" harmony_thought "<|start|>assistant"
 harmony_thought[stop="<|end|>"]: /(?s:.*)/
 """
-_JSON_HEAD = '(" "? "<|constrain|>"? "json")? "<|message|>"'
+# the header's content type: " json", " <|constrain|>json" or "<|constrain|>json" (never "json" run
+# into the channel or the recipient, which would read as another name)
+_JSON_HEAD = '(" " "<|constrain|>"? "json" | "<|constrain|>" "json")? "<|message|>"'
 
 
 def final_grammar(json_schema: dict | bool | None = None, grammar: str | None = None) -> str:

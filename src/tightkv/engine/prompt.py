@@ -16,6 +16,7 @@ from __future__ import annotations
 from ..errors import TightKVError
 from .chat import PLAIN_CHAT_STOPS, continues, plain_prompt, render_chat, render_continuation
 from .generate import PREFILL_CHUNK
+from .harmony import harmony_messages, is_harmony
 
 MIN_TURN_CUT = 8  # turns that open before this position are no prefill cut (`turn_cuts`)
 
@@ -63,8 +64,11 @@ class PromptBuilder:
         answered in a new turn (`continue_final` None: whenever the assistant speaks last;
         False: a new turn all the same). `add_generation_prompt=False` ends the text with
         the last message's turn. `template_vars`: more template variables, e.g.
-        ``{"enable_thinking": False}`` (Qwen3)."""
+        ``{"enable_thinking": False}`` (Qwen3). A harmony template (gpt-oss) reads an
+        assistant's `reasoning_content` as its `thinking` (`harmony.harmony_messages`)."""
         cont = continues(messages, continue_final)
+        if is_harmony(self.chat_template):
+            messages = harmony_messages(messages)  # reasoning_content as the template's thinking
         if not self.chat_template:
             return plain_prompt(messages, cont, add_generation_prompt)
         tok = self.tokenizer

@@ -46,6 +46,46 @@ def thinking_plan(template: str | None, think: bool | None, constrained: bool = 
     return {"enable_thinking": on}, on
 
 
+def think_vars(template: str | None, think: bool | str | None) -> dict:
+    """The template variables of a chat's wish to think, as Ollama's CLI and API take it
+    (`think`: True, False, a level "low" / "medium" / "high", or None for the model's
+    default): a harmony template's `reasoning_effort` (`harmony.effort_level`: False is low,
+    gpt-oss always reasons), a ``<think>`` template's `enable_thinking` (a level is True),
+    nothing for a model that does not think. An unknown level raises ValueError."""
+    from .harmony import effort_level, is_harmony
+
+    if is_harmony(template):
+        level = effort_level(think, None) if isinstance(think, str) else effort_level(None, think)
+        return {"reasoning_effort": level} if level else {}
+    if isinstance(think, str):
+        effort_level(think, None)  # checked all the same
+        think = True
+    return thinking_plan(template, think)[0] if think is not None else {}
+
+
+class PlainReader:
+    """The reader of a reply with no reasoning: all of it is content."""
+
+    def feed(self, text: str) -> tuple[str, str]:
+        return "", text
+
+    def finish(self) -> tuple[str, str]:
+        return "", ""
+
+
+def reply_reader(template: str | None, prompt: str = ""):
+    """A reader that splits a chat reply into (reasoning, content) piece by piece (`feed`,
+    then `finish`): harmony's channels (`harmony.HarmonyReader`, no tools: a message to a
+    function is content), a ``<think>`` block from where the prompt left it
+    (`ReasoningSplitter`), else all content (`PlainReader`)."""
+    from .harmony import HarmonyReader, is_harmony
+
+    if is_harmony(template):
+        return HarmonyReader(prompt=prompt)
+    tags = thinking_tags(template)
+    return ReasoningSplitter(tags, start_state(prompt, tags)) if tags else PlainReader()
+
+
 def start_state(prompt: str, tags: tuple[str, str] = TAGS) -> str:
     """Where the reply begins, from the prompt's end: INSIDE when the prompt left a reasoning
     block open, AFTER when it ends with a closed one, else BEFORE."""
