@@ -51,7 +51,7 @@ def test_f16_wins_without_a_probe_when_it_fits(embedded, plan):
         embedded, "short prompt", memory=plan.weights + plan.working + (1 << 30), context=CTX, progress=False
     )
     assert choice.kv == "f16" and choice.kld == 0.0 and choice.probe_tokens == 0
-    assert "f16 fits" in choice.line()
+    assert choice.line().startswith("kv auto: f16 (fits, no probe needed; ")  # f16 said once
 
 
 def test_nothing_fits_says_how_long_a_context_would(embedded, plan):

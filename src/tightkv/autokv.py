@@ -58,13 +58,14 @@ class KVChoice:
         """The one stderr line: type, KLD, bytes at the context, what f16 would need."""
         mib = 2**20
         how = (
-            "f16 fits"
+            "fits, no probe needed"
             if self.kv == "f16"
             else f"KLD {self.kld:.5f} vs f16 on {self.probe_tokens:,} tokens of {self.text}"
         )
         return (
-            f"kv auto: {self.kv} ({how}; {self.kv_bytes / mib:.1f} MiB KV at {self.context:,} tokens, "
-            f"f16 would need {self.f16_bytes / mib:.1f} MiB; budget {self.memory / 2**30:.2f} GiB)"
+            f"kv auto: {self.kv} ({how}; {self.kv_bytes / mib:.1f} MiB KV at {self.context:,} tokens"
+            + ("" if self.kv == "f16" else f", f16 would need {self.f16_bytes / mib:.1f} MiB")
+            + f"; budget {self.memory / 2**30:.2f} GiB)"
         )
 
     def as_dict(self) -> dict:
