@@ -90,6 +90,7 @@ def test_models_and_ollama_listing(server):
     status, show = post(server, "/api/show", {"model": "tiny-chat"})
     assert status == 200 and show["model_info"]["general.architecture"] == "gemma3"
     assert "<start_of_turn>" in show["template"] and show["model_info"]["tokenizer.ggml.tokens"] is None
+    assert show["tightkv"]["chat_template"] is True  # the web page continues text where it is False
     status, _, raw = request(server, "GET", "/api/version")
     version = json.loads(raw)
     assert status == 200 and tuple(map(int, version["version"].split("."))) >= (0, 12) and version["tightkv"]

@@ -151,3 +151,27 @@ def test_answers_markdown_is_rendered_and_escaped(home):
         assert '<span class="tok-kw">def</span>' in html and '<span class="tok-str">&#39;a&#39;</span>' in html
         assert '<span class="tok-com"># note</span>' in html and "<li>one</li>" in html
         assert "<script>" not in html and "&lt;script&gt;" in html
+
+
+def test_a_base_model_continues_text_and_says_when_it_wrote_nothing(home):
+    """The embedded model has no chat template: the page says so, its plain chat continues the
+    text (no '(no reply)'), and a reply with no text is a line saying why."""
+    with serve(home) as server, browser_page() as page:
+        page.goto(server.url)
+        enter_key(page)
+        page.wait_for_selector("#target:has-text('base model (no chat template)')")
+        answer = ask(page, "The capital of France is")
+        body = answer.locator(".body").inner_text()
+        assert "Paris" in body and "(no reply)" not in body  # asked as "Question: ...\nAnswer:", greedy
+        assert "continued as plain text" in answer.locator(".meta").inner_text()
+
+        empty = "data: " + '{"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}' + "\n\ndata: [DONE]\n\n"
+        page.route(
+            "**/v1/completions",
+            lambda route: route.fulfill(status=200, headers={"Content-Type": "text/event-stream"}, body=empty),
+        )
+        answer = ask(page, "What is gravity?")
+        note = answer.locator(".body").inner_text()
+        assert answer.locator(".body .empty-reply").count() == 1
+        assert note.startswith("The model wrote nothing.") and "base model without a chat template" in note
+        assert "(no reply)" not in page.inner_text("#log")

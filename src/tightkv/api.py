@@ -384,9 +384,14 @@ class Model:
         return g.Constraint(text, self.tokenizer)
 
     def ask(self, prompt: str, **kwargs) -> str:
-        """One answer as a string: through the chat template when the model has one."""
+        """One answer as a string: through the chat template when the model has one; a base
+        model continues the text, with repeat_penalty 1.1 unless one is given
+        (`engine.chat.BASE_REPEAT_PENALTY`: greedy, it would loop on one sentence)."""
         if self.chat_template:
             return self.chat([{"role": "user", "content": prompt}], reset=True, **kwargs)
+        from .engine.chat import BASE_REPEAT_PENALTY
+
+        kwargs.setdefault("repeat_penalty", BASE_REPEAT_PENALTY)
         return self.generate(prompt, **kwargs).text
 
     def chat(self, messages: list[dict], reset: bool = False, think: bool | str | None = None, **kwargs) -> str:

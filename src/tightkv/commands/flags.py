@@ -94,7 +94,8 @@ def cli_wording(message: str, ns: argparse.Namespace) -> str:
     )
 
 
-# `tightkv run`'s sampling: greedy, nothing truncated or penalised (`client` sends the same).
+# `tightkv run`'s sampling: greedy, nothing truncated or penalised (`client` sends the same),
+# except that a base model (no chat template) gets BASE_REPEAT_PENALTY unless one is given.
 SAMPLING_DEFAULTS = {
     "temperature": 0.0,
     "top_k": 0,
@@ -107,8 +108,12 @@ SAMPLING_DEFAULTS = {
 }
 
 
-def add_sampling_flags(p: argparse.ArgumentParser) -> None:
-    """-n, --temperature, --top-k, --top-p, --min-p, the penalties, --seed, --stop (greedy by default)."""
+def add_sampling_flags(p: argparse.ArgumentParser, base_penalty: bool = False) -> None:
+    """-n, --temperature, --top-k, --top-p, --min-p, the penalties, --seed, --stop (greedy by
+    default). `base_penalty`: --repeat-penalty defaults to None, read as BASE_REPEAT_PENALTY
+    for a model without a chat template and 1 otherwise (`repeat_penalty_for`)."""
+    from ..engine.chat import BASE_REPEAT_PENALTY
+
     d = SAMPLING_DEFAULTS
     p.add_argument("-n", "--max-tokens", type=int, default=None, help="tokens to generate (default: until the end)")
     p.add_argument(
@@ -134,9 +139,14 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--repeat-penalty",
         type=float,
-        default=d["repeat_penalty"],
+        default=None if base_penalty else d["repeat_penalty"],
         help="divide (multiply, where negative) the logits of the last --repeat-last-n tokens by this "
-        "(default 1: no penalty)",
+        + (
+            f"(default {BASE_REPEAT_PENALTY} for a base model, one without a chat template, as llama-cli's "
+            "old default; 1, no penalty, for a chat model)"
+            if base_penalty
+            else "(default 1: no penalty)"
+        ),
     )
     p.add_argument(
         "--presence-penalty",
@@ -158,6 +168,15 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: a new one each run)")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def repeat_penalty_for(given: float | None, chat_template: str | None) -> float:
+    """--repeat-penalty as given, else BASE_REPEAT_PENALTY for a base model, 1 for a chat model."""
+    from ..engine.chat import BASE_REPEAT_PENALTY
+
+    if given is not None:
+        return given
+    return SAMPLING_DEFAULTS["repeat_penalty"] if chat_template else BASE_REPEAT_PENALTY
 
 
 THINK_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}

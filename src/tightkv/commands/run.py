@@ -23,6 +23,7 @@ from .flags import (
     auto_memory,
     kv_spec,
     one_line_errors,
+    repeat_penalty_for,
 )
 
 NAME = "run"
@@ -48,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--system", default=None, help="system message (chat models)")
     add_think_flags(p)
-    add_sampling_flags(p)
+    add_sampling_flags(p, base_penalty=True)
     one_line_errors(p)
 
 
@@ -69,7 +70,8 @@ def sampling_options(ns: argparse.Namespace) -> dict:
     if ns.max_tokens is not None and ns.max_tokens < 1:
         raise TightKVError(f"-n/--max-tokens must be at least 1, got {ns.max_tokens}")
     sampling = {name: getattr(ns, name) for name in SAMPLING_OPTIONS}
-    SamplingParams(**sampling).validate()
+    given = sampling["repeat_penalty"]  # None: the model's default, chosen once it is open (`repeat_penalty_for`)
+    SamplingParams(**{**sampling, "repeat_penalty": 1.0 if given is None else given}).validate()
     return {"max_tokens": ns.max_tokens, **sampling, "stop": list(ns.stop or [])}
 
 
@@ -107,6 +109,7 @@ def run(ns: argparse.Namespace) -> int:
             raise TightKVError("no prompt given (usage: tightkv run [MODEL] PROMPT, or run it on a terminal to chat)")
     kv_spec(ns)  # a bad cache type fails before the model loads
     model = open_model(name, ns, prompt)
+    options["repeat_penalty"] = repeat_penalty_for(options["repeat_penalty"], model.chat_template)
     if ns.think is not None and not thinks(model.chat_template):
         print("warning: this model does not think: --think does nothing", file=sys.stderr, flush=True)
     if interactive:

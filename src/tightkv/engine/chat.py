@@ -123,6 +123,11 @@ def continues(messages: list[dict], continue_final: bool | None = None) -> bool:
 
 
 PLAIN_CHAT_STOPS = ["\nUser:"]  # where a model without a template would write the next user turn
+# A base model (no chat template) left greedy loops on one sentence: where a user talks to one
+# (`tightkv run`, the REPL, `Model.ask`) it gets llama-cli's old default repeat penalty, 1.1
+# over the last 64 tokens (llama.cpp#6127 made it 1.0 in 2024; Ollama's 1.1 went in 2026), and a
+# chat model stays unpenalised, its greedy reply llama.cpp's token for token.
+BASE_REPEAT_PENALTY = 1.1
 
 
 def plain_prompt(messages: list[dict], continue_final: bool = False, add_generation_prompt: bool = True) -> str:

@@ -416,7 +416,12 @@ async def show(request: Request):
                 + (["thinking"] if thinks(served.chat_template) else [])
             ),
             "modified_at": served.modified_at(),
-            "tightkv": {"kv_cache_type": served.kv, "context_length": served.context_length, "kv_auto": served.kv_auto},
+            "tightkv": {
+                "kv_cache_type": served.kv,
+                "context_length": served.context_length,
+                "kv_auto": served.kv_auto,
+                "chat_template": bool(served.chat_template),  # False: a base model (the web page continues text)
+            },
         }
     )
 

@@ -11,8 +11,21 @@ const state = {
   current: null,        // the open document's record
   text: "",             // its text (the quoted spans index it)
   chat: [],             // the conversation with the model when no document is open
+  model: "",            // the served model's id
+  chatTemplate: null,   // whether it has a chat template (false: a base model; null: not known yet)
+  plain: "",            // a base model's conversation so far, as the text it continues
   busy: false,
 };
+
+// A model without a chat template (a base model, such as the embedded Gemma 3 270M) does not
+// answer a chat: it continues text. Its chat is a completion-style prompt, the conversation as
+// "Question: ...\nAnswer:" lines, continued through /v1/completions up to the next question,
+// greedy with llama-cli's old repeat penalty, as `tightkv run` gives a base model
+// (engine.chat.BASE_REPEAT_PENALTY), so it does not loop on one sentence.
+const BASE_REPEAT_PENALTY = 1.1;
+const PLAIN_TOKENS = 128;
+const PLAIN_STOP = "\nQuestion:";
+const TALK = "Pick or add a document to ask about it.";
 
 // --- HTTP ------------------------------------------------------------------------------------
 class RequestError extends Error {
@@ -282,7 +295,7 @@ async function showDocument(doc) {
 function leaveDocument() {
   state.current = null;
   state.text = "";
-  $("target").textContent = "Talking to the model. Pick or add a document to ask about it.";
+  $("target").textContent = chatTarget();
   $("view-meta").textContent = "No document open.";
   $("view").replaceChildren();
   $("to-chat").hidden = true;
@@ -416,7 +429,40 @@ function quoteList(answer) {
   return box;
 }
 
+function chatTarget() {
+  if (state.chatTemplate === false) {
+    return `Talking to a base model (no chat template): it continues your text, a smoke test rather than an ` +
+      `assistant (serve an instruct model, e.g. tightkv serve qwen3:4b, to chat). ${TALK}`;
+  }
+  return `Talking to the model. ${TALK}`;
+}
+
+// Whether the served model has a chat template (tightkv's /api/show says); unknown while it loads.
+async function learnModel() {
+  try {
+    const response = await api("/api/show", json({ model: state.model }));
+    const show = await response.json();
+    state.chatTemplate = !(show.tightkv && show.tightkv.chat_template === false);
+  } catch (_) {
+    state.chatTemplate = null;  // asked again at the next message
+  }
+  if (!state.current) $("target").textContent = chatTarget();
+}
+
+// A reply with no text: a line that says so, and why where the model is a base model.
+function noReply(reply) {
+  const body = reply.querySelector(".body");
+  const why = state.chatTemplate === false
+    ? "The model wrote nothing. It is a base model without a chat template: it continues text rather than " +
+      "answering, so give it the start of a sentence to continue (\u201cThe capital of France is\u201d), or serve " +
+      "an instruct model (tightkv serve qwen3:4b)."
+    : "The model wrote nothing: it ended its reply at once.";
+  body.replaceChildren(el("p", { className: "empty-reply" }, why));
+}
+
 async function chat(text, reply) {
+  if (state.chatTemplate == null) await learnModel();
+  if (state.chatTemplate === false) return continueText(text, reply);
   const body = reply.querySelector(".body");
   const messages = [...state.chat, { role: "user", content: text }];
   const response = await api("/v1/chat/completions", json({ messages, stream: true, max_tokens: 256 }));
@@ -430,8 +476,35 @@ async function chat(text, reply) {
     }
   });
   if (failure) throw new RequestError(failure, 400);
-  body.innerHTML = md().renderMarkdown(content || "(no reply)");
+  if (content.trim()) body.innerHTML = md().renderMarkdown(content);
+  else noReply(reply);
   state.chat = [...messages, { role: "assistant", content }];
+}
+
+// A base model's turn: the conversation so far and the message as questions and answers, continued.
+async function continueText(text, reply) {
+  const body = reply.querySelector(".body");
+  const prompt = `${state.plain}Question: ${text.trim()}\nAnswer:`;
+  const request = {
+    prompt, stream: true, max_tokens: PLAIN_TOKENS, stop: [PLAIN_STOP],
+    temperature: 0, repeat_penalty: BASE_REPEAT_PENALTY,  // greedy, as `tightkv run`: a tiny model sampled rambles
+  };
+  const response = await api("/v1/completions", json(request));
+  let content = "", failure = null;
+  await readEvents(response, (event) => {
+    if (event.error) { failure = event.error.message; return; }
+    const choice = event.choices && event.choices[0];
+    if (choice && choice.text) {
+      content += choice.text;
+      body.textContent = content.trim();
+    }
+  });
+  if (failure) throw new RequestError(failure, 400);
+  if (!content.trim()) return noReply(reply);
+  body.innerHTML = md().renderMarkdown(content.trim());
+  reply.append(el("p", { className: "meta small" }, "continued as plain text (Question: \u2026 Answer:): " +
+    "a base model, no chat template"));
+  state.plain = `${prompt} ${content.trim()}\n\n`.slice(-6000);  // the last exchanges, well within a context
 }
 
 // --- wiring ------------------------------------------------------------------------------------------
@@ -470,7 +543,9 @@ async function start() {
     const response = await api("/v1/models");
     const { data } = await response.json();
     $("model").textContent = data.length ? `model ${data[0].id}` : "no model";
+    state.model = data.length ? data[0].id : "";
     await refreshList();
+    if (state.model) await learnModel();
   } catch (err) {
     $("model").textContent = "not connected";
     showError(err.message);
