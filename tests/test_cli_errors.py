@@ -164,3 +164,22 @@ def test_a_pasted_paragraph_is_the_prompt(home):
     seed_embedded(home)
     r = cli("run", para, "-n", "2", "--threads", "1", env={"TIGHTKV_HOME": str(home)})
     assert r.returncode == 0 and "Traceback" not in r.stderr and "Error" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_a_truncated_file_names_the_tensor_cut_short(qtype, tmp_path, home):
+    """A download cut off in a tensor's data (numpy's failed reshape was the error): one line
+    naming the tensor, by how much it is short and how much of the file is there."""
+    import gguf
+
+    whole = write_gemma3(tmp_path / f"whole-{qtype}.gguf", qtype=qtype)
+    tensors = sorted(gguf.GGUFReader(whole).tensors, key=lambda t: t.data_offset)
+    t = tensors[len(tensors) // 2]
+    have = int(t.n_bytes) // 3
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole.read_bytes()[: int(t.data_offset) + have])
+    r = cli("run", str(cut), "hi", env={"TIGHTKV_HOME": str(home)})
+    line = assert_one_line_error(r, "cut.gguf: truncated GGUF: ", f"tensor {t.name} (")
+    assert f"is cut short by {int(t.n_bytes) - have:,} bytes ({have:,} bytes of its {int(t.n_bytes):,} bytes" in line
+    assert f"the {len(tensors) - len(tensors) // 2 - 1} tensors after it are missing" in line
+    assert "reshape" not in r.stderr and "shape" not in line

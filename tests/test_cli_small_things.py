@@ -138,3 +138,11 @@ def test_help_as_the_user_reads_it(verb, needles):
     text = " ".join(r.stdout.split())
     for needle in needles:
         assert needle in text, (needle, r.stdout)
+
+
+def test_cache_takes_list_as_the_top_level_does(env):
+    """`tightkv list` (alias `ls`) lists models; `tightkv cache list` lists caches as `cache ls` does."""
+    listed, ls = cli("cache", "list", env=env), cli("cache", "ls", env=env)
+    assert listed.returncode == 0 and ls.returncode == 0, listed.stderr
+    assert listed.stdout == ls.stdout == cli("cache", env=env).stdout
+    assert cli("cache", "list", "--json", env=env).stdout.strip().startswith("[")

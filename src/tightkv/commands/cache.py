@@ -1,6 +1,6 @@
 """`tightkv cache`: the stored KV prefixes (documents, RLV reads, server prompts).
 
-tightkv cache                      # list: kind, KV type, tokens, KV and file bytes
+tightkv cache [ls|list]            # list: kind, KV type, tokens, KV and file bytes
 tightkv cache rm NAME... | --all   # delete files (NAME as the list shows it)
 tightkv cache prune --max 2GB      # least recently used out, per kind or all
 """
@@ -22,8 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "action",
         nargs="?",
         default="ls",
-        choices=["ls", "rm", "prune"],
-        help="ls (default): list; rm: delete the named files; prune: delete the least recently used down to --max",
+        choices=["ls", "list", "rm", "prune"],
+        help="ls or list (the default): list; rm: delete the named files; prune: delete the least recently used "
+        "down to --max",
     )
     p.add_argument("names", nargs="*", metavar="NAME", help="rm: files as `tightkv cache` lists them")
     p.add_argument("--all", action="store_true", help="rm: every stored prefix")
@@ -42,7 +43,7 @@ def run(ns: argparse.Namespace) -> int:
     from ..kv.saved import CacheStore, format_entries
 
     store = CacheStore()
-    if ns.action == "ls":
+    if ns.action in ("ls", "list"):  # `list` as the top level takes it (`tightkv list`, alias `ls`)
         rows = store.entries()
         if ns.json:
             print(json.dumps(rows, indent=1))

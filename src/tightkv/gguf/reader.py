@@ -83,7 +83,10 @@ def _compact_reader_class():
             return end - orig_offs, [raw_itype, alen], [], [GGUFValueType.ARRAY, itype]
 
         def _build_tensors(self, start_offs, fields):
-            """gguf-py's, plus the block types its installed version does not name (Q2_0 ...)."""
+            """gguf-py's, plus the block types its installed version does not name (Q2_0 ...);
+            a file that ends before its tensors' data does is a `GGUFError` naming the tensor
+            cut short (gguf-py's own error is numpy's failed reshape)."""
+            _check_tensor_data(fields, start_offs, len(self.data))
             known = [f for f in fields if int(f.parts[4][0]) in gguf.GGMLQuantizationType._value2member_map_]
             super()._build_tensors(start_offs, known)
             built = {t.name: t for t in self.tensors}
@@ -96,6 +99,56 @@ def _compact_reader_class():
             return super()._push_field(field, skip_sum)
 
     return CompactReader
+
+
+def _tensor_span(field, start_offs: int) -> tuple[str, str, tuple[int, ...], int, int]:
+    """(name, type name, numpy shape, data offset, data bytes) of a tensor-info field."""
+    import gguf
+
+    _, name, _, dims, raw_type, offset = field.parts
+    type_id = int(raw_type[0])
+    n_elems = int(np.prod(dims))
+    if type_id in gguf.GGMLQuantizationType._value2member_map_:
+        qtype = gguf.GGMLQuantizationType(type_id)
+        (block, size), type_name = gguf.GGML_QUANT_SIZES[qtype], qtype.name
+    else:
+        from . import quants  # torch: only for files that need it
+
+        type_name = quants.EXTRA_TYPE_IDS.get(type_id)
+        if type_name is None:
+            raise ValueError(f"tensor {bytes(name).decode()}: unknown tensor type id {type_id}")
+        block, size = quants.BLOCK_SIZES[type_name]
+    shape = tuple(reversed([int(d) for d in dims.tolist()]))
+    return bytes(name).decode(errors="replace"), type_name, shape, int(start_offs + offset[0]), n_elems // block * size
+
+
+def _check_tensor_data(fields, start_offs: int, file_size: int) -> None:
+    """Raise a one-line `GGUFError` when the file ends before its tensors' data does: the
+    first tensor cut short, how much of it is there, and how short the file is."""
+    spans = sorted((_tensor_span(f, start_offs) for f in fields), key=lambda t: t[3])
+    cut = [t for t in spans if t[3] + t[4] > file_size]
+    if not cut:
+        return
+    name, qtype, shape, start, n_bytes = cut[0]
+    have = max(0, file_size - start)
+    need = max(t[3] + t[4] for t in spans)
+    more = len(cut) - 1
+    after = (
+        f", and the {more} tensor{'s' if more > 1 else ''} after it {'are' if more > 1 else 'is'} missing"
+        if more
+        else ""
+    )
+    dims = " x ".join(str(d) for d in shape)
+    size = _size if _size(file_size) != _size(need) else (lambda n: f"{n:,} bytes")
+    raise GGUFError(
+        f"truncated GGUF: tensor {name} ({qtype}, {dims}) is cut short by {_size(n_bytes - have)} "
+        f"({_size(have)} of its {_size(n_bytes)} present){after}: the file is {size(file_size)} of the "
+        f"{size(need)} its tensors need (download it again)"
+    )
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB" if n >= 2**20 else f"{n:,} bytes"
 
 
 class _ExtraType(NamedTuple):
@@ -165,6 +218,8 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
     _check_header(path)
     try:
         reader = _compact_reader_class()(path, "r")
+    except GGUFError as err:
+        raise GGUFError(f"{path}: {err}") from None
     except Exception as err:  # the gguf package raises many kinds on bad files
         raise GGUFError(f"{path}: corrupt or truncated GGUF ({_short(err)})") from None
     metadata = {
