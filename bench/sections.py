@@ -110,7 +110,9 @@ EXTRA = {
         "docs/speed.md",
         [
             ["synthetic_moe_hybrid.py", "--depths", "16,512,16384", "--n-gen", "16", "--bytes", "--memory", "16384"]
-            + ["--json", "{json_synthetic_moe_hybrid}"]
+            + ["--json", "{json_synthetic_moe_hybrid}"],
+            ["synthetic_moe_hybrid.py", "--models", "gptoss,gemma4", "--depths", "16,16384", "--n-gen", "32"]
+            + ["--bytes", "--json", "{json_synthetic_moe_hybrid}", "--merge"],
         ],
     ),
     "kv-auto": ("docs/kv-cache.md", [["kv_auto.py", "--brief", "{brief}", "--json", "{out}/kv_auto.json"]]),

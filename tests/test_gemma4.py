@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from family_refs import assert_f32_logits_match, assert_greedy_matches
 
 from tightkv import Model
 from tightkv.engine.generate import decode_step, prefill
@@ -54,33 +55,12 @@ def models():
 def test_f32_logits_equal_transformers_and_llamacpp(variant, refs, models):
     """100 prompt positions in one prefill (past the 32-token window), then 8 decode steps on
     llama.cpp's greedy tokens."""
-    z, m = refs[variant], models[variant]
-    cache = m.new_cache("f32")
-    out = m.net(torch.tensor(z["prompt_ids"].tolist()), cache).numpy()
-    np.testing.assert_allclose(out, z["hf_prompt_logits"], atol=ATOL_HF, rtol=0)
-    np.testing.assert_allclose(out, z["llama_f32_prompt_logits"], atol=ATOL_LLAMA, rtol=0)
-    greedy = z["llama_f32_greedy"].tolist()
-    steps = np.stack([decode_step(m.net, t, cache).numpy() for t in greedy[:8]])
-    np.testing.assert_allclose(steps, z["hf_f32_decode_logits"], atol=ATOL_HF, rtol=0)
-    np.testing.assert_allclose(steps, z["llama_f32_decode_logits"], atol=ATOL_LLAMA, rtol=0)
-    assert int(out[-1].argmax()) == greedy[0]
+    assert_f32_logits_match(models[variant], refs[variant], ATOL_HF, ATOL_LLAMA)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_q8_0_greedy_equals_llamacpp_up_to_a_near_tie(variant, refs):
-    z = refs[variant]
-    m = Model(gguf(variant, "q8_0"), kv="f32")
-    cache = m.new_cache("f32")
-    out = m.net(torch.tensor(z["prompt_ids"].tolist()), cache).numpy()
-    assert (out.argmax(-1) == z["llama_q8_0_prompt_logits"].argmax(-1)).mean() >= 0.9  # measured 0.94
-    greedy, margins = z["llama_q8_0_greedy"].tolist(), z["llama_q8_0_margins"]
-    tokens = [int(out[-1].argmax())]
-    while len(tokens) < len(greedy):
-        tokens.append(int(decode_step(m.net, tokens[-1], cache).argmax()))
-    for i, (ours, theirs) in enumerate(zip(tokens, greedy)):
-        if margins[i] < NEAR_TIE:
-            break
-        assert ours == theirs, f"step {i}: {ours} != llama.cpp's {theirs} (margin {margins[i]:.3f})"
+    assert_greedy_matches(Model(gguf(variant, "q8_0"), kv="f32"), refs[variant], "q8_0", NEAR_TIE, 0.9)  # top-1: 0.94
 
 
 def test_layout_per_layer_dims_and_shared_layers():

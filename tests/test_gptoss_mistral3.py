@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from family_refs import assert_f32_logits_match, assert_greedy_matches
 
 from tightkv import Model
 from tightkv.engine.generate import decode_step, prefill
@@ -52,16 +53,7 @@ def models():
 def test_f32_logits_equal_transformers_and_llamacpp(arch, refs, models):
     """Every prompt position in one prefill, then 8 decode steps on llama.cpp's greedy tokens
     (the fused attention kernel with the sinks)."""
-    z, m = refs[arch], models[arch]
-    cache = m.new_cache("f32")
-    out = m.net(torch.tensor(z["prompt_ids"].tolist()), cache).numpy()
-    np.testing.assert_allclose(out, z["hf_prompt_logits"], atol=ATOL_HF, rtol=0)
-    np.testing.assert_allclose(out, z["llama_f32_prompt_logits"], atol=ATOL_LLAMA, rtol=0)
-    greedy = z["llama_f32_greedy"].tolist()
-    steps = np.stack([decode_step(m.net, t, cache).numpy() for t in greedy[:8]])
-    np.testing.assert_allclose(steps, z["hf_f32_decode_logits"], atol=ATOL_HF, rtol=0)
-    np.testing.assert_allclose(steps, z["llama_f32_decode_logits"], atol=ATOL_LLAMA, rtol=0)
-    assert int(out[-1].argmax()) == greedy[0]
+    assert_f32_logits_match(models[arch], refs[arch], ATOL_HF, ATOL_LLAMA)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -70,22 +62,9 @@ def test_quantized_greedy_equals_llamacpp_up_to_a_near_tie(arch, refs):
     llama.cpp's until llama.cpp's own top-2 margin falls within what the two engines' rounding
     moves a logit; the prompt's top-1 tokens are llama.cpp's nearly everywhere."""
     z, kind = refs[arch], QUANT[arch]
-    m = Model(gguf(arch, kind), kv="f32")
-    cache = m.new_cache("f32")
-    out = m.net(torch.tensor(z["prompt_ids"].tolist()), cache).numpy()
-    ref = z[f"llama_{kind}_prompt_logits"]
-    assert (out.argmax(-1) == ref.argmax(-1)).mean() >= 0.95  # measured 0.97 (gpt-oss), 0.99
+    out = assert_greedy_matches(Model(gguf(arch, kind), kv="f32"), z, kind, NEAR_TIE, 0.95)  # top-1: 0.97, 0.99
     if arch == "gpt-oss":  # transformers on the file's own (dequantized) weights: within llama.cpp's distance
-        hf = z["hf_mxfp4_weights_prompt_logits"]
-        assert np.median(np.abs(out - hf).max(-1)) < 0.15
-    greedy, margins = z[f"llama_{kind}_greedy"].tolist(), z[f"llama_{kind}_margins"]
-    tokens = [int(out[-1].argmax())]
-    while len(tokens) < len(greedy):
-        tokens.append(int(decode_step(m.net, tokens[-1], cache).argmax()))
-    for i, (ours, theirs) in enumerate(zip(tokens, greedy)):
-        if margins[i] < NEAR_TIE:
-            break
-        assert ours == theirs, f"step {i}: {ours} != llama.cpp's {theirs} (margin {margins[i]:.3f})"
+        assert np.median(np.abs(out - z["hf_mxfp4_weights_prompt_logits"]).max(-1)) < 0.15
 
 
 def test_the_experts_are_mxfp4_and_decode_rows_take_the_expert_kernel(refs):

@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from family_refs import assert_f32_logits_match, assert_greedy_matches
 
 from tightkv import Model
-from tightkv.engine.generate import decode_step, prefill, reuse_prefix
+from tightkv.engine.generate import prefill, reuse_prefix
 from tightkv.errors import GGUFError
 from tightkv.gguf.reader import read_gguf
 from tightkv.kv.cache import DenseCache
@@ -50,16 +51,7 @@ def models():
 def test_f32_logits_equal_transformers_and_llamacpp(arch, refs, models):
     """Every prompt position in one prefill (100 tokens: past a DeltaNet chunk), then 8 decode
     steps on llama.cpp's greedy tokens."""
-    z, m = refs[arch], models[arch]
-    cache = m.new_cache("f32")
-    out = m.net(torch.tensor(z["prompt_ids"].tolist()), cache).numpy()
-    np.testing.assert_allclose(out, z["hf_prompt_logits"], atol=ATOL_HF, rtol=0)
-    np.testing.assert_allclose(out, z["llama_f32_prompt_logits"], atol=ATOL_LLAMA, rtol=0)
-    greedy = z["llama_f32_greedy"].tolist()
-    steps = np.stack([decode_step(m.net, t, cache).numpy() for t in greedy[:8]])
-    np.testing.assert_allclose(steps, z["hf_f32_decode_logits"], atol=ATOL_HF, rtol=0)
-    np.testing.assert_allclose(steps, z["llama_f32_decode_logits"], atol=ATOL_LLAMA, rtol=0)
-    assert int(out[-1].argmax()) == greedy[0]
+    assert_f32_logits_match(models[arch], refs[arch], ATOL_HF, ATOL_LLAMA)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -67,22 +59,7 @@ def test_q8_0_greedy_equals_llamacpp_up_to_a_near_tie(arch, refs):
     """A Q8_0 file: our greedy continuation is llama.cpp's until llama.cpp's own top-2 margin
     falls within what the two engines' rounding moves a logit (each rounds the activations its
     own way); and the prompt's top-1 tokens are llama.cpp's nearly everywhere."""
-    z = refs[arch]
-    m = Model(gguf(arch, "q8_0"), kv="f32")
-    cache = m.new_cache("f32")
-    out = m.net(torch.tensor(z["prompt_ids"].tolist()), cache).numpy()
-    ref = z["llama_q8_0_prompt_logits"]
-    assert (out.argmax(-1) == ref.argmax(-1)).mean() >= 0.95  # measured 0.98-0.99
-    greedy, margins = z["llama_q8_0_greedy"].tolist(), z["llama_q8_0_margins"]
-    tokens = [int(out[-1].argmax())]
-    for t in tokens:
-        if len(tokens) == len(greedy):
-            break
-        tokens.append(int(decode_step(m.net, t, cache).argmax()))
-    for i, (ours, theirs) in enumerate(zip(tokens, greedy)):
-        if margins[i] < NEAR_TIE:
-            break
-        assert ours == theirs, f"step {i}: {ours} != llama.cpp's {theirs} (margin {margins[i]:.3f})"
+    assert_greedy_matches(Model(gguf(arch, "q8_0"), kv="f32"), refs[arch], "q8_0", NEAR_TIE, 0.95)  # top-1: 0.98-0.99
 
 
 NEAR_TIE = 0.25  # logits: the Q8_0 prompt rows differ from llama.cpp's by at most a median 0.06-0.12 here
