@@ -122,35 +122,27 @@ MODELS = {
 }
 
 
-def q4k(rng, rows: int, cols: int) -> np.ndarray:
-    """Random valid Q4_K blocks (rows, cols / 256 * 144): small fixed scales, random codes."""
-    n = cols // 256
-    raw = rng.integers(0, 256, size=(rows, n, 144), dtype=np.uint8)
-    raw[:, :, 0:2] = np.frombuffer(np.float16(2e-3).tobytes(), np.uint8)  # d
-    raw[:, :, 2:4] = np.frombuffer(np.float16(1e-3).tobytes(), np.uint8)  # dmin
-    return raw.reshape(rows, n * 144)
+def _f16(x: float) -> np.ndarray:
+    return np.frombuffer(np.float16(x).tobytes(), np.uint8)
 
 
-def q8_0(rng, rows: int, cols: int) -> np.ndarray:
-    """Random valid Q8_0 blocks (rows, cols / 32 * 34): a small fixed scale, random int8."""
-    raw = rng.integers(0, 256, size=(rows, cols // 32, 34), dtype=np.uint8)
-    raw[:, :, 0:2] = np.frombuffer(np.float16(2e-4).tobytes(), np.uint8)
-    return raw.reshape(rows, cols // 32 * 34)
+# Random valid blocks of each type the files use: (weights per block, bytes per block, the
+# fixed fields {offset: bytes}): small fixed scales, random codes (and Q6_K's int8 sub-scales)
+BLOCKS = {
+    "Q4_K": (256, 144, {0: _f16(2e-3), 2: _f16(1e-3)}),  # d, dmin
+    "Q6_K": (256, 210, {208: _f16(1e-4)}),  # d
+    "Q8_0": (32, 34, {0: _f16(2e-4)}),
+    "MXFP4": (32, 17, {0: np.uint8([120])}),  # exponent 2^-8
+}
 
 
-def q6k(rng, rows: int, cols: int) -> np.ndarray:
-    """Random valid Q6_K blocks (rows, cols / 256 * 210): random codes and int8 sub-block
-    scales, a small fixed d."""
-    raw = rng.integers(0, 256, size=(rows, cols // 256, 210), dtype=np.uint8)
-    raw[:, :, 208:210] = np.frombuffer(np.float16(1e-4).tobytes(), np.uint8)  # d
-    return raw.reshape(rows, cols // 256 * 210)
-
-
-def mxfp4(rng, rows: int, cols: int) -> np.ndarray:
-    """Random valid MXFP4 blocks (rows, cols / 32 * 17): exponent 2^-8, random E2M1 nibbles."""
-    raw = rng.integers(0, 256, size=(rows, cols // 32, 17), dtype=np.uint8)
-    raw[:, :, 0] = 120
-    return raw.reshape(rows, cols // 32 * 17)
+def blocks(qtype: str, rng, rows: int, cols: int) -> np.ndarray:
+    """Random valid `qtype` blocks of a (rows, cols) matrix, as bytes (rows, row bytes)."""
+    qk, size, fixed = BLOCKS[qtype]
+    raw = rng.integers(0, 256, size=(rows, cols // qk, size), dtype=np.uint8)
+    for at, value in fixed.items():
+        raw[:, :, at : at + len(value)] = value
+    return raw.reshape(rows, cols // qk * size)
 
 
 def vocab(size: int):
@@ -212,7 +204,7 @@ def write_model(kind: str, path: Path, seed: int = 0) -> Path:
         return write_gptoss(w, c, rng, path)
 
     def mat(name, rows, cols):
-        w.add_tensor(name, q4k(rng, rows, cols), raw_dtype=GGMLQuantizationType.Q4_K)
+        w.add_tensor(name, blocks("Q4_K", rng, rows, cols), raw_dtype=GGMLQuantizationType.Q4_K)
 
     def vec(name, values):
         w.add_tensor(name, np.ascontiguousarray(values, dtype=np.float32))
@@ -250,8 +242,8 @@ def write_model(kind: str, path: Path, seed: int = 0) -> Path:
             vec(p + "ffn_gate_inp.weight", rng.standard_normal((c["experts"], h)) / np.sqrt(h))
             E, ff = c["experts"], c["expert_ff"]
             for name, rows, cols in (("gate", ff, h), ("up", ff, h), ("down", h, ff)):
-                blocks = np.stack([q4k(rng, rows, cols) for _ in range(E)])
-                w.add_tensor(p + f"ffn_{name}_exps.weight", blocks, raw_dtype=GGMLQuantizationType.Q4_K)
+                experts = np.stack([blocks("Q4_K", rng, rows, cols) for _ in range(E)])
+                w.add_tensor(p + f"ffn_{name}_exps.weight", experts, raw_dtype=GGMLQuantizationType.Q4_K)
     vec("output_norm.weight", np.ones(h))
     if kind == "moe":
         mat("output.weight", c["vocab"], h)
@@ -275,8 +267,7 @@ def write_gptoss(w, c: dict, rng, path: Path) -> Path:
     w.add_uint32(f"{arch}.rope.scaling.original_context_length", 4096)
 
     def mat(name, rows, cols, kind=GGMLQuantizationType.Q8_0):
-        make = q8_0 if kind == GGMLQuantizationType.Q8_0 else mxfp4
-        w.add_tensor(name, make(rng, rows, cols), raw_dtype=kind)
+        w.add_tensor(name, blocks(kind.name, rng, rows, cols), raw_dtype=kind)
 
     def vec(name, values):
         w.add_tensor(name, np.ascontiguousarray(values, dtype=np.float32))
@@ -296,8 +287,8 @@ def write_gptoss(w, c: dict, rng, path: Path) -> Path:
         vec(p + "ffn_gate_inp.weight", rng.standard_normal((E, h)) / np.sqrt(h))
         vec(p + "ffn_gate_inp.bias", rng.standard_normal(E) * 0.1)
         for name, rows, cols in (("gate", ff, h), ("up", ff, h), ("down", h, ff)):
-            blocks = np.stack([mxfp4(rng, rows, cols) for _ in range(E)])
-            w.add_tensor(p + f"ffn_{name}_exps.weight", blocks, raw_dtype=GGMLQuantizationType.MXFP4)
+            experts = np.stack([blocks("MXFP4", rng, rows, cols) for _ in range(E)])
+            w.add_tensor(p + f"ffn_{name}_exps.weight", experts, raw_dtype=GGMLQuantizationType.MXFP4)
             vec(p + f"ffn_{name}_exps.bias", rng.standard_normal((E, rows)) * 0.01)
     vec("output_norm.weight", np.ones(h))
     mat("output.weight", c["vocab"], h)
@@ -372,7 +363,7 @@ def write_gemma4(c: dict, rng, path: Path) -> Path:
     Q4_K, Q6_K = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
 
     def mat(name, rows, cols, kind=Q4_K):
-        w.add_tensor(name, (q4k if kind == Q4_K else q6k)(rng, rows, cols), raw_dtype=kind)
+        w.add_tensor(name, blocks(kind.name, rng, rows, cols), raw_dtype=kind)
 
     def vec(name, values):
         w.add_tensor(name, np.ascontiguousarray(values, dtype=np.float32))
