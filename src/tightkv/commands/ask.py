@@ -122,7 +122,9 @@ def run(ns: argparse.Namespace) -> int:
         )
     t_model = time.perf_counter() - t_start
     if log:
-        log(f"model: {model.path.name} loaded in {t_model:.2f}s")
+        from .flags import model_label
+
+        log(f"model: {model_label(ns.model)} loaded in {t_model:.2f}s")
     session = DocumentSession(
         model,
         doc,

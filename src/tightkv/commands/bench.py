@@ -9,7 +9,7 @@ import sys
 
 from ..errors import TightKVError
 
-from .flags import add_model_flags, int_list, kv_types
+from .flags import add_model_flags, int_list, kv_types, model_label
 
 NAME = "bench"
 HELP = "prompt and generation speed, optionally beside llama.cpp"
@@ -85,12 +85,12 @@ def run(ns: argparse.Namespace) -> int:
     read = read_per_token(model.gguf)
     if read.moe:  # GB/s counts what a token reads: the routed experts' share, the rest whole
         print(f"weights read per token: {read.parts(human_binary_bytes)} of {human_binary_bytes(read.weights)}")
+    name = model_label(ns.model)  # as every verb names it (gemma3:270m), not by its blob's hash
     print(
-        f"model {model.path.name}, {threads} threads, medians of {ns.reps} rounds (engines and types in turn); "
+        f"model {name}, {threads} threads, medians of {ns.reps} rounds (engines and types in turn); "
         f"{mach['cpu']}, kernels {mach['kernels']}" + (f"; llama.cpp built with {build}" if build else "")
     )
     if ns.json:
-        name = Path(ns.model).name if ns.model else "gemma3:270m"
         command = "tightkv " + shlex.join(sys.argv[1:])  # as typed (an in-process call records its own argv)
         doc = {
             "command": command,
@@ -100,8 +100,7 @@ def run(ns: argparse.Namespace) -> int:
             "reps": ns.reps,
             "machine": mach,
             "simd_forced": os.environ.get("TIGHTKV_SIMD", ""),
-            "llama_settings": LLAMA_SETTINGS,
-            "llama_build": build,
+            **({"llama_settings": LLAMA_SETTINGS, "llama_build": build} if ns.vs_llamacpp else {}),
             "rows": [r.as_dict() for r in rows],
         }
         Path(ns.json).write_text(json.dumps(doc, indent=1))

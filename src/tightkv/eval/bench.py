@@ -347,11 +347,13 @@ def merge_runs(rows: list[Row]) -> list[Row]:
 def format_table(rows: list[Row], bandwidth: float | None = None) -> str:
     """A llama-bench-like table, with the ratio to llama.cpp's same test and KV type, the KV
     cache's bytes, the bandwidth achieved, and the peak RSS of the engine's process so far
-    (tightkv runs every KV type in one process, llama.cpp each in its own)."""
+    (tightkv runs every KV type in one process, llama.cpp each in its own); above it,
+    llama.cpp's settings when llama.cpp rows are among them."""
     theirs = {(r.test, r.kv): r.tok_s for r in rows if r.engine == "llama.cpp"}
     w = max([6] + [len(r.kv) for r in rows])
-    lines = [
-        f"llama.cpp rows: flash_attn={LLAMA_SETTINGS['flash_attn']}, swa_full={LLAMA_SETTINGS['swa_full']}",
+    settings = f"llama.cpp rows: flash_attn={LLAMA_SETTINGS['flash_attn']}, swa_full={LLAMA_SETTINGS['swa_full']}"
+    lines = [settings] if theirs else []  # llama.cpp's settings only where llama.cpp ran
+    lines += [
         f"| engine    | {'kv':<{w}} | test            |      t/s | vs llama.cpp f16 | vs same kv | KV MiB | GB/s "
         "| peak RSS MiB |",
         f"|-----------|{'-' * (w + 2)}|-----------------|---------:|---------:|---------:|-------:|-----:"

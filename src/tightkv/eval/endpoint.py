@@ -275,18 +275,21 @@ class LocalTarget:
         import torch
 
         from ..engine.score import scored_hidden
-        from .ppl import OUTPUT_ROWS
+        from .ppl import OUTPUT_ROWS, ROW_SLICE
 
         hidden = scored_hidden(self.model.net, ids, self.model.new_cache(self.kv), first, 512)
         targets = torch.tensor(ids[first + 1 :])
         values, tops = [], []
-        with torch.inference_mode():
+        with torch.inference_mode():  # streamed as `ppl.score_chunk`: a block of logits, float64 a slice at a time
             for s in range(0, targets.numel(), OUTPUT_ROWS):
-                logp = torch.log_softmax(self.model.net.output(hidden[s : s + OUTPUT_ROWS]).double(), dim=-1)
-                values += logp.gather(1, targets[s : s + OUTPUT_ROWS, None])[:, 0].tolist()
-                best = logp.topk(top, dim=-1)
-                for v, i in zip(best.values.tolist(), best.indices.tolist()):
-                    tops.append(text_logprobs([token_text(self.model.tokenizer, t) for t in i], v))
+                logits = self.model.net.output(hidden[s : s + OUTPUT_ROWS])
+                for a in range(0, logits.shape[0], ROW_SLICE):
+                    logp = torch.log_softmax(logits[a : a + ROW_SLICE].double(), dim=-1)
+                    values += logp.gather(1, targets[s + a : s + a + logp.shape[0], None])[:, 0].tolist()
+                    best = logp.topk(top, dim=-1)
+                    for v, i in zip(best.values.tolist(), best.indices.tolist()):
+                        tops.append(text_logprobs([token_text(self.model.tokenizer, t) for t in i], v))
+                del logits
         return values, tops
 
 

@@ -4,9 +4,12 @@ Protocol (as ../reference/gemma3-270m-ppl-essays-llamacpp.json): tokenize the
 whole text without BOS; chunk i is [BOS] + tokens[i*(C-1) : (i+1)*(C-1)]; the
 logits at positions C/2 .. C-2 are scored against the next token.
 
-Every cache type runs in lockstep on the same chunk, and the f16 baseline's
-log-probabilities are compared with each type's a slice of rows at a time, so
-the full [tokens, vocab] logits are never held.
+Every cache type runs on the same chunk, one after the other (each cache dropped
+once its final hidden states are kept), and the scoring streams: the output layer
+turns OUTPUT_ROWS scored rows of the baseline and of one type at a time into
+float32 logits, and their float64 log-probabilities and KLD are taken ROW_SLICE
+rows at a time (`compare_rows`). The whole (tokens, vocab) logits of a run are never
+held, let alone two runs' at once.
 """
 
 from __future__ import annotations
@@ -20,11 +23,10 @@ import torch
 from ..engine.score import scored_hidden
 
 BASELINE = "f16"
-# scored rows turned into logits per output-layer call; the baseline's float64 log-probabilities and
-# probabilities of these rows are held while each type is compared (Gemma's 262K vocab: about 1.9 GB
-# at the peak, as llama-perplexity's float logits of a 2048-token chunk)
-OUTPUT_ROWS = 256
-ROW_SLICE = 64  # rows taken to float64 log-probabilities at once
+# scored rows turned into float32 logits per output-layer call, for the baseline and one other type at a time
+# (Gemma's 262K vocab: 64 MiB each); a larger call saves little (the output layer's weight is read once per call)
+OUTPUT_ROWS = 64
+ROW_SLICE = 8  # rows taken to float64 log-probabilities at once (Gemma: 16 MiB per slice and run)
 
 
 @dataclass
@@ -59,12 +61,37 @@ def chunks(tokens: list[int], bos: int, ctx: int, n_chunks: int | None) -> list[
 
 
 @torch.inference_mode()
-def _log_softmax_rows(logits: torch.Tensor) -> torch.Tensor:
-    """float64 log-probabilities of float32 logits, ROW_SLICE rows at a time."""
-    out = torch.empty(logits.shape, dtype=torch.float64)
+def log_probs(logits: torch.Tensor, targets: torch.Tensor) -> list[float]:
+    """The float64 log-probability of each row's target in (n, vocab) logits, ROW_SLICE rows at a time."""
+    out: list[float] = []
     for a in range(0, logits.shape[0], ROW_SLICE):
-        out[a : a + ROW_SLICE] = torch.log_softmax(logits[a : a + ROW_SLICE].double(), dim=-1)
+        logp = torch.log_softmax(logits[a : a + ROW_SLICE].double(), dim=-1)
+        out += logp.gather(1, targets[a : a + ROW_SLICE, None])[:, 0].tolist()
     return out
+
+
+@torch.inference_mode()
+def compare_rows(
+    base: torch.Tensor, other: torch.Tensor, targets: torch.Tensor | None = None, rows: int = ROW_SLICE
+) -> tuple[list[float], list[float], list[bool]]:
+    """Row by row of two (n, vocab) logit blocks, the baseline's and another run's: KLD(base ||
+    other), and with `targets` the other run's negative log-likelihood of them and whether
+    its top token is the baseline's (empty lists without). Float64 log-probabilities `rows`
+    rows at a time, so at most two such slices and a third in passing are held."""
+    kld: list[float] = []
+    nll: list[float] = []
+    same: list[bool] = []
+    for a in range(0, base.shape[0], rows):
+        p = torch.log_softmax(base[a : a + rows].double(), dim=-1)
+        q = torch.log_softmax(other[a : a + rows].double(), dim=-1)
+        if targets is not None:
+            nll += (-q.gather(1, targets[a : a + rows, None])[:, 0]).tolist()
+            same += (q.argmax(-1) == p.argmax(-1)).tolist()
+        q.neg_().add_(p)  # log p - log q, in place
+        # sum_v p_v (log p_v - log q_v) as a batched dot product: no third (rows, vocab) matrix
+        kld += torch.bmm(p.exp_().unsqueeze(1), q.unsqueeze(2)).view(-1).clamp_min(0).tolist()
+        del p, q
+    return kld, nll, same
 
 
 @torch.inference_mode()
@@ -75,34 +102,37 @@ def score_chunk(
     is told after each forward call of n tokens and after n rows are scored
     for one type.
 
-    The output layer runs OUTPUT_ROWS rows per call (it dequantizes its weight
-    once per call, so 64-row calls cost twice as much per row); the float64
-    log-probabilities are taken ROW_SLICE rows at a time."""
+    Each cache (or a function that makes it) is taken out of `caches` while it runs and
+    dropped after: only its final hidden states at the scored positions are kept. The
+    output layer runs OUTPUT_ROWS rows of the baseline, then of each other type, per
+    call; `compare_rows` scores them against the baseline's."""
     first = len(ids) // 2
-    hidden = {name: scored_hidden(net, ids, cache, first, sub, on_piece) for name, cache in caches.items()}
+    hidden = {}
+    for name in list(caches):
+        cache = caches.pop(name)
+        hidden[name] = scored_hidden(net, ids, cache() if callable(cache) else cache, first, sub, on_piece)
+        del cache
     targets = torch.tensor(ids[first + 1 :])
     for s in range(0, targets.numel(), OUTPUT_ROWS):
         tgt = targets[s : s + OUTPUT_ROWS]
         n = tgt.numel()
-        base = _log_softmax_rows(net.output(hidden[BASELINE][s : s + n]))
-        base_p, base_top = base.exp(), base.argmax(-1)
+        base = net.output(hidden[BASELINE][s : s + n])
         for name, h in hidden.items():
             r = results[name]
             if name == BASELINE:  # against itself: KLD 0, the same top token
-                r.nll += (-base.gather(1, tgt[:, None])[:, 0]).tolist()
+                r.nll += [-v for v in log_probs(base, tgt)]
                 r.kld += [0.0] * n
                 r.same_top1 += [True] * n
             else:
                 logits = net.output(h[s : s + n])
-                for a in range(0, n, ROW_SLICE):
-                    b = min(n, a + ROW_SLICE)
-                    logp = torch.log_softmax(logits[a:b].double(), dim=-1)
-                    r.nll += (-logp.gather(1, tgt[a:b, None])[:, 0]).tolist()
-                    r.kld += (base_p[a:b] * (base[a:b] - logp)).sum(-1).clamp_min(0).tolist()
-                    r.same_top1 += (logp.argmax(-1) == base_top[a:b]).tolist()
+                kld, nll, same = compare_rows(base, logits, tgt)
                 del logits
+                r.nll += nll
+                r.kld += kld
+                r.same_top1 += same
             if on_piece:
                 on_piece(n)
+        del base
 
 
 def perplexity(
@@ -126,7 +156,7 @@ def perplexity(
     with Progress("perplexity", work, enabled=progress) as bar:
         for i, ids in enumerate(todo):
             bar.describe(f"perplexity chunk {i + 1}/{len(todo)}")
-            caches = {name: model.new_cache(name) for name in names}
+            caches = {name: (lambda kind=name: model.new_cache(kind)) for name in names}  # made in turn
             score_chunk(model.net, ids, caches, results, sub=batch, on_piece=bar.update)
             bar.note(" ".join(f"{n} {math.exp(np.mean(r.nll)):.3f}" for n, r in results.items()))
         bar.detail = f"{len(todo)} chunk{'s' * (len(todo) > 1)} x {len(names)} KV type{'s' * (len(names) > 1)}"
