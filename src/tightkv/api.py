@@ -31,7 +31,7 @@ class Model:
         kv: KV cache type or preset for keys and values (e.g. "f16", "q8_0:tq4",
             "progressive"); default "kvarn4", or `TIGHTKV_KV_CACHE_TYPE`. "auto"
             picks the best-quality type that fits the available memory at
-            `context_length`, probed on the essays when the first cache is made (call
+            `context_length`, probed on a built-in text when the first cache is made (call
             `choose_kv` before that to probe your own text; `kv_pending` until then).
         context_length: tokens of context; defaults to the model's trained context.
             More than the trained context is an error unless `rope_scaling` is given.
@@ -96,7 +96,7 @@ class Model:
     @property
     def kv(self):
         """The KV spec (`kv.spec.KVSpec`) of this model's caches. With kv="auto" it is chosen
-        here on first use (on the essays, at this context), unless `choose_kv` chose it first."""
+        here on first use (probed on the built-in text, at this context), unless `choose_kv` chose it first."""
         if self.kv_pending:
             self.choose_kv()
         return self._kv
@@ -177,7 +177,7 @@ class Model:
         best-quality type whose bytes at `context` (default this model's) for `slots`
         sequences fit `memory` bytes (default: the RAM available less 1 GiB) and whose
         KLD against f16, probed on `text` (default, or when shorter than 1K tokens: the
-        essays), is within 0.005, the +0.5% ΔPPL bar as a log-loss (`autokv`). Prints
+        text shipped with the package), is within 0.005, the +0.5% ΔPPL bar as a log-loss (`autokv`). Prints
         the decision in one line on stderr unless `quiet`; returns it (a `KVChoice`), also
         kept as `kv_choice`. Raises
         TightKVError saying how long a context would fit when no type does."""

