@@ -7,8 +7,8 @@ logits at positions C/2 .. C-2 are scored against the next token.
 Every cache type runs on the same chunk, one after the other (each cache dropped
 once its final hidden states are kept), and the scoring streams: the output layer
 turns OUTPUT_ROWS scored rows of the baseline and of one type at a time into
-float32 logits, and their float64 log-probabilities and KLD are taken ROW_SLICE
-rows at a time (`compare_rows`). The whole (tokens, vocab) logits of a run are never
+float32 logits; the baseline's float64 log-probabilities of those rows are kept
+while each type's are taken ROW_SLICE rows at a time (`compare_rows`). The whole (tokens, vocab) logits of a run are never
 held, let alone two runs' at once.
 """
 
@@ -24,7 +24,7 @@ from ..engine.score import scored_hidden
 
 BASELINE = "f16"
 # scored rows turned into float32 logits per output-layer call, for the baseline and one other type at a time
-# (Gemma's 262K vocab: 64 MiB each); a larger call saves little (the output layer's weight is read once per call)
+# (Gemma's 262K vocab: 64 MiB each, and 128 MiB for the baseline's float64 log-probabilities of them)
 OUTPUT_ROWS = 64
 ROW_SLICE = 8  # rows taken to float64 log-probabilities at once (Gemma: 16 MiB per slice and run)
 
@@ -61,35 +61,42 @@ def chunks(tokens: list[int], bos: int, ctx: int, n_chunks: int | None) -> list[
 
 
 @torch.inference_mode()
-def log_probs(logits: torch.Tensor, targets: torch.Tensor) -> list[float]:
-    """The float64 log-probability of each row's target in (n, vocab) logits, ROW_SLICE rows at a time."""
-    out: list[float] = []
+def log_softmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """float64 log-probabilities of (n, vocab) float32 logits, ROW_SLICE rows at a time."""
+    out = torch.empty(logits.shape, dtype=torch.float64)
     for a in range(0, logits.shape[0], ROW_SLICE):
-        logp = torch.log_softmax(logits[a : a + ROW_SLICE].double(), dim=-1)
-        out += logp.gather(1, targets[a : a + ROW_SLICE, None])[:, 0].tolist()
+        out[a : a + ROW_SLICE] = torch.log_softmax(logits[a : a + ROW_SLICE].double(), dim=-1)
     return out
 
 
 @torch.inference_mode()
 def compare_rows(
-    base: torch.Tensor, other: torch.Tensor, targets: torch.Tensor | None = None, rows: int = ROW_SLICE
+    base: torch.Tensor,
+    other: torch.Tensor,
+    targets: torch.Tensor | None = None,
+    rows: int = ROW_SLICE,
+    base_logp: bool = False,
 ) -> tuple[list[float], list[float], list[bool]]:
     """Row by row of two (n, vocab) logit blocks, the baseline's and another run's: KLD(base ||
     other), and with `targets` the other run's negative log-likelihood of them and whether
     its top token is the baseline's (empty lists without). Float64 log-probabilities `rows`
-    rows at a time, so at most two such slices and a third in passing are held."""
+    rows at a time, so at most two such slices and a third in passing are held; with
+    `base_logp`, `base` is already the baseline's float64 log-probabilities (taken once for
+    every type compared with it)."""
     kld: list[float] = []
     nll: list[float] = []
     same: list[bool] = []
     for a in range(0, base.shape[0], rows):
-        p = torch.log_softmax(base[a : a + rows].double(), dim=-1)
+        p = base[a : a + rows] if base_logp else torch.log_softmax(base[a : a + rows].double(), dim=-1)
         q = torch.log_softmax(other[a : a + rows].double(), dim=-1)
         if targets is not None:
             nll += (-q.gather(1, targets[a : a + rows, None])[:, 0]).tolist()
             same += (q.argmax(-1) == p.argmax(-1)).tolist()
         q.neg_().add_(p)  # log p - log q, in place
         # sum_v p_v (log p_v - log q_v) as a batched dot product: no third (rows, vocab) matrix
-        kld += torch.bmm(p.exp_().unsqueeze(1), q.unsqueeze(2)).view(-1).clamp_min(0).tolist()
+        probs = p.exp() if base_logp else p.exp_()  # the caller's log-probabilities stay as they are
+        kld += torch.bmm(probs.unsqueeze(1), q.unsqueeze(2)).view(-1).clamp_min(0).tolist()
+        del probs
         del p, q
     return kld, nll, same
 
@@ -116,16 +123,16 @@ def score_chunk(
     for s in range(0, targets.numel(), OUTPUT_ROWS):
         tgt = targets[s : s + OUTPUT_ROWS]
         n = tgt.numel()
-        base = net.output(hidden[BASELINE][s : s + n])
+        base = log_softmax_rows(net.output(hidden[BASELINE][s : s + n]))  # once for every type
         for name, h in hidden.items():
             r = results[name]
             if name == BASELINE:  # against itself: KLD 0, the same top token
-                r.nll += [-v for v in log_probs(base, tgt)]
+                r.nll += (-base.gather(1, tgt[:, None])[:, 0]).tolist()
                 r.kld += [0.0] * n
                 r.same_top1 += [True] * n
             else:
                 logits = net.output(h[s : s + n])
-                kld, nll, same = compare_rows(base, logits, tgt)
+                kld, nll, same = compare_rows(base, logits, tgt, base_logp=True)
                 del logits
                 r.nll += nll
                 r.kld += kld
