@@ -136,3 +136,38 @@ def test_mistral3_temperature_steps_with_the_original_context(models):
     cache[0].offset = 30
     s = temperature(m.args.attn_temperature, cache[0], 4)
     assert s[:2].tolist() == [1.0, 1.0] and s[2].item() == pytest.approx(1 + 0.1 * np.log(2))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cache_through_a_chat_turn_a_prefix_hit_and_a_saved_document(arch, refs, models, tmp_path, monkeypatch):
+    """What the product does with a cache gives a cold run's numbers: a second chat turn on the
+    first's cache, a server prefix hit (RAM, then disk), and a saved document loaded anew."""
+    from tightkv.engine.prefixes import PrefixStore
+    from tightkv.kv.saved import CacheStore
+
+    m, ids = models[arch], refs[arch]["prompt_ids"].tolist()
+    first = [{"role": "user", "content": "Tell me about the essays."}]
+    reply = m.chat(first, max_tokens=6, temperature=0, reset=True)
+    turn = first + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And then?"}]
+    warm = m.chat(turn, max_tokens=6, temperature=0)
+    assert warm == Model(gguf(arch), kv="f32").chat(turn, max_tokens=6, temperature=0, reset=True)
+
+    ps = PrefixStore(m, "kvarn4", ram_bytes=64 << 20, disk=CacheStore(tmp_path), disk_tokens=50, kind="prompt")
+    _, filled = ps.fill(ids[:90], [64])
+    reused, hit, _ = ps.best(ids[:90], [64, 90])
+    assert reused == 90 and hit is not filled
+    nxt = ids[90:92]
+    assert torch.equal(prefill(m.net, nxt, hit), prefill(m.net, nxt, filled))
+    n, from_disk, _ = PrefixStore(m, "kvarn4", disk=CacheStore(tmp_path), disk_tokens=50, kind="prompt").best(
+        ids[:90], [64, 90]
+    )
+    assert n == 90 and torch.equal(prefill(m.net, nxt, from_disk), prefill(m.net, nxt, ps.fill(ids[:90], [64])[1]))
+
+    monkeypatch.setenv("TIGHTKV_HOME", str(tmp_path / "home"))
+    text = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")[:600]  # Mistral 3's context: 512
+    doc = Model(gguf(arch, QUANT[arch])).load_document(text, mode="full", progress=False)
+    answer = doc.ask("What is tightkv?", max_tokens=8).text
+    doc.ask("What does it compress?", max_tokens=8)
+    assert doc.ask("What is tightkv?", max_tokens=8).text == answer
+    loaded = Model(gguf(arch, QUANT[arch])).load_document(text, mode="full", progress=False)
+    assert loaded.ask("What is tightkv?", max_tokens=8).text == answer
