@@ -190,6 +190,13 @@ class ServerState:
         model.generate([model.tokenizer.bos_id or 0], max_tokens=1)  # warm up the kernels
         return model
 
+    def pick(self, name: str | None):
+        """What serves a request naming `name` (404 where nothing does): an object with
+        `.served` (a `ServedModel`) and `.scheduler`. New routes reach the model only
+        through this, so that one server can hold many models."""
+        self.check_model(name)
+        return self
+
     def check_model(self, name: str | None) -> None:
         if not self.served.knows(name):
             raise ApiError(
