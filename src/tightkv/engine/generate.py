@@ -38,6 +38,7 @@ class GenerationStats:
     finish_reason: str  # "stop" or "length"
     kv_bytes: int = 0
     cached_tokens: int = 0  # prompt tokens that were already in the cache
+    stop_word: str | None = None  # the stop string that ended the reply, if one did
     ids: list[int] = field(default_factory=list, repr=False)  # the generated token ids
 
     @property
@@ -453,6 +454,7 @@ class Sequence:
                 finish_reason=self.finish_reason,
                 kv_bytes=sum(c.nbytes for c in self.cache),
                 cached_tokens=self.cached,
+                stop_word=self.matcher.hit,
                 ids=self.ids,
             ),
         )
@@ -485,6 +487,7 @@ class StopMatcher:
     def __init__(self, stops: list[str]):
         self.stops = [s for s in stops if s]
         self.pending = ""
+        self.hit: str | None = None  # the stop string reached
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Return (text safe to emit, whether a stop string was reached)."""
@@ -492,7 +495,7 @@ class StopMatcher:
         for s in self.stops:
             i = self.pending.find(s)
             if i >= 0:
-                out, self.pending = self.pending[:i], ""
+                out, self.pending, self.hit = self.pending[:i], "", s
                 return out, True
         hold = max((_overlap(self.pending, s) for s in self.stops), default=0)
         out = self.pending[: len(self.pending) - hold]
