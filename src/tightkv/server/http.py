@@ -1,4 +1,4 @@
-"""What the OpenAI and Ollama routes share: errors in both shapes, request
+"""What the OpenAI, Ollama and Anthropic routes share: errors in each API's shape, request
 parsing, running a job and streaming it with disconnect detection."""
 
 from __future__ import annotations
@@ -15,14 +15,15 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import JSONResponse, StreamingResponse
 
 from ..errors import ContextOverflowError, RequestError, TightKVError
-from ..engine.requests import seeded
-from .scheduler import ACCEPTED, DONE, ERROR, LOGPROB, PIECE, Cancelled, Job, Unavailable
+from ..engine.requests import prepare, seeded
+from .scheduler import ACCEPTED, DONE, ERROR, LOGPROB, PIECE, Cancelled, Job, Task, Unavailable
 
 log = logging.getLogger("tightkv.server")
 
 
 class ApiError(Exception):
-    """An error answer: OpenAI-shaped on /v1/*, Ollama's flat shape on /api/*."""
+    """An error answer: OpenAI-shaped on /v1/*, Ollama's flat shape on /api/*, Anthropic's
+    on /v1/messages (its type named by the status, as Anthropic's API names them)."""
 
     def __init__(
         self,
@@ -43,6 +44,8 @@ class ApiError(Exception):
     def body(self, path: str) -> dict:
         if is_ollama(path):
             return {"error": self.message}
+        if is_anthropic(path):
+            return {"type": "error", "error": {"type": anthropic_error_type(self.status), "message": self.message}}
         return {
             "error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code, **self.extra}
         }
@@ -50,6 +53,27 @@ class ApiError(Exception):
 
 def is_ollama(path: str) -> bool:
     return path == "/api" or path.startswith("/api/")
+
+
+def is_anthropic(path: str) -> bool:
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+ANTHROPIC_ERRORS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error_type(status: int) -> str:
+    """Anthropic's error type for an HTTP status (api_error for any other 5xx)."""
+    return ANTHROPIC_ERRORS.get(status, "api_error" if status >= 500 else "invalid_request_error")
 
 
 def error_response(path: str, err: ApiError) -> JSONResponse:
@@ -251,6 +275,39 @@ async def collect(request: Request, job: Job):
     finally:
         watcher.cancel()
         job.cancel()  # no-op once done; stops the worker if we leave early
+
+
+async def prepare_only(scheduler, job_request):
+    """`engine.requests.prepare` of a request on `scheduler`'s worker (which owns the model),
+    without running it: the `Prepared` job, whose `ids` are the prompt's tokens (what the
+    token-counting routes answer). A bad request raises its `ApiError`."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+
+    def settle(value: Any, err: BaseException | None) -> None:
+        if done.done():
+            return
+        if err is not None:
+            done.set_exception(err)
+        else:
+            done.set_result(value)
+
+    def run(model, pause) -> None:
+        prep = prepare(model, job_request)
+        loop.call_soon_threadsafe(settle, prep, None)
+
+    task = Task(run, lambda err: loop.call_soon_threadsafe(settle, None, err))
+    try:
+        scheduler.submit_task(task)
+    except Unavailable as err:
+        raise as_api_error(err) from None
+    try:
+        return await done
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    except Exception as err:  # noqa: BLE001 - the request's error
+        raise as_api_error(err) from None
 
 
 async def events(job: Job) -> AsyncIterator[tuple[str, Any]]:
