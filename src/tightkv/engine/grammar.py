@@ -61,21 +61,33 @@ def token_table(tokenizer):
     return table
 
 
+# llama.cpp's `space` rule (json-schema-to-grammar's SPACE_RULE): nothing, a space, or one or
+# two line breaks and up to 20 spaces or tabs, between any two tokens of the JSON. A model may
+# indent (Qwen's likeliest first token of an object is "{\n"), never run on in whitespace.
+WHITESPACE = r"(?: |\n{1,2}[ \t]{0,20})?"
+JSON_OPTIONS = {"whitespace_flexible": True, "whitespace_pattern": WHITESPACE}
+
+
 def json_schema_grammar(schema: dict | bool | None) -> str:
     """The grammar of one JSON value that validates against `schema` (None: any JSON object).
     An object that names its properties takes no others unless its schema says so, and an
     unbounded integer has at most 16 digits (`closed_objects`), as llama.cpp's and Ollama's
-    converters have it (vLLM's closes objects too)."""
+    converters have it (vLLM's closes objects too); whitespace between tokens as llama.cpp's
+    grammars bound it (`WHITESPACE`)."""
     import llguidance
 
     if schema is True or schema is None:
         schema = ANY_JSON
     if not isinstance(schema, dict):
         raise TightKVError("a JSON schema must be an object")
-    return llguidance.LLMatcher.grammar_from_json_schema(
-        json.dumps(closed_objects(schema)),
-        defaults={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
-    )
+    return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(closed_objects(schema)), defaults=JSON_OPTIONS)
+
+
+def json_rule(schema: dict) -> str:
+    """A Lark rule body (llguidance's ``%json``) for one JSON value valid for `schema`, closed
+    and with bounded whitespace as `json_schema_grammar` makes it (a bare ``%json`` would take
+    any whitespace, without end)."""
+    return "%json " + json.dumps({**closed_objects(schema), "x-guidance": JSON_OPTIONS})
 
 
 # where a schema holds subschemas: maps of them, lists of them, one

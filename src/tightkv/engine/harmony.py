@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import TightKVError
-from .grammar import closed_objects
+from .grammar import json_rule
 
 START, CHANNEL, MESSAGE, END, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>"
 RETURN, CALL = "<|return|>", "<|call|>"
@@ -129,7 +129,7 @@ def call_grammar(tools: list[dict], name: str | None = None) -> str:
     calls = []
     for t in chosen:
         fn = t.get("function", t)
-        args = "%json " + json.dumps(closed_objects(fn.get("parameters") or {"type": "object"}))
+        args = json_rule(fn.get("parameters") or {"type": "object"})
         to = json.dumps(f"to=functions.{fn['name']}")
         calls.append(f'" " {to} "<|channel|>commentary" {_JSON_HEAD} {args}')
         calls.append(f'"<|channel|>commentary " {to} {_JSON_HEAD} {args}')

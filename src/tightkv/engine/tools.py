@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 
 from ..errors import TightKVError
+from .grammar import json_rule
 from .harmony import is_harmony
 from .tool_parse import parse_reply
 
@@ -52,13 +53,15 @@ def _call_schema(tool: dict, args_key: str) -> dict:
 
 def call_grammar(fmt: str, tools: list[dict], name: str | None = None, parallel: bool = True) -> str:
     """A Lark grammar (llguidance) for one call (or, with `parallel`, one or more) of the
-    named tool, or of any of `tools`, in format `fmt`; arguments valid for the tool's schema."""
+    named tool, or of any of `tools`, in format `fmt`; arguments valid for the tool's schema,
+    closed as response-format schemas are (no keys it does not name, unless it allows them;
+    `grammar.closed_objects`), whitespace bounded as in `grammar.json_rule`."""
     chosen = [t for t in tools if t.get("function", t).get("name") == name] if name else tools
     if not chosen:
         raise TightKVError(f"tool_choice names {name!r}, which is not among the tools")
     key = "parameters" if fmt == "llama3" else "arguments"
     schemas = [_call_schema(t, key) for t in chosen]
-    call = "call: %json " + json.dumps(schemas[0] if len(schemas) == 1 else {"anyOf": schemas})
+    call = "call: " + json_rule(schemas[0] if len(schemas) == 1 else {"anyOf": schemas})
     more = ' ("\\n" one)*' if parallel else ""
     if fmt == "hermes":
         return f'start: one{more}\none: "<tool_call>\\n" call "\\n</tool_call>"\n{call}'
