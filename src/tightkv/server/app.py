@@ -258,7 +258,7 @@ def create_app(
     `on_failure(error)` are called from the worker thread when loading ends."""
     from contextlib import asynccontextmanager
 
-    from . import documents, llamacpp, ollama, openai
+    from . import documents, llamacpp, ollama, openai, responses
 
     state = ServerState(config, load, on_failure, on_ready)
 
@@ -362,6 +362,7 @@ def create_app(
 
     app.mount("/web", StaticFiles(directory=WEB), name="web")
     app.include_router(openai.router)
+    app.include_router(responses.router)
     app.include_router(ollama.router)
     app.include_router(llamacpp.router)
     app.include_router(documents.router)
@@ -391,6 +392,7 @@ ERROR_SCHEMAS = {
 STREAMS = {
     "/v1/chat/completions": "text/event-stream",
     "/v1/completions": "text/event-stream",
+    "/v1/responses": "text/event-stream",
     "/api/chat": "application/x-ndjson",
     "/api/generate": "application/x-ndjson",
     "/api/pull": "application/x-ndjson",

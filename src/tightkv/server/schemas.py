@@ -108,6 +108,41 @@ class CompletionRequest(_OpenAISampling):
     best_of: int | None = None
 
 
+# --- OpenAI Responses ------------------------------------------------------------
+class _ResponsesBody(_Body):
+    model: str | None = Field(None, description="the served model's id; optional")
+    input: str | list[dict] | None = Field(
+        None,
+        description="text (a user message), or items: messages (input_text / output_text parts), "
+        "function_call and function_call_output items, reasoning items",
+    )
+    instructions: str | None = Field(None, description="a system message before the input (not carried over)")
+    previous_response_id: str | None = Field(None, description="a stored response whose conversation this continues")
+    tools: list[dict] | None = Field(None, description="functions: {type: function, name, description, parameters}")
+    tool_choice: str | dict | None = Field(None, description="none, auto (default), required or {type: function, name}")
+    parallel_tool_calls: bool | None = Field(None, description="more than one call per reply (default true)")
+    text: dict | None = Field(
+        None, description="{format: {type: text | json_object | json_schema, schema}}: the output constrained"
+    )
+    reasoning: dict | None = Field(None, description="{effort: none | low | medium | high}, for models that think")
+
+
+class ResponsesRequest(_ResponsesBody):
+    input: str | list[dict] = Field(..., description="text (a user message) or a list of input items")
+    max_output_tokens: int | None = Field(None, ge=1, description="absent: up to the end of the context")
+    temperature: float | None = Field(None, ge=0, le=2, description="default 1.0; 0 is greedy")
+    top_p: float | None = Field(None, ge=0, le=1)
+    stream: bool = False
+    store: bool = Field(True, description="keep the response (in memory, the latest few) for GET and chaining")
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+    truncation: Literal["disabled"] | None = Field(None, description="'auto' is not supported")
+    background: Literal[False] | None = Field(None, description="background responses are not supported")
+
+
+class InputTokensRequest(_ResponsesBody):
+    """/v1/responses/input_tokens: what the prompt of such a request would count."""
+
+
 # --- Ollama ----------------------------------------------------------------------
 class OllamaOptions(_Body):
     temperature: float | None = Field(None, ge=0)
