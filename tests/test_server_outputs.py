@@ -275,14 +275,6 @@ def test_n_choices_share_the_prompt(client):
         client.chat.completions.create(model=MODEL, messages=ask, n=3, max_tokens=2)  # more than --parallel 2
 
 
-def test_embeddings_are_a_clear_501(client, server):
-    with pytest.raises(openai.APIStatusError) as err:
-        client.embeddings.create(model=MODEL, input="hello")
-    assert err.value.status_code == 501 and "not an embedding model" in err.value.message
-    status, doc = post(server, "/api/embed", {"model": MODEL, "input": "hello"})
-    assert status == 501 and "not an embedding model" in doc["error"]
-
-
 def test_langchain_with_structured_output(client, server):
     """LangChain's with_structured_output (json_schema, strict), through the OpenAI and the Ollama API (its
     json_mode is OpenAI's json_object, tested above: an open-ended object can outrun a small budget)."""

@@ -235,6 +235,21 @@ class Model:
                 out += [token_logprob(row, ids[s + i + 1], top) for i, row in enumerate(logits) if s + i + 1 < len(ids)]
         return out
 
+    def embed(self, texts: str | list[str | list[int]], truncate: bool = False) -> list[list[float]]:
+        """One embedding per text (or list of token ids): the final-normed hidden states
+        pooled as the GGUF says (`{arch}.pooling_type`), else their mean, L2-normalized;
+        `args.hidden_size` floats each. A text over the context is a `ContextOverflowError`
+        unless `truncate` (then its first tokens are embedded). See `engine.embed`.
+
+        Example::
+
+            a, b = Model().embed(["The cat sleeps.", "A kitten naps."])
+            similarity = sum(x * y for x, y in zip(a, b))
+        """
+        from .engine.embed import embed
+
+        return embed(self, [texts] if isinstance(texts, str) else list(texts), truncate=truncate).vectors
+
     # --- generation ----------------------------------------------------------
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):

@@ -258,7 +258,7 @@ def create_app(
     `on_failure(error)` are called from the worker thread when loading ends."""
     from contextlib import asynccontextmanager
 
-    from . import documents, llamacpp, ollama, openai, responses
+    from . import documents, embeddings, llamacpp, ollama, openai, responses
 
     state = ServerState(config, load, on_failure, on_ready)
 
@@ -366,6 +366,7 @@ def create_app(
     app.include_router(ollama.router)
     app.include_router(llamacpp.router)
     app.include_router(documents.router)
+    app.include_router(embeddings.router)
     _document_bodies(app)
     return app
 

@@ -7,7 +7,7 @@ import asyncio
 import json
 import logging
 import math
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import anyio
 from fastapi import Request
@@ -277,10 +277,10 @@ async def collect(request: Request, job: Job):
         job.cancel()  # no-op once done; stops the worker if we leave early
 
 
-async def prepare_only(scheduler, job_request):
-    """`engine.requests.prepare` of a request on `scheduler`'s worker (which owns the model),
-    without running it: the `Prepared` job, whose `ids` are the prompt's tokens (what the
-    token-counting routes answer). A bad request raises its `ApiError`."""
+async def run_task(scheduler, work: Callable[[Any, Callable[[], None]], Any], request: Request | None = None) -> Any:
+    """`work(model, pause)` run on `scheduler`'s worker (which owns the model) as a `Task`,
+    after the tasks before it: its result, or its error as an `ApiError`. With `request`,
+    the client going away cancels it (at its next `pause()`)."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future = loop.create_future()
 
@@ -292,22 +292,33 @@ async def prepare_only(scheduler, job_request):
         else:
             done.set_result(value)
 
-    def run(model, pause) -> None:
-        prep = prepare(model, job_request)
-        loop.call_soon_threadsafe(settle, prep, None)
+    def post(value: Any, err: BaseException | None = None) -> None:
+        try:
+            loop.call_soon_threadsafe(settle, value, err)
+        except RuntimeError:  # the event loop is gone (shutdown)
+            pass
 
-    task = Task(run, lambda err: loop.call_soon_threadsafe(settle, None, err))
+    task = Task(lambda model, pause: post(work(model, pause)), lambda err: post(None, err))
     try:
         scheduler.submit_task(task)
     except Unavailable as err:
         raise as_api_error(err) from None
+    watcher = asyncio.create_task(_watch_disconnect(request, task)) if request is not None else None
     try:
         return await done
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
     except Exception as err:  # noqa: BLE001 - the request's error
         raise as_api_error(err) from None
+    finally:
+        task.cancel()  # no-op once done; stops the worker at its next pause if we leave early
+        if watcher is not None:
+            watcher.cancel()
+
+
+async def prepare_only(scheduler, job_request):
+    """`engine.requests.prepare` of a request on `scheduler`'s worker (which owns the model),
+    without running it: the `Prepared` job, whose `ids` are the prompt's tokens (what the
+    token-counting routes answer). A bad request raises its `ApiError`."""
+    return await run_task(scheduler, lambda model, pause: prepare(model, job_request))
 
 
 async def events(job: Job) -> AsyncIterator[tuple[str, Any]]:
@@ -319,7 +330,7 @@ async def events(job: Job) -> AsyncIterator[tuple[str, Any]]:
             return
 
 
-async def _watch_disconnect(request: Request, job: Job) -> None:
+async def _watch_disconnect(request: Request, job: Job | Task) -> None:
     try:
         while True:
             message = await request.receive()

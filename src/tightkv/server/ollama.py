@@ -453,14 +453,6 @@ async def version():
     return OllamaJSON({"version": OLLAMA_VERSION, "tightkv": __version__})
 
 
-@router.post("/embed", summary="501: the served model is not an embedding model")
-@router.post("/embeddings", summary="501: the served model is not an embedding model (older route)")
-async def embed(request: Request):
-    from .openai import EMBED_HINT
-
-    raise ApiError(501, EMBED_HINT.format(model=request.app.state.tk.served.id))
-
-
 @router.post(
     "/pull",
     summary="Pull a model into the store, streaming progress as NDJSON (Ollama's records)",

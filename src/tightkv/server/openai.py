@@ -410,20 +410,3 @@ async def model(model_id: str, request: Request):
     state = request.app.state.tk
     state.check_model(model_id)
     return _model_card(state.served)
-
-
-EMBED_HINT = (
-    "tightkv serves generation models only: {model} is not an embedding model. Serve an embedding "
-    "model (e.g. nomic-embed-text, bge-m3) with an embedding server, and point this client's "
-    "embeddings there"
-)
-
-
-@router.post("/embeddings", summary="501: the served model is not an embedding model")
-async def embeddings(request: Request):
-    raise ApiError(
-        501,
-        EMBED_HINT.format(model=request.app.state.tk.served.id),
-        "not_implemented_error",
-        code="model_not_embedding",
-    )

@@ -211,6 +211,35 @@ class OllamaShowRequest(_Body):
     verbose: bool = False
 
 
+# --- embeddings (OpenAI, then Ollama's newer and older route) ---------------------------
+class EmbeddingRequest(_Body):
+    input: str | list[str] | list[int] | list[list[int]] = Field(
+        ..., description="text, token ids, or a list of either (up to 2048): one vector each"
+    )
+    model: str | None = Field(None, description="the served model's id; optional")
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="base64: each vector's float32 bytes (little-endian), base64-encoded"
+    )
+    dimensions: int | None = Field(None, description="only the model's own dimension (its hidden size)")
+    user: str | None = None
+
+
+class OllamaEmbedRequest(_Body):
+    model: str = Field(..., description="the served model's name")
+    input: str | list[str] | None = Field(None, description="text or texts; absent or empty: just load the model")
+    truncate: bool = Field(True, description="cut an input over the context to its first tokens; false: a 400")
+    dimensions: int | None = Field(None, description="shorter vectors: the first N values, normalized again")
+    options: OllamaOptions | None = Field(None, description="num_ctx caps an input's tokens; the rest is unused")
+    keep_alive: str | int | float | None = None
+
+
+class OllamaEmbeddingsRequest(_Body):
+    model: str = Field(..., description="the served model's name")
+    prompt: str | None = Field(None, description="absent or empty: just load the model")
+    options: OllamaOptions | None = Field(None, description="num_ctx caps the prompt's tokens; the rest is unused")
+    keep_alive: str | int | float | None = None
+
+
 # --- llama.cpp / vLLM tokenizer routes ------------------------------------------------
 class TokenizeRequest(_Body):
     content: str | None = Field(None, description="llama.cpp's name for the text")
