@@ -108,18 +108,21 @@ def embed(
     pause: Callable[[], None] | None = None,
     name: str = "input",
     dimensions: int | None = None,
+    shorten: bool = False,
 ) -> Embeddings:
     """Embed each input (text or token ids) with `model` (an `api.Model`), one after
     another, `pause()` between two pieces of work. `limit`: the most tokens an input may
     have (at most, and by default, the model's context); `truncate`: cut longer inputs
-    rather than refuse them; `dimensions`: only each vector's first values, normalized
-    again (Ollama's, for models trained to be cut so). Every input is tokenized and checked
-    before any is run."""
+    rather than refuse them; `dimensions`: the vectors' length, the model's hidden size
+    (None: the same), or with `shorten` fewer: each vector's first values, normalized again
+    (Ollama's `dimensions`, for models trained to be cut so). Every input is tokenized and
+    checked before any is run."""
     limit = min(limit or model.context_length, model.context_length)
     how = pooling(model.gguf.metadata)
     size = model.args.hidden_size
-    if dimensions is not None and not 0 < dimensions <= size:
-        raise RequestError(f"'dimensions' must be between 1 and {size}, the model's embedding size", "dimensions")
+    if dimensions is not None and not (0 < dimensions <= size if shorten else dimensions == size):
+        allowed = f"between 1 and {size}" if shorten else f"{size} (the vectors cannot be shortened)"
+        raise RequestError(f"'dimensions' must be {allowed}, the model's embedding size", "dimensions")
     many = len(inputs) > 1
     ids = [input_ids(model, x, limit, truncate, f"{name}.{i}" if many else name) for i, x in enumerate(inputs)]
     vectors = []

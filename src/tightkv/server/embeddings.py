@@ -26,12 +26,6 @@ router = APIRouter(tags=["Embeddings"])
 MAX_INPUTS = 2048  # OpenAI's limit on the inputs of one request
 
 
-def dimension(served) -> int | None:
-    """The length of the model's vectors (`{arch}.embedding_length`); None until it has loaded once."""
-    value = served.metadata.get(f"{served.metadata.get('general.architecture')}.embedding_length")
-    return None if value is None else int(value)
-
-
 async def run_embed(request: Request, picked, inputs: list, **options) -> tuple[Embeddings, float]:
     """`engine.embed.embed(model, inputs, **options)` on the worker of the picked model; the
     client going away cancels it. Returns the result and the seconds spent loading the model
@@ -76,14 +70,7 @@ async def openai_embeddings(request: Request):
     req = await parse_body(request, EmbeddingRequest)
     picked = request.app.state.tk.pick(req.model)
     inputs = _openai_inputs(req.input)
-    size = dimension(picked.served)
-    if req.dimensions is not None and size is not None and req.dimensions != size:
-        raise ApiError(
-            400,
-            f"'dimensions' must be {size}, this model's embedding size (it cannot shorten its vectors)",
-            param="dimensions",
-        )
-    result, _ = await run_embed(request, picked, inputs)
+    result, _ = await run_embed(request, picked, inputs, dimensions=req.dimensions)
     data = [
         {"object": "embedding", "index": i, "embedding": _encoded(v, req.encoding_format)}
         for i, v in enumerate(result.vectors)
@@ -133,11 +120,8 @@ async def ollama_embed(request: Request):
     if not inputs:
         _load_only(picked, req)
         return OllamaJSON({"model": req.model, "embeddings": []})
-    size = dimension(picked.served)
-    if req.dimensions is not None and (req.dimensions < 1 or (size is not None and req.dimensions > size)):
-        raise ApiError(400, f"dimensions must be between 1 and {size}, this model's embedding size")
     result, loading = await run_embed(
-        request, picked, inputs, limit=_num_ctx(req), truncate=req.truncate, dimensions=req.dimensions
+        request, picked, inputs, limit=_num_ctx(req), truncate=req.truncate, dimensions=req.dimensions, shorten=True
     )
     return OllamaJSON(
         {
