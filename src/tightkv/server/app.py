@@ -29,7 +29,7 @@ from starlette.staticfiles import StaticFiles
 from .. import __version__
 from ..errors import TightKVError
 from ..gguf.describe import file_type, human_number, parameters
-from .http import ApiError, as_api_error, error_response
+from .http import ApiError, as_api_error, error_response, is_anthropic
 from .scheduler import Scheduler
 
 log = logging.getLogger("tightkv.server")
@@ -228,12 +228,13 @@ class GuardMiddleware:
         headers = dict(scope.get("headers") or [])
         err = None
         if self.key is not None and not _public(scope.get("method", ""), path):
-            auth = headers.get(b"authorization", b"")
-            scheme, _, token = auth.partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
+            scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+            if scheme.lower() != b"bearer":  # Anthropic's clients send the key as x-api-key
+                token = headers.get(b"x-api-key", b"")
+            if not hmac.compare_digest(token.strip(), self.key):
                 err = ApiError(
                     401,
-                    "invalid or missing API key (send 'Authorization: Bearer <key>')",
+                    "invalid or missing API key (send 'Authorization: Bearer <key>' or 'x-api-key: <key>')",
                     "authentication_error",
                     code="invalid_api_key",
                 )
@@ -258,7 +259,7 @@ def create_app(
     `on_failure(error)` are called from the worker thread when loading ends."""
     from contextlib import asynccontextmanager
 
-    from . import documents, embeddings, llamacpp, ollama, openai, responses
+    from . import anthropic, documents, embeddings, llamacpp, ollama, openai, responses
 
     state = ServerState(config, load, on_failure, on_ready)
 
@@ -367,6 +368,7 @@ def create_app(
     app.include_router(llamacpp.router)
     app.include_router(documents.router)
     app.include_router(embeddings.router)
+    app.include_router(anthropic.router)
     _document_bodies(app)
     return app
 
@@ -389,10 +391,23 @@ ERROR_SCHEMAS = {
         },
     },
     "OllamaError": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
+    "AnthropicError": {
+        "type": "object",
+        "required": ["type", "error"],
+        "properties": {
+            "type": {"const": "error"},
+            "error": {
+                "type": "object",
+                "required": ["type", "message"],
+                "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+            },
+        },
+    },
 }
 STREAMS = {
     "/v1/chat/completions": "text/event-stream",
     "/v1/completions": "text/event-stream",
+    "/v1/messages": "text/event-stream",
     "/v1/responses": "text/event-stream",
     "/api/chat": "application/x-ndjson",
     "/api/generate": "application/x-ndjson",
@@ -412,10 +427,11 @@ ERRORS = {
 
 
 def _document_answers(doc: dict) -> None:
-    """Every route's error answers (OpenAI's shape on /v1, Ollama's on /api) and the
+    """Every route's error answers (OpenAI's shape on /v1, Ollama's on /api, Anthropic's on
+    /v1/messages) and the
     streaming media types of the generation routes, in the OpenAPI document."""
     for path, ops in doc.get("paths", {}).items():
-        ref = "OllamaError" if path.startswith("/api/") else "OpenAIError"
+        ref = "OllamaError" if path.startswith("/api/") else "AnthropicError" if is_anthropic(path) else "OpenAIError"
         for op in ops.values():
             answers = op.setdefault("responses", {})
             answers.pop("422", None)  # bodies are parsed by hand: a bad one is a 400

@@ -277,3 +277,78 @@ class AskDocumentRequest(_Body):
     mode: DocumentMode | None = Field(None, description="absent: the document's mode")
     stream: bool = Field(False, description="true: SSE events (progress, read, delta, answer), then [DONE]")
     max_tokens: int = Field(96, ge=1, le=512, description="a cap: the answer ends at its first sentence or line")
+
+
+# --- Anthropic ---------------------------------------------------------------------------
+class AnthropicBlock(_Body):
+    type: str = Field(
+        ...,
+        description="text, thinking, tool_use (an assistant's), tool_result (a user's); image and document get a 400",
+    )
+    text: str | None = None
+    thinking: str | None = None
+    id: str | None = Field(None, description="a tool_use block's id")
+    name: str | None = Field(None, description="a tool_use block's tool")
+    input: dict | None = Field(None, description="a tool_use block's arguments")
+    tool_use_id: str | None = Field(None, description="the tool_use a tool_result answers")
+    content: str | list[dict] | None = Field(None, description="a tool_result's text, or its text blocks")
+    is_error: bool | None = None
+
+
+class AnthropicMessage(_Body):
+    role: Literal["user", "assistant"]
+    content: str | list[AnthropicBlock]
+
+
+class AnthropicTool(_Body):
+    name: str = Field(..., pattern=r"^[a-zA-Z0-9_-]{1,128}$")
+    description: str | None = None
+    input_schema: dict | None = Field(None, description="required: a JSON schema of type object, the tool's input")
+    type: str | None = Field(None, description="custom (the default); Anthropic's server tools get a 400")
+
+
+class AnthropicToolChoice(_Body):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = Field(None, description="the tool to call (type tool)")
+    disable_parallel_tool_use: bool | None = None
+
+
+class AnthropicThinking(_Body):
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = Field(None, description="enabled: at least 1024, below max_tokens")
+
+
+class AnthropicText(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class AnthropicOutputConfig(_Body):
+    format: dict | None = Field(None, description="{type: json_schema, schema}: the output constrained to it")
+    effort: str | None = Field(None, description="the template's reasoning_effort, for models that read it")
+
+
+class _AnthropicPrompt(_Body):
+    model: str = Field(..., description="the served model's name")
+    messages: list[AnthropicMessage] = Field(..., min_length=1)
+    system: str | list[AnthropicText] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: AnthropicToolChoice | None = None
+    thinking: AnthropicThinking | None = Field(
+        None, description="enabled or disabled: a thinking model's reasoning, as thinking blocks; absent: its default"
+    )
+    output_config: AnthropicOutputConfig | None = None
+
+
+class MessagesRequest(_AnthropicPrompt):
+    max_tokens: int = Field(..., ge=1, description="the reply's cap; it also ends where the context does")
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(None, ge=0, le=1, description="default 1.0")
+    top_p: float | None = Field(None, ge=0, le=1)
+    top_k: int | None = Field(None, ge=0, description="0 disables")
+    stream: bool = False
+    metadata: dict | None = Field(None, description="accepted (user_id), not used")
+
+
+class CountTokensRequest(_AnthropicPrompt):
+    pass
