@@ -10,6 +10,7 @@ tests send it in the body, as Anthropic's API documents it, through `extra_body`
 from __future__ import annotations
 
 import json
+import random
 import re
 import sys
 from pathlib import Path
@@ -226,6 +227,43 @@ def test_every_route_answers_in_anthropic_shape(server, client):
         got, _, raw = request(server, method, path, body)
         answer = json.loads(raw)
         assert got == status and answer["type"] == "error" and set(answer["error"]) == {"type", "message"}, answer
+
+
+def test_fuzzed_bodies_never_5xx(server):
+    """A seeded fuzz over the fields of both routes: every answer is a 200 or a 4xx in
+    Anthropic's shape, and the server stays healthy."""
+    rng = random.Random(54)
+    block = {"type": "text", "text": "hi"}
+    values = [None, True, 0, -1, 1, 2, 0.5, 1e308, "", "x", [], {}, [1], ["a"], {"a": 1}, "gemma3", 10**20]
+    values += [
+        [block],
+        [{"type": "tool_use", "id": "t", "name": "f", "input": {}}],
+        [{"type": "tool_result", "tool_use_id": "t", "content": [block]}],
+        [{"role": "user", "content": [block, {"type": "thinking", "thinking": "x"}]}],
+        [{"role": "assistant", "content": "x"}],
+        [{"name": "f", "input_schema": {"type": "object"}}],
+        {"type": "enabled", "budget_tokens": 1024},
+        {"type": "tool", "name": "f"},
+        {"format": {"type": "json_schema", "schema": {"type": "object"}}},
+        {"format": {"type": "json_schema", "schema": {"type": 5}}},
+    ]
+    fields = ["model", "messages", "max_tokens", "system", "stop_sequences", "temperature", "top_p", "top_k"]
+    fields += ["stream", "tools", "tool_choice", "thinking", "metadata", "output_config"]
+    seen = set()
+    for i in range(80):
+        body = {"model": "gemma3", "messages": COUNT, "max_tokens": 2}
+        for _ in range(rng.randint(1, 3)):
+            body[rng.choice(fields)] = rng.choice(values)
+        if isinstance(body.get("max_tokens"), int) and not isinstance(body["max_tokens"], bool):
+            body["max_tokens"] = min(body["max_tokens"], 2)  # keep valid requests short
+        path = "/v1/messages" if i % 3 else "/v1/messages/count_tokens"
+        status, _, raw = request(server, "POST", path, body, timeout=60)
+        assert status in (200, 400, 404), (path, body, status, raw[:300])
+        seen.add(status)
+        if status != 200:
+            answer = json.loads(raw)
+            assert answer["type"] == "error" and answer["error"]["type"] in ("invalid_request_error", "not_found_error")
+    assert seen >= {200, 400} and request(server, "GET", "/health")[0] == 200
 
 
 # --- Qwen2.5-Coder: tools ------------------------------------------------------------------
