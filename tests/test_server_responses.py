@@ -1,0 +1,392 @@
+"""OpenAI's Responses API (/v1/responses) through the official `openai` client, with its
+strict response validation (every answer and stream event checked against the client's own
+types), against live `tightkv serve`s: the embedded Gemma 3 270M (text, streamed events,
+chaining and stored responses, structured output, input_tokens, errors), a tiny scripted
+Qwen3 that thinks (reasoning items), and Qwen2.5-Coder-0.5B-Instruct (function calls and
+their outputs fed back, and one tool-using turn of the OpenAI Agents SDK)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+from test_chat_templates import QWEN3
+from test_server_helpers import post, request, running
+from tiny_gguf import write_scripted_qwen3
+
+openai = pytest.importorskip("openai")
+jsonschema = pytest.importorskip("jsonschema")
+
+ROUTE = "/v1/responses"
+ASK = "Name three colours."
+
+
+def strict_client(server, timeout: float = 120):
+    """The official client, validating every answer against its types (no retries)."""
+    return openai.OpenAI(
+        base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=timeout, _strict_response_validation=True
+    )
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    with running("--ctx", "2048", "--parallel", "2", "--max-queue", "2") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(gemma):
+    return strict_client(gemma)
+
+
+def model_id(client) -> str:
+    return client.models.list().data[0].id
+
+
+def sse_blocks(raw: bytes) -> list[dict]:
+    """A Responses stream, framed as OpenAI frames it: `event: TYPE` then `data: {...}` with the
+    same type, blocks apart by a blank line, no [DONE]. Returns the events."""
+    events = []
+    for block in raw.decode().split("\n\n")[:-1]:
+        head, data = block.split("\n")
+        event = json.loads(data.removeprefix("data: "))
+        assert head == f"event: {event['type']}" and data.startswith("data: ")
+        events.append(event)
+    assert raw.endswith(b"\n\n")
+    return events
+
+
+# --- text -------------------------------------------------------------------------------------------
+def test_text_as_chat_completions_answer_it(client):
+    """The same conversation through both APIs: the same greedy text and token counts."""
+    kw = {"temperature": 0, "model": model_id(client)}
+    r = client.responses.create(
+        input=ASK, instructions="Answer briefly.", max_output_tokens=24, metadata={"run": "a"}, **kw
+    )
+    chat = client.chat.completions.create(
+        messages=[{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": ASK}],
+        max_tokens=24,
+        **kw,
+    )
+    assert r.id.startswith("resp_") and r.object == "response" and r.metadata == {"run": "a"}
+    (item,) = r.output
+    assert item.type == "message" and item.role == "assistant" and item.id.startswith("msg_")
+    assert r.output_text == chat.choices[0].message.content and r.output_text.strip()
+    u = r.usage
+    assert (u.input_tokens, u.output_tokens) == (chat.usage.prompt_tokens, chat.usage.completion_tokens)
+    assert chat.usage.prompt_tokens_details.cached_tokens == u.input_tokens  # the prompt the response stored
+    assert u.total_tokens == u.input_tokens + u.output_tokens and u.output_tokens_details.reasoning_tokens == 0
+    finished = chat.choices[0].finish_reason
+    assert (r.status, item.status) == (("completed",) * 2 if finished == "stop" else ("incomplete",) * 2)
+    count = client.responses.input_tokens.count(input=ASK, instructions="Answer briefly.", model=kw["model"])
+    assert count.object == "response.input_tokens" and count.input_tokens == u.input_tokens
+
+
+def test_cut_by_length_is_incomplete(client):
+    r = client.responses.create(input="Count from one to fifty.", max_output_tokens=5, temperature=0)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.output_tokens == 5 and r.output[0].status == "incomplete" and r.completed_at is None
+
+
+def test_stream_events_add_up_to_the_whole_answer(gemma, client):
+    kw = {"input": ASK, "max_output_tokens": 16, "temperature": 0}
+    whole = client.responses.create(**kw)
+    events = list(client.responses.create(stream=True, **kw))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    kinds = [e.type for e in events]
+    deltas = kinds.count("response.output_text.delta")
+    assert deltas >= 2 and kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        *["response.output_text.delta"] * deltas,
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed" if whole.status == "completed" else "response.incomplete",
+    ]
+    created, last = events[0].response, events[-1].response
+    assert created.status == "in_progress" and created.output == [] and created.id == last.id
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == events[-4].text == last.output_text == whole.output_text
+    item_ids = {e.item_id for e in events if hasattr(e, "item_id")} | {events[2].item.id, events[-2].item.id}
+    assert item_ids == {last.output[0].id}
+    assert (last.usage.input_tokens, last.usage.output_tokens) == (whole.usage.input_tokens, whole.usage.output_tokens)
+    status, headers, raw = request(gemma, "POST", ROUTE, {**kw, "stream": True})
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    assert [e["type"] for e in sse_blocks(raw)] == kinds
+
+
+def test_the_client_stream_helper(client):
+    with client.responses.stream(model=model_id(client), input="Say hello.", max_output_tokens=40, temperature=0) as s:
+        text = "".join(e.delta for e in s if e.type == "response.output_text.delta")
+        final = s.get_final_response()
+    assert final.status == "completed" and final.output_text == text
+
+
+# --- stored responses and chaining -------------------------------------------------------------------------
+def test_previous_response_id_continues_the_conversation(client):
+    first = client.responses.create(input="My name is Ada. Say hi.", max_output_tokens=12, temperature=0)
+    second = client.responses.create(
+        input="What is my name?", previous_response_id=first.id, max_output_tokens=12, temperature=0
+    )
+    assert second.previous_response_id == first.id and "Ada" in second.output_text
+    u1, u2 = first.usage, second.usage
+    assert u2.input_tokens > u1.input_tokens + u1.output_tokens
+    again = client.responses.retrieve(first.id)
+    assert again.model_dump() == first.model_dump()
+    assert client.responses.delete(first.id) is None
+    with pytest.raises(openai.NotFoundError) as lost:
+        client.responses.retrieve(first.id)
+    assert lost.value.body["code"] == "response_not_found"
+    with pytest.raises(openai.BadRequestError) as gone:
+        client.responses.create(input="And?", previous_response_id=first.id, max_output_tokens=4)
+    assert gone.value.body["param"] == "previous_response_id"
+    assert gone.value.body["code"] == "previous_response_not_found"
+
+
+def test_store_false_keeps_nothing(client):
+    r = client.responses.create(input="Hi.", max_output_tokens=2, store=False)
+    assert r.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(r.id)
+
+
+# --- structured output -------------------------------------------------------------------------------------
+class City(BaseModel):
+    name: str
+    population: int
+
+
+def test_text_format_json_schema(client):
+    r = client.responses.parse(
+        model=model_id(client),
+        input="Give the capital of France as JSON with its population.",
+        text_format=City,
+        max_output_tokens=60,
+        temperature=0,
+    )
+    assert r.status == "completed" and isinstance(r.output_parsed, City)
+    assert r.text.format.type == "json_schema" and r.text.format.name == "City"
+    loose = client.responses.create(
+        input="A JSON object with a key 'ok'.", text={"format": {"type": "json_object"}}, max_output_tokens=30
+    )
+    assert isinstance(json.loads(loose.output_text), dict)
+
+
+# --- errors ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": 5}, "input"),
+        ({"input": "x", "temperature": 5}, "temperature"),
+        ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}, "input.0.content.0"),
+        ({"input": [{"type": "item_reference", "id": "x"}]}, "input.0.type"),
+        ({"input": [{"type": "function_call", "call_id": "c"}]}, "input.0.name"),
+        ({"input": "x", "tools": [{"type": "web_search"}]}, "tools.0"),
+        ({"input": "x", "tool_choice": "required"}, "tool_choice"),
+        ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "text.format.schema"),
+        ({"input": "x", "text": {"format": {"type": "xml"}}}, "text.format"),
+        ({"input": "x", "reasoning": {"effort": "huge"}}, "reasoning.effort"),
+        ({"input": "x", "truncation": "auto"}, "truncation"),
+        ({"input": []}, "input"),
+    ],
+)
+def test_bad_bodies_are_400s_in_openai_shape(gemma, body, param):
+    status, doc = post(gemma, ROUTE, body)
+    assert status == 400 and set(doc["error"]) == {"message", "type", "param", "code"}, doc
+    assert doc["error"]["type"] == "invalid_request_error" and doc["error"]["param"] == param, doc
+    assert "\n" not in doc["error"]["message"]
+
+
+def test_errors_through_the_client(gemma, client):
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.responses.create(model="no-such-model", input="x")
+    assert unknown.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.BadRequestError):
+        client.responses.input_tokens.count(input="x", tool_choice="required")
+    status, _, raw = request(gemma, "POST", ROUTE, b"{not json")
+    assert status == 400 and json.loads(raw)["error"]["type"] == "invalid_request_error"
+
+
+# --- reasoning: a scripted Qwen3 that thinks --------------------------------------------------------------
+THINKS = ["Ċ", "<th", "ink>", "pl", "an", "</", "think>", "ok", "<|im_end|>"]
+
+
+@pytest.fixture(scope="module")
+def thinker(tmp_path_factory):
+    path = write_scripted_qwen3(
+        tmp_path_factory.mktemp("think") / "tiny-think.gguf",
+        THINKS,
+        QWEN3,
+        extra_tokens=("<th", "ink>", "</", "think>"),
+    )
+    with running(str(path), "--kv", "f16") as srv:
+        yield strict_client(srv)
+
+
+def test_reasoning_items(thinker):
+    r = thinker.responses.create(input="hello", max_output_tokens=12, temperature=0)
+    reasoning, message = r.output
+    assert message.type == "message" and message.content[0].text == "ok"
+    assert reasoning.type == "reasoning" and reasoning.content[0].text == "plan" and reasoning.id.startswith("rs_")
+    assert r.output_text == "ok" and r.usage.output_tokens == 7
+    assert r.usage.output_tokens_details.reasoning_tokens == 2  # "pl", "an"
+    events = list(thinker.responses.create(input="hello", max_output_tokens=12, temperature=0, stream=True))
+    kinds = [e.type for e in events if not e.type.endswith(".delta")]
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.reasoning_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [e.delta for e in events if e.type == "response.reasoning_text.delta"] == ["pl", "an"]
+    assert events[-1].response.output[0].content[0].text == "plan"
+    off = thinker.responses.create(input="hello", max_output_tokens=12, temperature=0, reasoning={"effort": "none"})
+    assert [i.type for i in off.output] == ["message"] and off.output_text == "<think>plan</think>ok"
+    # the reasoning item fed back with the message: the conversation goes on
+    more = thinker.responses.create(input=[*r.output, {"role": "user", "content": "again"}], max_output_tokens=12)
+    assert more.output_text == "ok"
+
+
+# --- tools: Qwen2.5-Coder ------------------------------------------------------------------------------------
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The current weather in a city",
+    "parameters": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["city"],
+        "properties": {"city": {"type": "string"}},
+    },
+    "strict": True,
+}
+WEATHER_ASK = "What is the weather in Paris?"
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from qwen_model import qwen_path
+
+    with running(str(qwen_path()), "--ctx", "2048", "--parallel", "1", timeout=300) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def coder(qwen):
+    return strict_client(qwen, timeout=300)
+
+
+@pytest.mark.slow
+def test_function_call_and_its_output_fed_back(coder):
+    kw = {"model": model_id(coder), "temperature": 0, "max_output_tokens": 60}
+    r = coder.responses.create(
+        input=WEATHER_ASK, tools=[WEATHER], tool_choice={"type": "function", "name": "get_weather"}, **kw
+    )
+    (call,) = r.output
+    assert call.type == "function_call" and call.name == "get_weather" and call.call_id.startswith("call_")
+    args = json.loads(call.arguments)
+    jsonschema.validate(args, WEATHER["parameters"])
+    assert "paris" in args["city"].lower() and r.status == "completed"
+
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": '{"temperature_c": 21}'}
+    # the 0.5B model, left to choose, calls the tool again: "none" asks for the answer
+    kw |= {"tools": [WEATHER], "tool_choice": "none"}
+    answer = coder.responses.create(input=[{"role": "user", "content": WEATHER_ASK}, *r.output, result], **kw)
+    assert [i.type for i in answer.output] == ["message"] and "21" in answer.output_text
+    chained = coder.responses.create(input=[result], previous_response_id=r.id, **kw)
+    assert chained.output_text == answer.output_text
+    assert chained.usage.input_tokens == answer.usage.input_tokens
+
+
+@pytest.mark.slow
+def test_function_call_streamed(coder):
+    events = list(
+        coder.responses.create(
+            model=model_id(coder),
+            input=WEATHER_ASK,
+            tools=[WEATHER],
+            tool_choice="required",
+            temperature=0,
+            max_output_tokens=60,
+            stream=True,
+        )
+    )
+    kinds = [e.type for e in events]
+    assert kinds[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert kinds[-3:] == ["response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    assert set(kinds[3:-3]) == {"response.function_call_arguments.delta"}
+    added, done, final = events[2].item, events[-2].item, events[-1].response
+    assert added.type == "function_call" and added.arguments == "" and added.status == "in_progress"
+    arguments = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert arguments == events[-3].arguments == done.arguments == final.output[0].arguments
+    assert (added.id, added.call_id) == (done.id, done.call_id) and done.status == "completed"
+    assert "paris" in json.loads(arguments)["city"].lower()
+
+
+@pytest.mark.slow
+def test_openai_agents_sdk_runs_a_tool_using_turn(qwen):
+    """The Agents SDK's Responses model on our server, streamed: the agent calls the tool
+    (required), reads its result, and answers with it (the 0.5B model, left to choose,
+    calls the tool again: a hook asks for the answer, tool_choice none, as the chat tests do)."""
+    pytest.importorskip("agents")
+    from agents import (
+        Agent,
+        AgentHooks,
+        ModelSettings,
+        OpenAIResponsesModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)
+    asked = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        asked.append(city)
+        return f"Sunny and 21 degrees Celsius in {city}."
+
+    class AnswerAfterTheTool(AgentHooks):
+        async def on_tool_end(self, context, agent, tool, result):
+            agent.model_settings = agent.model_settings.resolve(ModelSettings(tool_choice="none"))
+
+    async def turn():
+        client = openai.AsyncOpenAI(base_url=qwen.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        agent = Agent(
+            name="weather",
+            instructions="Answer with the weather tool.",
+            model=OpenAIResponsesModel(model=(await client.models.list()).data[0].id, openai_client=client),
+            tools=[get_weather],
+            model_settings=ModelSettings(
+                temperature=0, max_tokens=60, tool_choice="required", parallel_tool_calls=False
+            ),
+            hooks=AnswerAfterTheTool(),
+            reset_tool_choice=False,
+        )
+        run = Runner.run_streamed(agent, WEATHER_ASK, max_turns=3)
+        items = [e.item.type async for e in run.stream_events() if e.type == "run_item_stream_event"]
+        return run, items
+
+    run, items = asyncio.run(turn())
+    assert items == ["tool_call_item", "tool_call_output_item", "message_output_item"]
+    assert [c.lower() for c in asked] == ["paris"] and "21" in run.final_output
