@@ -191,6 +191,23 @@ def test_pooling_matches_transformers_hidden_states(tmp_path):
         m.embed([ids])
 
 
+def test_model_embed_truncates_only_when_asked(tmp_path):
+    """Over the context: an error, or with truncate the first tokens (an EOS that the
+    vocabulary adds kept last, for last-token pooling)."""
+    from tiny_gguf import write_gemma3
+    from tightkv import Model
+    from tightkv.errors import ContextOverflowError
+
+    m = Model(str(write_gemma3(tmp_path / "tiny.gguf", seed=0)), threads=1, context_length=16)
+    ids = np.random.default_rng(2).integers(3, 300, size=20).tolist()
+    with pytest.raises(ContextOverflowError, match="20 tokens, the context holds 16"):
+        m.embed([ids])
+    assert m.embed([ids], truncate=True) == m.embed([ids[:16]])
+    m.tokenizer.add_eos = True
+    ended = ids[:19] + [m.tokenizer.eos_id]
+    assert m.embed([ended], truncate=True) == m.embed([ids[:15] + [m.tokenizer.eos_id]])
+
+
 def test_fuzzed_bodies_never_5xx(server):
     """A seeded fuzz over the three routes' fields: every answer a 200 or a 4xx in the
     route's own error shape, and the server still healthy."""
