@@ -18,7 +18,18 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
 from ..engine.requests import Budget, ChatRequest
-from .http import ApiError, JobStream, as_api_error, collect_all, dumps, finite, parse_body, request_body, start_choices
+from .http import (
+    ApiError,
+    JobStream,
+    as_api_error,
+    collect_all,
+    dumps,
+    finite,
+    parse_body,
+    prepare_only,
+    request_body,
+    start_choices,
+)
 from .outputs import constraint_options
 from .replies import Delta, Reply, new_reply
 from .scheduler import DONE, ERROR, PIECE
@@ -498,11 +509,9 @@ async def create_response(request: Request):
 )
 async def input_tokens(request: Request):
     req = await parse_body(request, InputTokensRequest)
-    request.app.state.tk.pick(req.model)
-    chat = chat_request(req, _history(request, req))
-    group = await start_choices(request, chat, 1)  # accepted: the prompt is rendered and tokenized
-    group.cancel()
-    return {"object": "response.input_tokens", "input_tokens": len(group.jobs[0].prepared.ids)}
+    target = request.app.state.tk.pick(req.model)
+    prepared = await prepare_only(target.scheduler, chat_request(req, _history(request, req)))
+    return {"object": "response.input_tokens", "input_tokens": len(prepared.ids)}
 
 
 @router.get("/responses/{response_id}", summary="A stored response")
