@@ -13,11 +13,12 @@ import json
 import random
 import re
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from test_chat_templates import QWEN3
-from test_server_helpers import request, running
+from test_server_helpers import request, running, wait_idle
 from tiny_gguf import write_scripted_qwen3
 
 anthropic = pytest.importorskip("anthropic")
@@ -125,6 +126,31 @@ def test_stream_events_byte_for_byte(server, plain):
     end = events[-2][1]
     assert end["delta"] == {"stop_reason": plain[0].stop_reason, "stop_sequence": None}
     assert end["usage"]["output_tokens"] == plain[0].usage.output_tokens
+
+
+def test_one_engine_with_chat_completions(server, client):
+    """A prompt a chat completion read is taken whole from the prefix store by the same
+    conversation sent to /v1/messages; and two messages at once decode in one batch."""
+    openai = pytest.importorskip("openai")
+    chat = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    system, question = "You are a poet.", "Write a long poem about the sea."
+    chat.chat.completions.create(
+        model="gemma3",
+        max_tokens=1,
+        messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
+    )
+    ask = {"model": "gemma3", "max_tokens": 16, "system": system, "messages": [{"role": "user", "content": question}]}
+    r = client.messages.create(**ask, **GREEDY)
+    assert r.usage.input_tokens == 0 and r.usage.cache_read_input_tokens > 10
+
+    before = wait_idle(server)
+    with ThreadPoolExecutor(2) as pool:
+        both = list(pool.map(lambda _: client.messages.create(**ask, **GREEDY), range(2)))
+    after = wait_idle(server)
+    assert [b.content[0].text for b in both] == [r.content[0].text] * 2 and r.usage.output_tokens == 16
+    steps = after["decode_steps_total"] - before["decode_steps_total"]
+    rows = after["decode_rows_total"] - before["decode_rows_total"]
+    assert rows > steps  # some steps carried both replies
 
 
 def test_max_tokens_and_stop_sequences(client, plain):
