@@ -185,6 +185,12 @@ def test_count_tokens_is_the_prompt(client, plain):
     assert counted.input_tokens == usage.input_tokens + usage.cache_read_input_tokens
     bare = client.messages.count_tokens(model="gemma3", messages=COUNT)
     assert 0 < bare.input_tokens < counted.input_tokens
+    # a prompt over the context (2048) is counted, and refused by messages.create
+    long = [{"role": "user", "content": "the sea " * 1500}]
+    assert client.messages.count_tokens(model="gemma3", messages=long).input_tokens > 3000
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model="gemma3", max_tokens=8, messages=long)
+    assert err.value.body["error"]["type"] == "invalid_request_error" and "context" in err.value.message
 
 
 @pytest.mark.parametrize(

@@ -44,6 +44,9 @@ router = APIRouter(prefix="/v1", tags=["Anthropic"])
 
 MIN_THINKING_BUDGET = 1024  # Anthropic's least budget_tokens
 TEXT_ONLY = ("image", "document")
+# the blocks a message may hold -> the role whose messages hold them (None: either)
+BLOCK_ROLES = {"text": None, "thinking": "assistant", "redacted_thinking": "assistant"}
+BLOCK_ROLES |= {"tool_use": "assistant", "tool_result": "user"}
 SIGNATURE = ""  # a thinking block's signature: a local model has none to give
 
 
@@ -89,16 +92,14 @@ def _messages(req) -> list[dict]:
         text, reasoning, calls, results = [], [], [], []
         for j, b in enumerate(m.content):
             where = f"messages.{i}.content.{j}"
-            own = {"text": None, "thinking": "assistant", "redacted_thinking": "assistant"}
-            own |= {"tool_use": "assistant", "tool_result": "user"}
             if b.type in TEXT_ONLY:
                 raise ApiError(
                     400, f"'{where}': {b.type} blocks are not supported: the model reads text only", param=where
                 )
-            if b.type not in own:
+            if b.type not in BLOCK_ROLES:
                 raise ApiError(400, f"'{where}': {b.type!r} blocks are not supported", param=where)
-            if own[b.type] not in (None, m.role):
-                raise ApiError(400, f"'{where}': {b.type} blocks belong in {own[b.type]} messages", param=where)
+            if BLOCK_ROLES[b.type] not in (None, m.role):
+                raise ApiError(400, f"'{where}': {b.type} blocks belong in {BLOCK_ROLES[b.type]} messages", param=where)
             if b.type == "text":
                 _required(b.text, f"{where}.text")
                 text.append(b.text)
@@ -213,13 +214,14 @@ def _options(req) -> dict:
 
 
 def chat_request(req, options: dict, max_tokens: int | None = None) -> ChatRequest:
-    """The engine's request for an Anthropic request (a messages or a count_tokens body)."""
+    """The engine's request for an Anthropic request: a messages body (its `max_tokens` a
+    cap, the reply also ending where the context does), or a count_tokens body (no budget)."""
     tools = _tools(req)
     names = {t["function"]["name"] for t in tools or ()}
     choice = req.tool_choice
     return ChatRequest(
         _messages(req),
-        Budget(max_tokens, fit=True),
+        Budget(max_tokens, fit=max_tokens is not None),
         {**options, **_format(req)},
         tools=tools,
         forced_call=_forced_call(choice, names) if tools else None,
