@@ -287,7 +287,11 @@ class Model:
         llama.cpp GBNF) constrains the output (`engine.grammar`); `logprobs=N` adds each
         token's log-probability and its N best alternatives to the steps (.logprob).
         `penalties` are `frequency_penalty`, `presence_penalty`, `repeat_last_n` and
-        `logit_bias` (token id -> bias), as `engine.sampling.SamplingParams` has them.
+        `logit_bias` (token id -> bias), as `engine.sampling.SamplingParams` has them, and
+        speculative decoding's `spec_type` ("none", "ngram-simple": prompt lookup, "draft": a
+        draft model), `model_draft` (a GGUF path or registry name of the same vocabulary),
+        `draft_max` and `draft_min`, as llama.cpp names them (`engine.speculative`): the output
+        is the same with them, several tokens come per forward where drafts are accepted.
         """
         from .engine.generate import steps
 
@@ -333,11 +337,18 @@ class Model:
         presence_penalty: float = 0.0,
         repeat_last_n: int = 64,
         logit_bias: dict[int, float] | None = None,
+        spec_type: str | None = None,
+        model_draft: str | None = None,
+        draft_max: int | None = None,
+        draft_min: int = 0,
     ):
         """The generation `generate` runs, as an `engine.generate.Sequence` of explicit
         steps (prefill chunks, tokens), for a scheduler that runs many at once."""
         from .engine.generate import PromptCache, Sequence, check_context
         from .engine.sampling import Sampler
+        from .engine.speculative import make_speculator
+
+        spec = self.spec_options(spec_type, model_draft, draft_max, draft_min)
 
         ids = self._prompt_ids(prompt)
         limit = check_context(len(ids), max_tokens, self.context_length)
@@ -372,7 +383,47 @@ class Model:
             prompt_cache,
             constraint,
             logprobs,
+            make_speculator(self, spec),
         )
+
+    def speculate(
+        self, spec_type: str | None = None, model_draft=None, draft_max: int | None = None, draft_min: int = 0
+    ) -> None:
+        """Set how this model's generations speculate when a call does not say (`generate`'s
+        spec_type, model_draft, draft_max, draft_min): what `run` and `ask` set from their flags."""
+        self._spec = self.spec_options(spec_type, model_draft, draft_max, draft_min)
+
+    def spec_options(
+        self, spec_type: str | None = None, model_draft=None, draft_max: int | None = None, draft_min: int = 0
+    ):
+        """`engine.speculative.SpecOptions` from generate's arguments, checked (a draft model is
+        opened here, once: `draft_model`). With neither spec_type nor model_draft: what
+        `speculate` set, else `engine.speculative.DEFAULT_SPEC`; a model_draft alone means "draft"."""
+        from .engine.speculative import DEFAULT_SPEC, DRAFT_MAX, SpecOptions
+
+        held = self.__dict__.get("_spec")
+        if spec_type is None and model_draft is None and held is not None:
+            return held
+        kind = spec_type or ("draft" if model_draft else DEFAULT_SPEC)
+        spec = SpecOptions(kind, DRAFT_MAX if draft_max is None else draft_max, draft_min, model_draft)
+        spec.validate()
+        if spec.active and spec.spec_type == "draft":
+            self.draft_model(model_draft)
+        return spec
+
+    def draft_model(self, name) -> "Model":
+        """The draft model `name` (a GGUF path or registry name), opened once with this model's
+        context and threads; one whose vocabulary is not this model's is refused."""
+        from .engine.speculative import check_vocab
+
+        key = str(name)
+        drafts = self.__dict__.setdefault("_drafts", {})
+        if key not in drafts:
+            draft = Model(name, kv="f16", threads=self.threads)
+            check_vocab(self, draft, key)
+            draft.set_context_length(min(self.context_length, draft.context_length))
+            drafts[key] = draft
+        return drafts[key]
 
     def sampling_params(self, **options):
         """`engine.sampling.SamplingParams` from its fields, checked (logit_bias's token ids

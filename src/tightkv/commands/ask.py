@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from ..errors import TightKVError
-from .flags import CTX_HELP, add_auto_flags, add_kv_flags, auto_memory, kv_spec
+from .flags import CTX_HELP, add_auto_flags, add_kv_flags, add_spec_flags, auto_memory, kv_spec, spec_kwargs
 
 NAME = "ask"
 HELP = "answer questions about documents (whole document in the KV cache, RAG or RLV)"
@@ -44,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_kv_flags(p)
     add_auto_flags(p)
+    add_spec_flags(p)
     p.add_argument("-c", "--ctx", type=int, default=None, help=CTX_HELP)
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: physical cores)")
     p.add_argument(
@@ -112,6 +113,7 @@ def run(ns: argparse.Namespace) -> int:
     doc = read_documents([Path(d) for d in ns.doc])  # file errors before the model loads
     log = _eprint if ns.verbose else None
     model = Model(ns.model, kv=kv, threads=ns.threads, context_length=ns.ctx or None)
+    model.speculate(**spec_kwargs(ns))
     if model.kv_pending:  # --kv auto: fitted to the document (and its answer), unless -c asks for more
         need = len(model.tokenize(doc.text)) + 2 * ANSWER_TOKENS + 512
         model.choose_kv(

@@ -170,6 +170,38 @@ def add_sampling_flags(p: argparse.ArgumentParser, base_penalty: bool = False) -
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
 
 
+def add_spec_flags(p: argparse.ArgumentParser) -> None:
+    """Speculative decoding's flags, as llama.cpp names them: --spec-type, -md/--model-draft,
+    --draft-max, --draft-min (`engine.speculative`; the output is the same with or without)."""
+    p.add_argument(
+        "--spec-type",
+        choices=["none", "ngram-simple", "draft"],
+        default=None,
+        help="speculative decoding: ngram-simple drafts from the prompt and reply (prompt lookup), "
+        "draft from --model-draft; several tokens per step where drafts are accepted, the same output "
+        "(default: draft with -md, else none)",
+    )
+    p.add_argument(
+        "-md",
+        "--model-draft",
+        default=None,
+        metavar="MODEL",
+        help="a draft model of the same vocabulary (a .gguf path or registry name) for speculative decoding",
+    )
+    p.add_argument("--draft-max", type=int, default=None, help="draft tokens at most per step (default 16)")
+    p.add_argument("--draft-min", type=int, default=0, help="draft tokens at least, else no draft (default 0)")
+
+
+def spec_kwargs(ns: argparse.Namespace) -> dict:
+    """`Model.speculate` keyword arguments from the flags of `add_spec_flags`."""
+    return {
+        "spec_type": ns.spec_type,
+        "model_draft": ns.model_draft,
+        "draft_max": ns.draft_max,
+        "draft_min": ns.draft_min,
+    }
+
+
 def repeat_penalty_for(given: float | None, chat_template: str | None) -> float:
     """--repeat-penalty as given, else BASE_REPEAT_PENALTY for a base model, 1 for a chat model."""
     from ..engine.chat import BASE_REPEAT_PENALTY

@@ -19,11 +19,13 @@ from .flags import (
     add_auto_flags,
     add_model_flags,
     add_sampling_flags,
+    add_spec_flags,
     add_think_flags,
     auto_memory,
     kv_spec,
     one_line_errors,
     repeat_penalty_for,
+    spec_kwargs,
 )
 
 NAME = "run"
@@ -50,6 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", default=None, help="system message (chat models)")
     add_think_flags(p)
     add_sampling_flags(p, base_penalty=True)
+    add_spec_flags(p)
     one_line_errors(p)
 
 
@@ -109,6 +112,7 @@ def run(ns: argparse.Namespace) -> int:
             raise TightKVError("no prompt given (usage: tightkv run [MODEL] PROMPT, or run it on a terminal to chat)")
     kv_spec(ns)  # a bad cache type fails before the model loads
     model = open_model(name, ns, prompt)
+    model.speculate(**spec_kwargs(ns))
     options["repeat_penalty"] = repeat_penalty_for(options["repeat_penalty"], model.chat_template)
     if ns.think is not None and not thinks(model.chat_template):
         print("warning: this model does not think: --think does nothing", file=sys.stderr, flush=True)
@@ -152,4 +156,15 @@ def run(ns: argparse.Namespace) -> int:
     sys.stdout.flush()
     if ns.verbose and stats:
         print_stats(stats, load_seconds=getattr(model, "load_seconds", None))
+        print_drafts(stats)
     return 0
+
+
+def print_drafts(stats, file=None) -> None:
+    """Speculative decoding's counts under --verbose, where it drafted (llama-server's names)."""
+    if stats.draft_n:
+        rate = stats.draft_n_accepted / stats.draft_n
+        print(
+            f"draft tokens:         {stats.draft_n} ({stats.draft_n_accepted} accepted, {rate:.1%})",
+            file=file or sys.stderr,
+        )

@@ -293,11 +293,22 @@ def answer_line(
     `answer_text`; `on_text` sees each generated piece as it comes (a stream)."""
     from ..engine.generate import check_context, stream
     from ..engine.sampling import SamplingParams
+    from ..engine.speculative import make_speculator
 
     t0 = time.perf_counter()
     limit = check_context(len(ids), max_tokens, model.context_length)
     pick = AnswerStart(model.tokenizer)
-    pieces = stream(model.net, model.tokenizer, list(ids), cache, SamplingParams(temperature=0.0), limit, sampler=pick)
+    spec = make_speculator(model, model.spec_options()) if hasattr(model, "spec_options") else None
+    pieces = stream(
+        model.net,
+        model.tokenizer,
+        list(ids),
+        cache,
+        SamplingParams(temperature=0.0),
+        limit,
+        sampler=pick,
+        speculator=spec,
+    )
     first: list[float] = []
     stats: list = []
 

@@ -40,6 +40,8 @@ class GenerationStats:
     cached_tokens: int = 0  # prompt tokens that were already in the cache
     stop_word: str | None = None  # the stop string that ended the reply, if one did
     ids: list[int] = field(default_factory=list, repr=False)  # the generated token ids
+    draft_n: int = 0  # tokens drafted by speculation (`engine.speculative`), as llama-server counts them
+    draft_n_accepted: int = 0  # of those, the tokens the target model agreed with
 
     @property
     def prompt_tps(self) -> float:
@@ -61,6 +63,7 @@ class GenerationStats:
             "finish_reason": self.finish_reason,
             "kv_bytes": self.kv_bytes,
             "cached_tokens": self.cached_tokens,
+            **({"draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted} if self.draft_n else {}),
         }
 
 
@@ -311,7 +314,8 @@ class Sequence:
     `chunk_ends` (`prompt_cache`: see `PromptCache`). `constraint`
     (`engine.grammar.Constraint`) limits each token to what a grammar admits, and ends
     the sequence when the grammar is complete; `logprobs` (None, or the number of
-    alternatives, 0-20) adds a `TokenLogprob` to each step.
+    alternatives, 0-20) adds a `TokenLogprob` to each step. `speculator`
+    (`engine.speculative.Speculator`) drafts tokens that `steps` verifies several at a time.
     """
 
     def __init__(
@@ -327,8 +331,10 @@ class Sequence:
         prompt_cache: PromptCache | None = None,
         constraint=None,
         logprobs: int | None = None,
+        speculator=None,
     ):
         self.model, self.tokenizer, self.prompt, self.cache = model, tokenizer, list(prompt), cache
+        self.speculator = speculator
         self.sampler, self.max_tokens, self.progress = sampler, max_tokens, progress
         self.constraint, self.logprobs = constraint, logprobs
         self.pc = prompt_cache or PromptCache()
@@ -399,6 +405,12 @@ class Sequence:
             self.prompt_seconds = self._t1 - self._t0
         return self.prefilled
 
+    @property
+    def can_sample(self) -> bool:
+        """Whether `step` would pick another token (not the last step)."""
+        finished = self.constraint is not None and self.constraint.finished
+        return not (finished or self.done or len(self.ids) >= self.max_tokens)
+
     def step(self) -> GenerationStep:
         """The next token's step, or the last step (with the stats) once generation ends."""
         if self.constraint is not None and self.constraint.finished:
@@ -456,6 +468,8 @@ class Sequence:
                 cached_tokens=self.cached,
                 stop_word=self.matcher.hit,
                 ids=self.ids,
+                draft_n=self.speculator.drafted if self.speculator else 0,
+                draft_n_accepted=self.speculator.accepted if self.speculator else 0,
             ),
         )
 
@@ -526,21 +540,33 @@ def stream(
     progress=None,
     sampler: Callable[[torch.Tensor, list[int]], int] | None = None,
     prompt_cache: PromptCache | None = None,
+    speculator=None,
 ) -> Iterator[GenerationStep]:
     """Yield one `GenerationStep` per token, then a last one carrying the stats and the generated ids.
-    `sampler` (logits, history) -> token replaces the one `params` describe."""
-    return steps(
-        Sequence(model, tokenizer, prompt, cache, sampler or Sampler(params), max_tokens, stop, progress, prompt_cache)
-    )
+    `sampler` (logits, history) -> token replaces the one `params` describe; `speculator`:
+    see `Sequence`."""
+    sampler = sampler or Sampler(params)
+    seq = Sequence(model, tokenizer, prompt, cache, sampler, max_tokens, stop, progress, prompt_cache)
+    seq.speculator = speculator
+    return steps(seq)
 
 
 def steps(seq: Sequence) -> Iterator[GenerationStep]:
-    """Run one sequence to its end: one `GenerationStep` per token, then the last."""
+    """Run one sequence to its end: one `GenerationStep` per token, then the last. With a
+    `speculator`, a pending token runs with a draft after it (`Speculator.run`), and the
+    positions verified come out as steps of their own."""
     seq.prefill()
     while True:
         step = seq.step()
         yield step
         if step.stats:
             return
-        if seq.pending is not None:
+        if seq.pending is None:
+            continue
+        if seq.speculator is None:
             seq.advance(decode_step(seq.model, seq.pending, seq.cache))
+            continue
+        for step in seq.speculator.run(seq):
+            yield step
+            if step.stats:
+                return

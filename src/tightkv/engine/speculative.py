@@ -1,0 +1,383 @@
+"""Speculative decoding: draft the next tokens cheaply, verify them in one forward of the target.
+
+A drafter (`Drafter`) proposes the tokens after a sequence's history: `NgramDrafter` looks the
+recent tokens up in the prompt and the reply so far (llama.cpp's ngram-simple: the longest
+n-gram match, and the tokens that followed it), `ModelDrafter` runs a small model of the same
+vocabulary greedily. `Speculator.run` then feeds the pending token and the draft,
+``[pending, d1 .. dk]``, through the target in one forward of the sequence's own cache, and the
+sequence samples each verified position in turn as it would without speculation: while the
+token it draws is the draft's, the draft's next position is already computed; at the first
+that differs (or where the sequence ends) the cache is trimmed back past the rest.
+
+Exact, not approximate:
+
+- Each row of the verification computes what a one-token decode step computes: the weights go
+  through the block-dot kernel for all rows at once (its rows are independent: batch
+  invariance), and attention runs row by row (`rowwise`), each row appended and attended as a
+  decode step is (the fused attention kernel's sums depend on how many rows it takes at once,
+  so one call for k + 1 rows would not be the decode step's). Recurrent layers (hybrid
+  models) step row by row the same way.
+- Drafts are point masses (a lookup, or a draft model's greedy choice). For those the standard
+  speculative-sampling rule (accept d with probability p(d), else draw from p without d) is the
+  same as drawing t from p and keeping d when t == d; so each verified position draws exactly
+  as the plain path draws (penalties, logit bias, grammar, stop strings, one uniform number per
+  token), and a seeded run gives the same tokens with speculation as without.
+- The cache is only ever trimmed where the trim gives back the very state a decode step would
+  have: `room` caps a draft so that no layer compresses, drops out of its window or fits its
+  channel scales during the verification; a recurrent state goes back to a checkpoint taken
+  before it, and the accepted tokens are stepped again.
+
+Adaptive (`Speculator`): the draft length follows the recent acceptance (doubling while drafts
+are taken whole, back to what was accepted when not), and after a draft of which nothing was
+accepted, speculation pauses for a number of steps that doubles with each such draft in a row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Protocol
+
+import torch
+
+from ..errors import TightKVError
+from ..kv.cache import Batch, BatchLayer, trim_to
+
+SPEC_TYPES = ("none", "ngram-simple", "draft")  # llama.cpp's --spec-type names where they exist
+DEFAULT_SPEC = "none"  # what generate speculates with when not told
+DRAFT_MAX = 16  # llama.cpp's --draft-max default
+NGRAM_MAX, NGRAM_MIN = 4, 2  # the longest and shortest n-gram looked up
+DRAFT_P_MIN = 0.75  # a draft model stops drafting below this probability of its best token
+MAX_PAUSE = 32  # steps without speculation at most after drafts that were wholly rejected
+VOCAB_SLACK = 128  # a draft model's vocabulary may be this much shorter or longer (llama.cpp's)
+
+
+@dataclass
+class SpecOptions:
+    """How a sequence speculates: `spec_type` "none", "ngram-simple" (prompt lookup) or "draft"
+    (a draft model, `model_draft`: a GGUF path or registry name); drafts of `draft_min` to
+    `draft_max` tokens."""
+
+    spec_type: str = "none"
+    draft_max: int = DRAFT_MAX
+    draft_min: int = 0
+    model_draft: str | None = None
+
+    def validate(self) -> None:
+        if self.model_draft and self.spec_type == "none":
+            self.spec_type = "draft"
+        if self.spec_type not in SPEC_TYPES:
+            raise TightKVError(f"spec_type must be one of {', '.join(SPEC_TYPES)}, got {self.spec_type!r}")
+        if self.spec_type == "draft" and not self.model_draft:
+            raise TightKVError("spec_type 'draft' needs a draft model (model_draft, -md/--model-draft)")
+        if self.draft_max < 0 or self.draft_min < 0 or self.draft_min > max(self.draft_max, 0):
+            raise TightKVError(
+                f"draft_min and draft_max must be >= 0 and draft_min <= draft_max, got {self.draft_min} and {self.draft_max}"
+            )
+
+    @property
+    def active(self) -> bool:
+        return self.spec_type != "none" and self.draft_max > 0
+
+
+class Drafter(Protocol):
+    """What proposes tokens: at most `n` likely next tokens after `history`."""
+
+    def propose(self, history: list[int], n: int) -> list[int]: ...
+
+
+class NgramDrafter:
+    """Prompt lookup: the longest of the last NGRAM_MAX .. NGRAM_MIN tokens that occurred before
+    in the history (prompt and reply), and the tokens that followed its latest occurrence. The
+    n-grams are indexed as the history grows, so a lookup costs a few dict probes."""
+
+    def __init__(self, ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN):
+        self.sizes = range(ngram_max, ngram_min - 1, -1)
+        self.index: dict[tuple[int, ...], int] = {}  # n-gram -> the position after its latest occurrence
+        self.indexed = 0  # n-grams ending before this position are in the index
+
+    def propose(self, history: list[int], n: int) -> list[int]:
+        self._index(history)
+        for size in self.sizes:
+            at = self.index.get(tuple(history[-size:])) if len(history) > size else None
+            if at is not None:
+                return history[at : at + n]
+        return []
+
+    def _index(self, history: list[int]) -> None:
+        if self.indexed > len(history):  # another history (a trimmed chat): start over
+            self.index, self.indexed = {}, 0
+        for end in range(self.indexed, len(history)):  # n-grams that end before the last token
+            for size in self.sizes:
+                if end >= size:
+                    self.index[tuple(history[end - size : end])] = end
+        self.indexed = len(history)
+
+
+class ModelDrafter:
+    """A small model of the same vocabulary, drafting greedily from its own cache (f16), which
+    follows the history by trimming back to what it shares and prefilling the rest. It stops
+    early where its best token's probability falls below `p_min`."""
+
+    def __init__(self, draft, p_min: float = DRAFT_P_MIN):
+        self.draft, self.p_min = draft, p_min
+        self.cache: list | None = None
+        self.held: list[int] = []  # the tokens in the cache
+
+    def propose(self, history: list[int], n: int) -> list[int]:
+        from .generate import decode_step, prefill, reuse_prefix
+
+        n = min(n, self.draft.context_length - len(history))
+        if n <= 0:
+            return []
+        if self.cache is None or not reuse_prefix(self.cache, self.held, history):
+            self.cache = self.draft.new_cache("f16")
+        start = self.cache[0].offset
+        logits = prefill(self.draft.net, history[start:], self.cache)
+        self.held = list(history)
+        out: list[int] = []
+        while len(out) < n:
+            probs = torch.softmax(logits.float(), dim=-1)
+            p, token = torch.max(probs, dim=-1)
+            if float(p) < self.p_min:
+                break
+            out.append(int(token))
+            if len(out) < n:
+                logits = decode_step(self.draft.net, out[-1], self.cache)
+                self.held.append(out[-1])
+        return out
+
+
+def check_vocab(target, draft, name: str) -> None:
+    """Refuse a draft model whose vocabulary is not the target's (tokens beyond the shorter
+    list, up to VOCAB_SLACK of them, may differ: padding), in one line."""
+    a = list(target.gguf.metadata.get("tokenizer.ggml.tokens", []))
+    b = list(draft.gguf.metadata.get("tokenizer.ggml.tokens", []))
+    n = min(len(a), len(b))
+    if not n or abs(len(a) - len(b)) > VOCAB_SLACK or a[:n] != b[:n]:
+        raise TightKVError(
+            f"draft model {name}: its vocabulary ({len(b)} tokens) is not the target model's ({len(a)} tokens)"
+        )
+
+
+def room(cache: list) -> int:
+    """How many rows a verification may append to `cache` and still be trimmed back to any of
+    them exactly: the state a decode step would have had there (0: none may)."""
+    from ..kv.cache import DenseCache
+    from ..kv.compressed import CompressedCache
+    from ..kv.recurrent import RecurrentState
+
+    most = 1 << 30
+    for c in cache:
+        if isinstance(c, RecurrentState):
+            continue  # restored from a checkpoint (`Speculator.run`)
+        if isinstance(c, DenseCache):
+            if c.window is not None:  # before the append that drops what left the window
+                most = min(most, c.step + c.window - 1 - c.length)
+        elif isinstance(c, CompressedCache):
+            most = min(most, _compressed_room(c))
+        else:  # a layer reading another's KV (`kv.shared`) sees only the source's last row
+            return 0
+    return max(0, most)
+
+
+def _compressed_room(c) -> int:
+    """Rows before a compressed layer encodes (its flush boundary) or its window's horizon drops
+    a tile or the sink. (While its key scales are still to be fitted, the queries' squares it
+    sums are kept row by row and put back by `RowLayer.keep`.)"""
+    o = c.offset
+    encodes_at = c.sink + c.recent - 1 + c.flush * ((c.body_end - c.sink) // c.flush + 1)
+    most = encodes_at - o
+    if c.window is not None:
+        h1 = max(0, o + 1 - c.window + 1)  # the horizon after one step
+        unit_end = c.body_start + c.tile * (max(0, h1 - c.body_start) // c.tile + 1)
+        most = min(most, unit_end - o + c.window - 2)
+        if c.nsink > h1:
+            most = min(most, c.nsink + c.window - 2 - o)
+    return most
+
+
+def rowwise(cache: list, rows: int):
+    """`cache` as the model takes it for `rows` tokens of one sequence computed as `rows`
+    decode steps: each layer's attention (and a recurrent layer's step) row by row, in order
+    (`RowLayer`)."""
+    batch = Batch(RowLayer(c, rows) for c in cache)
+    batch.positions = torch.arange(cache[0].offset, cache[0].offset + rows)
+    return batch
+
+
+class RowLayer(BatchLayer):
+    """One layer's cache taking `rows` rows of one sequence as that many decode steps (a
+    `BatchLayer` of the same cache `rows` times: a recurrent layer steps row by row through
+    it). A compressed layer still summing its queries' squares (its key scales not fitted
+    yet) has them kept after each row, so that `keep` puts back what a decode step would hold."""
+
+    def __init__(self, layer, rows: int):
+        super().__init__([layer] * rows, [1] * rows)
+        self.layer = layer
+        self.sums: list | None = [_sums(layer)] if _summing(layer) else None  # before each row, and after the last
+
+    def attend(self, q, k, v, scale, sinks=None) -> torch.Tensor:
+        if self.sums is None:
+            return super().attend(q, k, v, scale, sinks)
+        c, outs = self.layer, []
+        for i in range(q.shape[1]):
+            outs.append(c.attend(q[:, i : i + 1], k[:, i : i + 1], v[:, i : i + 1], scale, sinks))
+            self.sums.append(_sums(c))
+        return torch.cat(outs, dim=1)
+
+    def keep(self, rows: int) -> None:
+        """Back to the query sums after the first `rows` rows (the cache trimmed there)."""
+        if self.sums:
+            self.layer._qstep, self.layer._qn = self.sums[rows]
+
+
+def _sums(c) -> tuple:
+    """A compressed layer's running sums of its decode steps' query squares (a copy)."""
+    return None if c._qstep is None else c._qstep.clone(), c._qn
+
+
+def _summing(c) -> bool:
+    """Whether a compressed layer still sums its queries' squares (`CompressedCache.append`)."""
+    return getattr(c, "kscale", 0) is None and c.kc.balance
+
+
+@torch.inference_mode()
+def verify(model, tokens: list[int], cache: list) -> tuple[torch.Tensor, list]:
+    """Logits (len(tokens), vocab) after each of `tokens`, run into `cache` in one forward, each
+    row what a decode step gives; and the `RowLayer`s that ran them (`rowwise`)."""
+    from .generate import torch_threads_for
+
+    batch = rowwise(cache, len(tokens))
+    with torch_threads_for(len(tokens)):
+        logits = model(torch.tensor(tokens), batch, logits_at=torch.arange(len(tokens), dtype=torch.long))
+    return logits, batch
+
+
+class Speculator:
+    """One sequence's speculation: its drafter, the adaptive draft length and pause, and the
+    counts (`drafted`, `accepted`: llama-server's draft_n and draft_n_accepted)."""
+
+    def __init__(self, drafter: Drafter, draft_max: int = DRAFT_MAX, draft_min: int = 0):
+        self.drafter, self.draft_max, self.draft_min = drafter, draft_max, draft_min
+        self.length = min(draft_max, 4)  # the next draft's length, adapted
+        self.pause = self.paused = 0  # steps to skip after a rejected draft, and how many are left
+        self.drafted = self.accepted = 0
+
+    def draft(self, seq) -> list[int]:
+        """The draft after the sequence's history (its pending token last); [] to step plainly."""
+        if self.paused:
+            self.paused -= 1
+            return []
+        from ..kernels import qmatmul
+
+        n = min(self.length, seq.max_tokens - len(seq.ids) - 1, room(seq.cache) - 1, qmatmul.kernel_rows() - 1)
+        if n < max(1, self.draft_min):
+            return []
+        out = self.drafter.propose(seq.history, n)
+        return out if len(out) >= max(1, self.draft_min) else []
+
+    def taken(self, drafted: int, accepted: int) -> None:
+        """Adapt to a verification that took `accepted` of `drafted` tokens."""
+        self.drafted += drafted
+        self.accepted += accepted
+        if accepted == drafted:
+            self.length = min(self.draft_max, 2 * self.length)
+        else:
+            self.length = max(1, accepted + 1, self.length // 2)
+        if accepted:
+            self.pause = 0
+        else:
+            self.pause = min(MAX_PAUSE, max(1, 2 * self.pause))
+            self.paused = self.pause
+
+    def run(self, seq) -> Iterator:
+        """Run the sequence's pending token, with drafts after it where they are offered, and
+        yield the `GenerationStep` of each position verified; on return the sequence holds the
+        logits after its last token in the cache (or has ended)."""
+        from .generate import decode_step
+
+        while seq.pending is not None:
+            draft = self.draft(seq)
+            if not draft:
+                seq.advance(decode_step(seq.model, seq.pending, seq.cache))
+                return
+            yield from self._verify(seq, draft)
+
+    def _verify(self, seq, draft: list[int]) -> Iterator:
+        o = seq.cache[0].offset
+        held = _checkpoint(seq.cache)
+        rows, self.layers = verify(seq.model, [seq.pending] + draft, seq.cache)
+        for i, d in enumerate(draft):
+            seq.advance(rows[i])
+            if not seq.can_sample:
+                break
+            step = seq.step()
+            if step.token == d and seq.pending is not None:
+                seq.pending = None  # in the cache already
+                try:
+                    yield step
+                except GeneratorExit:  # the reader stopped here: the cache holds what was read
+                    self._back(seq, o + 2 + i, held)
+                    raise
+                continue
+            self._back(seq, o + 1 + i, held)
+            self.taken(len(draft), i)
+            if step.stats:
+                step.stats.kv_bytes = sum(c.nbytes for c in seq.cache)
+            yield step
+            return
+        else:
+            seq.advance(rows[len(draft)])
+            self._back(seq, o + 1 + len(draft), held)
+            self.taken(len(draft), len(draft))
+            return
+        self._back(seq, o + 1 + i, held)  # ended before position i was sampled
+        self.taken(len(draft), i)
+
+    def _back(self, seq, keep: int, held) -> None:
+        """Trim the cache back to `keep` tokens; recurrent layers go back to the checkpoint taken
+        before the verification and step the kept tokens again."""
+        from .generate import decode_step
+
+        start = seq.cache[0].offset - len(self.layers[0].rows)
+        if held is None:
+            if not trim_to(seq.cache, keep):
+                raise RuntimeError(f"speculation: the cache cannot go back to {keep} tokens")
+            for layer in self.layers:
+                layer.keep(keep - start)
+            return
+        saved = held
+        if seq.cache[0].offset != keep:
+            if not trim_to(seq.cache, start):
+                raise RuntimeError(f"speculation: the cache cannot go back to {start} tokens")
+            for layer in self.layers:
+                layer.keep(0)
+            for t in seq.history[start:keep]:
+                decode_step(seq.model, t, seq.cache)
+        for c, points in saved:
+            c.checkpoints = points
+
+
+def _checkpoint(cache: list):
+    """For a cache with recurrent layers: [(layer, its checkpoints before)] after checkpointing
+    each at the current offset; None for attention only."""
+    from ..kv.recurrent import RecurrentState
+
+    layers = [c for c in cache if isinstance(c, RecurrentState)]
+    if not layers:
+        return None
+    saved = [(c, dict(c.checkpoints)) for c in layers]
+    for c in layers:
+        c.checkpoint()
+    return saved
+
+
+def make_speculator(model, options: SpecOptions | None) -> Speculator | None:
+    """The `Speculator` for one sequence of `model` (an `api.Model`), or None."""
+    if options is None or not options.active:
+        return None
+    if options.spec_type == "ngram-simple":
+        drafter = NgramDrafter()
+    else:
+        drafter = ModelDrafter(model.draft_model(options.model_draft))
+    return Speculator(drafter, options.draft_max, options.draft_min)
