@@ -38,10 +38,20 @@ def admits(model, schema, text: str) -> bool:
         (PERSON, '{"name": "Ann", "age": -9999999999999999}', True),  # llama.cpp's integers: up to 16 digits
         (PERSON, '{"name": "Ann", "age": 12345678901234567}', False),
         (
-            {**PERSON, "properties": {**PERSON["properties"], "age": {"type": "integer", "minimum": 0}}},
+            {**PERSON, "properties": {**PERSON["properties"], "age": {"type": "integer", "maximum": 10**20}}},
             '{"name": "Ann", "age": 12345678901234567}',
             True,
         ),  # the schema's own bounds stand
+        (
+            {**PERSON, "properties": {**PERSON["properties"], "age": {"type": "integer", "minimum": 0}}},
+            '{"name": "Ann", "age": 12345678901234567}',
+            False,
+        ),  # and the side it leaves open is bounded, as llama.cpp bounds it
+        (
+            {**PERSON, "properties": {**PERSON["properties"], "age": {"type": "integer", "minimum": 0}}},
+            '{"name": "Ann", "age": -1}',
+            False,
+        ),
     ],
 )
 def test_objects_take_only_their_properties_unless_allowed(embedded, schema, text, ok):

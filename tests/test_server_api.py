@@ -257,7 +257,7 @@ def test_eight_concurrent_streams_are_complete_and_correct(server):
     """8 clients stream ~30 tokens each at once; each stream equals the same request
     answered alone (seeded sampling, so the streams differ); /health stays fast."""
     bodies = [
-        chat_body(f"client {i} says hi", max_tokens=30, temperature=3.0, repeat_penalty=1.5, seed=i) for i in range(8)
+        chat_body(f"client {i} says hi", max_tokens=30, temperature=2.0, repeat_penalty=1.5, seed=i) for i in range(8)
     ]
     expected = [post(server, CHAT, b)[1]["choices"][0]["message"]["content"] for b in bodies]
     assert len(set(expected)) > 4  # the check below can tell the streams apart
@@ -299,14 +299,14 @@ def test_disconnects_stop_generation(server):
     before = wait_idle(server)
     for i in range(8):
         if i % 4 == 0:
-            sock = stream_socket(server, CHAT, chat_body(max_tokens=450, temperature=3.0, seed=i))
+            sock = stream_socket(server, CHAT, chat_body(max_tokens=450, temperature=2.0, seed=i))
             time.sleep(0.2)
         elif i % 4 == 1:
             body = {"model": "tiny-chat", "prompt": "go", "options": {"num_predict": 450}}
             sock = stream_socket(server, "/api/generate", body)
             read_until(sock, b'"done":false', 2)
         else:
-            sock = stream_socket(server, CHAT, chat_body(max_tokens=450, temperature=3.0, seed=i, stream=True))
+            sock = stream_socket(server, CHAT, chat_body(max_tokens=450, temperature=2.0, seed=i, stream=True))
             read_until(sock, b"data: ", 3)
         hard_close(sock, reset=i % 3 == 0)
     after = wait_idle(server, timeout=10)
@@ -355,6 +355,9 @@ BAD_V1 = [
     (CHAT, {"messages": MSG, "stop": 5}, 400),
     (CHAT, {"messages": MSG, "stop": [1, 2]}, 400),
     (CHAT, {"messages": MSG, "stop": ["a"] * 17}, 400),
+    (CHAT, {"messages": MSG, "stop": ["a"] * 5}, 400),  # OpenAI's ranges, #54 point 7
+    (CHAT, {"messages": MSG, "temperature": 2.5}, 400),
+    (CHAT, {"messages": MSG, "tool_choice": "required"}, 400),
     (CHAT, {"messages": MSG, "seed": "x"}, 400),
     (CHAT, {"messages": MSG, "seed": 1.5}, 400),
     (CHAT, {"messages": MSG, "stream": "yes"}, 400),

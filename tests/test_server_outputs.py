@@ -240,6 +240,61 @@ def test_extreme_sampling_values_answer(server):
         assert status == 200 and doc["choices"][0]["finish_reason"] in ("stop", "length"), (extra, doc)
 
 
+@pytest.mark.parametrize(
+    "route,extra,words",
+    [
+        ("chat", {"temperature": 5}, "'temperature': decimal above maximum value. Expected a value <= 2, but got 5"),
+        ("chat", {"top_p": 1.5}, "'top_p': decimal above maximum value. Expected a value <= 1"),
+        ("chat", {"presence_penalty": -3}, "'presence_penalty': decimal below minimum value. Expected a value >= -2"),
+        ("chat", {"frequency_penalty": 2.5}, "'frequency_penalty': decimal above maximum value"),
+        ("chat", {"stop": list("abcde")}, "'stop': array too long. Expected an array with maximum length 4"),
+        ("chat", {"n": 0}, "'n': integer below minimum value. Expected a value >= 1, but got 0"),
+        ("chat", {"max_tokens": 0}, "'max_tokens': integer below minimum value. Expected a value >= 1"),
+        ("chat", {"max_completion_tokens": 0}, "'max_completion_tokens': integer below minimum value"),
+        ("chat", {"top_logprobs": 21}, "'top_logprobs': integer above maximum value"),
+        ("chat", {"tool_choice": "required"}, "'tool_choice' is only allowed when 'tools' are specified"),
+        ("chat", {"tool_choice": {"type": "function", "function": {"name": "f"}}}, "only allowed when 'tools'"),
+        ("completions", {"temperature": 2.5}, "'temperature': decimal above maximum value"),
+        ("completions", {"logprobs": 21}, "'logprobs': integer above maximum value. Expected a value <= 20"),
+        ("completions", {"max_tokens": -1}, "'max_tokens': integer below minimum value. Expected a value >= 0"),
+        ("completions", {"stop": list("abcde")}, "'stop': array too long"),
+    ],
+)
+def test_openai_ranges_are_refused_as_openai_refuses_them(client, route, extra, words):
+    """#54 point 7: out of OpenAI's documented ranges is OpenAI's 400, in its words, naming the param."""
+    (param,) = extra
+    with pytest.raises(openai.BadRequestError) as err:
+        if route == "chat":
+            ask = [{"role": "user", "content": "x"}]
+            logprobs = {"logprobs": True} if param == "top_logprobs" else {}
+            client.chat.completions.create(model=MODEL, messages=ask, **{"max_tokens": 2, **logprobs, **extra})
+        else:
+            client.completions.create(model=MODEL, prompt="x", **{"max_tokens": 2, **extra})
+    assert words in err.value.body["message"] and err.value.body["param"] == param
+
+
+def test_the_edges_of_openais_ranges_answer(client, server):
+    """The bounds themselves are in range; Ollama's routes keep Ollama's ranges (a temperature
+    of 5, five stop strings)."""
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "x"}],
+        max_tokens=2,
+        temperature=2,
+        top_p=1,
+        presence_penalty=-2,
+        frequency_penalty=2,
+        stop=["a", "b", "c", "d"],
+        logprobs=True,
+        top_logprobs=20,
+        seed=1,
+    )
+    assert r.choices[0].finish_reason in ("stop", "length")
+    body = {"model": MODEL, "prompt": "x", "stream": False, "options": {"temperature": 5, "num_predict": 2}}
+    status, doc = post(server, "/api/generate", {**body, "options": {**body["options"], "stop": list("vwxyz")}})
+    assert status == 200 and doc["done"], doc
+
+
 def test_one_long_stop_string(server):
     body = {"model": MODEL, "prompt": "abc", "max_tokens": 3, "stop": "a stop string longer than sixteen characters"}
     status, _ = post(server, "/v1/completions", body)

@@ -210,6 +210,52 @@ def test_langchain_bind_tools_and_structured_output(client):
     assert isinstance(got, Weather) and "paris" in got.city.lower()
 
 
+def test_langchain_structured_output_default_nested(client):
+    """#54 point 5: LangChain's default with_structured_output (json_schema, strict) of a nested
+    model. Qwen opens its JSON with "{\n"; a grammar that forced '{"' sent it rambling inside the
+    first string until max_tokens (LengthFinishReasonError); bounded whitespace admits it."""
+    lc = pytest.importorskip("langchain_openai")
+    from pydantic import BaseModel
+
+    class Punchline(BaseModel):
+        text: str
+
+    class Joke(BaseModel):
+        setup: str
+        punchline: Punchline
+
+    llm = lc.ChatOpenAI(
+        base_url=str(client.base_url), api_key="unused", model=model_id(client), temperature=0, max_tokens=100
+    )
+    got = llm.with_structured_output(Joke, include_raw=True).invoke("Tell me a joke about cats.")
+    assert got["parsing_error"] is None and isinstance(got["parsed"], Joke) and got["parsed"].punchline.text
+    assert got["raw"].content.startswith("{\n")  # the model's own first token, admitted
+
+
+def test_required_call_takes_only_the_schemas_keys(client):
+    """#54 point 6: asked about three cities with one call forced, the model once wrote
+    {"city": "Paris", "city2": "Rome", "city3": "Oslo"}: a tool's parameters are closed like a
+    response format's schema (its own additionalProperties would stand)."""
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+    r = client.chat.completions.create(
+        model=model_id(client),
+        messages=[{"role": "user", "content": "What is the weather in Paris, Rome and Oslo?"}],
+        tools=[weather],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=80,
+    )
+    (call,) = r.choices[0].message.tool_calls
+    assert set(json.loads(call.function.arguments)) == {"city"}
+
+
 def test_langchain_ollama_bind_tools(server, client):
     lc = pytest.importorskip("langchain_ollama")
     llm = lc.ChatOllama(base_url=server.url, model=model_id(client), temperature=0, num_predict=80)

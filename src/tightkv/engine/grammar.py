@@ -100,8 +100,9 @@ INTEGER_BOUND = 10**16 - 1  # llama.cpp's integers: at most 16 digits
 def closed_objects(schema):
     """A copy of `schema` with `"additionalProperties": false` on every object schema that
     names properties and does not say (the JSON Schema default allows any others, which
-    small models fill with invented keys), and bounds of +-INTEGER_BOUND on an integer with
-    none (a small model denied the key it wanted may run on in digits). A schema that
+    small models fill with invented keys), and a bound of +-INTEGER_BOUND on each side an
+    integer leaves open (a small model denied the key it wanted may run on in digits; llama.cpp
+    bounds every integer, `minimum` alone too, to 16 digits). A schema that
     intersects objects with a several-member allOf is left as it is: closing each member
     would leave nothing to match."""
     if not isinstance(schema, dict) or _has_intersection(schema):
@@ -136,8 +137,11 @@ def _close(schema):
         and "unevaluatedProperties" not in out
     ):
         out["additionalProperties"] = False
-    if out.get("type") == "integer" and not {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"} & set(out):
-        out["minimum"], out["maximum"] = -INTEGER_BOUND, INTEGER_BOUND
+    if out.get("type") == "integer":
+        if not {"minimum", "exclusiveMinimum"} & set(out):
+            out["minimum"] = -INTEGER_BOUND
+        if not {"maximum", "exclusiveMaximum"} & set(out):
+            out["maximum"] = INTEGER_BOUND
     return out
 
 

@@ -27,15 +27,65 @@ from ..engine.sampling import SamplingParams
 from .outputs import chat_logprobs, completion_logprobs, constraint_options
 from .replies import new_reply, openai_call_delta
 from .scheduler import DONE, ERROR, LOGPROB, PIECE
-from .schemas import ChatCompletionRequest, CompletionRequest
+from .schemas import OPENAI_MAX_STOPS, OPENAI_RANGES, ChatCompletionRequest, CompletionRequest
 
 router = APIRouter(prefix="/v1", tags=["OpenAI"])
 
 
+def check_ranges(values: dict, ranges: dict | None = None) -> None:
+    """OpenAI's documented ranges (`schemas.OPENAI_RANGES`, with `ranges` over them) on a
+    request's values, name -> number (None: not given), and "stop" -> its string or strings
+    (at most `OPENAI_MAX_STOPS`); one outside is a 400 as OpenAI words it: "Invalid
+    'temperature': decimal above maximum value. Expected a value <= 2, but got 5 instead."
+    Every OpenAI-shaped route calls it (chat, completions, responses)."""
+    bounds = {**OPENAI_RANGES, **(ranges or {})}
+    for name, value in values.items():
+        if name == "stop":
+            _check_stops(value)
+        elif value is not None:
+            _check_range(name, value, *bounds[name])
+
+
+def _check_range(name: str, value: float, least: float | None, most: float | None) -> None:
+    kind = "decimal" if isinstance(value, float) else "integer"
+    shown = f"{value:g}" if isinstance(value, float) else str(value)
+    if least is not None and value < least:
+        raise ApiError(
+            400,
+            f"Invalid '{name}': {kind} below minimum value. Expected a value >= {least}, but got {shown} instead.",
+            param=name,
+            code=f"{kind}_below_min_value",
+        )
+    if most is not None and value > most:
+        raise ApiError(
+            400,
+            f"Invalid '{name}': {kind} above maximum value. Expected a value <= {most}, but got {shown} instead.",
+            param=name,
+            code=f"{kind}_above_max_value",
+        )
+
+
+def _check_stops(stop) -> None:
+    if isinstance(stop, list) and len(stop) > OPENAI_MAX_STOPS:
+        raise ApiError(
+            400,
+            f"Invalid 'stop': array too long. Expected an array with maximum length {OPENAI_MAX_STOPS}, "
+            f"but got an array with length {len(stop)} instead.",
+            param="stop",
+            code="array_above_max_length",
+        )
+
+
 def _options(req) -> tuple[int | None, dict]:
-    """max_tokens and `Model.generate` options from an OpenAI request; unsupported fields are a 400."""
+    """max_tokens and `Model.generate` options from an OpenAI request, in OpenAI's ranges (a
+    completion's max_tokens may be 0, with echo); unsupported fields are a 400."""
     for name in ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty"):
         finite(getattr(req, name), name)
+    ranged = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "n", "max_tokens")
+    check_ranges(
+        {name: getattr(req, name) for name in (*ranged, "max_completion_tokens", "stop")},
+        {"max_tokens": (0, None)} if isinstance(req, CompletionRequest) else None,
+    )
     seed = req.seed
     options = {
         "temperature": 1.0 if req.temperature is None else req.temperature,
@@ -70,7 +120,14 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
 
 
 def _tools(req) -> list[dict] | None:
-    """The request's function tools, checked; None when there are none or tool_choice is "none"."""
+    """The request's function tools, checked; None when there are none or tool_choice is "none".
+    A call forced (tool_choice required, or a function named) with no tools is a 400, as OpenAI has it."""
+    if not req.tools and req.tool_choice not in (None, "none", "auto"):
+        raise ApiError(
+            400,
+            "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified.",
+            param="tool_choice",
+        )
     if not req.tools or req.tool_choice == "none":
         return None
     for i, t in enumerate(req.tools):
@@ -182,6 +239,7 @@ async def chat_completions(request: Request):
                 )
             if part.text is None:
                 raise ApiError(400, f"'{where}.text' is required", param=f"{where}.text")
+    check_ranges({"top_logprobs": req.top_logprobs})
     if req.top_logprobs is not None and not req.logprobs:
         raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     for name in ("functions", "function_call"):  # OpenAI's deprecated form of tools: refused, not ignored
@@ -304,6 +362,7 @@ async def completions(request: Request):
     if req.max_tokens == 0 and not req.echo:
         raise ApiError(400, "'max_tokens' must be at least 1 (0 only with 'echo')", param="max_tokens")
     max_tokens, options = _options(req)
+    check_ranges({"logprobs": req.logprobs})
     want_lp = req.logprobs is not None
     if want_lp:
         options["logprobs"] = req.logprobs

@@ -10,6 +10,32 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Stops = str | Annotated[list[str], Field(max_length=16)]  # one string of any length, or up to 16
 
+# OpenAI's documented ranges, name -> (least, most), None where unbounded: the OpenAI routes
+# refuse a value outside in OpenAI's words (`openai.check_ranges`); the OpenAPI document states them
+OPENAI_RANGES = {
+    "temperature": (0, 2),
+    "top_p": (0, 1),
+    "presence_penalty": (-2, 2),
+    "frequency_penalty": (-2, 2),
+    "n": (1, 128),
+    "max_tokens": (1, None),
+    "max_completion_tokens": (1, None),
+    "max_output_tokens": (1, None),
+    "logprobs": (0, 20),
+    "top_logprobs": (0, 20),
+}
+OPENAI_MAX_STOPS = 4
+OpenAIStops = str | Annotated[list[str], Field(json_schema_extra={"maxItems": OPENAI_MAX_STOPS})]
+
+
+def openai_field(name: str, description: str | None = None, least: float | None = None):
+    """An optional field with OpenAI's range for `name` (`least`: another lower bound) in the
+    OpenAPI document; the route checks it (`openai.check_ranges`), so the error is OpenAI's."""
+    lo, hi = OPENAI_RANGES[name]
+    lo = lo if least is None else least
+    bounds = {key: v for key, v in (("minimum", lo), ("maximum", hi)) if v is not None}
+    return Field(None, description=description, json_schema_extra=bounds)
+
 
 class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
@@ -36,10 +62,10 @@ class StreamOptions(_Body):
 
 class _OpenAISampling(_Body):
     model: str | None = Field(None, description="the served model's id; optional")
-    max_tokens: int | None = Field(None, ge=1, description="absent: up to the end of the context")
-    max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, description="default 1.0; 0 is greedy")
-    top_p: float | None = Field(None, ge=0, le=1, description="0 keeps the most likely token only")
+    max_tokens: int | None = openai_field("max_tokens", "absent: up to the end of the context")
+    max_completion_tokens: int | None = openai_field("max_completion_tokens")
+    temperature: float | None = openai_field("temperature", "default 1.0; 0 is greedy")
+    top_p: float | None = openai_field("top_p", "0 keeps the most likely token only")
     top_k: int | None = Field(None, ge=0, description="extra: 0 disables")
     min_p: float | None = Field(None, ge=0, le=1, description="extra")
     repeat_penalty: float | None = Field(None, gt=0, description="extra: 1.0 disables")
@@ -47,14 +73,14 @@ class _OpenAISampling(_Body):
         None, ge=-1, description="extra: the penalties' window (default 64; 0 disables, -1 the whole context)"
     )
     seed: int | None = Field(None, description="negative: random")
-    stop: Stops | None = None
+    stop: OpenAIStops | None = Field(None, description=f"up to {OPENAI_MAX_STOPS} strings")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int | None = Field(None, ge=1, description="choices, at most the server's --parallel; they share the prompt")
-    presence_penalty: float | None = Field(
-        None, ge=-2, le=2, description="minus this from the logit of a token in the last 64 of prompt and reply"
+    n: int | None = openai_field("n", "choices, at most the server's --parallel; they share the prompt")
+    presence_penalty: float | None = openai_field(
+        "presence_penalty", "minus this from the logit of a token in the last 64 of prompt and reply"
     )
-    frequency_penalty: float | None = Field(None, ge=-2, le=2, description="minus this times the token's count there")
+    frequency_penalty: float | None = openai_field("frequency_penalty", "minus this times the token's count there")
     logit_bias: dict[str, float] | None = Field(
         None, description="token id (a string) -> a bias from -100 to 100 added to its logit"
     )
@@ -77,7 +103,7 @@ class ChatCompletionRequest(_OpenAISampling):
     )
     parallel_tool_calls: bool | None = Field(None, description="more than one call per reply (default true)")
     logprobs: bool | None = Field(None, description="each output token's log-probability")
-    top_logprobs: int | None = Field(None, ge=0, le=20, description="alternatives per token (needs logprobs)")
+    top_logprobs: int | None = openai_field("top_logprobs", "alternatives per token (needs logprobs)")
     reasoning_format: Literal["auto", "deepseek", "none"] | None = Field(
         None,
         description="llama.cpp's: a thinking model's reasoning in reasoning_content (auto, deepseek; the "
@@ -101,8 +127,8 @@ class CompletionRequest(_OpenAISampling):
     prompt: str | list[str] | list[int] | list[list[int]] = Field(
         ..., description="text, token ids, or a list of either: one set of choices per prompt"
     )
-    max_tokens: int | None = Field(None, ge=0, description="absent: up to the end of the context; 0 with echo")
-    logprobs: int | None = Field(None, ge=0, le=20, description="log-probabilities of each token and its N best")
+    max_tokens: int | None = openai_field("max_tokens", "absent: up to the end of the context; 0 with echo", least=0)
+    logprobs: int | None = openai_field("logprobs", "log-probabilities of each token and its N best")
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
