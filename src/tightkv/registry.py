@@ -34,8 +34,10 @@ from .store import (  # noqa: F401  (re-exported: the registry's callers use the
     installed,
     list_installed,
     manifest_path,
+    name_path,
     prune_empty_dirs,
     read_manifest,
+    write_created,
     write_manifest,
 )
 
@@ -170,6 +172,8 @@ def is_model_name(text: str) -> bool:
         return False
     if text.endswith(".gguf") or text.startswith(HF_PREFIXES):
         return True
+    if find_created(text) is not None:
+        return True
     return text.lower() in CATALOG or text.lower() in DEFAULT_TAGS or bool(_NAME_LIKE.match(text))
 
 
@@ -207,8 +211,7 @@ def remove(names: list[str]) -> list[str]:
     for name in names:
         if looks_like_path(name):
             raise TightKVError(f"'{name}' is a file path, not a pulled model (tightkv never deletes your files)")
-        entry = lookup(name)
-        found = read_manifest(manifest_path(entry))
+        found = find_created(name) or read_manifest(manifest_path(lookup(name)))
         if found is None:
             raise TightKVError(f"model '{name}' not found (see: tightkv list)")
         targets.append(found)
@@ -217,9 +220,94 @@ def remove(names: list[str]) -> list[str]:
         prune_empty_dirs(t.manifest.parent)
     still_used = {m.digest for m in list_installed()}
     for t in targets:
-        if t.digest not in still_used:
+        if t.digest not in still_used and not t.local_file:  # a blob; a file outside the store is the user's
             t.path.unlink(missing_ok=True)
     return [t.name for t in targets]
+
+
+# --- models made by `tightkv create` -----------------------------------------
+_CREATED_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*(:[a-z0-9._-]+)?$")
+
+
+def created_name(name: str) -> str:
+    """A name for `tightkv create` as the store keeps it: lower case, ``:latest`` when
+    untagged; a bad name is an error."""
+    low = name.strip().lower()
+    if not _CREATED_NAME.match(low):
+        raise TightKVError(
+            f"invalid model name '{name}': letters, digits, '.', '_' and '-', optionally ':tag' (e.g. mymodel:v1)"
+        )
+    return low if ":" in low else f"{low}:latest"
+
+
+def find_created(name: str) -> Installed | None:
+    """The model `tightkv create` made under `name`, if there is one."""
+    try:
+        found = read_manifest(name_path(created_name(name)))
+    except TightKVError:
+        return None
+    return found if found is not None and found.created else None
+
+
+def create_model(name: str, modelfile, report=None) -> Installed:
+    """Add `name` to the store over the GGUF its Modelfile's FROM names (a .gguf path,
+    linked into the blobs without a copy where the file system allows, else kept where it
+    is; or a model name, whose blob it shares and whose defaults it inherits), with the
+    Modelfile's parameters and system prompt. `report(status)` gets Ollama's status records."""
+    from .modelfile import Modelfile
+
+    say = report or (lambda status: None)
+    canonical = created_name(name)
+    say({"status": "gathering model components"})
+    base, inherited = modelfile.base, Modelfile(modelfile.base)
+    if looks_like_path(base):
+        digest, size, file = _link_gguf(Path(base).expanduser(), say)
+    else:
+        found = find_created(base)
+        if found is not None:
+            inherited = Modelfile(base, dict(found.parameters), found.system, found.template)
+        else:
+            entry = lookup(base)
+            found = installed(entry) or pull_model(entry.name, quiet=True, report=report)
+        digest, size, file = found.digest, found.size, found.local_file
+        say({"status": f"using existing layer sha256:{digest}"})
+    merged = Modelfile(
+        base,
+        {**inherited.parameters, **modelfile.parameters},
+        modelfile.system if modelfile.system is not None else inherited.system,
+        modelfile.template if modelfile.template is not None else inherited.template,
+    )
+    say({"status": "writing manifest"})
+    made = write_created(canonical, digest, size, file, merged)
+    say({"status": "success"})
+    return made
+
+
+def _link_gguf(path: Path, say) -> tuple[str, int, str | None]:
+    """(sha256, size, file) of a GGUF given by path: hard-linked as its blob (no copy), or,
+    on another file system, left where it is (`file`)."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as err:
+        raise TightKVError(f"FROM {path}: {err.strerror or err}") from None
+    if magic != b"GGUF":
+        raise TightKVError(f"FROM {path}: not a GGUF file")
+    path = path.resolve()
+    size = path.stat().st_size
+    digest = file_sha256(path)
+    blob = blob_path(digest)
+    if _blob_ok(blob, size):
+        say({"status": f"using existing layer sha256:{digest}"})
+        return digest, size, None
+    blobs_dir().mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(path, blob)
+    except OSError:
+        say({"status": f"using {path} where it is (another file system than the store)"})
+        return digest, size, str(path)
+    say({"status": f"creating new layer sha256:{digest}"})
+    return digest, size, None
 
 
 # --- resolving and pulling ---------------------------------------------------
@@ -241,6 +329,11 @@ def resolve(
     name = str(name)
     if looks_like_path(name):
         return Path(name).expanduser()
+    made = find_created(name)
+    if made is not None:
+        if not made.path.is_file():
+            raise TightKVError(f"model '{made.name}': its GGUF {made.path} is gone (tightkv rm it, or create it again)")
+        return made.path
     entry = lookup(name)
     found = installed(entry)
     if found is not None:

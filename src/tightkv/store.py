@@ -3,7 +3,9 @@ default ``~/.cache/tightkv``)::
 
     blobs/sha256-<hex>            a GGUF, named by its sha256
     blobs/sha256-<hex>-partial    an unfinished download; the next pull resumes it
-    manifests/<model>/<tag>       JSON: name, source, digest, size, revision, pulled_at
+    manifests/<model>/<tag>       JSON: name, source, digest, size, revision, pulled_at; a model made
+                                  by `tightkv create` adds its Modelfile's from, parameters, system
+                                  and template, and `local_file` when its GGUF is outside blobs/
     kernels/                      compiled CPU kernels
     documents/                    stored document caches
     data/                         the essays corpus
@@ -20,7 +22,7 @@ import os
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -83,9 +85,14 @@ def blob_path(sha256: str) -> Path:
 
 
 def manifest_path(entry: Entry) -> Path:
-    if entry.name.startswith("hf.co/"):
-        return manifests_dir().joinpath(*entry.name.split("/"))
-    model, tag = entry.name.split(":")
+    return name_path(entry.name)
+
+
+def name_path(name: str) -> Path:
+    """The manifest of a canonical name (``model:tag`` or ``hf.co/...``)."""
+    if name.startswith("hf.co/"):
+        return manifests_dir().joinpath(*name.split("/"))
+    model, tag = name.split(":")
     return manifests_dir() / model / tag
 
 
@@ -100,6 +107,11 @@ class Installed:
     source: str
     revision: str | None
     manifest: Path
+    local_file: str | None = None  # a created model's GGUF where it is not a blob (another file system)
+    base: str | None = None  # a created model's FROM
+    parameters: dict = field(default_factory=dict)  # a created model's PARAMETERs (`modelfile`)
+    system: str | None = None
+    template: str | None = None
 
     @property
     def id(self) -> str:
@@ -107,7 +119,12 @@ class Installed:
 
     @property
     def path(self) -> Path:
-        return blob_path(self.digest)
+        return Path(self.local_file) if self.local_file else blob_path(self.digest)
+
+    @property
+    def created(self) -> bool:
+        """Made by `tightkv create` (a name over another model's GGUF)."""
+        return self.source == "create"
 
 
 def read_manifest(path: Path) -> Installed | None:
@@ -122,6 +139,11 @@ def read_manifest(path: Path) -> Installed | None:
             doc.get("source", ""),
             doc.get("revision"),
             path,
+            doc.get("local_file"),
+            doc.get("from"),
+            dict(doc.get("parameters") or {}),
+            doc.get("system"),
+            doc.get("template"),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -154,6 +176,32 @@ def write_manifest(entry: Entry, sha256: str, size: int, revision: str | None = 
         "size": size,
         "pulled_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    return _write(path, doc)
+
+
+def write_created(name: str, sha256: str, size: int, file: str | None, modelfile) -> Installed:
+    """The manifest of a model made by `tightkv create`: `name` (canonical ``model:tag``)
+    over the GGUF `sha256` (a blob, or `file` outside the store), with the Modelfile's
+    parameters, system prompt and template."""
+    doc = {
+        "schema": 1,
+        "name": name,
+        "source": "create",
+        "from": modelfile.base,
+        "local_file": file,
+        "digest": f"sha256:{sha256}",
+        "size": size,
+        "parameters": modelfile.parameters,
+        "system": modelfile.system,
+        "template": modelfile.template,
+        "pulled_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    path = name_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return _write(path, doc)
+
+
+def _write(path: Path, doc: dict) -> Installed:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     os.replace(tmp, path)

@@ -4,7 +4,7 @@ Modules import their heavy dependencies inside `run`, so `tightkv --help` stays 
 """
 
 VERBS = ["run", "ppl", "bench", "serve", "client"]
-VERBS += ["pull", "list", "rm", "show"]
+VERBS += ["pull", "create", "list", "rm", "show"]
 VERBS += ["niah"]
 VERBS += ["plan"]
 VERBS += ["ask", "cache"]

@@ -1,4 +1,6 @@
-"""`tightkv serve [MODEL]`: OpenAI- and Ollama-compatible HTTP server."""
+"""`tightkv serve [MODEL]`: OpenAI- and Ollama-compatible HTTP server: with no MODEL, every
+model of the store by name (loaded on first use, kept --keep-alive, evicted to fit --mem);
+with one, that model, loaded at start and pinned."""
 
 from __future__ import annotations
 
@@ -11,12 +13,18 @@ from ..errors import TightKVError
 from .flags import add_auto_flags, add_model_flags, auto_memory, kv_spec, parse_size
 
 NAME = "serve"
-HELP = "serve a model over HTTP: OpenAI /v1/* and Ollama /api/* routes"
+HELP = "serve the store's models (or one) over HTTP: OpenAI /v1/* and Ollama /api/* routes"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", default=None, help="registry name or .gguf path (default: embedded)")
+    p.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="serve only this model (registry name, created name or .gguf path), loaded at start and kept "
+        "(default: every model of the store, each loaded when a request names it)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     p.add_argument(
@@ -31,7 +39,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=32,
         help="requests that may wait for a slot; more are answered 503 (default 32)",
     )
-    p.add_argument("--alias", default=None, help="the model id clients see (default: the model's name)")
+    p.add_argument("--alias", default=None, help="the id clients see for MODEL (default: the model's name)")
+    p.add_argument(
+        "--keep-alive",
+        default=None,
+        metavar="DURATION",
+        help="how long an idle model stays loaded, e.g. 5m, 1h, 0 (unload after each request), -1 (forever); "
+        "a request's keep_alive wins (default 5m; a MODEL given is kept forever)",
+    )
     p.add_argument(
         "--cache-ram",
         default=None,
@@ -107,8 +122,25 @@ def _checked_flags(ns: argparse.Namespace) -> tuple[str | None, str | None]:
     ns.cache_disk_bytes = parse_size(ns.cache_disk, "--cache-disk")
     if ns.cache_disk_tokens < 1:
         raise TightKVError(f"--cache-disk-tokens must be positive, got {ns.cache_disk_tokens}")
+    if ns.alias and not ns.model:
+        raise TightKVError("--alias names the MODEL served: give one (tightkv serve MODEL --alias NAME)")
+    ns.keep_alive_s = _keep_alive(ns.keep_alive)
     check_port_free(ns.host, ns.port)
     return ns.api_key or os.environ.get("TIGHTKV_API_KEY") or None, kv
+
+
+def _keep_alive(text: str | None) -> float | None:
+    """--keep-alive in seconds (None: the default); negative means forever (1e9 s)."""
+    if text is None:
+        return None
+    from ..server.http import ApiError
+    from ..server.ollama import keep_alive_seconds
+
+    try:
+        seconds = keep_alive_seconds(text)
+    except ApiError:
+        raise TightKVError(f"--keep-alive: {text!r} is not a duration (e.g. 5m, 1h, 30s, 0, -1)") from None
+    return 1e9 if seconds is None else seconds
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -132,6 +164,8 @@ def run(ns: argparse.Namespace) -> int:
         cache_disk=ns.cache_disk_bytes,
         cache_disk_tokens=ns.cache_disk_tokens,
         mem=auto_memory(ns),
+        every_model=ns.model is None,
+        keep_alive=ns.keep_alive_s,
     )
     logging.basicConfig(level=ns.log_level.upper(), format="tightkv: %(message)s", stream=sys.stderr)
     failures: list[BaseException] = []
@@ -152,6 +186,14 @@ def run(ns: argparse.Namespace) -> int:
         )
 
     app = create_app(config, on_failure=on_failure, on_ready=on_ready)
+    if config.every_model:
+        where = f"http://{'[' + ns.host + ']' if ':' in ns.host else ns.host}:{ns.port}"
+        budget = f"within --mem {ns.mem}" if config.mem else "no memory limit (--mem)"
+        print(
+            f"tightkv: serving every model of the store on {where} (each loaded on first use; {budget})",
+            file=sys.stderr,
+            flush=True,
+        )
     if ns.host not in LOOPBACK and not api_key:
         print(f"tightkv: warning: listening on {ns.host} without --api-key", file=sys.stderr)
     server = uvicorn.Server(

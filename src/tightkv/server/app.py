@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -58,39 +59,56 @@ class ServerConfig:
     cache_ram: int | None = None  # bytes for the prefix store (None: a quarter of the RAM available; 0: off)
     cache_disk: int = 0  # bytes of prompt prefixes kept on disk (0: RAM only)
     cache_disk_tokens: int = 1024  # the shortest prefix written to disk
-    mem: int | None = None  # --kv auto's budget in bytes (None: the RAM available less 1 GiB)
+    mem: int | None = None  # bytes for the models (weights, KV, buffers) and --kv auto's budget (None: no limit)
+    every_model: bool = False  # serve every model of the store by name (`tightkv serve` with no model)
+    keep_alive: float | None = None  # seconds an idle model stays loaded (None: 5 min, a pinned model forever)
 
 
 class ServedModel:
-    """The one model this server serves: its names and what the listing routes show."""
+    """One model this server serves: its names, what the listing routes show of it, and
+    its Modelfile defaults (a model made by `tightkv create`).
 
-    def __init__(self, config: ServerConfig, path: Path):
+    `name` is what the user gave (a registry or created name, or a .gguf path; None: the
+    embedded model); `path` its file, None until a registry model is pulled (`locate`)."""
+
+    def __init__(self, name: str | None, path: Path | None, alias: str | None = None, made=None):
         from ..registry import DEFAULT_MODEL
 
-        name = config.model
         is_path = name is not None and (name.endswith(".gguf") or "/" in name or os.sep in name)
-        self.path = path
-        self.id = config.alias or (Path(name).stem if is_path else name or DEFAULT_MODEL)
-        names = {self.id, path.name, path.stem, str(path), name or DEFAULT_MODEL}
+        canonical = None if is_path else (made.name if made is not None else _canonical(name or DEFAULT_MODEL))
+        self.id = alias or (Path(name).stem if is_path else canonical or name or DEFAULT_MODEL)
+        names = {self.id, name or DEFAULT_MODEL}
+        if canonical:
+            names.add(canonical)
         if (name or DEFAULT_MODEL) == DEFAULT_MODEL:
             names.add(DEFAULT_MODEL.split(":")[0])  # 'gemma3' names the default, as Ollama's bare names do
-        names |= {f"{n}:latest" for n in list(names) if ":" not in n and "/" not in n}
-        self.names = names
-        self.canonical = None if is_path else _canonical(name or DEFAULT_MODEL)
-        if not path.is_file():
-            raise TightKVError(f"{path}: no such model file")
-        stat = path.stat()
-        self.size = stat.st_size
-        self.mtime = stat.st_mtime
-        self.created = int(stat.st_mtime)
+        self.names = names | {n.removesuffix(":latest") for n in names}
+        self.canonical = None if is_path or made is not None else canonical
+        self.parameters: dict = dict(made.parameters) if made is not None else {}  # the Modelfile's PARAMETERs
+        self.system: str | None = made.system if made is not None else None  # the Modelfile's SYSTEM
+        self.base = made.base if made is not None else None
         self.metadata: dict[str, Any] = {}
         self.context_length = 0
         self.kv = ""
         self.kv_auto: dict | None = None  # what --kv auto chose and why
         self.chat_template: str | None = None
         self.n_params = 0
-        self._digest: str | None = None
+        self._digest: str | None = made.digest if made is not None else None
         self._digest_lock = threading.Lock()
+        self.path: Path | None = None
+        self.size, self.mtime, self.created = 0, time.time(), int(time.time())
+        if path is not None:
+            self.locate(path)
+
+    def locate(self, path: Path) -> None:
+        """Its file is `path` (given, or pulled on first use)."""
+        if not path.is_file():
+            raise TightKVError(f"{path}: no such model file")
+        self.path = path
+        self.names |= {path.name, path.stem, str(path)}
+        self.names |= {f"{n}:latest" for n in list(self.names) if ":" not in n and "/" not in n}
+        stat = path.stat()
+        self.size, self.mtime, self.created = stat.st_size, stat.st_mtime, int(stat.st_mtime)
 
     def knows(self, name: str | None) -> bool:
         if name is None or name in self.names:
@@ -105,8 +123,19 @@ class ServedModel:
         self.chat_template = model.chat_template
         self.n_params = parameters(model.gguf)
 
+    def read_header(self) -> None:
+        """The GGUF's metadata without loading the model (what the listings show of it)."""
+        if self.metadata or self.path is None:
+            return
+        from ..gguf.reader import read_gguf
+
+        g = read_gguf(self.path)
+        self.metadata = {k: v for k, v in g.metadata.items() if not k.startswith("tokenizer.ggml.")}
+        self.chat_template = g.metadata.get("tokenizer.chat_template")
+        self.n_params = parameters(g)
+
     def digest(self) -> str:
-        """sha256 of the GGUF file (computed once, on first use)."""
+        """sha256 of the GGUF file (the store's, else computed once, on first use)."""
         with self._digest_lock:
             if self._digest is None:
                 h = hashlib.sha256()
@@ -119,7 +148,7 @@ class ServedModel:
     def details(self) -> dict:
         arch = str(self.metadata.get("general.architecture", ""))
         return {
-            "parent_model": "",
+            "parent_model": self.base or "",
             "format": "gguf",
             "family": arch,
             "families": [arch] if arch else None,
@@ -141,8 +170,12 @@ def _canonical(name: str) -> str | None:
         return None
 
 
+PICKED: ContextVar = ContextVar("tightkv_picked", default=None)  # the model this request picked
+
+
 class ServerState:
-    """Everything the routes share: config, the served model, the scheduler."""
+    """Everything the routes share: the config, the models (`pool`), the web page's
+    documents (`shelf`, on the default model). Routes reach a model through `pick`."""
 
     def __init__(
         self,
@@ -151,61 +184,215 @@ class ServerState:
         on_failure: Callable[[BaseException], None] | None = None,
         on_ready: Callable[[Any], None] | None = None,
     ):
-        from ..registry import resolve
+        from .pool import ModelPool
 
         self.config = config
         self.started = time.time()
-        self.served = ServedModel(config, resolve(config.model))
-
-        def ready(model) -> None:
-            self.served.loaded(model)
-            if on_ready:
-                on_ready(model)
-
-        self.scheduler = Scheduler(
-            load or self._load,
-            config.parallel,
-            config.max_queue,
-            on_ready=ready,
-            on_failure=on_failure,
-            cache_ram=config.cache_ram,
-            cache_disk=config.cache_disk,
-            cache_disk_tokens=config.cache_disk_tokens,
-        )
+        self._listed: dict[tuple, ServedModel] = {}  # the store's models as listed, by (name, digest, modified)
+        self.every_model = config.every_model and load is None
+        self.pool = ModelPool(config.mem if self.every_model else None)
+        if self.every_model:
+            self.default = self._resident_for(None)
+        else:
+            self.default = self._pinned(load, on_failure, on_ready)
         from .sessions import Shelf
 
-        self.shelf = Shelf(self.scheduler)  # the web page's documents
-        self.scheduler.on_unload.append(self.shelf.close_all)
+        self.shelf = Shelf(self.default.scheduler)  # the web page's documents stay on the default model
+        self.default.scheduler.on_unload.append(self.shelf.close_all)
 
-    def _load(self):
-        from ..api import Model
+    @property
+    def served(self):
+        """The default model's `ServedModel` (the web page's)."""
+        return self.default.served
+
+    @property
+    def scheduler(self):
+        """The default model's scheduler (the web page's)."""
+        return self.default.scheduler
+
+    def _scheduler(self, load, name: str, lazy: bool, **hooks) -> Scheduler:
+        c = self.config
+        return Scheduler(
+            load,
+            c.parallel,
+            c.max_queue,
+            cache_ram=c.cache_ram,
+            cache_disk=c.cache_disk,
+            cache_disk_tokens=c.cache_disk_tokens,
+            lazy=lazy,
+            name=name,
+            **hooks,
+        )
+
+    def _pinned(self, load, on_failure, on_ready):
+        """`tightkv serve MODEL`: that model, loaded at start and kept."""
+        from ..registry import find_created, resolve
+        from .pool import Resident
 
         c = self.config
-        model = Model(self.served.path, kv=c.kv, context_length=c.ctx or None, threads=c.threads)  # 0: trained
-        if c.ctx is None:
-            model.set_context_length(min(model.context_length, DEFAULT_CTX))
-        if model.kv_pending:  # --kv auto: every slot holds a whole context; the prefix store's RAM is spent too
-            budget = None if c.mem is None else c.mem - (c.cache_ram or 0)
-            model.choose_kv(memory=budget, slots=c.parallel)
-        model.generate([model.tokenizer.bos_id or 0], max_tokens=1)  # warm up the kernels
+        made = find_created(c.model) if c.model else None
+        served = ServedModel(c.model, resolve(c.model), c.alias, made)
+
+        def ready(model) -> None:
+            first = not served.metadata
+            served.loaded(model)
+            if on_ready and first:
+                on_ready(model)
+
+        holder: list = []
+        scheduler = self._scheduler(
+            load or (lambda: self._load(holder[0])), served.id, False, on_ready=ready, on_failure=on_failure
+        )
+        if c.keep_alive is not None:
+            scheduler.set_keep_alive(c.keep_alive)
+        holder.append(Resident(served, scheduler, pinned=True))
+        return self.pool.add(holder[0])
+
+    def _resident_for(self, name: str | None):
+        """A model of the store (or a registry name, pulled on its first load) as a new
+        resident, not loaded yet; 404 for a name the store and the registry do not know."""
+        from ..registry import CATALOG, DEFAULT_MODEL, find_created, installed, looks_like_path, lookup
+        from .pool import DEFAULT_KEEP_ALIVE, Resident
+
+        name = name or DEFAULT_MODEL
+        made = find_created(name)
+        path = made.path if made is not None else None
+        if made is None:
+            try:
+                if looks_like_path(name):
+                    raise TightKVError("a path")  # clients name models, not files
+                entry = lookup(name)
+            except TightKVError:
+                raise self._not_found(name) from None
+            found = installed(entry)
+            if found is None and entry.name not in CATALOG:  # a hub name: pulled on purpose only
+                raise self._not_found(name)
+            path, made = (found.path if found else None), None
+            name = entry.name
+        served = ServedModel(name, path, None, made)
+        holder: list = []
+        scheduler = self._scheduler(
+            lambda: self._load(holder[0]), served.id, True, on_ready=lambda model: served.loaded(model)
+        )
+        keep = self.config.keep_alive
+        scheduler.set_keep_alive(DEFAULT_KEEP_ALIVE if keep is None else keep)
+        holder.append(Resident(served, scheduler, pinned=False))
+        return self.pool.add(holder[0])
+
+    def _load(self, resident):
+        """Load a resident's model on its worker: pull it first if need be, make room for it
+        within --mem, then load it at its context and KV type (its Modelfile's, else the
+        server's)."""
+        from ..api import Model
+        from .pool import footprint
+
+        served, c = resident.served, self.config
+        if served.path is None:
+            served.locate(_pull(served.id))
+        ctx, kv = served.parameters.get("num_ctx") or c.ctx, served.parameters.get("kv_cache_type") or c.kv
+        resident.holds = False
+        if self.pool.memory is not None:
+            self.pool.make_room(resident, footprint(served.path, self._context(served.path, ctx), _kv_name(kv)))
+        else:
+            resident.holds = True
+        try:
+            model = Model(served.path, kv=kv, context_length=ctx or None, threads=c.threads)  # 0: trained
+            if ctx is None:
+                model.set_context_length(min(model.context_length, DEFAULT_CTX))
+            if model.kv_pending:  # --kv auto: every slot holds a whole context; the prefix store's RAM is spent too
+                budget = None if c.mem is None else c.mem - (c.cache_ram or 0)
+                model.choose_kv(memory=budget, slots=c.parallel)
+            model.generate([model.tokenizer.bos_id or 0], max_tokens=1)  # warm up the kernels
+        except BaseException:
+            resident.released()
+            raise
+        try:
+            resident.footprint = footprint(served.path, model.context_length, str(model.kv))
+        except Exception:  # noqa: BLE001 - a family `plan` cannot price: the claimed estimate stays
+            resident.footprint = resident.footprint or served.size
         return model
 
+    @staticmethod
+    def _context(path: Path, ctx: int | None) -> int:
+        """The context a model will load with: `ctx` (its Modelfile's num_ctx, else --ctx;
+        0: the trained one), else the trained context up to DEFAULT_CTX."""
+        from ..gguf.reader import read_gguf
+        from ..models.base import header_layout
+
+        trained = header_layout(read_gguf(path))[0].context_length
+        return min(trained, DEFAULT_CTX) if ctx is None else ctx or trained
+
     def pick(self, name: str | None):
-        """What serves a request naming `name` (404 where nothing does): an object with
-        `.served` (a `ServedModel`) and `.scheduler`. New routes reach the model only
-        through this, so that one server can hold many models."""
-        self.check_model(name)
-        return self
+        """What serves a request naming `name` (404 where nothing does): a `pool.Resident`,
+        with `.served` (a `ServedModel`) and `.scheduler`. A model of the store not loaded
+        yet loads when its first job comes (the job waits). `start_job` submits to the
+        model this request picked last."""
+        found = self.default if name is None else self.pool.find(name)
+        if found is None:
+            if not self.every_model:
+                raise self._not_found(name)
+            found = self._resident_for(name)
+        PICKED.set(found)
+        return found
+
+    def picked(self):
+        """The model this request picked (the default if it picked none)."""
+        return PICKED.get() or self.default
 
     def check_model(self, name: str | None) -> None:
-        if not self.served.knows(name):
-            raise ApiError(
-                404,
-                f"model '{name}' not found (this server serves '{self.served.id}')",
-                "not_found_error",
-                param="model",
-                code="model_not_found",
-            )
+        self.pick(name)
+
+    def forget(self, name: str) -> None:
+        """Drop the idle resident `name` names (deleted from the store, or created anew):
+        its model unloads, and a later request finds the store's entry as it is now."""
+        found = self.pool.find(name)
+        if found is not None and not found.pinned and found is not self.default and found.scheduler.idle():
+            self.pool.remove(found)
+
+    def _not_found(self, name: str | None) -> ApiError:
+        hint = "see GET /api/tags" if self.every_model else f"this server serves '{self.default.id}'"
+        return ApiError(404, f"model '{name}' not found ({hint})", "not_found_error", param="model", code="model_not_found")
+
+    def store_models(self) -> list:
+        """What the listing routes show: the served models, and with `every_model` every
+        model of the store (`store.Installed`), each as a `ServedModel`, newest first."""
+        from ..registry import list_installed
+
+        shown = {r.id: r.served for r in self.pool.all() if r.served.path is not None}
+        if self.every_model:
+            for found in list_installed():
+                key = (found.name, found.digest, found.modified)
+                if found.name in shown or not found.path.is_file():
+                    continue
+                if key not in self._listed:
+                    served = ServedModel(found.name, found.path, None, found if found.created else None)
+                    served._digest = found.digest
+                    self._listed[key] = served
+                shown[found.name] = self._listed[key]
+        return sorted(shown.values(), key=lambda s: s.mtime, reverse=True)
+
+
+def _kv_name(kv: str | None) -> str:
+    """The KV type a spec loads as (None: $TIGHTKV_KV_CACHE_TYPE or the default)."""
+    from ..kv.spec import is_auto, resolve_kv
+
+    return "auto" if kv and is_auto(kv) else str(resolve_kv(kv))
+
+
+def _pull(name: str) -> Path:
+    """Pull a registry model on its first request, its progress in the log."""
+    from ..registry import pull_model
+
+    last = [0.0]
+
+    def report(status: dict) -> None:
+        done, total = status.get("completed"), status.get("total")
+        if done is None or done == total or time.monotonic() - last[0] > 5:
+            last[0] = time.monotonic()
+            where = f" {done * 100 // total}% of {total / 2**20:.0f} MiB" if done is not None and total else ""
+            log.warning("pulling %s: %s%s", name, status.get("status", ""), where)
+
+    return pull_model(name, quiet=True, report=report).path
 
 
 def _public(method: str, path: str) -> bool:
@@ -265,17 +452,17 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app):
-        state.scheduler.start()
+        state.pool.start()
         try:
             yield
         finally:
-            state.scheduler.stop(timeout=2.0)
+            state.pool.stop(timeout=2.0)
 
     app = FastAPI(
         title="tightkv",
         version=__version__,
         lifespan=lifespan,
-        description="OpenAI- and Ollama-compatible API over one local GGUF model.",
+        description="OpenAI- and Ollama-compatible API over local GGUF models, each picked by name.",
     )
     app.state.tk = state
     app.add_middleware(GuardMiddleware, api_key=config.api_key)
@@ -310,9 +497,10 @@ def create_app(
             ApiError(500, "internal server error (see the server log)", "server_error", code="server_error"),
         )
 
-    @app.get("/health", summary="200 when ready, 503 while the model loads")
+    @app.get("/health", summary="200 when ready, 503 while a pinned model loads")
     async def health():
-        s = state.scheduler.state
+        states = [r.scheduler.state for r in state.pool.all()]
+        s = next((x for x in ("failed", "stopped", "loading") if x in states), "ready")
         if s == "ready":
             return {"status": "ok"}
         message = "Loading model" if s == "loading" else "Model failed to load" if s == "failed" else "Shutting down"
@@ -322,24 +510,38 @@ def create_app(
 
     @app.get("/metrics", summary="Prometheus text: requests processing and deferred, tokens, KV bytes, prefix store")
     async def metrics():
-        sch = state.scheduler
+        schedulers = [r.scheduler for r in state.pool.all()]
+
+        def total(get) -> float:
+            return sum(get(sch) for sch in schedulers)
+
         rows = [
-            ("requests_processing", "gauge", "requests generating now", sch.processing),
-            ("requests_deferred", "gauge", "requests waiting for a slot", sch.deferred),
-            ("requests_served_total", "counter", "requests completed", sch.served),
-            ("requests_cancelled_total", "counter", "requests stopped because the client went away", sch.cancelled),
-            ("tokens_predicted_total", "counter", "tokens generated", sch.tokens),
-            ("kv_cache_bytes", "gauge", "bytes held by active KV caches", sch.kv_bytes()),
-            ("batch_size", "gauge", "sequences in the last batched decode step", sch.batch_size),
-            ("decode_steps_total", "counter", "batched decode forward passes", sch.decode_steps),
+            ("requests_processing", "gauge", "requests generating now", total(lambda s: s.processing)),
+            ("requests_deferred", "gauge", "requests waiting for a slot", total(lambda s: s.deferred)),
+            ("requests_served_total", "counter", "requests completed", total(lambda s: s.served)),
+            (
+                "requests_cancelled_total",
+                "counter",
+                "requests stopped because the client went away",
+                total(lambda s: s.cancelled),
+            ),
+            ("tokens_predicted_total", "counter", "tokens generated", total(lambda s: s.tokens)),
+            ("kv_cache_bytes", "gauge", "bytes held by active KV caches", total(lambda s: s.kv_bytes())),
+            ("batch_size", "gauge", "sequences in the last batched decode step", total(lambda s: s.batch_size)),
+            ("decode_steps_total", "counter", "batched decode forward passes", total(lambda s: s.decode_steps)),
             (
                 "decode_rows_total",
                 "counter",
                 "tokens those passes carried (rows / steps: the mean batch)",
-                sch.decode_rows,
+                total(lambda s: s.decode_rows),
             ),
+            ("models_loaded", "gauge", "models in memory now", total(lambda s: s.loaded)),
+            ("models_bytes", "gauge", "bytes the loaded models hold, as plan counts them", state.pool.used()),
         ]
-        store = sch.prefix_stats()
+        stats = [sch.prefix_stats() for sch in schedulers]
+        keys = ("entries", "bytes", "budget_bytes", "hits", "misses", "reused_tokens")
+        store = {k: sum(x[k] for x in stats) for k in keys}
+        store["hit_rate"] = round(store["hits"] / max(1, store["hits"] + store["misses"]), 4)
         rows += [
             ("prefix_cache_entries", "gauge", "prompt prefixes stored for reuse", store["entries"]),
             ("prefix_cache_bytes", "gauge", "bytes held by stored prompt prefixes", store["bytes"]),

@@ -188,7 +188,7 @@ async def start_job(request: Request, job_request) -> Job:
     accepted (tokenized, validated) it; `job.prepared` then says what it made of it."""
     job = Job(job_request, asyncio.get_running_loop())
     try:
-        request.app.state.tk.scheduler.submit(job)
+        request.app.state.tk.picked().scheduler.submit(job)  # the model the route picked (`ServerState.pick`)
     except Unavailable as err:
         raise as_api_error(err) from None
     watcher = asyncio.create_task(_watch_disconnect(request, job))

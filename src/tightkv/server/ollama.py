@@ -1,5 +1,6 @@
-"""Ollama routes: /api/chat and /api/generate as NDJSON,
-/api/tags, /api/show, /api/ps, /api/version. Errors are `{"error": "..."}`;
+"""Ollama routes: /api/chat and /api/generate as NDJSON, /api/tags (the models served),
+/api/ps (those loaded), /api/show, /api/create, /api/pull, /api/delete, /api/version; a
+request's `model` picks the model (`ServerState.pick`). Errors are `{"error": "..."}`;
 an error after the stream started is a last NDJSON line `{"error": "..."}`."""
 
 from __future__ import annotations
@@ -33,8 +34,15 @@ from ..engine.requests import Budget, ChatRequest, TextRequest
 from ..engine.tools import tool_format
 from .outputs import constraint_options, ollama_logprobs
 from .replies import Delta, new_reply, ollama_calls
+from ..modelfile import Modelfile, sampling_defaults, with_system
 from .scheduler import DONE, ERROR, LOGPROB, PIECE
-from .schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaPullRequest, OllamaShowRequest
+from .schemas import (
+    OllamaChatRequest,
+    OllamaCreateRequest,
+    OllamaGenerateRequest,
+    OllamaPullRequest,
+    OllamaShowRequest,
+)
 
 router = APIRouter(prefix="/api", tags=["Ollama"])
 
@@ -49,11 +57,31 @@ def created_at() -> str:
     return now.strftime("%Y-%m-%dT%H:%M:%S") + (f".{frac}" if frac else "") + "Z"
 
 
-def _check(req, state) -> None:
+def _check(req, state):
+    """The model the request names (`ServerState.pick`)."""
     if not req.model:
         raise ApiError(400, "model is required")
-    if not state.served.knows(req.model):
-        raise ApiError(404, f'model "{req.model}" not found (this server serves "{state.served.id}")')
+    return _named(state, req.model)
+
+
+async def _described(picked) -> None:
+    """The model's chat template is known (read from its header if it is not loaded yet)."""
+    from .pool import described
+
+    try:
+        await described(picked)
+    except ApiError:
+        raise
+    except Exception as err:  # noqa: BLE001 - its pull's or load's error, in Ollama's shape
+        raise as_api_error(err) from None
+
+
+def _named(state, name: str):
+    """`ServerState.pick(name)`, its 404 in Ollama's words."""
+    try:
+        return state.pick(name)
+    except ApiError as err:
+        raise ApiError(404, f'model "{name}" not found, try pulling it first') if err.status == 404 else err
 
 
 THINK_LEVELS = ("high", "medium", "low", "max")
@@ -85,15 +113,18 @@ def _logprobs(req, options: dict) -> None:
         options["logprobs"] = top
 
 
-def _ready(state) -> None:
-    if state.scheduler.state != "ready":
+def _ready(picked) -> None:
+    if picked.scheduler.state != "ready":
         raise ApiError(503, "Loading model", "unavailable_error", headers={"Retry-After": "1"})
 
 
-def _options(req) -> tuple[int | None, dict]:
+def _options(req, served=None) -> tuple[int | None, dict]:
+    """max_tokens and the generation options: Ollama's defaults, the model's Modelfile
+    PARAMETERs over them, the request's `options` over those."""
     o = req.options
-    options = dict(DEFAULTS)
-    max_tokens = None
+    params = served.parameters if served is not None else {}
+    options = {**DEFAULTS, **sampling_defaults(params)}
+    max_tokens = params.get("num_predict") if params.get("num_predict", -1) >= 0 else None
     if o is not None:
         for name in ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty"):
             finite(getattr(o, name), name)
@@ -111,7 +142,8 @@ def _options(req) -> tuple[int | None, dict]:
                 options[name] = getattr(o, name)
         if o.seed is not None and o.seed >= 0:
             options["seed"] = o.seed % 2**64
-        options["stop"] = stop_list(o.stop)
+        if o.stop is not None:
+            options["stop"] = stop_list(o.stop)
         if o.num_predict is not None and o.num_predict >= 0:
             max_tokens = o.num_predict
     options.update(constraint_options(ollama_format=req.format))
@@ -178,16 +210,23 @@ def keep_alive_seconds(value) -> float | None:
     return None if seconds < 0 else seconds
 
 
-def _keep(req, state) -> None:
+def _keep(req, picked) -> None:
     if req.keep_alive is not None:
-        state.scheduler.set_keep_alive(keep_alive_seconds(req.keep_alive))
+        picked.scheduler.set_keep_alive(keep_alive_seconds(req.keep_alive))
 
 
-def _load_reply(state, model_id: str, req, chat: bool) -> OllamaJSON:
-    """Ollama answers a request without a prompt by loading (or, keep_alive 0, unloading) the model."""
+async def _load_reply(picked, model_id: str, req, chat: bool) -> OllamaJSON:
+    """Ollama answers a request without a prompt by loading the model (answering once it
+    is loaded) or, keep_alive 0, unloading it."""
+    from .pool import ensure_loaded
+
+    _ready(picked)
     reason = "unload" if req.keep_alive is not None and keep_alive_seconds(req.keep_alive) == 0 else "load"
     if reason == "load":
-        state.scheduler.load()
+        try:
+            await ensure_loaded(picked)
+        except Exception as err:  # noqa: BLE001 - its load's error, in Ollama's shape
+            raise as_api_error(err) from None
     body = {"model": model_id, "created_at": created_at()}
     body.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
     body.update(done=True, done_reason=reason)
@@ -270,21 +309,20 @@ class Answer:
 )
 async def chat(request: Request):
     req = await parse_body(request, OllamaChatRequest)
-    state = request.app.state.tk
-    _check(req, state)
-    _keep(req, state)
-    model_id = state.served.id
+    picked = _check(req, request.app.state.tk)
+    _keep(req, picked)
+    model_id = picked.served.id
     if req.messages is None:
-        _ready(state)
-        return _load_reply(state, model_id, req, chat=True)
+        return await _load_reply(picked, model_id, req, chat=True)
     if not req.messages:
         raise ApiError(400, "messages must not be empty")
     if any(m.images for m in req.messages):
         raise ApiError(400, "images are not supported by this model")
-    max_tokens, options = _options(req)
+    max_tokens, options = _options(req, picked.served)
     _logprobs(req, options)
     think = _think(req)
     messages = [_template_message(m.model_dump(exclude_none=True)) for m in req.messages]
+    messages = with_system(messages, picked.served.system)
     job_request = ChatRequest(
         messages,
         _budget(req, max_tokens),
@@ -313,30 +351,30 @@ def _template_message(m: dict) -> dict:
 )
 async def generate(request: Request):
     req = await parse_body(request, OllamaGenerateRequest)
-    state = request.app.state.tk
-    _check(req, state)
-    _keep(req, state)
-    model_id = state.served.id
+    picked = _check(req, request.app.state.tk)
+    _keep(req, picked)
+    model_id = picked.served.id
     if req.images:
         raise ApiError(400, "images are not supported by this model")
     for name in ("template", "suffix"):
         if getattr(req, name):
             raise ApiError(400, f"'{name}' is not supported")
     if not req.prompt:
-        _ready(state)
-        return _load_reply(state, model_id, req, chat=False)
-    max_tokens, options = _options(req)
+        return await _load_reply(picked, model_id, req, chat=False)
+    max_tokens, options = _options(req, picked.served)
+    system = req.system if req.system is not None else picked.served.system
+    await _described(picked)
     _logprobs(req, options)
     think = _think(req)
     context, budget = list(req.context or []), _budget(req, max_tokens)
     no_thinking = f'"{model_id}" does not support thinking'
-    if req.raw or not state.served.chat_template:  # the prompt as it is
-        text = req.prompt if req.raw or not req.system else f"{req.system}\n\n{req.prompt}"
+    if req.raw or not picked.served.chat_template:  # the prompt as it is
+        text = req.prompt if req.raw or not system else f"{system}\n\n{req.prompt}"
         job_request = TextRequest(
             text, budget, options, context=context, think=think, no_thinking=no_thinking, split_reasoning=True
         )
     else:
-        messages = [{"role": "system", "content": req.system}] if req.system else []
+        messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": req.prompt})
         job_request = ChatRequest(
             messages, budget, options, think=think, effort=_effort(req), context=context, no_thinking=no_thinking
@@ -345,69 +383,79 @@ async def generate(request: Request):
     return await answer.whole(request) if not req.stream else answer.stream()
 
 
-def _listing(served, digest: str) -> dict:
+def _listing(served) -> dict:
     return {
         "name": served.id,
         "model": served.id,
         "modified_at": served.modified_at(),
         "size": served.size,
-        "digest": digest,
+        "digest": served.digest(),
         "details": served.details(),
     }
 
 
-@router.get("/tags", summary="The served model, as Ollama lists local models")
+def _listings(models: list) -> list[dict]:
+    """Ollama's records of models (their headers read, digests computed where not known)."""
+    for served in models:
+        served.read_header()
+    return [_listing(served) for served in models]
+
+
+@router.get("/tags", summary="The models this server serves, as Ollama lists local models")
 async def tags(request: Request):
-    served = request.app.state.tk.served
-    digest = await anyio.to_thread.run_sync(served.digest)
-    return OllamaJSON({"models": [_listing(served, digest)]})
+    models = request.app.state.tk.store_models()
+    return OllamaJSON({"models": await anyio.to_thread.run_sync(_listings, models)})
 
 
-@router.get("/ps", summary="The loaded model")
+@router.get("/ps", summary="The models loaded now")
 async def ps(request: Request):
     state = request.app.state.tk
-    if state.scheduler.state != "ready" or not state.scheduler.loaded:
-        return OllamaJSON({"models": []})
-    served = state.served
-    digest = await anyio.to_thread.run_sync(served.digest)
-    entry = _listing(served, digest)
-    del entry["modified_at"]
-    left = state.scheduler.expires_in()  # None: kept loaded until the server stops
-    expires = datetime.now(timezone.utc).astimezone() + timedelta(
-        days=365 * 100 if left is None else 0, seconds=left or 0
-    )
-    entry.update(
-        expires_at=expires.isoformat(),
-        size_vram=0,
-        context_length=served.context_length,
-        kv_cache_type=served.kv,
-        kv_auto=served.kv_auto,
-        cpu_kernels=build.summary(),  # ours
-        prefix_cache=state.scheduler.prefix_stats(),
-        batch_size=state.scheduler.batch_size,
-        parallel=state.scheduler.parallel,
-    )
-    return OllamaJSON({"models": [entry]})
+    loaded = [r for r in state.pool.all() if r.scheduler.state == "ready" and r.scheduler.loaded]
+    entries = await anyio.to_thread.run_sync(_listings, [r.served for r in loaded])
+    for r, entry in zip(loaded, entries):
+        del entry["modified_at"]
+        left = r.scheduler.expires_in()  # None: kept loaded until the server stops
+        expires = datetime.now(timezone.utc).astimezone() + timedelta(
+            days=365 * 100 if left is None else 0, seconds=min(left or 0, 1e9)
+        )
+        entry.update(
+            size=r.footprint or r.served.size,  # what it holds: weights, buffers, its KV cache at its context
+            expires_at=expires.isoformat(),
+            size_vram=0,
+            context_length=r.served.context_length,
+            kv_cache_type=r.served.kv,
+            kv_auto=r.served.kv_auto,
+            pinned=r.pinned,  # ours: `tightkv serve MODEL` keeps it
+            cpu_kernels=build.summary(),  # ours
+            prefix_cache=r.scheduler.prefix_stats(),
+            batch_size=r.scheduler.batch_size,
+            parallel=r.scheduler.parallel,
+        )
+    return OllamaJSON({"models": entries})
 
 
-@router.post("/show", summary="Model details and GGUF metadata", openapi_extra=request_body(OllamaShowRequest))
+@router.post("/show", summary="Model details, Modelfile and GGUF metadata", openapi_extra=request_body(OllamaShowRequest))
 async def show(request: Request):
     req = await parse_body(request, OllamaShowRequest)
-    state = request.app.state.tk
     name = req.model or req.name
     if not name:
         raise ApiError(400, "model is required")
-    if not state.served.knows(name):
-        raise ApiError(404, f'model "{name}" not found')
-    _ready(state)
-    served = state.served
+    picked = _named(request.app.state.tk, name)
+    served = picked.served
+    if served.path is None:  # a registry model not pulled yet
+        raise ApiError(404, f'model "{name}" not found, try pulling it first')
+    await anyio.to_thread.run_sync(served.read_header)
     info = {k: _plain(v, req.verbose) for k, v in served.metadata.items() if k != "tokenizer.chat_template"}
     info["general.parameter_count"] = served.n_params
+    defaults = Modelfile(str(served.path), served.parameters, served.system)
     return OllamaJSON(
         {
-            "modelfile": f"# Modelfile generated by tightkv\nFROM {served.path}\n",
-            "parameters": "",
+            "modelfile": f"# Modelfile generated by tightkv\n# FROM {served.id}\n" + defaults.text(),
+            "parameters": "\n".join(
+                line.removeprefix("PARAMETER ") for line in defaults.text().splitlines() if line.startswith("PARAMETER ")
+            ),
             "template": served.chat_template or "{{ .Prompt }}",
+            **({"system": served.system} if served.system else {}),
             "details": served.details(),
             "model_info": info,
             "capabilities": (
@@ -417,8 +465,9 @@ async def show(request: Request):
             ),
             "modified_at": served.modified_at(),
             "tightkv": {
-                "kv_cache_type": served.kv,
-                "context_length": served.context_length,
+                "kv_cache_type": served.kv or served.parameters.get("kv_cache_type"),
+                "context_length": served.context_length or served.parameters.get("num_ctx"),
+                "loaded": picked.scheduler.loaded,
                 "kv_auto": served.kv_auto,
                 "chat_template": bool(served.chat_template),  # False: a base model (the web page continues text)
             },
@@ -459,32 +508,51 @@ async def version():
     openapi_extra=request_body(OllamaPullRequest),
 )
 async def pull(request: Request):
-    import asyncio
-
     from ..registry import pull_model
 
     req = await parse_body(request, OllamaPullRequest)
     name = req.model or req.name
     if not name:
         raise ApiError(400, "model is required")
+    state = request.app.state.tk
+
+    def work(report) -> None:
+        if _in_store(state, name):  # here already (a served file, or a created model)
+            report({"status": "pulling manifest"})
+            report({"status": "success"})
+        else:
+            pull_model(name, quiet=True, report=report)
+
+    return await _status_answer(work, req.stream)
+
+
+def _in_store(state, name: str) -> bool:
+    from ..registry import find_created
+
+    found = state.pool.find(name)
+    return (found is not None and found.served.path is not None) or find_created(name) is not None
+
+
+async def _status_answer(work, stream: bool):
+    """Run `work(report)` in a thread and answer its status records as Ollama does: NDJSON
+    lines (an error as a last `{"error"}` line), or, not streamed, the last record (an error
+    as its status)."""
+    import asyncio
+
     loop, queue = asyncio.get_running_loop(), asyncio.Queue()
 
     def report(status: dict) -> None:
         loop.call_soon_threadsafe(queue.put_nowait, status)
 
-    def work() -> None:
+    def run() -> None:
         try:
-            if request.app.state.tk.served.knows(name):  # the served model is here already
-                report({"status": "pulling manifest"})
-                report({"status": "success"})
-            else:
-                pull_model(name, quiet=True, report=report)
+            work(report)
         except Exception as err:  # noqa: BLE001 - the client gets the error as Ollama sends it
             answer = as_api_error(err)
             report({"error": answer.message, "code": answer.status})
         report({"end": True})
 
-    task = asyncio.create_task(anyio.to_thread.run_sync(work))
+    task = asyncio.create_task(anyio.to_thread.run_sync(run))
 
     async def records():
         last = None
@@ -503,7 +571,7 @@ async def pull(request: Request):
             yield status
         await task
 
-    if req.stream is False:
+    if stream is False:
         final = [s async for s in records()]
         err = next((s for s in final if "error" in s), None)
         if err:
@@ -518,7 +586,44 @@ async def pull(request: Request):
     return StreamingResponse(ndjson(), media_type="application/x-ndjson")
 
 
-@router.delete("/delete", summary="Remove a pulled model from the store", openapi_extra=request_body(OllamaPullRequest))
+@router.post(
+    "/create",
+    summary="Create a named model from another (or a .gguf path) with its own defaults, streaming status as NDJSON",
+    openapi_extra=request_body(OllamaCreateRequest),
+)
+async def create(request: Request):
+    from ..errors import TightKVError
+    from ..modelfile import Modelfile, add_parameter, parse
+    from ..registry import create_model
+
+    req = await parse_body(request, OllamaCreateRequest)
+    name = req.model or req.name
+    if not name:
+        raise ApiError(400, "model is required")
+    for field in ("files", "adapters", "quantize", "messages"):
+        if getattr(req, field, None):
+            raise ApiError(400, f"'{field}' is not supported: create from a model ('from'), with parameters and system")
+    try:
+        modelfile = parse(req.modelfile) if req.modelfile else Modelfile(req.from_ or "")
+        for key, value in (req.parameters or {}).items():
+            add_parameter(modelfile.parameters, key, value, "parameters")
+    except TightKVError as err:
+        raise ApiError(400, str(err)) from None
+    modelfile.base = req.from_ or modelfile.base
+    if not modelfile.base:
+        raise ApiError(400, "'from' is required: a model name, or a .gguf path on the server")
+    modelfile.system = req.system if req.system is not None else modelfile.system
+    modelfile.template = req.template if req.template is not None else modelfile.template
+    state = request.app.state.tk
+
+    def work(report) -> None:
+        create_model(name, modelfile, report=report)
+        state.forget(name)  # a resident of that name (made before) serves the new defaults from now on
+
+    return await _status_answer(work, req.stream)
+
+
+@router.delete("/delete", summary="Remove a model from the store", openapi_extra=request_body(OllamaPullRequest))
 async def delete(request: Request):
     from ..errors import TightKVError
     from ..registry import remove
@@ -527,10 +632,15 @@ async def delete(request: Request):
     name = req.model or req.name
     if not name:
         raise ApiError(400, "model is required")
-    if request.app.state.tk.served.knows(name):
+    state = request.app.state.tk
+    found = state.pool.find(name)
+    if found is not None and found.pinned:
         raise ApiError(400, f'model "{name}" is the one this server serves; stop the server to delete it')
+    if found is not None and not found.scheduler.idle():
+        raise ApiError(400, f'model "{name}" is answering a request; delete it once it is done')
     try:
         await anyio.to_thread.run_sync(remove, [name])
     except TightKVError as err:
         raise ApiError(404, f'model "{name}" not found' if "not found" in str(err) else str(err)) from None
+    state.forget(name)
     return Response(status_code=200)

@@ -26,6 +26,7 @@ from ..engine.requests import Budget, ChatRequest, TextRequest
 from ..engine.sampling import SamplingParams
 from .outputs import chat_logprobs, completion_logprobs, constraint_options
 from .replies import new_reply, openai_call_delta
+from ..modelfile import sampling_defaults, with_system
 from .scheduler import DONE, ERROR, LOGPROB, PIECE
 from .schemas import OPENAI_MAX_STOPS, OPENAI_RANGES, ChatCompletionRequest, CompletionRequest
 
@@ -76,9 +77,10 @@ def _check_stops(stop) -> None:
         )
 
 
-def _options(req) -> tuple[int | None, dict]:
+def _options(req, served=None) -> tuple[int | None, dict]:
     """max_tokens and `Model.generate` options from an OpenAI request, in OpenAI's ranges (a
-    completion's max_tokens may be 0, with echo); unsupported fields are a 400."""
+    completion's max_tokens may be 0, with echo), the model's Modelfile PARAMETERs where the
+    request gives none; unsupported fields are a 400."""
     for name in ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty"):
         finite(getattr(req, name), name)
     ranged = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "n", "max_tokens")
@@ -102,6 +104,10 @@ def _options(req) -> tuple[int | None, dict]:
         **constraint_options(req.response_format, req.json_schema, req.grammar),
     }
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    params = served.parameters if served is not None else {}
+    options.update({k: v for k, v in sampling_defaults(params).items() if getattr(req, k, None) is None})
+    if max_tokens is None and params.get("num_predict", -1) >= 0:
+        max_tokens = params["num_predict"]
     return max_tokens, options
 
 
@@ -188,9 +194,9 @@ def _prompt_options(req) -> dict:
     }
 
 
-def _choices(req, state) -> int:
+def _choices(req, picked) -> int:
     """`n`, at most the server's slots (the choices decode side by side)."""
-    n, slots = req.n or 1, state.scheduler.parallel
+    n, slots = req.n or 1, picked.scheduler.parallel
     if n > slots:
         raise ApiError(400, f"'n' must be at most {slots}, this server's --parallel", param="n")
     return n
@@ -224,8 +230,7 @@ def _text(content) -> str:
 )
 async def chat_completions(request: Request):
     req = await parse_body(request, ChatCompletionRequest)
-    state = request.app.state.tk
-    state.check_model(req.model)
+    picked = request.app.state.tk.pick(req.model)
     if not req.messages:
         raise ApiError(400, "'messages' must not be empty", param="messages")
     for i, m in enumerate(req.messages):
@@ -245,7 +250,7 @@ async def chat_completions(request: Request):
     for name in ("functions", "function_call"):  # OpenAI's deprecated form of tools: refused, not ignored
         if getattr(req, name, None) not in (None, [], "none", "auto"):
             raise ApiError(400, f"'{name}' is deprecated and not supported: send 'tools' and 'tool_choice'", param=name)
-    max_tokens, options = _options(req)
+    max_tokens, options = _options(req, picked.served)
     if req.logprobs:
         options["logprobs"] = req.top_logprobs or 0
     messages = [
@@ -256,6 +261,7 @@ async def chat_completions(request: Request):
         }
         for m in req.messages
     ]
+    messages = with_system(messages, picked.served.system)
     tools = _tools(req)
     template_vars = _template_vars(req)
     think = template_vars.get("enable_thinking")
@@ -272,11 +278,11 @@ async def chat_completions(request: Request):
         prompt_options=_prompt_options(req),
         split_reasoning=req.reasoning_format != "none",
     )
-    n = _choices(req, state)
+    n = _choices(req, picked)
     group = await start_choices(request, job_request, n)
     prep = group.jobs[0].prepared
     tokenizer = prep.tokenizer
-    cid, created, model_id = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()), state.served.id
+    cid, created, model_id = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()), picked.served.id
 
     def reply():
         return new_reply(prep.tool_names, prep.template, prep.text, prep.split)
@@ -353,21 +359,20 @@ async def chat_completions(request: Request):
 )
 async def completions(request: Request):
     req = await parse_body(request, CompletionRequest)
-    state = request.app.state.tk
-    state.check_model(req.model)
+    picked = request.app.state.tk.pick(req.model)
     for name, unsupported in (("suffix", req.suffix), ("best_of", req.best_of not in (None, 1))):
         if unsupported:
             raise ApiError(400, f"'{name}' is not supported", param=name)
     prompts = _prompt_list(req.prompt)
     if req.max_tokens == 0 and not req.echo:
         raise ApiError(400, "'max_tokens' must be at least 1 (0 only with 'echo')", param="max_tokens")
-    max_tokens, options = _options(req)
+    max_tokens, options = _options(req, picked.served)
     check_ranges({"logprobs": req.logprobs})
     want_lp = req.logprobs is not None
     if want_lp:
         options["logprobs"] = req.logprobs
-    n = _choices(req, state)
-    most = state.scheduler.parallel + state.scheduler.max_queue
+    n = _choices(req, picked)
+    most = picked.scheduler.parallel + picked.scheduler.max_queue
     if len(prompts) * n > most:
         raise ApiError(
             400,
@@ -387,7 +392,7 @@ async def completions(request: Request):
         raise
     echoed = [group.jobs[p * n].prepared for p in range(len(prompts))]  # per prompt: its ids and echo logprobs
     tokenizer = echoed[0].tokenizer
-    cid, created, model_id = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time()), state.served.id
+    cid, created, model_id = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time()), picked.served.id
     head = {"id": cid, "object": "text_completion", "created": created, "model": model_id}
     echo_text = [""] * len(prompts)
     if req.echo:
@@ -459,13 +464,11 @@ def _model_card(served) -> dict:
     return {"id": served.id, "object": "model", "created": served.created, "owned_by": "tightkv"}
 
 
-@router.get("/models", summary="The served model")
+@router.get("/models", summary="The models this server serves (every model of the store, or the one pinned)")
 async def models(request: Request):
-    return {"object": "list", "data": [_model_card(request.app.state.tk.served)]}
+    return {"object": "list", "data": [_model_card(served) for served in request.app.state.tk.store_models()]}
 
 
 @router.get("/models/{model_id:path}", summary="One model by id")
 async def model(model_id: str, request: Request):
-    state = request.app.state.tk
-    state.check_model(model_id)
-    return _model_card(state.served)
+    return _model_card(request.app.state.tk.pick(model_id).served)

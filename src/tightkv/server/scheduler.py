@@ -112,7 +112,11 @@ class Task:
 
 
 class Scheduler:
-    """Loads the model on its worker thread, then runs jobs fairly (and tasks in turn)."""
+    """Loads the model on its worker thread, then runs jobs fairly (and tasks in turn).
+
+    A `lazy` scheduler takes jobs at once and loads its model when the first one comes (the
+    job waits meanwhile); `request_unload()` frees an idle model (a server short of memory
+    for another one), never one with a job or task in flight."""
 
     def __init__(
         self,
@@ -124,10 +128,13 @@ class Scheduler:
         cache_ram: int | None = None,
         cache_disk: int = 0,
         cache_disk_tokens: int = 1024,
+        lazy: bool = False,
+        name: str = "model",
     ):
         if parallel < 1 or max_queue < 0:
             raise ValueError("parallel must be >= 1 and max_queue >= 0")
         self._load = load
+        self.lazy, self.name = lazy, name
         self.cache_ram = cache_ram  # the prefix store's RAM budget in bytes (None: the default, 0: off)
         self.cache_disk, self.cache_disk_tokens = cache_disk, cache_disk_tokens  # its disk budget (0: off)
         self.batch: Batch | None = None  # the engine's batch (and prefix store), made once the model is loaded
@@ -153,8 +160,11 @@ class Scheduler:
         self._counts = (0, 0, 0)  # the batch counters of an unloaded model's batch
         self.keep_alive: float | None = None  # seconds the model stays loaded once idle (None: forever)
         self._want_load = False
+        self._want_unload = False
+        self.loading = False  # a load is under way on the worker
+        self.load_failures, self.load_error = 0, None  # a lazy load's failures, the last one's error
         self.last_used = time.monotonic()
-        self.on_unload: list[Callable[[], None]] = []  # told when keep_alive unloads the model
+        self.on_unload: list[Callable[[], None]] = []  # told when the model is unloaded
 
     # --- event-loop side ---------------------------------------------------
     def start(self) -> None:
@@ -205,6 +215,18 @@ class Scheduler:
         with self._cv:
             self._want_load = True
             self._cv.notify()
+
+    def request_unload(self) -> None:
+        """Unload the model as soon as it is idle (now, if it is); a job that comes first
+        keeps it loaded."""
+        with self._cv:
+            self._want_unload = True
+            self._cv.notify()
+
+    def idle(self) -> bool:
+        """No job or task waiting or running."""
+        with self._cv:
+            return not (self._inbox or self._waiting or self._active or self._tasks)
 
     @property
     def loaded(self) -> bool:
@@ -258,9 +280,8 @@ class Scheduler:
     # --- worker side -------------------------------------------------------
     def _run(self) -> None:
         try:
-            self._load_model()
-            if self._on_ready:
-                self._on_ready(self.model)
+            if not self.lazy:
+                self._load_model()
         except Exception as err:  # noqa: BLE001 - reported, then the server stops
             with self._cv:
                 self.state, self.error = "failed", err
@@ -285,15 +306,27 @@ class Scheduler:
                 task.fail(Unavailable("the server is shutting down"))
 
     def _load_model(self) -> None:
-        self.model = self._load()
-        self.batch = Batch.for_model(
-            self.model, self.cache_ram, self.cache_disk, self.cache_disk_tokens, notice=log.warning
-        )
+        self.loading = True
+        try:
+            self.model = self._load()
+            self.batch = Batch.for_model(
+                self.model, self.cache_ram, self.cache_disk, self.cache_disk_tokens, notice=log.warning
+            )
+        finally:
+            self.loading = False
+        self.last_used = time.monotonic()
+        if self._on_ready:
+            self._on_ready(self.model)
 
     def _reload(self) -> None:
         try:
             self._load_model()
         except Exception as err:  # noqa: BLE001 - the waiting requests get the error
+            self.model = self.batch = None
+            self.load_error, self.load_failures = err, self.load_failures + 1
+            log.warning("%s failed to load: %s", self.name, err)
+            for hook in self.on_unload:
+                hook()
             with self._cv:
                 jobs, tasks = list(self._inbox), list(self._tasks)
                 self._inbox.clear(), self._tasks.clear()
@@ -302,15 +335,16 @@ class Scheduler:
             for task in tasks:
                 task.fail(err)
 
-    def _unload(self) -> None:
-        """Free the model, its caches and the prefix store (keep_alive ran out)."""
+    def _unload(self, why: str = "keep_alive") -> None:
+        """Free the model, its caches and the prefix store (keep_alive ran out, or the
+        memory is wanted for another model)."""
         if self.batch is not None:
             self._counts = (0, self.decode_steps, self.decode_rows)
         self.model = self.batch = None
+        _release_memory()
         for hook in self.on_unload:
             hook()
-        _release_memory()
-        log.warning("model unloaded (keep_alive); the next request loads it again")
+        log.warning("%s unloaded (%s); the next request loads it again", self.name, why)
 
     def _has_work(self) -> bool:
         return bool(self._inbox or self._waiting or self._active or self._tasks or self._stop or self._want_load)
@@ -328,12 +362,14 @@ class Scheduler:
                     released = True
             with self._cv:
                 while not self._has_work():
-                    if self.loaded and self.expires_in() == 0:
-                        self._unload()
+                    if self.loaded and (self.expires_in() == 0 or self._want_unload):
+                        self._unload("keep_alive" if not self._want_unload else "evicted")
+                    self._want_unload = False
                     left = self.expires_in() if self.loaded else None
                     self._cv.wait(left)
                 if self._stop:
                     return
+                self._want_unload = False  # work came first: the model stays
                 want, self._want_load = self._want_load, False
                 want = want or bool(self._inbox or self._tasks)
             if want and not self.loaded:

@@ -231,6 +231,25 @@ class OllamaPullRequest(_Body):
     insecure: bool = False
 
 
+class OllamaCreateRequest(_Body):
+    model: str | None = None
+    name: str | None = Field(None, description="older clients' spelling of model")
+    from_: str | None = Field(None, alias="from", description="a model name, or a .gguf path on the server")
+    parameters: dict | None = Field(None, description="Modelfile PARAMETERs: num_ctx, kv_cache_type, temperature, ...")
+    system: str | None = None
+    template: str | None = None
+    modelfile: str | None = Field(None, description="older clients: the Modelfile's text")
+    stream: bool = True
+    quantize: str | None = None
+    files: dict | None = None
+    adapters: dict | None = None
+    messages: list | None = None
+
+
+class ModelNameRequest(_Body):
+    model: str = Field(..., description="the model to load or unload")
+
+
 class OllamaShowRequest(_Body):
     model: str | None = None
     name: str | None = Field(None, description="older clients' spelling of model")
@@ -268,6 +287,7 @@ class OllamaEmbeddingsRequest(_Body):
 
 # --- llama.cpp / vLLM tokenizer routes ------------------------------------------------
 class TokenizeRequest(_Body):
+    model: str | None = Field(None, description="the model whose tokenizer (default: the default model)")
     content: str | None = Field(None, description="llama.cpp's name for the text")
     prompt: str | None = Field(None, description="vLLM's name for the text")
     add_special: bool | None = Field(None, description="llama.cpp: add BOS (default false)")
@@ -277,6 +297,7 @@ class TokenizeRequest(_Body):
 
 
 class DetokenizeRequest(_Body):
+    model: str | None = Field(None, description="the model whose tokenizer (default: the default model)")
     tokens: list[int]
 
 
