@@ -258,11 +258,12 @@ def model_label(name: str | None) -> str:
     default), or a .gguf path's file name."""
     from pathlib import Path
 
-    from ..registry import DEFAULT_MODEL, looks_like_path, lookup
+    from ..registry import DEFAULT_MODEL, find_created, looks_like_path, lookup
 
     if name and looks_like_path(name):
         return Path(name).name
-    return lookup(name or DEFAULT_MODEL).name
+    made = find_created(name) if name else None  # a name `tightkv create` made
+    return made.name if made is not None else lookup(name or DEFAULT_MODEL).name
 
 
 def kv_spec(ns: argparse.Namespace) -> str | None:
