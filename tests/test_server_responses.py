@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -213,6 +214,67 @@ def test_errors_through_the_client(gemma, client):
         client.responses.input_tokens.count(input="x", tool_choice="required")
     status, _, raw = request(gemma, "POST", ROUTE, b"{not json")
     assert status == 400 and json.loads(raw)["error"]["type"] == "invalid_request_error"
+
+
+def test_fuzzed_bodies_never_5xx(gemma):
+    """A seeded fuzz over the fields and input items of both POST routes: every answer is a
+    200 or a 4xx in OpenAI's shape, and the server stays healthy."""
+    rng = random.Random(54)
+    text = {"type": "input_text", "text": "hi"}
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    items = [
+        {"role": "user", "content": [text]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "x"}]},
+        {"role": "developer", "content": "be brief"},
+        {"role": "tool", "content": "x"},
+        call,
+        dict(call, arguments="{not json"),
+        {"type": "function_call_output", "call_id": "c1", "output": "21"},
+        {"type": "function_call_output", "call_id": "c1", "output": [text, 5]},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "t"}]},
+        {"type": "reasoning", "content": "t"},
+        {"type": "message", "role": "user", "content": [{"type": "input_file", "file_id": "f"}]},
+        {"type": "item_reference", "id": "x"},
+        "hi",
+        5,
+    ]
+    values = [None, True, 0, -1, 1, 2, 0.5, 1e308, "", "x", [], {}, [1], ["a"], {"a": 1}, 10**20, "gemma3"]
+    values += [
+        [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+        [{"type": "function", "name": "f", "parameters": {"type": 5}}],
+        [{"type": "function", "name": 5}],
+        [{"type": "file_search"}],
+        "required",
+        "none",
+        {"type": "function", "name": "f"},
+        {"type": "function"},
+        {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
+        {"format": {"type": "json_schema", "schema": {"type": 5}}},
+        {"format": {"type": "json_object"}},
+        {"format": "json"},
+        {"effort": "low"},
+        {"effort": 5},
+        "resp_nope",
+        {"k": "v"},
+    ]
+    fields = ["model", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice", "text"]
+    fields += ["reasoning", "stream", "store", "metadata", "parallel_tool_calls", "previous_response_id", "truncation"]
+    seen = set()
+    for i in range(80):
+        body = {"input": [rng.choice(items) for _ in range(rng.randint(1, 3))] if i % 2 else "hi"}
+        body["max_output_tokens"] = 2
+        for _ in range(rng.randint(1, 3)):
+            body[rng.choice(fields + ["input"])] = rng.choice(values)
+        if isinstance(body.get("max_output_tokens"), int) and not isinstance(body["max_output_tokens"], bool):
+            body["max_output_tokens"] = min(body["max_output_tokens"], 2)  # keep valid requests short
+        path = ROUTE if i % 3 else ROUTE + "/input_tokens"
+        status, _, raw = request(gemma, "POST", path, body, timeout=60)
+        assert status in (200, 400, 404), (path, body, status, raw[:300])
+        seen.add(status)
+        if status != 200:
+            error = json.loads(raw)["error"]
+            assert error["type"] in ("invalid_request_error", "not_found_error") and "\n" not in error["message"]
+    assert seen >= {200, 400} and request(gemma, "GET", "/health")[0] == 200
 
 
 # --- reasoning: a scripted Qwen3 that thinks --------------------------------------------------------------
