@@ -10,8 +10,10 @@ tests send it in the body, as Anthropic's API documents it, through `extra_body`
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
+import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -296,6 +298,50 @@ def test_fuzzed_bodies_never_5xx(server):
             answer = json.loads(raw)
             assert answer["type"] == "error" and answer["error"]["type"] in ("invalid_request_error", "not_found_error")
     assert seen >= {200, 400} and request(server, "GET", "/health")[0] == 200
+
+
+# --- a model's Modelfile defaults -----------------------------------------------------------
+TERSE = "You are terse. Answer in three words."
+
+
+@pytest.fixture(scope="module")
+def terse_client(tmp_path_factory):
+    """`tightkv serve gemma-terse`, a name `tightkv create` made over the embedded GGUF in a
+    store of its own: PARAMETER temperature 0 and a SYSTEM prompt."""
+    from tightkv.registry import embedded_path
+
+    home = tmp_path_factory.mktemp("store")
+    kernels = Path(os.environ.get("TIGHTKV_HOME") or Path.home() / ".cache" / "tightkv") / "kernels"
+    if kernels.is_dir():
+        (home / "kernels").symlink_to(kernels)
+    modelfile = home / "Modelfile"
+    modelfile.write_text(f'FROM {embedded_path()}\nPARAMETER temperature 0\nSYSTEM """{TERSE}"""\n')
+    env = {**os.environ, "TIGHTKV_HOME": str(home)}
+    made = subprocess.run(
+        [sys.executable, "-m", "tightkv.cli", "create", "gemma-terse", "-f", str(modelfile)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert made.returncode == 0, made.stderr
+    with running("gemma-terse", "--ctx", "1024", api_key=KEY, env={"TIGHTKV_HOME": str(home)}) as srv:
+        yield client_of(srv)
+
+
+def test_modelfile_defaults_apply_and_the_request_wins(terse_client):
+    c = terse_client
+    count = c.messages.count_tokens
+    assert count(model="gemma-terse", messages=COUNT).input_tokens == (
+        count(model="gemma-terse", system=TERSE, messages=COUNT).input_tokens
+    )  # the model's SYSTEM where the request has none
+    assert count(model="gemma-terse", system="Hi.", messages=COUNT).input_tokens < (
+        count(model="gemma-terse", messages=COUNT).input_tokens
+    )
+    # PARAMETER temperature 0: greedy without asking, as greedy as asking for it
+    ask = {"model": "gemma-terse", "max_tokens": 12, "messages": COUNT}
+    assert c.messages.create(**ask).content == c.messages.create(**ask, **GREEDY).content
 
 
 # --- Qwen2.5-Coder: tools ------------------------------------------------------------------

@@ -23,6 +23,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
 from ..engine.requests import Budget, ChatRequest
+from ..modelfile import sampling_defaults, with_system
 from .http import (
     ApiError,
     JobStream,
@@ -199,28 +200,27 @@ def _format(req) -> dict:
     return constraint_options(json_schema=fmt["schema"])
 
 
-def _options(req) -> dict:
-    """Sampling and stop options of a messages request (Anthropic's defaults: temperature 1)."""
+def _options(req, served) -> dict:
+    """Sampling and stop options of a messages request: the request's, else the model's
+    Modelfile PARAMETERs, else Anthropic's defaults (temperature 1)."""
     stops = req.stop_sequences or []
     for k, s in enumerate(stops):
         if not s.strip():
             raise ApiError(400, f"'stop_sequences.{k}' must contain non-whitespace", param=f"stop_sequences.{k}")
-    return {
-        "temperature": 1.0 if req.temperature is None else req.temperature,
-        "top_p": 1.0 if req.top_p is None else req.top_p,
-        "top_k": req.top_k or 0,
-        "stop": list(stops),
-    }
+    given = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "stop": req.stop_sequences}
+    options = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "stop": []} | sampling_defaults(served.parameters)
+    return options | {k: v for k, v in given.items() if v is not None}
 
 
-def chat_request(req, options: dict, max_tokens: int | None = None) -> ChatRequest:
-    """The engine's request for an Anthropic request: a messages body (its `max_tokens` a
-    cap, the reply also ending where the context does), or a count_tokens body (no budget)."""
+def chat_request(req, served, options: dict, max_tokens: int | None = None) -> ChatRequest:
+    """The engine's request for an Anthropic request to the model `served`: a messages body
+    (its `max_tokens` a cap, the reply also ending where the context does), or a count_tokens
+    body (no budget). The model's Modelfile SYSTEM stands where the request has none."""
     tools = _tools(req)
     names = {t["function"]["name"] for t in tools or ()}
     choice = req.tool_choice
     return ChatRequest(
-        _messages(req),
+        with_system(_messages(req), served.system),
         Budget(max_tokens, fit=max_tokens is not None),
         {**options, **_format(req)},
         tools=tools,
@@ -338,7 +338,7 @@ class BlockStream:
 async def messages(request: Request):
     req = await parse_body(request, MessagesRequest)
     picked = request.app.state.tk.pick(req.model)
-    job = await start_job(request, chat_request(req, _options(req), req.max_tokens))
+    job = await start_job(request, chat_request(req, picked.served, _options(req, picked.served), req.max_tokens))
     prep = job.prepared
     reply = new_reply(prep.tool_names, prep.template, prep.text, prep.split)
     head = {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": picked.served.id}
@@ -386,5 +386,5 @@ async def messages(request: Request):
 async def count_tokens(request: Request):
     req = await parse_body(request, CountTokensRequest)
     picked = request.app.state.tk.pick(req.model)
-    prep = await prepare_only(picked.scheduler, chat_request(req, {}))
+    prep = await prepare_only(picked.scheduler, chat_request(req, picked.served, {}))
     return {"input_tokens": len(prep.ids)}
