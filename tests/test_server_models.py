@@ -148,7 +148,8 @@ def test_ollama_client_keep_alive_and_ps(server):
     reply = client.chat(model="qwen-doc", messages=ASK, keep_alive=0, options={"num_predict": 3})
     assert reply.done and reply.message.content
     wait_for(lambda: "qwen-doc:latest" not in loaded(server))  # unloaded once answered
-    client.chat(model="qwen-doc", messages=ASK, keep_alive="10m", options={"num_predict": 3})
+    again = client.chat(model="qwen-doc", messages=ASK, keep_alive="10m", options={"num_predict": 3})
+    assert again.load_duration > 0.2e9  # it waited for the load (a 503 it never saw)
     ps = {m.model: m for m in client.ps().models}
     left = ps["qwen-doc:latest"].expires_at.timestamp() - time.time()
     assert 500 < left <= 600

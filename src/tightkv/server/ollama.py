@@ -169,7 +169,7 @@ def _final(job, stats, logprobs: list | None = None, context: list[int] | None =
     out.update(
         {
             "total_duration": int(total * 1e9),
-            "load_duration": 0,
+            "load_duration": int(job.load_seconds * 1e9),
             "prompt_eval_count": stats.prompt_tokens - stats.cached_tokens,  # evaluated: the stored prefix is not
             "prompt_eval_duration": int(stats.prompt_seconds * 1e9),
             "eval_count": stats.generated_tokens,

@@ -70,6 +70,7 @@ class Job:
         self.prompt: list[int] = []
         self.prepared: Prepared | None = None  # set before ACCEPTED is posted
         self.slot: Slot | None = None  # its place in the engine's batch, while active
+        self.load_seconds = 0.0  # how long it waited for its model to load (Ollama's load_duration)
         self._cancelled = threading.Event()
         self.prefilled = asyncio.Event()  # set once its prompt is in its cache (or it ended)
 
@@ -319,8 +320,12 @@ class Scheduler:
             self._on_ready(self.model)
 
     def _reload(self) -> None:
+        began = time.perf_counter()
         try:
             self._load_model()
+            with self._cv:
+                for job in self._inbox:
+                    job.load_seconds = time.perf_counter() - began
         except Exception as err:  # noqa: BLE001 - the waiting requests get the error
             self.model = self.batch = None
             self.load_error, self.load_failures = err, self.load_failures + 1
@@ -341,9 +346,9 @@ class Scheduler:
         if self.batch is not None:
             self._counts = (0, self.decode_steps, self.decode_rows)
         self.model = self.batch = None
-        _release_memory()
         for hook in self.on_unload:
             hook()
+        _release_memory()
         log.warning("%s unloaded (%s); the next request loads it again", self.name, why)
 
     def _has_work(self) -> bool:
