@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
 from ..engine.requests import Budget, ChatRequest
+from ..modelfile import sampling_defaults, with_system
 from .http import (
     ApiError,
     JobStream,
@@ -30,6 +31,7 @@ from .http import (
     request_body,
     start_choices,
 )
+from .openai import check_ranges
 from .outputs import constraint_options
 from .replies import Delta, Reply, new_reply
 from .scheduler import DONE, ERROR, PIECE
@@ -188,12 +190,12 @@ def _effort(reasoning: dict | None) -> str | None:
     return effort
 
 
-def chat_request(req, history: list[dict], budget: Budget | None = None, options: dict | None = None) -> ChatRequest:
-    """The `ChatRequest` of a Responses request: `history` (a stored conversation, or none),
-    then the instructions as a system message first, then the input."""
-    messages = input_messages(req.input if req.input is not None else [], history)
-    if req.instructions:
-        messages.insert(0, {"role": "system", "content": req.instructions})
+def chat_request(req, conversation: list[dict], system: str | None = None, budget=None, options=None) -> ChatRequest:
+    """The `ChatRequest` of a Responses request: its `conversation` (`input_messages`: a
+    stored one continued, then the input) after the instructions as a system message, or
+    else the model's own SYSTEM (a Modelfile's)."""
+    instructions = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    messages = with_system(instructions + conversation, system)
     if not messages:
         raise ApiError(400, "'input' must not be empty", param="input")
     tools = _tools(req.tools) if req.tool_choice != "none" else None
@@ -215,13 +217,21 @@ def chat_request(req, history: list[dict], budget: Budget | None = None, options
     )
 
 
-def _sampling(req: ResponsesRequest) -> dict:
+def _sampling(req: ResponsesRequest, served) -> tuple[int | None, dict]:
+    """max_output_tokens and the sampling options, in OpenAI's ranges; the model's Modelfile
+    PARAMETERs where the request gives none, as chat completions takes them."""
     for name in ("temperature", "top_p"):
         finite(getattr(req, name), name)
-    return {
+    check_ranges({name: getattr(req, name) for name in ("temperature", "top_p", "max_output_tokens")})
+    options = {
         "temperature": 1.0 if req.temperature is None else req.temperature,
         "top_p": 1.0 if req.top_p is None else req.top_p,
     }
+    options.update({k: v for k, v in sampling_defaults(served.parameters).items() if getattr(req, k, None) is None})
+    max_tokens = req.max_output_tokens
+    if max_tokens is None and served.parameters.get("num_predict", -1) >= 0:
+        max_tokens = served.parameters["num_predict"]
+    return max_tokens, options
 
 
 # --- the answer --------------------------------------------------------------------------------
@@ -348,8 +358,8 @@ def _reasoning_tokens(reply: Reply, tokenizer) -> int:
 class Answer:
     """One response as it is made: its fields, its `Output`, and its end (status, usage)."""
 
-    def __init__(self, req: ResponsesRequest, model_id: str, reply: Reply):
-        self.req, self.model_id = req, model_id
+    def __init__(self, req: ResponsesRequest, model_id: str, reply: Reply, options: dict):
+        self.req, self.model_id, self.options = req, model_id, options
         self.id, self.created = _id("resp"), int(time.time())
         self.output = Output(reply)
         self.status, self.usage, self.completed_at = "in_progress", None, None
@@ -382,11 +392,11 @@ class Answer:
             "previous_response_id": req.previous_response_id,
             "reasoning": {"effort": _effort(req.reasoning), "summary": None},
             "store": req.store,
-            "temperature": 1.0 if req.temperature is None else req.temperature,
+            "temperature": self.options["temperature"],
             "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
             "tool_choice": req.tool_choice or "auto",
             "tools": req.tools or [],
-            "top_p": 1.0 if req.top_p is None else req.top_p,
+            "top_p": self.options["top_p"],
             "truncation": "disabled",
             "usage": self.usage,
             "metadata": req.metadata or {},
@@ -457,17 +467,18 @@ def _sse(event: dict, seq: int) -> str:
 )
 async def create_response(request: Request):
     req = await parse_body(request, ResponsesRequest)
-    target = request.app.state.tk.pick(req.model)
-    history = _history(request, req)
-    chat = chat_request(req, history, Budget(req.max_output_tokens), _sampling(req))
+    served = request.app.state.tk.pick(req.model).served
+    conversation = input_messages(req.input, _history(request, req))
+    max_tokens, options = _sampling(req, served)
+    chat = chat_request(req, conversation, served.system, Budget(max_tokens), options)
     group = await start_choices(request, chat, 1)
     prep = group.jobs[0].prepared
-    answer = Answer(req, target.served.id, new_reply(prep.tool_names, prep.template, prep.text, prep.split))
+    answer = Answer(req, served.id, new_reply(prep.tool_names, prep.template, prep.text, prep.split), options)
     reply, output = answer.output.reply, answer.output
 
     def keep() -> None:
         if req.store:
-            _store(request).put(answer.body(), chat.messages[1:] if req.instructions else chat.messages)
+            _store(request).put(answer.body(), conversation)
 
     if not req.stream:
         ((text, stats, _),) = await collect_all(request, group)
@@ -510,7 +521,8 @@ async def create_response(request: Request):
 async def input_tokens(request: Request):
     req = await parse_body(request, InputTokensRequest)
     target = request.app.state.tk.pick(req.model)
-    prepared = await prepare_only(target.scheduler, chat_request(req, _history(request, req)))
+    conversation = input_messages(req.input if req.input is not None else [], _history(request, req))
+    prepared = await prepare_only(target.scheduler, chat_request(req, conversation, target.served.system))
     return {"object": "response.input_tokens", "input_tokens": len(prepared.ids)}
 
 

@@ -155,9 +155,9 @@ class _ResponsesBody(_Body):
 
 class ResponsesRequest(_ResponsesBody):
     input: str | list[dict] = Field(..., description="text (a user message) or a list of input items")
-    max_output_tokens: int | None = Field(None, ge=1, description="absent: up to the end of the context")
-    temperature: float | None = Field(None, ge=0, le=2, description="default 1.0; 0 is greedy")
-    top_p: float | None = Field(None, ge=0, le=1)
+    max_output_tokens: int | None = openai_field("max_output_tokens", "absent: up to the end of the context")
+    temperature: float | None = openai_field("temperature", "default 1.0; 0 is greedy")
+    top_p: float | None = openai_field("top_p")
     stream: bool = False
     store: bool = Field(True, description="keep the response (in memory, the latest few) for GET and chaining")
     metadata: dict[str, str] | None = Field(None, max_length=16)
