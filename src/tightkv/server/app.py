@@ -355,7 +355,8 @@ class ServerState:
 
     def store_models(self) -> list:
         """What the listing routes show: the served models, and with `every_model` every
-        model of the store (`store.Installed`), each as a `ServedModel`, newest first."""
+        model of the store (`store.Installed`), each as a `ServedModel`: the default model
+        first (the web page talks to the first), then the newest first."""
         from ..registry import list_installed
 
         shown = {r.id: r.served for r in self.pool.all() if r.served.path is not None}
@@ -369,7 +370,8 @@ class ServerState:
                     served._digest = found.digest
                     self._listed[key] = served
                 shown[found.name] = self._listed[key]
-        return sorted(shown.values(), key=lambda s: s.mtime, reverse=True)
+        default = self.default.served
+        return sorted(shown.values(), key=lambda s: (s is not default, -s.mtime))  # the web page's model first
 
 
 def _kv_name(kv: str | None) -> str:
