@@ -81,51 +81,54 @@ def _required(value, where: str) -> None:
         raise ApiError(400, f"'{where}' is required", param=where)
 
 
+def _check_block(b, where: str, role: str) -> None:
+    """A 400 for a block the model cannot read, or one in the other role's message."""
+    if b.type in TEXT_ONLY:
+        raise ApiError(400, f"'{where}': {b.type} blocks are not supported: the model reads text only", param=where)
+    if b.type not in BLOCK_ROLES:
+        raise ApiError(400, f"'{where}': {b.type!r} blocks are not supported", param=where)
+    if BLOCK_ROLES[b.type] not in (None, role):
+        raise ApiError(400, f"'{where}': {b.type} blocks belong in {BLOCK_ROLES[b.type]} messages", param=where)
+
+
+def _turn(m, i: int, names: dict[str, str]) -> list[dict]:
+    """One Anthropic message as chat-template messages: its tool results as tool messages
+    (first: they answer the calls before), then its text, calls and reasoning as one message.
+    `names` maps the tool_use ids seen so far to their tools."""
+    if isinstance(m.content, str):
+        return [{"role": m.role, "content": m.content}]
+    text, reasoning, calls, results = [], [], [], []
+    for j, b in enumerate(m.content):
+        where = f"messages.{i}.content.{j}"
+        _check_block(b, where, m.role)
+        if b.type == "text":
+            _required(b.text, f"{where}.text")
+            text.append(b.text)
+        elif b.type == "thinking":
+            reasoning.append(b.thinking or "")
+        elif b.type == "tool_use":
+            for name in ("id", "name"):
+                _required(getattr(b, name), f"{where}.{name}")
+            names[b.id] = b.name
+            calls.append({"id": b.id, "type": "function", "function": {"name": b.name, "arguments": b.input or {}}})
+        elif b.type == "tool_result":
+            _required(b.tool_use_id, f"{where}.tool_use_id")
+            result = {"role": "tool", "tool_call_id": b.tool_use_id, "content": _result_text(b, where)}
+            results.append(result | ({"name": names[b.tool_use_id]} if b.tool_use_id in names else {}))
+    if results and not (text or calls or reasoning):
+        return results
+    message = {"role": m.role, "content": "\n".join(text)}
+    if calls:
+        message["tool_calls"] = calls
+    if reasoning:
+        message["reasoning_content"] = "".join(reasoning)
+    return [*results, message]
+
+
 def _messages(req) -> list[dict]:
-    """The conversation as chat templates read it: tool results become tool messages (before
-    the user's text that follows them), an assistant's thinking its reasoning_content."""
-    out = _system(req.system)
-    names: dict[str, str] = {}  # tool_use id -> the tool's name
-    for i, m in enumerate(req.messages):
-        if isinstance(m.content, str):
-            out.append({"role": m.role, "content": m.content})
-            continue
-        text, reasoning, calls, results = [], [], [], []
-        for j, b in enumerate(m.content):
-            where = f"messages.{i}.content.{j}"
-            if b.type in TEXT_ONLY:
-                raise ApiError(
-                    400, f"'{where}': {b.type} blocks are not supported: the model reads text only", param=where
-                )
-            if b.type not in BLOCK_ROLES:
-                raise ApiError(400, f"'{where}': {b.type!r} blocks are not supported", param=where)
-            if BLOCK_ROLES[b.type] not in (None, m.role):
-                raise ApiError(400, f"'{where}': {b.type} blocks belong in {BLOCK_ROLES[b.type]} messages", param=where)
-            if b.type == "text":
-                _required(b.text, f"{where}.text")
-                text.append(b.text)
-            elif b.type == "thinking":
-                reasoning.append(b.thinking or "")
-            elif b.type == "tool_use":
-                for name in ("id", "name"):
-                    _required(getattr(b, name), f"{where}.{name}")
-                names[b.id] = b.name
-                calls.append({"id": b.id, "type": "function", "function": {"name": b.name, "arguments": b.input or {}}})
-            elif b.type == "tool_result":
-                _required(b.tool_use_id, f"{where}.tool_use_id")
-                message = {"role": "tool", "tool_call_id": b.tool_use_id, "content": _result_text(b, where)}
-                if b.tool_use_id in names:
-                    message["name"] = names[b.tool_use_id]
-                results.append(message)
-        out += results
-        if text or calls or reasoning or not results:
-            message = {"role": m.role, "content": "\n".join(text)}
-            if calls:
-                message["tool_calls"] = calls
-            if reasoning:
-                message["reasoning_content"] = "".join(reasoning)
-            out.append(message)
-    return out
+    """The conversation as chat templates read it (the system text first)."""
+    names: dict[str, str] = {}
+    return _system(req.system) + [msg for i, m in enumerate(req.messages) for msg in _turn(m, i, names)]
 
 
 def _tools(req) -> list[dict] | None:
