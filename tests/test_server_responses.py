@@ -199,6 +199,11 @@ def test_text_format_json_schema(client):
         ({"input": "x", "text": {"format": {"type": "xml"}}}, "text.format"),
         ({"input": "x", "reasoning": {"effort": "huge"}}, "reasoning.effort"),
         ({"input": "x", "truncation": "auto"}, "truncation"),
+        ({"input": "x", "background": True}, "background"),
+        ({"input": "x", "top_logprobs": 3}, "top_logprobs"),
+        ({"input": "x", "conversation": "conv_1"}, "conversation"),
+        ({"input": "x", "prompt": {"id": "pmpt_1"}}, "prompt"),
+        ({"input": "x", "metadata": {"k": 1}}, "metadata.k"),
         ({"input": []}, "input"),
     ],
 )

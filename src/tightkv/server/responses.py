@@ -194,6 +194,9 @@ def chat_request(req, conversation: list[dict], system: str | None = None, budge
     """The `ChatRequest` of a Responses request: its `conversation` (`input_messages`: a
     stored one continued, then the input) after the instructions as a system message, or
     else the model's own SYSTEM (a Modelfile's)."""
+    for name, use in (("conversation", "previous_response_id"), ("prompt", "input and instructions")):
+        if getattr(req, name) is not None:
+            raise ApiError(400, f"'{name}' is not supported: send {use}", param=name)
     instructions = [{"role": "system", "content": req.instructions}] if req.instructions else []
     messages = with_system(instructions + conversation, system)
     if not messages:

@@ -151,6 +151,8 @@ class _ResponsesBody(_Body):
         None, description="{format: {type: text | json_object | json_schema, schema}}: the output constrained"
     )
     reasoning: dict | None = Field(None, description="{effort: none | low | medium | high}, for models that think")
+    conversation: str | dict | None = Field(None, description="not supported: send previous_response_id")
+    prompt: dict | None = Field(None, description="prompt templates are not supported")
 
 
 class ResponsesRequest(_ResponsesBody):
@@ -163,6 +165,7 @@ class ResponsesRequest(_ResponsesBody):
     metadata: dict[str, str] | None = Field(None, max_length=16)
     truncation: Literal["disabled"] | None = Field(None, description="'auto' is not supported")
     background: Literal[False] | None = Field(None, description="background responses are not supported")
+    top_logprobs: Literal[0] | None = Field(None, description="log-probabilities are not supported")
 
 
 class InputTokensRequest(_ResponsesBody):
