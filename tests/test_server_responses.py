@@ -384,6 +384,8 @@ def test_function_call_and_its_output_fed_back(coder):
     chained = coder.responses.create(input=[result], previous_response_id=r.id, **kw)
     assert chained.output_text == answer.output_text
     assert chained.usage.input_tokens == answer.usage.input_tokens
+    # the same prompt again: all of it from the prefix store
+    assert chained.usage.input_tokens_details.cached_tokens == chained.usage.input_tokens
 
 
 @pytest.mark.slow
