@@ -98,3 +98,5 @@ def test_create_refuses_bad_names_and_files(store):
         create_model("a/b", Modelfile(str(store / "notes.gguf")))
     with pytest.raises(TightKVError, match="unknown model"):
         create_model("x", Modelfile("no-such-model"))
+    with pytest.raises(TightKVError, match="names the registry's gemma3:270m"):
+        create_model("gemma3", Modelfile(str(store / "notes.gguf")))

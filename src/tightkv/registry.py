@@ -258,6 +258,12 @@ def create_model(name: str, modelfile, report=None) -> Installed:
 
     say = report or (lambda status: None)
     canonical = created_name(name)
+    try:
+        taken = lookup(name).name
+    except TightKVError:
+        taken = None
+    if taken is not None:  # the registry's name: its pulled manifest stays what `pull` wrote
+        raise TightKVError(f"'{name}' names the registry's {taken}; give the new model another name")
     say({"status": "gathering model components"})
     base, inherited = modelfile.base, Modelfile(modelfile.base)
     if looks_like_path(base):

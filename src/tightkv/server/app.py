@@ -616,6 +616,7 @@ STREAMS = {
     "/api/chat": "application/x-ndjson",
     "/api/generate": "application/x-ndjson",
     "/api/pull": "application/x-ndjson",
+    "/api/create": "application/x-ndjson",
     "/v1/documents/{doc_id}/events": "text/event-stream",
     "/v1/documents/{doc_id}/ask": "text/event-stream",
 }
