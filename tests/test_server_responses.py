@@ -11,12 +11,13 @@ import asyncio
 import json
 import random
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
 from test_chat_templates import QWEN3
-from test_server_helpers import post, request, running
+from test_server_helpers import post, request, running, wait_idle
 from tiny_gguf import write_scripted_qwen3
 
 openai = pytest.importorskip("openai")
@@ -128,6 +129,25 @@ def test_the_client_stream_helper(client):
         text = "".join(e.delta for e in s if e.type == "response.output_text.delta")
         final = s.get_final_response()
     assert final.status == "completed" and final.output_text == text
+
+
+def test_two_responses_decode_in_one_batch(gemma, client):
+    """A whole response and a streamed one at once share decode steps, and each answers
+    as it does alone."""
+    kw = {"input": "Count from one to fifty.", "max_output_tokens": 16, "temperature": 0}
+    alone = client.responses.create(**kw)
+
+    def streamed():
+        return "".join(e.delta for e in client.responses.create(stream=True, **kw) if e.type.endswith("text.delta"))
+
+    before = wait_idle(gemma)
+    with ThreadPoolExecutor(2) as pool:
+        whole, text = pool.submit(client.responses.create, **kw), pool.submit(streamed)
+        both = [whole.result().output_text, text.result()]
+    after = wait_idle(gemma)
+    assert both == [alone.output_text] * 2 and alone.usage.output_tokens == 16
+    steps = after["decode_steps_total"] - before["decode_steps_total"]
+    assert after["decode_rows_total"] - before["decode_rows_total"] > steps  # some steps carried both
 
 
 # --- stored responses and chaining -------------------------------------------------------------------------
