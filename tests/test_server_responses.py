@@ -354,6 +354,29 @@ def test_reasoning_items(thinker):
     assert more.output_text == "ok"
 
 
+# --- reasoning: a scripted harmony (gpt-oss) model ------------------------------------------------------
+@pytest.fixture(scope="module")
+def harmony(tmp_path_factory):
+    from scripted_harmony import gpt_oss_template, write_scripted_harmony
+    from test_server_harmony import ANSWER
+
+    template = gpt_oss_template()
+    if template is None:
+        pytest.skip("llama.cpp's gpt-oss template is not on this machine")
+    path = write_scripted_harmony(tmp_path_factory.mktemp("harmony") / "tiny-harmony.gguf", [ANSWER], template)
+    with running(str(path), "--kv", "f16") as srv:
+        yield strict_client(srv)
+
+
+def test_harmony_analysis_is_a_reasoning_item(harmony):
+    """gpt-oss's analysis channel is the reasoning item, its final channel the message, at
+    every effort (the template's reasoning_effort; none and minimal are low there)."""
+    for effort in ("low", "medium", "high", "minimal", "none"):
+        r = harmony.responses.create(input="Weather in Paris?", reasoning={"effort": effort}, max_output_tokens=40)
+        assert [(i.type, (i.content[0].text)) for i in r.output] == [("reasoning", "plan"), ("message", "ok")], effort
+        assert r.reasoning.effort == effort and r.usage.output_tokens_details.reasoning_tokens >= 1
+
+
 # --- tools: Qwen2.5-Coder ------------------------------------------------------------------------------------
 WEATHER = {
     "type": "function",
