@@ -1,0 +1,207 @@
+"""Speculative decoding (#55): with greedy decoding the output is token for token the output
+without it, for prompt-lookup and draft-model drafts, on the f16 and the default compressed
+cache, the embedded Gemma 3 270M and Qwen2.5-Coder-0.5B; sampled tokens keep their distribution;
+a hybrid model's recurrent state goes back to its checkpoint after a rejected draft."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tightkv import Model
+from tightkv.engine.generate import decode_step, prefill
+from tightkv.engine.speculative import NgramDrafter, verify
+from tightkv.errors import TightKVError
+from tightkv.kv.cache import trim_to
+
+TEXT = (
+    "The lighthouse keeper climbed the spiral stairs every evening at dusk. He trimmed the wick, "
+    "polished the great lens and wrote the weather in a leather logbook: wind from the west, a "
+    "falling glass, fog banks on the northern reef. Ships passed far out, their lights small as "
+    "sparks. In winter the storms came in from the sea and shook the tower, and the keeper sat by "
+    "the lamp with a mug of tea, listening to the waves break against the rocks below. In spring "
+    "the gulls returned, the days grew long, and supply boats brought letters, flour and oil."
+)
+COPY = [{"role": "user", "content": "Repeat the following text exactly, word for word:\n\n" + TEXT}]
+N_DRAWS = 80
+SPEC_ARGS = ("spec_type", "model_draft", "draft_max", "draft_min")
+REQUANTIZED = Path.home() / ".cache" / "tightkv" / "requantized"
+
+
+@pytest.fixture(scope="module")
+def qwen() -> Model:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from qwen_model import qwen_path
+
+    return Model(str(qwen_path()))
+
+
+def greedy(model: Model, ids: list[int], kv: str | None, n: int, **kw):
+    """(ids, stats, text) of a greedy generation into a fresh cache of type `kv`."""
+    r = model.generate(ids, max_tokens=n, cache=model.new_cache(kv), **kw)
+    return r.ids, r.stats, r.text
+
+
+def same_with_and_without(model: Model, ids: list[int], kv: str | None, n: int, **kw):
+    """Greedy output without speculation and with it (`kw`): equal token for token; the stats
+    of the speculative run."""
+    rest = {k: v for k, v in kw.items() if k not in SPEC_ARGS}
+    plain, s0, t0 = greedy(model, ids, kv, n, spec_type="none", **rest)
+    spec, s1, t1 = greedy(model, ids, kv, n, **kw)
+    assert spec == plain, f"first difference at token {next(i for i, (a, b) in enumerate(zip(spec, plain)) if a != b)}"
+    assert (t1, s1.finish_reason) == (t0, s0.finish_reason)
+    assert s0.draft_n == 0
+    return s1
+
+
+@pytest.mark.parametrize("kv", ["f16", None])
+def test_verification_rows_are_decode_steps(embedded, kv):
+    """Each row of a verification forward gives the very logits of a one-token decode step, on
+    the f16 and the default compressed cache (batch invariance kept on this path)."""
+    ids = embedded.tokenize(TEXT * 2)
+    for start in (40, len(ids) - 12):
+        cache = embedded.new_cache(kv)
+        prefill(embedded.net, ids[:start], cache)
+        rows, _ = verify(embedded.net, ids[start : start + 8], cache)
+        assert trim_to(cache, start)
+        steps = torch.stack([decode_step(embedded.net, t, cache) for t in ids[start : start + 8]])
+        assert torch.equal(rows, steps)
+
+
+@pytest.mark.parametrize("kv", ["f16", None])
+def test_lookup_greedy_equal_embedded(embedded, kv):
+    """A copy of ~150 tokens past the first compressed block, its flush boundaries and the
+    512-token sliding window: the same tokens, most of them from accepted drafts."""
+    ids = embedded.chat_ids(COPY)
+    long = embedded.chat_ids([{"role": "user", "content": COPY[0]["content"] + "\n\n" + TEXT + "\n\n" + TEXT}])
+    stats = same_with_and_without(embedded, long, kv, 150, spec_type="ngram-simple")
+    assert stats.draft_n_accepted > 60, stats
+    stats = same_with_and_without(embedded, ids, kv, 40, spec_type="ngram-simple")
+    assert stats.draft_n_accepted > 10, stats
+
+
+@pytest.mark.parametrize("kv", ["f16", None])
+def test_lookup_greedy_equal_qwen(qwen, kv):
+    stats = same_with_and_without(qwen, qwen.chat_ids(COPY), kv, 60, spec_type="ngram-simple")
+    assert stats.draft_n_accepted > 20, stats
+
+
+def test_model_draft_embedded_drafting_for_itself(embedded):
+    """A draft model of the same vocabulary (here the target itself, what CI has): the same
+    tokens; a draft of the model's own greedy choices is accepted whole."""
+    stats = same_with_and_without(embedded, embedded.chat_ids(COPY), None, 40, model_draft=str(embedded.path))
+    assert stats.draft_n and stats.draft_n_accepted == stats.draft_n, stats
+
+
+def test_model_draft_low_bit_copy(embedded, ftype="Q2_0"):
+    """The embedded model drafted by a low-bit copy of itself (llama.cpp's quantizer, cached by
+    tests/requantized.py where it ran; skipped elsewhere)."""
+    found = sorted(REQUANTIZED.glob(f"gemma3-270m-*-{ftype}.gguf"))
+    if not found:
+        pytest.skip(f"no {ftype} copy of the embedded model under {REQUANTIZED}")
+    stats = same_with_and_without(embedded, embedded.chat_ids(COPY), "f16", 30, model_draft=str(found[0]))
+    assert stats.draft_n > 0
+
+
+def test_model_draft_vocabulary_mismatch_refused(embedded, qwen):
+    with pytest.raises(TightKVError, match=r"^draft model .*vocabulary \(151936 tokens\) is not the target") as err:
+        embedded.generate("hi", max_tokens=2, model_draft=str(qwen.path))
+    assert "\n" not in str(err.value)
+
+
+def test_stop_string_and_end_mid_draft(embedded):
+    """A stop string inside an accepted draft, and a token budget that ends in the middle of one:
+    the same text, ids and finish reason as without speculation."""
+    ids = embedded.chat_ids(COPY)
+    stats = same_with_and_without(embedded, ids, None, 80, spec_type="ngram-simple", stop=["weather in the logbook"])
+    assert stats.finish_reason == "stop" and stats.draft_n_accepted > 0
+    for n in (13, 27):
+        stats = same_with_and_without(embedded, ids, "f16", n, spec_type="ngram-simple")
+        assert stats.finish_reason == "length" and stats.generated_tokens == n
+
+
+def test_grammar_constrained_reply(qwen):
+    """A reply under a JSON schema, copying values from the prompt: the same tokens."""
+    record = '{"name": "Ada Lovelace", "born": 1815, "city": "London", "field": "mathematics"}'
+    msgs = [{"role": "user", "content": f"Repeat this JSON record exactly: {record}"}]
+    schema = {
+        "type": "object",
+        "properties": {k: {"type": "integer" if k == "born" else "string"} for k in ("name", "born", "city", "field")},
+        "required": ["name", "born", "city", "field"],
+    }
+    stats = same_with_and_without(qwen, qwen.chat_ids(msgs), None, 40, spec_type="ngram-simple", json_schema=schema)
+    assert stats.draft_n_accepted > 0
+
+
+def test_sampling_distribution(embedded):
+    """With temperature, top-p, a repeat penalty and a logit bias, the first and second tokens'
+    distributions with speculation match those without (total variation over N_DRAWS seeded
+    draws each, different seeds on each side), and the second token came through verification."""
+    ids = embedded.tokenize("one two three four five six one two three four five six one two three")
+    cache = embedded.new_cache("f16")
+    prefill(embedded.net, ids[:-1], cache)
+    opts = dict(temperature=0.8, top_k=8, repeat_penalty=1.05, logit_bias={2800: 1.0}, max_tokens=3, cache=cache)
+
+    def draws(seeds, **kw):
+        firsts, seconds, drafted = [], [], 0
+        for seed in seeds:
+            r = embedded.generate(ids, seed=seed, **opts, **kw)
+            got = r.ids + [-1, -1]  # -1: the reply ended
+            firsts.append(got[0])
+            seconds.append(tuple(got[:2]))
+            drafted += r.stats.draft_n > 0
+            trim_to(cache, len(ids) - 1)
+        return firsts, seconds, drafted
+
+    def tv(a, b):
+        keys = set(a) | set(b)
+        return 0.5 * sum(abs(a.count(k) - b.count(k)) for k in keys) / len(a)
+
+    f0, s0, _ = draws(range(N_DRAWS), spec_type="none")
+    f1, s1, drafted = draws(range(1000, 1000 + N_DRAWS), spec_type="ngram-simple")
+    assert drafted > N_DRAWS // 2
+    for a, b in ((f0, f1), ([s[1] for s in s0], [s[1] for s in s1]), (s0, s1)):
+        k = len(set(a) | set(b))  # outcomes seen: two samples of one law differ by ~sqrt((k-1)/(2N)) at most
+        assert tv(a, b) < 1.5 * ((k - 1) / (2 * N_DRAWS)) ** 0.5, (tv(a, b), k)
+    # each verified position draws one number as the plain path does: the same seeds, the same tokens
+    assert draws(range(20), spec_type="ngram-simple")[1] == s0[:20]
+
+
+def test_hybrid_recurrent_state_restored():
+    """Qwen3.5's layout (Gated DeltaNet and gated attention), tiny: rejected drafts send the
+    recurrent state back to the checkpoint taken before the verification, and the tokens come
+    out as without speculation; the prefill checkpoints are left as they were."""
+    path = Path(__file__).parent / "data" / "families" / "qwen35" / "qwen35-f32.gguf"
+    m = Model(str(path), kv="f32")
+    ids = m.tokenize("a b c d a b c d a b c d a b c")
+    plain = m.generate(ids, max_tokens=60, spec_type="none")
+    cache = m.new_cache()
+    spec = m.generate(ids, max_tokens=60, spec_type="ngram-simple", cache=cache)
+    assert spec.ids == plain.ids
+    assert 0 < spec.stats.draft_n_accepted < spec.stats.draft_n, spec.stats
+    points = [set(c.checkpoints) for c in cache if hasattr(c, "checkpoints")]
+    assert points and all(p == {0, len(ids)} for p in points)
+
+
+def test_ngram_drafter_longest_latest_match():
+    d = NgramDrafter()
+    assert d.propose([1, 2, 3, 9, 1, 2, 3, 7, 5, 2, 3], 3) == [7, 5, 2]  # 2-gram [2, 3]: its latest occurrence
+    assert d.propose([1, 2, 3, 9, 1, 2, 3, 7, 5, 2, 3, 9, 1], 2) == [2, 3]  # 4-gram [3, 9, 1] beats the rest
+    assert d.propose([4, 5, 6], 4) == []
+
+
+def test_run_verbose_counts(embedded, capsys):
+    """`tightkv run --spec-type ngram-simple --verbose`: the same answer, and the draft counts."""
+    from tightkv.cli import main
+
+    prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog, and the lazy dog sleeps."
+    args = ["run", str(embedded.path), prompt, "-n", "30", "--kv", "f16", "--verbose"]
+    assert main(args + ["--spec-type", "none"]) == 0
+    plain = capsys.readouterr()
+    assert main(args + ["--spec-type", "ngram-simple", "--draft-max", "8"]) == 0
+    spec = capsys.readouterr()
+    assert spec.out == plain.out
+    assert "draft tokens:" in spec.err and "draft tokens:" not in plain.err
