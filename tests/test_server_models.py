@@ -264,3 +264,25 @@ def test_a_model_that_can_never_fit_is_a_clear_503(small):
     assert err.value.status_code == 503 and "needs" in err.value.error
     assert client.delete("qwen-big").status == "success"
     assert "qwen-big:latest" not in {m.model for m in client.list().models}
+
+
+def test_a_registry_name_not_pulled_is_pulled_on_its_first_request(tmp_path):
+    """A known registry name is pulled when a request first names it (progress in the log),
+    then loaded and answered: here smollm2:135m from a hub on loopback, a tiny Gemma in its place."""
+    from fake_hub import FakeHub
+    from tightkv import registry
+    from tiny_gguf import write_gemma3
+
+    smol = registry.CATALOG["smollm2:135m"]
+    home = tmp_path / "home"
+    home.mkdir()
+    kernels = Path(os.environ.get("TIGHTKV_HOME") or Path.home() / ".cache" / "tightkv") / "kernels"
+    if kernels.is_dir():
+        (home / "kernels").symlink_to(kernels)
+    with FakeHub() as hub:
+        hub.add(smol.repo, smol.file, write_gemma3(tmp_path / "hub.gguf").read_bytes())
+        with running(env={"HF_ENDPOINT": hub.url, "TIGHTKV_HOME": str(home)}) as srv:
+            status, body = post(srv, "/v1/completions", {"model": "smollm2:135m", "prompt": "Hi", "max_tokens": 3})
+            assert status == 200 and body["model"] == "smollm2:135m" and body["usage"]["completion_tokens"] >= 1
+            assert "pulling smollm2:135m" in srv.output()
+            assert "smollm2:135m" in {m["name"] for m in json.loads(request(srv, "GET", "/api/tags")[2])["models"]}
