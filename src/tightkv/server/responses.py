@@ -77,56 +77,68 @@ def _string(item: dict, key: str, where: str) -> str:
     return value
 
 
+def _message(messages: list[dict], item: dict, where: str) -> None:
+    role = item.get("role")
+    if role not in ("user", "system", "developer", "assistant"):
+        raise ApiError(400, f"'{where}.role' must be user, system, developer or assistant", param=f"{where}.role")
+    text = _parts_text(item.get("content"), f"{where}.content", ("input_text", "output_text", "refusal"))
+    if role == "assistant":
+        _assistant(messages)["content"] += text
+    else:
+        messages.append({"role": "system" if role == "developer" else role, "content": text})
+
+
+def _function_call(messages: list[dict], item: dict, where: str) -> None:
+    function = {"name": _string(item, "name", where), "arguments": _string(item, "arguments", where)}
+    call = {"id": _string(item, "call_id", where), "type": "function", "function": function}
+    _assistant(messages).setdefault("tool_calls", []).append(call)
+
+
+def _function_call_output(messages: list[dict], item: dict, where: str) -> None:
+    call_id = _string(item, "call_id", where)
+    output = _parts_text(item.get("output"), f"{where}.output", ("input_text", "output_text"))
+    message = {"role": "tool", "tool_call_id": call_id, "content": output}
+    names = [c["function"]["name"] for m in messages for c in m.get("tool_calls", ()) if c["id"] == call_id]
+    if names:
+        message["name"] = names[-1]  # for templates that name the tool a result comes from
+    messages.append(message)
+
+
+def _reasoning(messages: list[dict], item: dict, where: str) -> None:
+    parts = item.get("content") or item.get("summary") or []
+    text = _parts_text(parts, f"{where}.content", ("reasoning_text", "summary_text"))
+    reply = _assistant(messages)
+    reply["reasoning_content"] = reply.get("reasoning_content", "") + text
+
+
+ITEMS = {
+    "message": _message,
+    "function_call": _function_call,
+    "function_call_output": _function_call_output,
+    "reasoning": _reasoning,
+}
+
+
 def input_messages(items: str | list, messages: list[dict] | None = None) -> list[dict]:
-    """Chat messages (as chat completions sends them to the template) from Responses input:
-    a string is a user message; an assistant's output items (message, reasoning,
-    function_call) join one assistant message, as llama-server merges them."""
+    """Chat messages (as chat completions sends them to the template) from Responses input,
+    after `messages` (a stored conversation): a string is a user message; an assistant's
+    output items (message, reasoning, function_call) join one assistant message, as
+    llama-server merges them; a function_call_output is a tool message."""
     messages = copy.deepcopy(messages or [])  # a stored conversation stays as it was
     if isinstance(items, str):
         return messages + [{"role": "user", "content": items}]
-    names = {c["id"]: c["function"]["name"] for m in messages for c in m.get("tool_calls", ())}
     for i, item in enumerate(items):
         where = f"input.{i}"
         if not isinstance(item, dict):
             raise ApiError(400, f"'{where}' must be an object", param=where)
         kind = item.get("type", "message")
-        if kind == "message":
-            role = item.get("role")
-            if role not in ("user", "system", "developer", "assistant"):
-                raise ApiError(
-                    400, f"'{where}.role' must be user, system, developer or assistant", param=f"{where}.role"
-                )
-            text = _parts_text(item.get("content"), f"{where}.content", ("input_text", "output_text", "refusal"))
-            if role == "assistant":
-                reply = _assistant(messages)
-                reply["content"] += text
-            else:
-                messages.append({"role": "system" if role == "developer" else role, "content": text})
-        elif kind == "function_call":
-            call_id, name = _string(item, "call_id", where), _string(item, "name", where)
-            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": item.get("arguments")}}
-            _string(item, "arguments", where)
-            _assistant(messages).setdefault("tool_calls", []).append(call)
-            names[call_id] = name
-        elif kind == "function_call_output":
-            call_id = _string(item, "call_id", where)
-            output = _parts_text(item.get("output"), f"{where}.output", ("input_text", "output_text"))
-            message = {"role": "tool", "tool_call_id": call_id, "content": output}
-            if call_id in names:
-                message["name"] = names[call_id]
-            messages.append(message)
-        elif kind == "reasoning":
-            parts = item.get("content") or item.get("summary") or []
-            text = _parts_text(parts, f"{where}.content", ("reasoning_text", "summary_text"))
-            reply = _assistant(messages)
-            reply["reasoning_content"] = reply.get("reasoning_content", "") + text
-        else:
+        if kind not in ITEMS:
             raise ApiError(
                 400,
-                f"'{where}.type' {kind!r} is not supported: give message, function_call, "
-                "function_call_output or reasoning items",
+                f"'{where}.type' {kind!r} is not supported: give {', '.join(ITEMS)} items",
                 param=f"{where}.type",
             )
+        ITEMS[kind](messages, item, where)
     return messages
 
 
