@@ -351,7 +351,9 @@ class ServerState:
 
     def _not_found(self, name: str | None) -> ApiError:
         hint = "see GET /api/tags" if self.every_model else f"this server serves '{self.default.id}'"
-        return ApiError(404, f"model '{name}' not found ({hint})", "not_found_error", param="model", code="model_not_found")
+        return ApiError(
+            404, f"model '{name}' not found ({hint})", "not_found_error", param="model", code="model_not_found"
+        )
 
     def store_models(self) -> list:
         """What the listing routes show: the served models, and with `every_model` every
@@ -538,7 +540,12 @@ def create_app(
                 total(lambda s: s.decode_rows),
             ),
             ("models_loaded", "gauge", "models in memory now", total(lambda s: s.loaded)),
-            ("models_bytes", "gauge", "bytes the loaded models hold, as plan counts them", state.pool.used()),
+            (
+                "models_bytes",
+                "gauge",
+                "bytes the loaded models and the runtime hold, as plan counts them",
+                state.pool.used(),
+            ),
         ]
         stats = [sch.prefix_stats() for sch in schedulers]
         keys = ("entries", "bytes", "budget_bytes", "hits", "misses", "reused_tokens")
