@@ -115,6 +115,10 @@ EXTRA = {
             + ["--bytes", "--json", "{json_synthetic_moe_hybrid}", "--merge"],
         ],
     ),
+    "speculative": (
+        "docs/speed.md",
+        [["speculative.py", "--server", "{llama_server}", "--json", "{json_speculative}"]],
+    ),
     "kv-auto": ("docs/kv-cache.md", [["kv_auto.py", "--brief", "{brief}", "--json", "{out}/kv_auto.json"]]),
     "serving": (
         "docs/server.md",
