@@ -113,6 +113,7 @@ def test_stream_events_add_up_to_the_whole_answer(gemma, client):
         "response.completed" if whole.status == "completed" else "response.incomplete",
     ]
     created, last = events[0].response, events[-1].response
+    assert events[2].item.content == [] and events[3].part.text == ""  # as they were when added
     assert created.status == "in_progress" and created.output == [] and created.id == last.id
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == events[-4].text == last.output_text == whole.output_text

@@ -295,25 +295,20 @@ class Output:
         events = self._end("completed")
         self.items.append(item)
         self.open = item
-        events.append({"type": "response.output_item.added", "output_index": len(self.items) - 1, "item": dict(item)})
+        added = copy.deepcopy(item)  # as it is now: the item grows after
+        events.append({"type": "response.output_item.added", "output_index": len(self.items) - 1, "item": added})
         return events
 
     def _text(self, kind: str, text: str) -> list[dict]:
         events = []
         if self.open is None or self.open["type"] != kind:
             if kind == "message":
-                item = {
-                    "id": _id("msg"),
-                    "type": "message",
-                    "role": "assistant",
-                    "status": "in_progress",
-                    "content": [],
-                }
+                item = {"id": _id("msg"), "type": "message", "role": "assistant"}
                 part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
             else:
-                item = {"id": _id("rs"), "type": "reasoning", "summary": [], "status": "in_progress", "content": []}
+                item = {"id": _id("rs"), "type": "reasoning", "summary": []}
                 part = {"type": "reasoning_text", "text": ""}
-            events += self._begin({**item, "content": []})
+            events += self._begin({**item, "status": "in_progress", "content": []})
             self.open["content"].append(part)
             events.append(self._at(self.open, "response.content_part.added", part=dict(part)))
         if text:
