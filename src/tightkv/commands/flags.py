@@ -55,14 +55,12 @@ def add_kv_flags(p: argparse.ArgumentParser, default: str = "kvarn4, or $TIGHTKV
     )
 
 
-def add_auto_flags(p: argparse.ArgumentParser) -> None:
-    """--mem: the budget `--kv auto` fits the context into."""
-    p.add_argument(
-        "--mem",
-        default=None,
-        metavar="SIZE",
-        help="memory budget for --kv auto, e.g. 8GB (default: the RAM available less 1 GiB)",
-    )
+def add_auto_flags(
+    p: argparse.ArgumentParser,
+    help: str = "memory budget for --kv auto, e.g. 8GB (default: the RAM available less 1 GiB)",
+) -> None:
+    """--mem: the budget `--kv auto` fits the context into (`serve`: its models too)."""
+    p.add_argument("--mem", default=None, metavar="SIZE", help=help)
 
 
 def auto_memory(ns: argparse.Namespace) -> int | None:

@@ -80,7 +80,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         ctx_help="context length in tokens (default: the trained context, at most 4096; "
         "0: the model's trained context)",
     )
-    add_auto_flags(p)
+    add_auto_flags(
+        p,
+        "memory for the loaded models, e.g. 8GB: weights, buffers and KV cache at their context, as plan "
+        "prices them; the least recently used idle model is unloaded to fit the next (default: no limit), "
+        "and --kv auto's budget",
+    )
 
 
 def check_port_free(host: str, port: int) -> None:
