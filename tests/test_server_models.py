@@ -24,6 +24,7 @@ from test_server_helpers import openai_client, post, request, running
 
 openai = pytest.importorskip("openai")
 ollama = pytest.importorskip("ollama")
+pytestmark = pytest.mark.slow  # two real models loaded a dozen times: about 90 s on 2 cores
 
 SYSTEM = "You are a terse assistant. Answer in one short sentence."
 MODELFILE = f'''# Qwen with its own defaults
