@@ -62,6 +62,80 @@ def sse_blocks(raw: bytes) -> list[dict]:
     return events
 
 
+# --- the conversion, without a model --------------------------------------------------------------------
+TEXT_THEN_CALL = 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("cut", [1, 3, 7, len(TEXT_THEN_CALL)])
+def test_output_events_of_a_reply_in_pieces(cut):
+    """A message then a call, fed in pieces of every size: the same items, and events the
+    client's own types accept, adding up to them."""
+    from pydantic import TypeAdapter
+
+    from tightkv.server.replies import Reply
+    from tightkv.server.responses import Output
+
+    reply = Reply({"get_weather"})
+    output = Output(reply)
+    events = []
+    for i in range(0, len(TEXT_THEN_CALL), cut):
+        events += output.add(reply.feed(TEXT_THEN_CALL[i : i + cut]))
+    events += output.add(reply.finish()) + output.close("completed")
+    adapter = TypeAdapter(openai.types.responses.ResponseStreamEvent)
+    for seq, event in enumerate(events):
+        adapter.validate_python({**event, "sequence_number": seq})
+    message, call = output.items
+    assert message["content"][0]["text"] == "Let me look." and message["status"] == "completed"
+    assert (call["name"], call["arguments"], call["status"]) == ("get_weather", '{"city": "Paris"}', "completed")
+    deltas = "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta")
+    assert deltas == call["arguments"] and call["call_id"] == reply.calls[0].id
+    kinds = [e["type"] for e in events if not e["type"].endswith(".delta")]
+    assert kinds == [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+    ]
+
+
+def test_input_items_become_chat_messages():
+    """Output items fed back join one assistant message; a call's output is a tool message
+    naming the tool; a stored conversation is not changed by what follows it."""
+    from tightkv.server.responses import input_messages
+
+    thought = {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "use the tool"}]}
+    stored = input_messages([{"role": "user", "content": "Weather in Paris?"}, thought])
+    before = json.loads(json.dumps(stored))
+    items = [
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me look."}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": [{"type": "input_text", "text": "21 C"}]},
+        {"role": "developer", "content": "Answer briefly."},
+    ]
+    assert input_messages(items, stored) == [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": "Let me look.",
+            "reasoning_content": "use the tool",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "21 C", "name": "get_weather"},
+        {"role": "system", "content": "Answer briefly."},
+    ]
+    assert stored == before
+
+
 # --- text -------------------------------------------------------------------------------------------
 def test_text_as_chat_completions_answer_it(client):
     """The same conversation through both APIs: the same greedy text and token counts."""
