@@ -17,7 +17,7 @@ LAYERS = [
     ["kv"],
     ["models"],
     ["engine"],
-    ["registry", "hub", "remote"],
+    ["registry", "hub", "remote", "modelfile"],
     ["documents"],
     ["eval"],  # measures a model it is given (duck-typed); it decides nothing for the runtime
     ["api", "repl", "autokv"],  # the facade, the REPL, and the one resolver of kv="auto"

@@ -388,3 +388,29 @@ def weight_room(plan, need: int) -> str | None:
                 f"would make room"
             )
     return None
+
+
+def footprint(path, context: int, kv: str) -> int:
+    """Bytes a loaded model holds, as `plan` counts them: weights, working buffers less the
+    runtime's own (counted once per server), a hybrid's recurrent state, and the KV cache
+    at `context` tokens of type `kv` ("auto" priced as f16)."""
+    from .eval.plan import RUNTIME_BYTES, working_bytes
+    from .gguf.describe import read_per_token
+    from .gguf.reader import read_gguf
+    from .kv.recurrent import recurrent_bytes
+    from .kv.spec import is_auto, kv_bytes_per_token
+    from .models.base import header_layout
+
+    g = read_gguf(path)
+    args, layout = header_layout(g)
+    kv_bytes = kv_bytes_per_token("f16" if is_auto(kv) else kv, layout, context)["total_bytes"]
+    return (
+        read_per_token(g).weights + working_bytes(args, context) - RUNTIME_BYTES + recurrent_bytes(layout)[1] + kv_bytes
+    )
+
+
+def runtime_bytes() -> int:
+    """Python, torch and the engine's own resident bytes (counted once per process)."""
+    from .eval.plan import RUNTIME_BYTES
+
+    return RUNTIME_BYTES

@@ -284,7 +284,7 @@ class ServerState:
         within --mem, then load it at its context and KV type (its Modelfile's, else the
         server's)."""
         from ..api import Model
-        from .pool import footprint
+        from ..autokv import footprint
 
         served, c = resident.served, self.config
         if served.path is None:

@@ -7,7 +7,7 @@ MODEL` serves that one model, loaded at start and pinned.
 Each model is a `Resident`: its names and listing (`app.ServedModel`) and its `Scheduler`
 (its own worker thread: the model is only touched there). A model's memory is what `plan`
 counts: its weights, the working buffers and its KV cache at its context
-(`footprint`); the runtime's own bytes count once. An eviction only ever unloads an idle
+(`autokv.footprint`); the runtime's own bytes count once. An eviction only ever unloads an idle
 model, on its own worker; a load waits until enough idle models are out, or fails at once
 when the model could never fit beside the pinned ones.
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from pathlib import Path
 
 from .http import ApiError
 from .scheduler import Scheduler, Unavailable
@@ -26,25 +25,6 @@ log = logging.getLogger("tightkv.server")
 
 DEFAULT_KEEP_ALIVE = 300.0  # Ollama's: 5 minutes
 EVICT_POLL_S = 0.1  # how often a waiting load looks again for room
-
-
-def footprint(path: Path, context: int, kv: str) -> int:
-    """Bytes a loaded model holds, as `plan` counts them: weights, working buffers less the
-    runtime's own (counted once per server), a hybrid's recurrent state, and the KV cache
-    at `context` tokens of type `kv` ("auto" priced as f16)."""
-    from ..eval.plan import RUNTIME_BYTES, working_bytes
-    from ..gguf.describe import read_per_token
-    from ..gguf.reader import read_gguf
-    from ..kv.recurrent import recurrent_bytes
-    from ..kv.spec import is_auto, kv_bytes_per_token
-    from ..models.base import header_layout
-
-    g = read_gguf(path)
-    args, layout = header_layout(g)
-    kv_bytes = kv_bytes_per_token("f16" if is_auto(kv) else kv, layout, context)["total_bytes"]
-    return (
-        read_per_token(g).weights + working_bytes(args, context) - RUNTIME_BYTES + recurrent_bytes(layout)[1] + kv_bytes
-    )
 
 
 def gib(n: int) -> str:
@@ -73,10 +53,10 @@ class ModelPool:
     """The residents by name, and the memory they share (`--mem`; None: no limit)."""
 
     def __init__(self, memory: int | None):
-        from ..eval.plan import RUNTIME_BYTES
+        from ..autokv import runtime_bytes
 
         self.memory = memory
-        self.runtime = RUNTIME_BYTES
+        self.runtime = runtime_bytes()
         self.residents: dict[str, Resident] = {}
         self.lock = threading.Lock()
         self.started = False
