@@ -158,6 +158,52 @@ def test_ollama_client_keep_alive_and_ps(server):
     assert loaded_now.done_reason == "load" and "gemma3:270m" in loaded(server)
 
 
+def test_every_client_on_the_two_models(server):
+    """#54's check on one server of two models by name: openai's Responses (streamed), chat
+    and embeddings and ollama's embed on each; anthropic's Messages with a forced tool
+    (streamed) and count_tokens; LangChain's default structured output of a nested pydantic
+    model on Qwen (its Modelfile's SYSTEM and num_ctx in force)."""
+    anthropic = pytest.importorskip("anthropic")
+    lc = pytest.importorskip("langchain_openai")
+    from pydantic import BaseModel
+
+    client, local = openai_client(server), ollama.Client(host=server.url)
+    for name, dim in (("gemma3", 640), ("qwen-doc", 896)):
+        events = list(client.responses.create(model=name, input="Say hello.", max_output_tokens=8, stream=True))
+        assert events[0].type == "response.created" and events[-1].type in ("response.completed", "response.incomplete")
+        assert events[-1].response.usage.output_tokens >= 1 and events[-1].response.output_text
+        vectors = client.embeddings.create(model=name, input=["a cat", "a kitten"]).data
+        assert [len(v.embedding) for v in vectors] == [dim, dim]
+        assert len(local.embed(model=name, input="a cat").embeddings[0]) == dim
+    messages = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120).messages
+    weather = {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    forced = {"type": "tool", "name": "get_weather"}
+    with messages.stream(model="qwen-doc", max_tokens=40, tools=[weather], tool_choice=forced, messages=ask) as s:
+        reply = s.get_final_message()
+    (use,) = [b for b in reply.content if b.type == "tool_use"]
+    assert reply.stop_reason == "tool_use" and use.name == "get_weather" and set(use.input) == {"city"}
+    assert messages.count_tokens(model="gemma3", messages=ask).input_tokens > 5
+
+    class City(BaseModel):
+        name: str
+        country: str
+
+    class Trip(BaseModel):
+        title: str
+        cities: list[City]
+
+    llm = lc.ChatOpenAI(
+        base_url=server.url + "/v1", api_key="unused", model="qwen-doc", temperature=0, max_tokens=200, max_retries=0
+    )
+    trip = llm.with_structured_output(Trip).invoke("Plan a short trip to two cities in France, as JSON.")
+    assert isinstance(trip, Trip) and trip.cities and all(c.name for c in trip.cities)
+
+
 def test_llama_server_router_routes(server):
     status, body = post(server, "/models/unload", {"model": "gemma3"})
     assert status == 200 and body == {"success": True}
