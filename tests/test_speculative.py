@@ -191,6 +191,7 @@ def test_ngram_drafter_longest_latest_match():
     assert d.propose([1, 2, 3, 9, 1, 2, 3, 7, 5, 2, 3], 3) == [7, 5, 2]  # 2-gram [2, 3]: its latest occurrence
     assert d.propose([1, 2, 3, 9, 1, 2, 3, 7, 5, 2, 3, 9, 1], 2) == [2, 3]  # 4-gram [3, 9, 1] beats the rest
     assert d.propose([4, 5, 6], 4) == []
+    assert NgramDrafter().propose([5, 1, 2, 3, 1, 2, 3], 5) == [1, 2, 3, 1, 2]  # a loop goes on past the end
 
 
 def test_run_verbose_counts(embedded, capsys):

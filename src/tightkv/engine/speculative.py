@@ -99,8 +99,11 @@ class NgramDrafter:
         self._index(history)
         for size in self.sizes:
             at = self.index.get(tuple(history[-size:])) if len(history) > size else None
-            if at is not None:
-                return history[at : at + n]
+            if at is not None:  # what followed it; past the end, what the draft itself repeats (a loop)
+                out = history[at : at + n]
+                while len(out) < n:
+                    out.append(out[len(out) - (len(history) - at)])
+                return out
         return []
 
     def _index(self, history: list[int]) -> None:
