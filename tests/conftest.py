@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
+
+# The tests check the optimized kernel build, so they wait for it rather than run a first
+# quick build while it compiles in the background (tightkv.kernels.build; test_kernel_build
+# runs that staged start in a home of its own).
+os.environ.setdefault("TIGHTKV_KERNEL_BUILD", "full")
 
 REFERENCE = Path(__file__).resolve().parent / "reference" / "gemma3-270m-llamacpp.json"
 

@@ -150,12 +150,13 @@ def kind_problems(src: str, kind=abi.Kind, nkinds: int = abi.NKINDS) -> list[str
 
 
 def type_problems(src: str, block_types=abi.BLOCK_TYPES) -> list[str]:
-    macro = re.search(r"#define\s+DISPATCH\b(.*?)\n\s*\}", src, re.DOTALL)
-    assert macro, "DISPATCH not found"
-    cases = [(int(n), t) for n, t in re.findall(r"case\s+(\d+)\s*:\s*return\s+CALL\((\w+)\)", macro.group(1))]
+    macros = re.findall(r"#define\s+CASES\(CALL\)(.*?)\nTYPE_GROUP", src, re.DOTALL)  # one per type group
+    assert macros, "CASES not found"
+    found = re.findall(r"case\s+(\d+)\s*:\s*return\s+CALL\((\w+)\)", "".join(macros))
+    cases = sorted((int(n), t) for n, t in found)
     out = []
     if cases != list(enumerate(block_types)):
-        out.append(f"DISPATCH: C++ {cases}, Python {list(enumerate(block_types))}")
+        out.append(f"CASES: C++ {cases}, Python {list(enumerate(block_types))}")
     ntypes = re.findall(r"static\s+const\s+int\s+NTYPES\s*=\s*(\d+)\s*;", src)
     if ntypes != [str(len(block_types))]:
         out.append(f"NTYPES: C++ {ntypes}, Python {len(block_types)}")

@@ -5,6 +5,15 @@
 under a hash of the sources, compiler, flags and CPU, written atomically; stale
 builds (another hash) are removed once a new one is in place.
 
+The translation units compile in parallel, one compiler per core, and are linked
+once. A first run does not wait for the optimized build (``-O3``, about 50 s of
+CPU): ``library()`` compiles a quick build (``-Og``, about 14 s of CPU; its
+decode about half as fast) and loads it, and a detached, niced process compiles
+the optimized one, which later processes load. Both builds give bit-identical results (the same sources, no
+fast-math, no FMA contraction; tests/test_kernel_build.py checks every type).
+``TIGHTKV_KERNEL_BUILD`` picks: ``staged`` (default), ``full`` (wait for the
+optimized build) or ``quick`` (the quick build only, no background build).
+
 Instruction paths: the default target is the machine's own (``-march=native``),
 which takes AVX-512 (with VNNI where present), else AVX2+FMA, else portable
 GCC/clang vector extensions. ``TIGHTKV_SIMD`` forces one on any x86-64 machine
@@ -34,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -41,13 +51,18 @@ import torch
 from . import abi
 
 SOURCE_DIR = Path(__file__).with_name("csrc")
-SOURCES = (
-    "pool.cpp",
-    "qmatmul.cpp",
+SOURCES = (  # one library; the costliest units first, so the parallel compile ends together
+    "qtypes_grids.cpp",
     "attention.cpp",
+    "qtypes_lowbit.cpp",
+    "qtypes_kquants.cpp",
+    "qtypes_legacy.cpp",
+    "qmatmul.cpp",
+    "pool.cpp",
     "encode.cpp",
     "recurrent.cpp",
-)  # compiled together into one library
+)
+STAGES = {"quick": "-Og", "full": "-O3"}  # the optimization level of each build
 TARGETS = {
     "native": (),
     "avx512": (),
@@ -57,6 +72,7 @@ TARGETS = {
 
 _lib: ctypes.CDLL | None = None
 _state = "unloaded"  # unloaded | loaded | unavailable
+_stage = ""  # the loaded library's build: quick or full
 _error = ""
 _lock = threading.Lock()
 _threads: int | None = None  # kernel threads; None follows torch.get_num_threads()
@@ -70,7 +86,7 @@ def library() -> ctypes.CDLL | None:
     with _lock:
         if _state == "unloaded":
             try:
-                _lib = load()
+                _lib = load(stage=build_mode())
                 _state = "loaded"
             except Exception as err:  # no compiler, odd platform: the reference path runs
                 _lib, _state, _error = None, "unavailable", str(err).strip().splitlines()[0][:300]
@@ -98,7 +114,8 @@ def summary() -> str:
     lib = library()
     if lib is None:
         return f"unavailable ({_error or 'not loaded'}): the slow torch reference path runs"
-    return f"{simd_name(lib)}, {threads()} threads"
+    quick = " (quick build, until the optimized one is compiled)" if _stage == "quick" else ""
+    return f"{simd_name(lib)}, {threads()} threads{quick}"
 
 
 def simd_name(lib: ctypes.CDLL) -> str:
@@ -118,6 +135,14 @@ def set_threads(n: int | None) -> None:
 def threads() -> int:
     """Threads the kernels use for a parallel call."""
     return _threads or torch.get_num_threads()
+
+
+def build_mode() -> str:
+    """How `library()` builds, from TIGHTKV_KERNEL_BUILD: staged (default), full or quick."""
+    mode = os.environ.get("TIGHTKV_KERNEL_BUILD", "").strip().lower() or "staged"
+    if mode not in ("staged", "full", "quick"):
+        raise RuntimeError(f"TIGHTKV_KERNEL_BUILD={mode!r}: expected staged, full or quick")
+    return mode
 
 
 def target() -> str:
@@ -154,26 +179,68 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
-def load(name: str | None = None) -> ctypes.CDLL:
+def load(name: str | None = None, stage: str = "full") -> ctypes.CDLL:
     """Compile (once, cached) and load the library for target `name` (default:
-    TIGHTKV_SIMD or native). Tests load the other targets side by side."""
+    TIGHTKV_SIMD or native). Tests load the other targets side by side.
+
+    `stage`: "full" the optimized build, "quick" the quick one, "staged" the
+    optimized build where it is there, else the quick one while a background
+    process compiles the optimized one."""
+    global _stage
+    name = name or target()
+    full = build_path(name, "full")
+    _stage = "full" if stage == "full" or (stage == "staged" and full.exists()) else "quick"
+    built = full if _stage == "full" else build_path(name, "quick")
+    if not built.exists():
+        _compile(_cxx(), _flags(name, _stage), built)
+        if built == full:  # the quick build of the same sources goes too
+            _prune(built.parent, name, built)
+    if stage == "staged" and not full.exists():
+        build_in_background(name)
+    return _declare(ctypes.CDLL(str(built)))
+
+
+def build_path(name: str, stage: str) -> Path:
+    """Where build `stage` (quick or full) of target `name` is cached (it may not exist yet)."""
     if os.environ.get("TIGHTKV_NO_COMPILE", "") not in ("", "0"):
         raise RuntimeError("disabled by TIGHTKV_NO_COMPILE")
-    name = name or target()
-    cpu = _cpu_flags()
-    if name == "avx512" and " avx512f" not in cpu:
+    if name == "avx512" and " avx512f" not in _cpu_flags():
         raise RuntimeError("TIGHTKV_SIMD=avx512 but this CPU has no AVX-512F")
+    cxx = _cxx()
+    parts = [source_digest(), cxx, *_flags(name, stage), "-shared", _cpu_flags()]
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+    return cache_dir() / f"tightkv-{name}-{key}.so"
+
+
+def build_in_background(name: str) -> None:
+    """Start compiling the optimized build of target `name` in a detached, niced process
+    (it outlives this one), unless one started in the last 15 minutes is still at it."""
+    lock = build_path(name, "full").with_suffix(".building")
+    try:
+        if time.time() - lock.stat().st_mtime < 900:
+            return
+    except FileNotFoundError:
+        pass
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tightkv.kernels.build", name],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    lock.write_text(str(proc.pid))  # the build's process (and process group)
+
+
+def _cxx() -> str:
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if not cxx:
         raise RuntimeError("no C++ compiler found")
-    flags = ["-O3", "-march=native", *TARGETS[name], "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17", "-pthread"]
-    key = hashlib.sha256("\0".join([source_digest(), cxx, *flags, cpu]).encode()).hexdigest()[:16]
-    cache = cache_dir()
-    so = cache / f"tightkv-{name}-{key}.so"
-    if not so.exists():
-        _compile(cxx, flags, so)
-        _prune(cache, name, so)
-    return _declare(ctypes.CDLL(str(so)))
+    return cxx
+
+
+def _flags(name: str, stage: str) -> list[str]:
+    """The compile flags of build `stage` for target `name` (each unit to an object)."""
+    return [STAGES[stage], "-march=native", *TARGETS[name], "-ffp-contract=off", "-fPIC", "-std=c++17", "-pthread"]
 
 
 def compile_check(name: str) -> None:
@@ -208,23 +275,32 @@ def compile_check(name: str) -> None:
 
 
 def _compile(cxx: str, flags: list[str], so: Path) -> None:
+    """Compile every unit to an object, one compiler per core, then link them into `so`."""
     so.parent.mkdir(parents=True, exist_ok=True)
-    print("tightkv: compiling CPU kernels (first run only, about a minute)...", end="", file=sys.stderr, flush=True)
+    quick = STAGES["quick"] in flags
+    what = "a quick build, about 15 s; the optimized one follows in the background" if quick else "about 30 s"
+    print(f"tightkv: compiling CPU kernels (first run only, {what})...", end="", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=so.parent) as tmp:
+        objects = [str(Path(tmp) / (s + ".o")) for s in SOURCES]
+        jobs = [[cxx, *flags, "-c", str(SOURCE_DIR / s), "-o", o] for s, o in zip(SOURCES, objects)]
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            procs = list(pool.map(lambda cmd: subprocess.run(cmd, check=False, capture_output=True, text=True), jobs))
         out = Path(tmp) / so.name
-        sources = [str(SOURCE_DIR / s) for s in SOURCES]
-        proc = subprocess.run([cxx, *flags, *sources, "-o", str(out)], capture_output=True, text=True)
-        if proc.returncode != 0:
+        if all(p.returncode == 0 for p in procs):
+            link = [cxx, "-shared", "-fPIC", "-pthread", *objects, "-o", str(out)]
+            procs.append(subprocess.run(link, check=False, capture_output=True, text=True))
+        failed = next((p for p in procs if p.returncode != 0), None)
+        if failed is not None:
             print(" failed", file=sys.stderr, flush=True)
-            err = proc.stderr.strip() or f"{cxx} exited with {proc.returncode}"
+            err = failed.stderr.strip() or f"{cxx} exited with {failed.returncode}"
             raise RuntimeError(f"kernel compile failed: {err[:300]}")
         os.replace(out, so)
     print(f" done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
 
 
 def _prune(cache: Path, name: str, keep: Path) -> None:
-    """Remove older builds of the same target (other sources or compiler)."""
+    """Remove the other builds of the same target (other sources or compiler, and the quick build)."""
     for old in cache.glob(f"tightkv-{name}-*.so"):
         if old != keep:
             old.unlink(missing_ok=True)
@@ -241,3 +317,21 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         if lib.tk_lowbit_table(i, table.ctypes.data, table.nbytes):
             raise RuntimeError(f"kernel table {i} refused ({table.nbytes} bytes)")
     return lib
+
+
+def _build_full(name: str) -> None:
+    """The background build (`python -m tightkv.kernels.build NAME`): compile the optimized
+    library of target `name` unless it is there, remove the older builds, release the lock;
+    at a lower priority than the process that started it."""
+    os.nice(10)
+    full = build_path(name, "full")
+    try:
+        if not full.exists():
+            _compile(_cxx(), _flags(name, "full"), full)
+            _prune(full.parent, name, full)
+    finally:
+        full.with_suffix(".building").unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    _build_full(sys.argv[1])

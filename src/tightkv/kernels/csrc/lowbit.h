@@ -28,11 +28,14 @@ struct Tables {
   int8_t iq4[16], fp4[16];                       // kvalues_iq4nl, kvalues_mxfp4
   float ue4m3[256];                              // NVFP4 scales, halved
 };
-static Tables tab;
-static unsigned loaded;       // bit i: table i was given
-static uint64_t sign8[256];   // a sign byte -> 8 bytes, 0xFF where its bit is set
-static uint8_t ksign[128];    // a 7-bit sign index -> 8 sign bits, the 8th giving even parity (ksigns_iq2xs)
-static uint32_t crumbs[256];  // a byte -> its 4 2-bit fields as bytes, low bits first
+// One copy in the library for every translation unit that includes this header (C++17 inline
+// variables), not exported from it.
+#define LIBRARY_GLOBAL inline __attribute__((visibility("hidden")))
+LIBRARY_GLOBAL Tables tab;
+LIBRARY_GLOBAL unsigned loaded;       // bit i: table i was given
+LIBRARY_GLOBAL uint64_t sign8[256];   // a sign byte -> 8 bytes, 0xFF where its bit is set
+LIBRARY_GLOBAL uint8_t ksign[128];    // a 7-bit sign index -> 8 sign bits, the 8th giving even parity (ksigns_iq2xs)
+LIBRARY_GLOBAL uint32_t crumbs[256];  // a byte -> its 4 2-bit fields as bytes, low bits first
 
 static void init_derived() {
   for (int b = 0; b < 256; b++) {
