@@ -7,7 +7,8 @@ default ``~/.cache/tightkv``)::
                                   by `tightkv create` adds its Modelfile's from, parameters, system
                                   and template, and `local_file` when its GGUF is outside blobs/
     kernels/                      compiled CPU kernels
-    documents/                    stored document caches
+    documents/                    stored KV prefixes (documents, RLV reads, server prompts), at
+                                  most `cache_max_bytes()`, the least recently used out first
     data/                         the essays corpus
 
 `registry` maps names to entries; `hub` downloads into this store.
@@ -245,3 +246,45 @@ def file_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+CACHE_MAX_DEFAULT = 4 * 10**9  # bytes of stored KV prefixes (documents/) unless TIGHTKV_CACHE_MAX says
+
+
+def parse_size(text: str) -> int:
+    """Bytes from a size such as 16GB, 8GiB, 512M or 0 (decimal units; "i" for binary).
+    Raises ValueError for anything else."""
+    import re
+
+    m = re.fullmatch(r"\s*([\d.]+)\s*([kmgt]?)(i?)b?\s*", text.lower())
+    if not m:
+        raise ValueError(f"not a size: {text!r}")
+    base = 1024 if m.group(3) else 1000
+    return int(float(m.group(1)) * base ** " kmgt".index(m.group(2) or " "))
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from a duration such as 90s, 30m, 12h, 7d or 2w (a bare number: seconds).
+    Raises ValueError for anything else."""
+    import re
+
+    m = re.fullmatch(r"\s*([\d.]+)\s*([smhdw]?)\s*", text.lower())
+    if not m:
+        raise ValueError(f"not a duration: {text!r}")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[m.group(2)]
+
+
+def cache_max_bytes() -> int | None:
+    """The bound on the stored KV prefixes under documents/: $TIGHTKV_CACHE_MAX (a size;
+    0 or "none": no bound), default 4 GB. Beyond it the least recently used go first."""
+    text = os.environ.get("TIGHTKV_CACHE_MAX", "").strip().lower()
+    if not text:
+        return CACHE_MAX_DEFAULT
+    if text in ("0", "none", "off"):
+        return None
+    try:
+        return parse_size(text)
+    except ValueError:
+        from .errors import TightKVError
+
+        raise TightKVError(f"TIGHTKV_CACHE_MAX takes a size like 4GB or 500MiB (0: no bound), got '{text}'") from None

@@ -365,10 +365,9 @@ def kv_list(text: str | None) -> list[str]:
 
 def parse_size(text: str, flag: str) -> int:
     """Bytes from a size such as 16GB, 8GiB, 512M or 0 (decimal units; "i" for binary)."""
-    import re
+    from ..store import parse_size as size_bytes
 
-    m = re.fullmatch(r"\s*([\d.]+)\s*([kmgt]?)(i?)b?\s*", text.lower())
-    if not m:
-        raise TightKVError(f"{flag} takes a size like 16GB or 8GiB, got '{text}'")
-    base = 1024 if m.group(3) else 1000
-    return int(float(m.group(1)) * base ** " kmgt".index(m.group(2) or " "))
+    try:
+        return size_bytes(text)
+    except ValueError:
+        raise TightKVError(f"{flag} takes a size like 16GB or 8GiB, got '{text}'") from None

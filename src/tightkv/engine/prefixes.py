@@ -135,8 +135,9 @@ class PrefixStore:
         self, ids: list[int], marks: list[int], progress: Callable[[int, int], None] | None = None
     ) -> tuple[int, list]:
         """A cache holding `ids`: the longest stored prefix at a mark, then prefilled
-        with chunks ending at each mark (`len(ids)` is always one), each new mark stored.
-        Returns (tokens taken from the store, the cache). `progress(done, total)` counts
+        with chunks ending at each mark (`len(ids)` is always one), each new mark stored
+        in RAM and the whole of `ids` on disk too (a file per mark would hold the earlier
+        marks' codes again: a 3-section read took 3 files of nearly its size). Returns (tokens taken from the store, the cache). `progress(done, total)` counts
         the tokens prefilled here, of those not taken from the store."""
         from .generate import prefill
 
@@ -153,15 +154,17 @@ class PrefixStore:
                 cache,
                 progress=progress,
                 cuts=ends,
-                after=lambda e: self.put(ids[:e], cache) if e in keep else None,
+                after=lambda e: self.put(ids[:e], cache, disk=e == len(ids)) if e in keep else None,
             )
         return reused, cache
 
-    def put(self, ids: list[int], cache: list, logits: torch.Tensor | None = None, cuts: tuple = ()) -> None:
+    def put(
+        self, ids: list[int], cache: list, logits: torch.Tensor | None = None, cuts: tuple = (), disk: bool = True
+    ) -> None:
         """Store a copy of `cache` (which holds exactly `ids`, filled with chunk ends at
         `cuts` off the grid; `logits`, if given, are those after its last token) in RAM,
-        and on disk when long enough (then the disk's files of this kind are pruned to
-        `disk_bytes`). The cache stays the caller's."""
+        and on disk when long enough and `disk` (then the disk's files of this kind are
+        pruned to `disk_bytes`). The cache stays the caller's."""
         key = _key(ids, cuts)
         if key in self._ram:
             self._ram.move_to_end(key)
@@ -170,7 +173,7 @@ class PrefixStore:
                 self._ram[key] = (states, size, logits.clone())
             return
         self._remember(key, [c.state() for c in cache], None if logits is None else logits.clone())
-        if self.disk is not None and len(ids) >= self.disk_tokens:
+        if disk and self.disk is not None and len(ids) >= self.disk_tokens:
             extras = {"logits": logits} if logits is not None else None
             path = self.disk.save(
                 self.model, self.doc, self.kv, list(ids), cache, kind=self.kind, extras=extras, cuts=key[1]

@@ -120,10 +120,15 @@ class CacheRejected(Exception):
 
 
 class CacheStore:
-    """Save and load filled KV caches under `root` (default home()/documents)."""
+    """Save and load filled KV caches under `root` (default home()/documents), at most
+    `max_bytes` of files in all (None: `store.cache_max_bytes()`, $TIGHTKV_CACHE_MAX or
+    4 GB; 0: no bound): a save deletes the least recently used files beyond it."""
 
-    def __init__(self, root: str | os.PathLike | None = None):
+    def __init__(self, root: str | os.PathLike | None = None, max_bytes: int | None = None):
+        from ..store import cache_max_bytes
+
         self.root = Path(root) if root is not None else documents_dir()
+        self.max_bytes = cache_max_bytes() if max_bytes is None else (max_bytes or None)
 
     def path_for(self, model, doc, kv, ids: list[int], cuts: tuple = ()) -> Path:
         return self.root / f"{_key_hash(cache_key(model, kv, ids, cuts))}.safetensors"
@@ -181,6 +186,8 @@ class CacheStore:
         finally:
             if tmp.exists():
                 tmp.unlink()
+        if self.max_bytes is not None:
+            self.prune(self.max_bytes, keep=path)
         return path
 
     # --- load -------------------------------------------------------------------------
@@ -281,23 +288,40 @@ class CacheStore:
             out.append(row)
         return out
 
-    def prune(self, max_bytes: int, kind: str, keep: Path | None = None) -> int:
-        """Delete files of `kind`, least recently used first, until that kind's files take
-        at most `max_bytes` (`keep`, the file just written, goes last). Returns files deleted."""
-        rows = [r for r in self.entries() if r.get("kind") == kind]
-        total = sum(r["file_bytes"] for r in rows)
-        rows.sort(key=lambda r: (r["path"] == str(keep), Path(r["path"]).stat().st_mtime))
+    def prune(self, max_bytes: int, kind: str | None = None, keep: Path | None = None) -> int:
+        """Delete files of `kind` (None: every kind), least recently used first, until they
+        take at most `max_bytes` (`keep`, the file just written, stays). Returns files deleted."""
+        rows = sorted(self.files(kind), key=lambda r: r[2])
+        total = sum(size for _, size, _ in rows)
         deleted = 0
-        for r in rows:
+        for path, size, _ in rows:
             if total <= max_bytes:
                 break
+            if path != keep and _unlink(path):
+                total -= size
+                deleted += 1
+        return deleted
+
+    def prune_older(self, seconds: float, kind: str | None = None) -> int:
+        """Delete files of `kind` (None: every kind) last used more than `seconds` ago (a
+        load touches its file). Returns files deleted."""
+        cutoff = time.time() - seconds
+        return sum(_unlink(path) for path, _, used in self.files(kind) if used < cutoff)
+
+    def files(self, kind: str | None) -> list[tuple[Path, int, float]]:
+        """(path, bytes, last use) of the files of `kind`; every kind from the directory alone."""
+        if kind is not None:
+            paths = [Path(r["path"]) for r in self.entries() if r.get("kind") == kind]
+        else:
+            paths = list(self.root.glob("*.safetensors")) if self.root.exists() else []
+        out = []
+        for path in paths:
             try:
-                Path(r["path"]).unlink()
+                st = path.stat()
             except OSError:
                 continue
-            total -= r["file_bytes"]
-            deleted += 1
-        return deleted
+            out.append((path, st.st_size, st.st_mtime))
+        return out
 
     def remove(self, names: list[str]) -> list[str]:
         """Delete the named files (a file name, or its key without the suffix)."""
@@ -319,6 +343,14 @@ class CacheStore:
             p.unlink()
             n += 1
         return n
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        path.unlink()
+    except OSError:
+        return False
+    return True
 
 
 _DTYPE_BYTES = {
