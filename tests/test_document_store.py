@@ -135,3 +135,20 @@ def test_ask_keeps_the_store_under_tightkv_cache_max(home, three, tmp_path):
     assert not kept[0] and kept == sorted(kept)  # the oldest first
     files = CacheStore(home / "documents", max_bytes=0).files(None)
     assert len(files) == 1 + sum(kept) and sum(size for _, size, _ in files) <= bound
+
+
+def test_ask_help_names_the_formats_the_readme_lists_and_formats_reads():
+    """`ask --help` says every format `documents.formats` reads, as the README lists them."""
+    import re
+    from pathlib import Path
+
+    from tightkv.documents import formats
+
+    text = " ".join(cli("ask", "--help").stdout.split())
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    listed = re.search(r"A document \(([^)]*)\) is prefilled", readme).group(1)
+    assert listed == "text, Markdown, HTML or PDF"
+    for name in ("text", "Markdown", "HTML", "PDF"):
+        assert name in text
+    for suffix in formats.SUFFIXES - {""}:
+        assert suffix in text, suffix

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..documents import formats
 from ..errors import TightKVError
 from .flags import CTX_HELP, add_auto_flags, add_kv_flags, add_spec_flags, auto_memory, kv_spec, spec_kwargs
 
@@ -33,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="FILE",
-        help="a text or Markdown document (repeatable: the documents are read together)",
+        help=f"a document: {formats.described()} (repeatable: the documents are read together)",
     )
     p.add_argument(
         "--mode",

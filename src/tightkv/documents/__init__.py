@@ -8,7 +8,17 @@ past the model's working memory (`rlv`, `memory`).
     print(doc.ask("Who leads the Lumen division?"))
 """
 
-from .reading import Answer, PrefixCache
-from .session import MODES, DocumentSession
-
 __all__ = ["Answer", "DocumentSession", "PrefixCache", "MODES"]
+
+
+def __getattr__(name: str):
+    """The session classes on first use: `documents.formats` alone (the CLI's help) loads no torch."""
+    if name in ("Answer", "PrefixCache"):
+        from . import reading
+
+        return getattr(reading, name)
+    if name in ("MODES", "DocumentSession"):
+        from . import session
+
+        return getattr(session, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

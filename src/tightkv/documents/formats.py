@@ -22,6 +22,18 @@ PDF_SUFFIXES = {".pdf"}
 SUFFIXES = TEXT_SUFFIXES | HTML_SUFFIXES | PDF_SUFFIXES
 
 
+def described() -> str:
+    """The formats read, for help texts: "text or Markdown (.txt, .md, ...), HTML (...) or PDF (.pdf)"."""
+
+    def suffixes(group: set[str]) -> str:
+        return ", ".join(sorted(s for s in group if s))
+
+    return (
+        f"text or Markdown ({suffixes(TEXT_SUFFIXES)}, or no suffix), HTML ({suffixes(HTML_SUFFIXES)}) "
+        f"or PDF ({suffixes(PDF_SUFFIXES)}, its text layer)"
+    )
+
+
 def supported(name: str) -> bool:
     """Whether a file name's suffix is one we read."""
     return PurePath(name).suffix.lower() in SUFFIXES
