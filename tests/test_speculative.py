@@ -13,7 +13,7 @@ import torch
 
 from tightkv import Model
 from tightkv.engine.generate import decode_step, prefill
-from tightkv.engine.speculative import NgramDrafter, verify
+from tightkv.engine.speculative import NgramDrafter, room, verify
 from tightkv.errors import TightKVError
 from tightkv.kv.cache import trim_to
 
@@ -69,6 +69,25 @@ def test_verification_rows_are_decode_steps(embedded, kv):
         assert trim_to(cache, start)
         steps = torch.stack([decode_step(embedded.net, t, cache) for t in ids[start : start + 8]])
         assert torch.equal(rows, steps)
+
+
+@pytest.mark.parametrize("family", ["mistral3-q8_0", "gpt-oss-mxfp4", "qwen35-q8_0"])
+@pytest.mark.parametrize("kv", ["f16", None])
+def test_verification_rows_other_families(family, kv):
+    """The same on the tiny fixtures of Mistral 3 (a query scale by position: rows crossing
+    its step at 320), gpt-oss (attention sinks, sliding windows) and Qwen3.5 (recurrent layers
+    stepped row by row); Gemma 4's shared-KV layers take no drafts (`room` 0)."""
+    path = Path(__file__).parent / "data" / "families" / family.rsplit("-", 1)[0] / f"{family}.gguf"
+    m = Model(str(path))
+    ids = m.tokenize("a b c d e f g " * 80)[:330]
+    cache = m.new_cache(kv)
+    prefill(m.net, ids[:316], cache)
+    assert room(cache) > 8
+    rows, _ = verify(m.net, ids[316:324], cache)
+    assert trim_to(cache, 316)
+    assert torch.equal(rows, torch.stack([decode_step(m.net, t, cache) for t in ids[316:324]]))
+    gemma4 = Model(str(Path(__file__).parent / "data" / "families" / "gemma4" / "gemma4-q8_0.gguf"))
+    assert room(gemma4.new_cache(kv)) == 0
 
 
 @pytest.mark.parametrize("kv", ["f16", None])

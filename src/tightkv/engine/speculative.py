@@ -215,7 +215,8 @@ class RowLayer(BatchLayer):
     yet) has them kept after each row, so that `keep` puts back what a decode step would hold."""
 
     def __init__(self, layer, rows: int):
-        super().__init__([layer] * rows, [1] * rows)
+        at = [layer] * rows if hasattr(layer, "checkpoints") else [_At(layer, layer.offset + i) for i in range(rows)]
+        super().__init__(at, [1] * rows)
         self.layer = layer
         self.sums: list | None = [_sums(layer)] if _summing(layer) else None  # before each row, and after the last
 
@@ -237,6 +238,17 @@ class RowLayer(BatchLayer):
 def _sums(c) -> tuple:
     """A compressed layer's running sums of its decode steps' query squares (a copy)."""
     return None if c._qstep is None else c._qstep.clone(), c._qn
+
+
+class _At:
+    """An attention layer as row `offset` of a verification sees it: its position (what a
+    query scale by position reads: `models.decoder.temperature`), attending as the layer does."""
+
+    def __init__(self, layer, offset: int):
+        self.layer, self.offset = layer, offset
+
+    def attend(self, q, k, v, scale, sinks=None) -> torch.Tensor:
+        return self.layer.attend(q, k, v, scale, sinks)
 
 
 def _summing(c) -> bool:
