@@ -9,12 +9,17 @@ import urllib.request
 
 
 def serve(port: int, ctx: int) -> subprocess.Popen:
-    """Start the server (2 threads, no prompt files on disk) and wait until /health answers 200."""
+    """Start the server on the embedded model, pinned (2 threads, no prompt files on disk), and
+    wait until /health answers 200. Pinned: a fuzzed DELETE /api/delete cannot remove it from
+    the user's store, as it could with `serve` of the whole store."""
+    from tightkv.registry import DEFAULT_MODEL
+
     cmd = [
         sys.executable,
         "-m",
         "tightkv.cli",
         "serve",
+        DEFAULT_MODEL,
         "--port",
         str(port),
         "--ctx",

@@ -627,7 +627,12 @@ async def create(request: Request):
     return await _status_answer(work, req.stream)
 
 
-@router.delete("/delete", summary="Remove a model from the store", openapi_extra=request_body(OllamaPullRequest))
+@router.delete(
+    "/delete",
+    summary="Remove a model from the store (200 with no body, as Ollama answers)",
+    openapi_extra=request_body(OllamaPullRequest),
+    response_class=Response,
+)
 async def delete(request: Request):
     from ..errors import TightKVError
     from ..registry import remove
