@@ -175,3 +175,49 @@ def test_a_base_model_continues_text_and_says_when_it_wrote_nothing(home):
         assert answer.locator(".body .empty-reply").count() == 1
         assert note.startswith("The model wrote nothing.") and "base model without a chat template" in note
         assert "(no reply)" not in page.inner_text("#log")
+
+
+RAGGED = """# Field notes
+
+The survey team walked the eastern ridge
+at dawn, counting nests along the cliff
+edge, and returned to camp by noon.
+
+    count = nests(ridge="east")
+    print(count)
+
+- the first item
+  goes on here
+- the second item
+"""
+
+
+def test_the_document_pane_reflows_hard_wrapped_paragraphs(home, tmp_path):
+    """A file's hard line breaks inside a paragraph read as spaces (one running paragraph),
+    blank lines still part paragraphs, and code and list items keep their lines."""
+    path = tmp_path / "notes.txt"
+    path.write_text(RAGGED)
+    with serve(home) as server, browser_page() as page:
+        page.goto(server.url)
+        enter_key(page)
+        page.set_input_files("input[type=file]", str(path))
+        page.wait_for_selector("#view-meta:has-text('tokens')", timeout=LOAD_MS)
+        paras = page.locator("#view p.doc-para")
+        assert [paras.nth(i).inner_text() for i in range(paras.count())] == [
+            "# Field notes",
+            "The survey team walked the eastern ridge at dawn, counting nests along the cliff edge, and returned to "
+            "camp by noon.",
+            "- the first item goes on here",
+            "- the second item",
+        ]
+        assert page.locator("#view pre.doc-pre").inner_text() == '    count = nests(ridge="east")\n    print(count)'
+        # laid out as running text: the words either side of a hard break share a line
+        tops = page.evaluate("""() => {
+            const node = document.querySelector("#view p.doc-para:nth-of-type(2)").firstChild;
+            const at = node.data.indexOf("ridge\\nat");
+            const top = (i) => { const r = document.createRange(); r.setStart(node, i); r.setEnd(node, i + 1);
+                                 return r.getBoundingClientRect().top; };
+            return [top(at), top(at + 6)];
+        }""")
+        assert tops[0] == tops[1]
+        assert page.locator("#view").inner_text().count("\n") < RAGGED.count("\n")

@@ -302,23 +302,68 @@ function leaveDocument() {
   for (const button of document.querySelectorAll(".doc-button")) button.setAttribute("aria-pressed", "false");
 }
 
-// The document's text with the quoted spans marked (text nodes only: nothing is parsed as HTML).
+// The document's text with the quoted spans marked (text nodes only: nothing is parsed as HTML),
+// block by block (textBlocks): a paragraph's hard line breaks read as spaces, code kept as it is.
 function renderText(quotes, answer) {
   const view = $("view");
   view.replaceChildren();
-  const spans = [...quotes].sort((a, b) => a.start - b.start);
-  let at = 0;
-  spans.forEach((q, i) => {
-    if (q.start < at) return;
-    view.append(document.createTextNode(state.text.slice(at, q.start)));
-    const mark = el("mark", { id: `quote-${i}`, className: "quote" }, state.text.slice(q.start, q.end));
-    if (answer && holds(q.text, answer)) mark.classList.add("holds-answer");
-    view.append(mark);
-    at = q.end;
+  const spans = [];
+  [...quotes].sort((a, b) => a.start - b.start).forEach((q, i) => {
+    if (!spans.length || q.start >= spans[spans.length - 1].end) spans.push({ ...q, id: `quote-${i}` });
   });
-  view.append(document.createTextNode(state.text.slice(at)));
+  for (const block of textBlocks(state.text)) {
+    const node = el(block.kind === "pre" ? "pre" : "p", { className: block.kind === "pre" ? "doc-pre" : "doc-para" });
+    let at = block.start;
+    for (const q of spans) {
+      const start = Math.max(q.start, block.start), end = Math.min(q.end, block.end);
+      if (start >= end) continue;
+      node.append(document.createTextNode(state.text.slice(at, start)));
+      const mark = el("mark", { className: "quote" }, state.text.slice(start, end));
+      if (start === q.start) mark.id = q.id;  // a quote over two blocks: its first part is the anchor
+      if (answer && holds(q.text, answer)) mark.classList.add("holds-answer");
+      node.append(mark);
+      at = end;
+    }
+    node.append(document.createTextNode(state.text.slice(at, block.end)));
+    view.append(node);
+  }
   const first = view.querySelector("mark.holds-answer") || view.querySelector("mark");
   if (first) first.scrollIntoView({ block: "center" });
+}
+
+// The text's blocks as [start, end) offsets into it, kind "p" or "pre": blank lines end a
+// paragraph; a heading, a list item or a quoted line starts one; fenced code (``` or ~~~),
+// indented code after a blank line, and table rows are "pre", their lines kept.
+function textBlocks(text) {
+  const blocks = [];
+  let open = null, fence = null;
+  const start = (kind, at, end) => { open = { kind, start: at, end }; blocks.push(open); };
+  for (let at = 0; at <= text.length; ) {
+    const nl = text.indexOf("\n", at);
+    const end = nl < 0 ? text.length : nl;
+    const line = text.slice(at, end);
+    const fenceMark = (line.match(/^\s*(```|~~~)/) || [])[1];
+    if (fence) {
+      open.end = end;
+      if (fenceMark === fence) fence = open = null;
+    } else if (fenceMark) {
+      start("pre", at, end);
+      fence = fenceMark;
+    } else if (!line.trim()) {
+      open = null;
+    } else if ((/^(\t| {4})/.test(line) && (!open || open.kind === "pre")) || /^\s*\|/.test(line)) {
+      if (open && open.kind === "pre") open.end = end;
+      else start("pre", at, end);
+    } else if (open && open.kind === "p" && !/^\s*(#{1,6}\s|[-*+]\s|\d+[.)]\s|>)/.test(line)) {
+      open.end = end;
+    } else {
+      start("p", at, end);
+      if (/^\s*#{1,6}\s/.test(line)) open = null;  // a heading is a line of its own
+    }
+    if (nl < 0) break;
+    at = nl + 1;
+  }
+  return blocks;
 }
 
 // Whether a quoted sentence holds the answer's words (most of its longer ones).
