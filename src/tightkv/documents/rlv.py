@@ -15,9 +15,10 @@ the model only reads a few sections, answers, and judges its own answer:
    best-matching sentences from the whole document (`evidence`), and the model answers.
    The sections are the read's cached prefix: each section is tokenized on its
    own, and the prefix store (`prefixes.PrefixStore`, RAM over the disk store)
-   keeps the cache at the end of each section, so a read that starts with
-   sections read before (by this question, another, or another process)
-   prefills only the rest. The quotes and the question follow the prefix.
+   keeps the cache at the end of each section in RAM and of the whole read on
+   disk, so a read that starts with sections read before (by this question or
+   another; in another process, the same read or one it extends) prefills only
+   the rest. The quotes and the question follow the prefix.
 4. **verify**: with the same sections still in the KV cache, the model judges
    whether they state the proposed answer: a constrained yes/no, the logit of
    " Yes" against " No" (a completion, so it works on a base model). An answer
