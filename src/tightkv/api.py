@@ -288,8 +288,8 @@ class Model:
         token's log-probability and its N best alternatives to the steps (.logprob).
         `penalties` are `frequency_penalty`, `presence_penalty`, `repeat_last_n` and
         `logit_bias` (token id -> bias), as `engine.sampling.SamplingParams` has them, and
-        speculative decoding's `spec_type` ("none", "ngram-simple": prompt lookup, "draft": a
-        draft model), `model_draft` (a GGUF path or registry name of the same vocabulary),
+        speculative decoding's `spec_type` ("ngram-simple": prompt lookup, the default; "draft": a
+        draft model; "none"), `model_draft` (a GGUF path or registry name of the same vocabulary),
         `draft_max` and `draft_min`, as llama.cpp names them (`engine.speculative`): the output
         is the same with them, several tokens come per forward where drafts are accepted.
         """

@@ -177,7 +177,7 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="speculative decoding: ngram-simple drafts from the prompt and reply (prompt lookup), "
         "draft from --model-draft; several tokens per step where drafts are accepted, the same output "
-        "(default: draft with -md, else none)",
+        "(default: draft with -md, else ngram-simple; none turns it off)",
     )
     p.add_argument(
         "-md",

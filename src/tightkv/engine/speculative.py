@@ -30,6 +30,12 @@ Exact, not approximate:
 Adaptive (`Speculator`): the draft length follows the recent acceptance (doubling while drafts
 are taken whole, back to what was accepted when not), and after a draft of which nothing was
 accepted, speculation pauses for a number of steps that doubles with each such draft in a row.
+
+Lookup drafts are on by default (`DEFAULT_SPEC`), on these measurements (one thread, CPU time per
+generated token, 2-core AMD EPYC with AVX-512 VNNI, greedy, 200 tokens after a chat prompt):
+Gemma 3 270M copying a 960-token text 2.05x (kvarn4) and 2.19x (f16), its open story 1.36x (it
+repeats itself); Qwen2.5-Coder-0.5B copying 1.85x, open generation 1.00x (10 of 30 drafted
+tokens accepted: the pause keeps a rejected draft from costing).
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from ..errors import TightKVError
 from ..kv.cache import Batch, BatchLayer, trim_to
 
 SPEC_TYPES = ("none", "ngram-simple", "draft")  # llama.cpp's --spec-type names where they exist
-DEFAULT_SPEC = "none"  # what generate speculates with when not told
+DEFAULT_SPEC = "ngram-simple"  # what generate speculates with when not told (measured: see above)
 DRAFT_MAX = 16  # llama.cpp's --draft-max default
 NGRAM_MAX, NGRAM_MIN = 4, 2  # the longest and shortest n-gram looked up
 DRAFT_P_MIN = 0.75  # a draft model stops drafting below this probability of its best token
