@@ -92,20 +92,17 @@ def test_verification_rows_other_families(family, kv):
 
 @pytest.mark.parametrize("kv", ["f16", None])
 def test_lookup_greedy_equal_embedded(embedded, kv):
-    """A copy of ~150 tokens past the first compressed block, its flush boundaries and the
-    512-token sliding window: the same tokens, most of them from accepted drafts."""
-    ids = embedded.chat_ids(COPY)
-    long = embedded.chat_ids([{"role": "user", "content": COPY[0]["content"] + "\n\n" + TEXT + "\n\n" + TEXT}])
-    stats = same_with_and_without(embedded, long, kv, 150, spec_type="ngram-simple")
-    assert stats.draft_n_accepted > 60, stats
-    stats = same_with_and_without(embedded, ids, kv, 40, spec_type="ngram-simple")
-    assert stats.draft_n_accepted > 10, stats
+    """A copy of 100 tokens after a 450-token prompt: past the first compressed block, across
+    flush boundaries and the 512-token sliding window; the same tokens, most from accepted drafts."""
+    ids = embedded.chat_ids([{"role": "user", "content": COPY[0]["content"] + "\n\n" + TEXT + "\n\n" + TEXT}])
+    stats = same_with_and_without(embedded, ids, kv, 100, spec_type="ngram-simple")
+    assert stats.draft_n_accepted > 40, stats
 
 
 @pytest.mark.parametrize("kv", ["f16", None])
 def test_lookup_greedy_equal_qwen(qwen, kv):
-    stats = same_with_and_without(qwen, qwen.chat_ids(COPY), kv, 60, spec_type="ngram-simple")
-    assert stats.draft_n_accepted > 20, stats
+    stats = same_with_and_without(qwen, qwen.chat_ids(COPY), kv, 48, spec_type="ngram-simple")
+    assert stats.draft_n_accepted > 16, stats
 
 
 def test_model_draft_embedded_drafting_for_itself(embedded):
