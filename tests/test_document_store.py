@@ -86,7 +86,7 @@ def test_cache_prune_older_than(home, three):
     env = {"TIGHTKV_HOME": str(home)}
     r = cli("cache", "prune", "--older-than", "7d", env=env)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("deleted 1 files (") and "2 left" in r.stdout
+    assert r.stdout.startswith("deleted 1 file (") and "2 left" in r.stdout
     assert [p.exists() for p in three] == [False, True, True]
     listing = cli("cache", "list", env=env)
     assert "2 files" in listing.stdout and "at most 4 GB" in listing.stdout

@@ -100,7 +100,7 @@ def prune(store, ns: argparse.Namespace) -> int:
     after = store.files(None)
     freed = sum(size for _, size, _ in before) - sum(size for _, size, _ in after)
     print(
-        f"deleted {deleted} files ({freed / 2**20:,.1f} MiB) from {store.root}; "
+        f"deleted {deleted} file{'s' * (deleted != 1)} ({freed / 2**20:,.1f} MiB) from {store.root}; "
         f"{len(after)} left ({sum(size for _, size, _ in after) / 2**20:,.1f} MiB)"
     )
     return 0
