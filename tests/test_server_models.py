@@ -6,7 +6,7 @@ first request, `keep_alive` 0 unloading, `ps` and llama-server's `/models` telli
 truth, unknown names a 404 in each API's shape. With `--mem` room for one model: a request
 for the other evicts the idle one (ps, and the process's RSS from /proc), the first comes
 back on its next request, a stream in flight is never cut, and a model that could never fit
-is a clear 503."""
+is a clear 400."""
 
 from __future__ import annotations
 
@@ -298,17 +298,17 @@ def test_a_stream_in_flight_is_never_cut_by_an_eviction(small):
     assert set(loaded(small)) == {"qwen-doc:latest"}
 
 
-def test_a_model_that_can_never_fit_is_a_clear_503(small):
+def test_a_model_that_can_never_fit_is_a_clear_400(small):
     client = ollama.Client(host=small.url)
     big = {"num_ctx": 32768, "kv_cache_type": "f16"}  # Qwen's whole trained context in f16: 384 MiB more KV
     statuses = [s.status for s in client.create(model="qwen-big", from_="qwen-doc", parameters=big, stream=True)]
     assert statuses[0] == "gathering model components" and statuses[-1] == "success"
-    with pytest.raises(openai.InternalServerError) as err:
+    with pytest.raises(openai.BadRequestError) as err:  # a 4xx: no retry can help
         openai_client(small).chat.completions.create(model="qwen-big", messages=ASK, max_tokens=2)
-    assert err.value.status_code == 503 and "--mem" in err.value.body["message"]
+    assert err.value.body["code"] == "model_too_large" and "--mem" in err.value.body["message"]
     with pytest.raises(ollama.ResponseError) as err:
         client.chat(model="qwen-big", messages=ASK)
-    assert err.value.status_code == 503 and "needs" in err.value.error
+    assert err.value.status_code == 400 and "needs" in err.value.error
     assert client.delete("qwen-big").status == "success"
     assert "qwen-big:latest" not in {m.model for m in client.list().models}
 

@@ -100,7 +100,7 @@ class ModelPool:
     # --- memory (on the loading model's worker) --------------------------------------
     def make_room(self, resident: Resident, need: int) -> None:
         """Claim `need` bytes for `resident`: evict idle unpinned models, least recently used
-        first, until it fits (waiting while the others are busy); `Unavailable` when it
+        first, until it fits (waiting while the others are busy); a 400 `ApiError` when it
         could never fit beside the pinned models."""
         resident.footprint = need
         if self.memory is None:
@@ -115,11 +115,14 @@ class ModelPool:
                     resident.holds = True
                     return
                 pinned = self.runtime + sum(r.footprint for r in others if r.pinned)
-            if pinned + need > self.memory:
-                raise Unavailable(
+            if pinned + need > self.memory:  # a request that cannot be served here, ever: a 4xx, not a retry
+                raise ApiError(
+                    400,
                     f"model '{resident.id}' needs {gib(need)} (weights, buffers and its KV cache at its context) "
                     f"beside {gib(pinned)} always held, more than --mem {gib(self.memory)}; raise --mem, or "
-                    "lower its context (num_ctx) or its KV type (kv_cache_type)"
+                    "lower its context (num_ctx) or its KV type (kv_cache_type)",
+                    param="model",
+                    code="model_too_large",
                 )
             idle = sorted(
                 (r for r in others if not r.pinned and r.scheduler.loaded and r.scheduler.idle()),
