@@ -125,13 +125,17 @@ class NgramDrafter:
 class ModelDrafter:
     """A small model of the same vocabulary, drafting greedily from its own cache (f16), which
     follows the history by trimming back to what it shares and prefilling the rest. It stops
-    early where its best token's probability falls below `p_min`."""
+    early where its best token's probability falls below `p_min`. Running it costs a step each
+    time (`costly`): when it offers nothing, speculation pauses as after a rejected draft."""
+
+    costly = True
 
     def __init__(self, draft, p_min: float = DRAFT_P_MIN):
         self.draft, self.p_min = draft, p_min
         self.cache: list | None = None
         self.held: list[int] = []  # the tokens in the cache
 
+    @torch.inference_mode()
     def propose(self, history: list[int], n: int) -> list[int]:
         from .generate import decode_step, prefill, reuse_prefix
 
@@ -295,15 +299,20 @@ class Speculator:
         if n < max(1, self.draft_min):
             return []
         out = self.drafter.propose(seq.history, n)
-        return out if len(out) >= max(1, self.draft_min) else []
+        if len(out) >= max(1, self.draft_min):
+            return out
+        if getattr(self.drafter, "costly", False):  # a draft model that ran for nothing pauses too
+            self.taken(0, 0)
+        return []
 
     def taken(self, drafted: int, accepted: int) -> None:
-        """Adapt to a verification that took `accepted` of `drafted` tokens."""
+        """Adapt to a verification that took `accepted` of `drafted` tokens (0 of 0: a draft
+        model that offered nothing)."""
         self.drafted += drafted
         self.accepted += accepted
-        if accepted == drafted:
+        if drafted and accepted == drafted:
             self.length = min(self.draft_max, 2 * self.length)
-        else:
+        elif drafted:
             self.length = max(1, accepted + 1, self.length // 2)
         if accepted:
             self.pause = 0
