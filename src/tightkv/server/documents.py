@@ -93,8 +93,11 @@ async def _read_upload(request: Request) -> tuple[DocumentText, str]:
 
 @router.get("", summary="The documents of the store, with their state here and their KV cache")
 async def list_documents(request: Request):
-    served = request.app.state.tk.served
-    rows = await run_in_threadpool(shelf(request).listing, str(served.path), served.kv)
+    from .pool import ensure_loaded
+
+    state = request.app.state.tk
+    await ensure_loaded(state.default)  # its KV type decides which stored caches open warm
+    rows = await run_in_threadpool(shelf(request).listing, str(state.served.path), state.served.kv)
     return {"object": "list", "data": rows}
 
 
