@@ -222,3 +222,25 @@ def test_run_verbose_counts(embedded, capsys):
     spec = capsys.readouterr()
     assert spec.out == plain.out
     assert "draft tokens:" in spec.err and "draft tokens:" not in plain.err
+
+
+def test_server_lone_request_speculates_with_the_same_reply(embedded):
+    """The server (uvicorn on loopback, the official openai client): a lone request's decode
+    steps take lookup drafts (`engine.batch.Batch`), and its greedy reply is the reply of
+    `Model.chat` without speculation."""
+    from test_server_helpers import openai_client, request, running
+
+    def steps(srv) -> int:
+        raw = request(srv, "GET", "/metrics")[2].decode()
+        return int(next(line.split()[1] for line in raw.splitlines() if line.startswith("tightkv:decode_steps_total ")))
+
+    messages = [{"role": "user", "content": COPY[0]["content"]}]
+    plain = embedded.generate(embedded.chat_ids(messages), max_tokens=40, spec_type="none", stop=embedded.chat_stops())
+    with running("--ctx", "2048", "--parallel", "1") as srv:
+        before = steps(srv)
+        reply = openai_client(srv).chat.completions.create(
+            model="gemma3:270m", messages=messages, max_tokens=40, temperature=0
+        )
+        assert reply.choices[0].message.content == plain.text
+        assert reply.usage.completion_tokens == plain.stats.generated_tokens
+        assert steps(srv) - before < plain.stats.generated_tokens * 2 // 3  # several tokens a step

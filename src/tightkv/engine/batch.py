@@ -137,7 +137,9 @@ class Batch:
             except Exception as err:  # noqa: BLE001 - the request's error (logged on its stream)
                 self._fail(filling, err, events)
         batch = self._sample(ready, events)
-        if batch:
+        if len(batch) == 1 and batch[0].seq.speculator is not None:
+            self._speculate(batch[0], events)
+        elif batch:
             try:
                 decode_sequences(self.model.net, [s.seq for s in batch])
             except Exception as err:  # noqa: BLE001 - a failed batch fails each of its slots
@@ -145,6 +147,17 @@ class Batch:
                     self._fail(slot, err, events)
         self._count(batch)
         return events
+
+    def _speculate(self, slot: Slot, events: list) -> None:
+        """A lone sequence's pending token with a draft after it, verified in one forward
+        (`engine.speculative.Speculator.run`): the step's events carry each accepted token."""
+        try:
+            for item in slot.seq.speculator.run(slot.seq):
+                self._emit(slot, item, events)
+                if slot.seq is None:
+                    break
+        except Exception as err:  # noqa: BLE001 - the request's error (logged on its stream)
+            self._fail(slot, err, events)
 
     def _merged_step(self, filling: Slot, ready: list[Slot], events: list) -> None:
         """The filling slot's next chunk beside one token of each ready slot, in one forward
