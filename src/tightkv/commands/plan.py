@@ -26,6 +26,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="probe the types' quality on this text, as --kv auto does (loads the model)",
     )
     p.add_argument("--json", default=None, metavar="FILE", help="also write the plan to this JSON file")
+    p.add_argument(
+        "-md",
+        "--model-draft",
+        default=None,
+        metavar="MODEL",
+        help="a draft model for speculative decoding (as run and serve take it): its weights and f16 KV at "
+        "the context count too",
+    )
 
 
 def _probed_choice(ns: argparse.Namespace, plan, memory: int):
@@ -56,7 +64,8 @@ def run(ns: argparse.Namespace) -> int:
     kv_types = [k.strip() for k in ns.compare.split(",")] if ns.compare else PLAN_TYPES
     for k in kv_types:
         parse_kv(k)
-    plan = make_plan(resolve(ns.model), ns.ctx or None, memory, kv_types, name=model_label(ns.model))
+    draft = resolve(ns.model_draft) if ns.model_draft else None
+    plan = make_plan(resolve(ns.model), ns.ctx or None, memory, kv_types, model_label(ns.model), draft, ns.model_draft)
     choice = _probed_choice(ns, plan, memory) if ns.file else None
     print(format_plan(plan, choice))
     if ns.json:
@@ -69,6 +78,7 @@ def run(ns: argparse.Namespace) -> int:
             "working": plan.working,
             "recurrent": plan.recurrent,  # a hybrid model's recurrent state, its checkpoints included (in the fit)
             "recurrent_state": plan.recurrent_state,
+            "draft": plan.draft,  # a draft model's weights, buffers and f16 KV (-md; in the fit)
             "read_per_token": plan.read.per_token,  # weight bytes a decoded token reads (the routed experts' share)
             "lever": lever(plan),
             "rows": plan.rows,

@@ -10,7 +10,7 @@ import sys
 
 from ..errors import TightKVError
 
-from .flags import add_auto_flags, add_model_flags, auto_memory, kv_spec, parse_size
+from .flags import add_auto_flags, add_model_flags, add_spec_flags, auto_memory, kv_spec, parse_size, spec_kwargs
 
 NAME = "serve"
 HELP = "serve the store's models (or one) over HTTP: OpenAI /v1/* and Ollama /api/* routes"
@@ -80,6 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         ctx_help="context length in tokens (default: the trained context, at most 4096; "
         "0: the model's trained context)",
     )
+    add_spec_flags(p)
     add_auto_flags(
         p,
         "memory for the loaded models, e.g. 8GB: weights, buffers and KV cache at their context, as plan "
@@ -130,8 +131,22 @@ def _checked_flags(ns: argparse.Namespace) -> tuple[str | None, str | None]:
     if ns.alias and not ns.model:
         raise TightKVError("--alias names the MODEL served: give one (tightkv serve MODEL --alias NAME)")
     ns.keep_alive_s = _keep_alive(ns.keep_alive)
+    _check_spec(ns)
     check_port_free(ns.host, ns.port)
     return ns.api_key or os.environ.get("TIGHTKV_API_KEY") or None, kv
+
+
+def _check_spec(ns: argparse.Namespace) -> None:
+    """The speculation flags checked before the model loads; a draft model drafts for the
+    one MODEL served (its vocabulary must be that model's), so -md needs a MODEL."""
+    from ..engine.speculative import DRAFT_MAX, SpecOptions
+
+    if ns.model_draft and not ns.model:
+        raise TightKVError("-md/--model-draft drafts for the MODEL served: give one (tightkv serve MODEL -md DRAFT)")
+    kind = ns.spec_type or ("draft" if ns.model_draft else None)
+    if kind:
+        max_ = DRAFT_MAX if ns.draft_max is None else ns.draft_max
+        SpecOptions(kind, max_, ns.draft_min, ns.model_draft).validate()
 
 
 def _keep_alive(text: str | None) -> float | None:
@@ -171,6 +186,7 @@ def run(ns: argparse.Namespace) -> int:
         mem=auto_memory(ns),
         every_model=ns.model is None,
         keep_alive=ns.keep_alive_s,
+        spec=spec_kwargs(ns),
     )
     logging.basicConfig(level=ns.log_level.upper(), format="tightkv: %(message)s", stream=sys.stderr)
     failures: list[BaseException] = []

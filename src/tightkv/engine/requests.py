@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..errors import ContextOverflowError, RequestError
+from ..errors import ContextOverflowError, RequestError, TightKVError
 from . import harmony
 from .reasoning import thinking_plan, thinks
 from .tools import call_grammar, template_messages, tool_format
@@ -140,6 +140,34 @@ def check_constraint(model, options: dict) -> None:
         model.constraint(options.get("json_schema"), options.get("grammar"))
 
 
+SPEC_KEYS = ("spec_type", "draft_max", "draft_min")  # what a request may set of speculation
+
+
+def check_speculation(model, options: dict) -> dict:
+    """`options` with a request's speculation (`spec_type`, `draft_max`, `draft_min`, where it
+    sets any) completed from the model's own (`Model.speculate`: the server's flags) and
+    checked: a request tunes or turns off speculation, and never names a draft model file
+    ("draft" only where the server drafts with one). A bad value is the request's error."""
+    asked = {k: options[k] for k in SPEC_KEYS if options.get(k) is not None}
+    if not asked:
+        return options
+    own = model.spec_options()
+    kind = asked.get("spec_type", own.spec_type)
+    if kind == "draft" and not own.model_draft:
+        raise RequestError("speculative.type 'draft' needs the server's draft model (-md)", param="speculative.type")
+    spec = {
+        "spec_type": kind,
+        "model_draft": own.model_draft if kind == "draft" else None,
+        "draft_max": asked.get("draft_max", own.draft_max),
+        "draft_min": asked.get("draft_min", own.draft_min),
+    }
+    try:
+        model.spec_options(**spec)
+    except TightKVError as err:
+        raise RequestError(str(err), param="speculative") from None
+    return {**options, **spec}
+
+
 def check_token_ids(model, ids: list[int], name: str) -> None:
     """A `RequestError` naming `name` unless every id is in the model's vocabulary."""
     vocab = model.tokenizer.vocab_size if ids else 0
@@ -196,6 +224,7 @@ def _prepare_chat(model, r: ChatRequest) -> Prepared:
         opts.pop("json_schema", None)
         opts["grammar"] = call_grammar(fmt, r.tools, r.forced_call or None, r.parallel_calls)
     check_constraint(model, opts)
+    opts = check_speculation(model, opts)
     plan_vars, split = _reasoning(model, r, opts)
     check_token_ids(model, r.context, "context")
     text = model.chat_text(messages, r.tools, template_vars={**r.template_vars, **plan_vars}, **r.prompt_options)
@@ -218,7 +247,8 @@ def _prepare_chat(model, r: ChatRequest) -> Prepared:
 
 def _prepare_text(model, r: TextRequest) -> Prepared:
     check_constraint(model, r.options)
-    _, split = _reasoning(model, r, r.options)
+    options = check_speculation(model, r.options)
+    _, split = _reasoning(model, r, options)
     check_token_ids(model, r.context, "context")
     if isinstance(r.prompt, str):
         ids = model.tokenize(r.prompt, add_bos=not r.context)
@@ -235,7 +265,7 @@ def _prepare_text(model, r: TextRequest) -> Prepared:
     return Prepared(
         ids,
         r.budget.tokens(model, ids),
-        dict(r.options),
+        dict(options),
         text=text,
         template=model.chat_template,
         split=split,

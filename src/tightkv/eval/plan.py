@@ -82,11 +82,14 @@ class Plan:
     recurrent: int = 0  # a hybrid model's recurrent state with its checkpoints at most (in what must fit)
     recurrent_state: int = 0  # one recurrent state (float32, every linear-attention layer)
     read: object = None  # gguf.describe.TokenRead: the weight bytes a decoded token reads
+    draft: int = 0  # a draft model's weights, buffers and f16 KV at the context (`draft_bytes`)
+    draft_name: str = ""
 
     @property
     def fixed(self) -> int:
-        """What must fit whatever the KV: weights, working buffers and the recurrent state."""
-        return self.weights + self.working + self.recurrent
+        """What must fit whatever the KV: weights, working buffers, the recurrent state and a
+        draft model."""
+        return self.weights + self.working + self.recurrent + self.draft
 
     @property
     def weights_fit(self) -> bool:
@@ -147,9 +150,30 @@ def largest_context(spec: str, layout, budget: int, limit: int) -> int:
     return lo
 
 
-def make_plan(path, context: int | None, memory: int, kv_types: list[str], name: str | None = None) -> Plan:
+def draft_bytes(path, context: int) -> int:
+    """Bytes a draft model (`engine.speculative`, -md) holds beside its target: its weights and
+    buffers and its f16 cache at the target's `context` (at most its own trained one), as
+    `Model.draft_model` opens it; the runtime counted once, with the target."""
+    from ..autokv import footprint
+    from ..gguf.reader import read_gguf
+    from ..models.base import header_layout
+
+    trained = header_layout(read_gguf(path))[0].context_length
+    return footprint(path, min(context, trained), "f16")
+
+
+def make_plan(
+    path,
+    context: int | None,
+    memory: int,
+    kv_types: list[str],
+    name: str | None = None,
+    draft=None,
+    draft_name: str | None = None,
+) -> Plan:
     """The memory plan of the GGUF at `path` (shown as `name`) at `context` tokens
-    (default: its trained context) within `memory` bytes, for each KV type."""
+    (default: its trained context) within `memory` bytes, for each KV type; `draft`: the GGUF
+    of a draft model held beside it (`draft_bytes`), shown as `draft_name`."""
     from ..gguf.describe import read_per_token
     from ..gguf.reader import read_gguf
     from ..kv.recurrent import recurrent_bytes
@@ -163,7 +187,8 @@ def make_plan(path, context: int | None, memory: int, kv_types: list[str], name:
     weights = read.weights
     working = working_bytes(args, ctx)
     state, recurrent = recurrent_bytes(layout)
-    budget = memory - weights - working - recurrent
+    drafted = draft_bytes(draft, ctx) if draft is not None else 0
+    budget = memory - weights - working - recurrent - drafted
     rows = []
     for spec in kv_types:
         info = kv_bytes_per_token(spec, layout, ctx)
@@ -193,6 +218,8 @@ def make_plan(path, context: int | None, memory: int, kv_types: list[str], name:
         recurrent=recurrent,
         recurrent_state=state,
         read=read,
+        draft=drafted,
+        draft_name=draft_name or (str(draft) if draft is not None else ""),
     )
 
 
@@ -367,6 +394,10 @@ def format_plan(plan: Plan, choice=None) -> str:
             "checkpoints of it; fixed, whatever the context)"
         )
     lines.append(f"working   {plan.working / gib:.3f} GiB (runtime, one prefill chunk, logits)")
+    if plan.draft:
+        lines.append(
+            f"draft     {plan.draft / gib:.3f} GiB ({plan.draft_name}: weights, buffers and its f16 KV, for -md)"
+        )
     if plan.recurrent:
         lines.append(f"kv        in the {plan.kv_layers} full-attention layers of {len(plan.layout)}")
     lines += [
@@ -379,7 +410,8 @@ def format_plan(plan: Plan, choice=None) -> str:
             f"{r['ratio_vs_f16']:6.2f}x {'yes' if r['fits'] else 'no':>5} {r['max_context']:>12} "
             f"{(plan.fixed + r['kv_bytes']) / gib:6.2f} GiB"
         )
-    what = "weights, working buffers" + (", recurrent state" if plan.recurrent else "") + " and KV"
+    what = "weights, working buffers" + (", recurrent state" if plan.recurrent else "")
+    what += (", draft model" if plan.draft else "") + " and KV"
     lines.append(f"(in all: {what})")
     lines += ["", lever(plan)]
     if weight_lever(plan):

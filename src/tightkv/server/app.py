@@ -62,6 +62,7 @@ class ServerConfig:
     mem: int | None = None  # bytes for the models (weights, KV, buffers) and --kv auto's budget (None: no limit)
     every_model: bool = False  # serve every model of the store by name (`tightkv serve` with no model)
     keep_alive: float | None = None  # seconds an idle model stays loaded (None: 5 min, a pinned model forever)
+    spec: dict | None = None  # `Model.speculate`'s arguments (--spec-type, -md, --draft-max/min); None: its default
 
 
 class ServedModel:
@@ -291,8 +292,10 @@ class ServerState:
             served.locate(_pull(served.id))
         ctx, kv = served.parameters.get("num_ctx") or c.ctx, served.parameters.get("kv_cache_type") or c.kv
         resident.holds = False
+        draft = self._draft()
         if self.pool.memory is not None:
-            self.pool.make_room(resident, footprint(served.path, self._context(served.path, ctx), _kv_name(kv)))
+            context = self._context(served.path, ctx)
+            self.pool.make_room(resident, footprint(served.path, context, _kv_name(kv)) + _draft_bytes(draft, context))
         else:
             resident.holds = True
         try:
@@ -302,15 +305,30 @@ class ServerState:
             if model.kv_pending:  # --kv auto: every slot holds a whole context; the prefix store's RAM is spent too
                 budget = None if c.mem is None else c.mem - (c.cache_ram or 0)
                 model.choose_kv(memory=budget, slots=c.parallel)
+            if c.spec:
+                model.speculate(**c.spec)  # a draft model opens here, once
             model.generate([model.tokenizer.bos_id or 0], max_tokens=1)  # warm up the kernels
         except BaseException:
             resident.released()
             raise
         try:
             resident.footprint = footprint(served.path, model.context_length, str(model.kv))
+            resident.footprint += _draft_bytes(draft, model.context_length)
         except Exception:  # noqa: BLE001 - a family `plan` cannot price: the claimed estimate stays
             resident.footprint = resident.footprint or served.size
         return model
+
+    def _draft(self) -> Path | None:
+        """The server's draft model file (-md, where speculation drafts with it), else None:
+        it drafts for the one MODEL served, so its bytes count once."""
+        from ..engine.speculative import DRAFT_MAX, SpecOptions
+        from ..registry import resolve
+
+        spec = self.config.spec or {}
+        name = spec.get("model_draft")
+        kind = spec.get("spec_type") or ("draft" if name else None)
+        draft_max = DRAFT_MAX if spec.get("draft_max") is None else spec["draft_max"]
+        return resolve(name) if name and SpecOptions(kind, draft_max).active and kind == "draft" else None
 
     @staticmethod
     def _context(path: Path, ctx: int | None) -> int:
@@ -374,6 +392,13 @@ class ServerState:
                 shown[found.name] = self._listed[key]
         default = self.default.served
         return sorted(shown.values(), key=lambda s: (s is not default, -s.mtime))  # the web page's model first
+
+
+def _draft_bytes(path: Path | None, context: int) -> int:
+    """A draft model's bytes beside its target at `context` (`eval.plan.draft_bytes`; 0: none)."""
+    from ..eval.plan import draft_bytes
+
+    return draft_bytes(path, context) if path is not None else 0
 
 
 def _kv_name(kv: str | None) -> str:
@@ -530,6 +555,18 @@ def create_app(
                 total(lambda s: s.cancelled),
             ),
             ("tokens_predicted_total", "counter", "tokens generated", total(lambda s: s.tokens)),
+            (
+                "spec_decode_num_draft_tokens_total",
+                "counter",
+                "speculative decoding: tokens drafted (llama-server's name)",
+                total(lambda s: s.drafted),
+            ),
+            (
+                "spec_decode_num_accepted_tokens_total",
+                "counter",
+                "speculative decoding: drafted tokens the model accepted",
+                total(lambda s: s.draft_accepted),
+            ),
             ("kv_cache_bytes", "gauge", "bytes held by active KV caches", total(lambda s: s.kv_bytes())),
             ("batch_size", "gauge", "sequences in the last batched decode step", total(lambda s: s.batch_size)),
             ("decode_steps_total", "counter", "batched decode forward passes", total(lambda s: s.decode_steps)),

@@ -137,6 +137,9 @@ def _options(req, served=None) -> tuple[int | None, dict]:
             "presence_penalty",
             "frequency_penalty",
             "repeat_last_n",
+            "spec_type",
+            "draft_max",
+            "draft_min",
         ):
             if getattr(o, name) is not None:
                 options[name] = getattr(o, name)

@@ -102,6 +102,7 @@ def _options(req, served=None) -> tuple[int | None, dict]:
         "seed": None if seed is None or seed < 0 else seed % 2**64,
         "stop": stop_list(req.stop),
         **constraint_options(req.response_format, req.json_schema, req.grammar),
+        **_speculation(req),
     }
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     params = served.parameters if served is not None else {}
@@ -109,6 +110,44 @@ def _options(req, served=None) -> tuple[int | None, dict]:
     if max_tokens is None and params.get("num_predict", -1) >= 0:
         max_tokens = params["num_predict"]
     return max_tokens, options
+
+
+def _speculation(req) -> dict:
+    """Speculative decoding's options from llama-server's request fields (`speculative.type`,
+    `speculative.n_max`, `speculative.n_min`), where given: checked on the worker
+    (`engine.requests.check_speculation`) against the server's own."""
+    given = {
+        "spec_type": req.speculative_type,
+        "draft_max": req.speculative_n_max,
+        "draft_min": req.speculative_n_min,
+    }
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def _timings(stats: list, n: int) -> dict:
+    """llama-server's `timings` of a request's choices, `n` per prompt (each prompt once):
+    prompt and predicted tokens, milliseconds and speeds, and where speculation drafted,
+    `draft_n` and `draft_n_accepted`."""
+    prompts = stats[::n]
+    prompt_n = sum(s.prompt_tokens - s.cached_tokens for s in prompts)
+    prompt_ms = 1000 * sum(s.prompt_seconds for s in prompts)
+    predicted_n = sum(s.generated_tokens for s in stats)
+    predicted_ms = 1000 * max((s.generation_seconds for s in stats), default=0.0)
+    out = {
+        "cache_n": sum(s.cached_tokens for s in prompts),
+        "prompt_n": prompt_n,
+        "prompt_ms": round(prompt_ms, 3),
+        "prompt_per_token_ms": round(prompt_ms / prompt_n, 3) if prompt_n else 0.0,
+        "prompt_per_second": round(1000 * prompt_n / prompt_ms, 2) if prompt_ms else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": round(predicted_ms, 3),
+        "predicted_per_token_ms": round(predicted_ms / predicted_n, 3) if predicted_n else 0.0,
+        "predicted_per_second": round(1000 * predicted_n / predicted_ms, 2) if predicted_ms else 0.0,
+    }
+    drafted = sum(s.draft_n for s in stats)
+    if drafted:
+        out.update(draft_n=drafted, draft_n_accepted=sum(s.draft_n_accepted for s in stats))
+    return out
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
@@ -308,17 +347,18 @@ async def chat_completions(request: Request):
                 "model": model_id,
                 "choices": choices,
                 "usage": _usage(all_stats, n),
+                "timings": _timings(all_stats, n),
             }
         )
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     head = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_id}
 
-    def chunk(i: int, delta: dict, finish: str | None = None, lps: list | None = None) -> str:
+    def chunk(i: int, delta: dict, finish: str | None = None, lps: list | None = None, **extra) -> str:
         logprobs = chat_logprobs(tokenizer, lps) if lps else None
         body = {**head, "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
         if include_usage:
             body["usage"] = None
-        return f"data: {dumps(body)}\n\n"
+        return f"data: {dumps({**body, **extra})}\n\n"
 
     def deltas(answer, d) -> list[dict]:
         """The chunks' deltas of what a piece added: reasoning, content, then call deltas."""
@@ -341,8 +381,9 @@ async def chat_completions(request: Request):
             if kind == DONE:
                 if held[i]:
                     yield chunk(i, {"content": ""}, lps=held[i])
-                yield chunk(i, {}, answers[i].finish_reason(value.finish_reason))
                 finals.append(value)
+                last = {"timings": _timings(finals, n)} if len(finals) == n else {}  # llama-server's, on the last
+                yield chunk(i, {}, answers[i].finish_reason(value.finish_reason), **last)
                 if include_usage and len(finals) == n:
                     yield f"data: {dumps({**head, 'choices': [], 'usage': _usage(finals, n)})}\n\n"
             elif kind == ERROR:
@@ -416,14 +457,15 @@ async def completions(request: Request):
             }
             for k, (text, stats, lps) in enumerate(results)
         ]
-        return JSONResponse({**head, "choices": choices, "usage": _usage([r[1] for r in results], n)})
+        stats = [r[1] for r in results]
+        return JSONResponse({**head, "choices": choices, "usage": _usage(stats, n), "timings": _timings(stats, n)})
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
-    def chunk(k: int, text: str, finish: str | None = None, lp: dict | None = None) -> str:
+    def chunk(k: int, text: str, finish: str | None = None, lp: dict | None = None, **extra) -> str:
         body = {**head, "choices": [{"index": k, "text": text, "logprobs": lp, "finish_reason": finish}]}
         if include_usage:
             body["usage"] = None
-        return f"data: {dumps(body)}\n\n"
+        return f"data: {dumps({**body, **extra})}\n\n"
 
     async def sse():
         jobs = len(group.jobs)
@@ -440,9 +482,10 @@ async def completions(request: Request):
             elif kind == DONE:
                 if held[k]:
                     yield chunk(k, "", lp=logprobs(k, held[k], offset[k]))
-                yield chunk(k, "", value.finish_reason)
                 finals[k] = value
-                if include_usage and all(f is not None for f in finals):
+                done = all(f is not None for f in finals)
+                yield chunk(k, "", value.finish_reason, **({"timings": _timings(finals, n)} if done else {}))
+                if include_usage and done:
                     yield f"data: {dumps({**head, 'choices': [], 'usage': _usage(finals, n)})}\n\n"
             elif kind == ERROR:
                 yield f"data: {dumps(as_api_error(value).body(request.url.path))}\n\n"

@@ -157,6 +157,7 @@ class Scheduler:
         self._job_seconds = 2.0  # running mean, for Retry-After
         self.served = 0
         self.tokens = 0
+        self.drafted = self.draft_accepted = 0  # speculation's draft tokens, and those accepted
         self.cancelled = 0
         self._counts = (0, 0, 0)  # the batch counters of an unloaded model's batch
         self.keep_alive: float | None = None  # seconds the model stays loaded once idle (None: forever)
@@ -487,6 +488,8 @@ class Scheduler:
             if kind == DONE:
                 self.served += 1
                 self.tokens += value.generated_tokens
+                self.drafted += value.draft_n
+                self.draft_accepted += value.draft_n_accepted
                 seconds = time.perf_counter() - slot.started
                 self._job_seconds = 0.8 * self._job_seconds + 0.2 * seconds
             if kind in (DONE, ERROR):

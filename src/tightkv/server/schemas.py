@@ -91,6 +91,18 @@ class _OpenAISampling(_Body):
     )
     json_schema: dict | None = Field(None, description="llama.cpp's extra: constrain the output to this schema")
     grammar: str | None = Field(None, description="llama.cpp's extra: a GBNF (or Lark) grammar for the output")
+    speculative_type: Literal["none", "ngram-simple", "draft"] | None = Field(
+        None,
+        alias="speculative.type",
+        description="llama-server's: speculative decoding for this request (none turns it off; draft needs the "
+        "server's -md); default: the server's --spec-type. The reply is the same either way",
+    )
+    speculative_n_max: int | None = Field(
+        None, alias="speculative.n_max", ge=0, description="llama-server's: draft tokens at most per step (0: off)"
+    )
+    speculative_n_min: int | None = Field(
+        None, alias="speculative.n_min", ge=0, description="llama-server's: draft tokens at least, else no draft"
+    )
 
 
 class ChatCompletionRequest(_OpenAISampling):
@@ -186,6 +198,11 @@ class OllamaOptions(_Body):
     num_predict: int | None = Field(None, description="-1 or -2: up to the end of the context")
     stop: Stops | None = None
     num_ctx: int | None = Field(None, description="this request's context, at most the server's --ctx")
+    spec_type: Literal["none", "ngram-simple", "draft"] | None = Field(
+        None, description="speculative decoding for this request (llama.cpp's --spec-type; none turns it off)"
+    )
+    draft_max: int | None = Field(None, ge=0, description="draft tokens at most per step (llama.cpp's --draft-max)")
+    draft_min: int | None = Field(None, ge=0, description="draft tokens at least, else no draft (--draft-min)")
 
 
 class OllamaMessage(_Body):
