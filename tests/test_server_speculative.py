@@ -76,6 +76,20 @@ def test_streamed_completion_carries_timings_on_its_last_chunk(server):
     assert "draft_n" not in whole.model_extra["timings"]
 
 
+def test_streamed_chat_carries_timings_on_its_last_chunk(server):
+    whole = _chat(server)
+    chunks = list(
+        openai_client(server).chat.completions.create(
+            model="gemma3:270m", messages=MESSAGES, max_tokens=TOKENS, temperature=0, stream=True
+        )
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    assert [bool(c.model_extra.get("timings")) for c in chunks].count(True) == 1
+    last = chunks[-1].model_extra["timings"]
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert last["predicted_n"] == TOKENS and last["draft_n_accepted"] > 0
+
+
 def test_ollama_options_turn_speculation_off_with_the_same_reply(server):
     body = {"model": "gemma3:270m", "messages": MESSAGES, "stream": False, "options": {"num_predict": 16}}
     _, plain = post(server, "/api/chat", {**body, "options": {"num_predict": 16, "temperature": 0}})
