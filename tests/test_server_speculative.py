@@ -106,6 +106,7 @@ def test_ollama_options_turn_speculation_off_with_the_same_reply(server):
         ({"speculative.n_max": 2, "speculative.n_min": 5}, "speculative"),
         ({"speculative.n_max": -1}, "speculative.n_max"),
         ({"speculative.type": "eagle"}, "speculative.type"),
+        ({"speculative.p_min": 0.5}, "speculative.p_min"),
     ],
 )
 def test_bad_speculation_options_are_a_400(server, extra, param):

@@ -115,7 +115,12 @@ def _options(req, served=None) -> tuple[int | None, dict]:
 def _speculation(req) -> dict:
     """Speculative decoding's options from llama-server's request fields (`speculative.type`,
     `speculative.n_max`, `speculative.n_min`), where given: checked on the worker
-    (`engine.requests.check_speculation`) against the server's own."""
+    (`engine.requests.check_speculation`) against the server's own. `speculative.p_min` is
+    refused, not ignored: a draft model's cut-off is fixed (`engine.speculative.DRAFT_P_MIN`)."""
+    if (req.model_extra or {}).get("speculative.p_min") is not None:
+        raise ApiError(
+            400, "'speculative.p_min' is not supported: a draft model stops below 0.75", param="speculative.p_min"
+        )
     given = {
         "spec_type": req.speculative_type,
         "draft_max": req.speculative_n_max,
