@@ -9,7 +9,7 @@ Tasks (each a document of about `--doc-tokens` tokens, then an instruction):
   open  open generation: a short story on a theme the document does not touch
 
 Each task runs greedily (`--n-gen` tokens) through our engine on its default KV cache
-without speculation, with prompt lookup (`--spec-type ngram-simple`) and, on Qwen's edit,
+without speculation (`spec_type="none"`: lookup drafts are on by default), with prompt lookup (`--spec-type ngram-simple`) and, on Qwen's edit,
 drafted by a Q2_K copy of Qwen made by llama.cpp's quantizer; then through llama-server
 (built from the llama.cpp that llama-cpp-python 0.3.36 vendors: bench/build_llama_server.sh)
 with flash attention, its f16 cache, 2 threads and one slot, once per `--llama-types` entry.
@@ -172,7 +172,9 @@ def requantized(src: Path, ftype: str) -> Path:
 
     out = src.with_name(f"{src.stem}-{ftype}.gguf")
     if not out.exists():
-        subprocess.run([sys.executable, "-c", _QUANTIZE, str(src), str(out), ftype, ""], check=True)
+        subprocess.run(
+            [sys.executable, "-c", _QUANTIZE, str(src), str(out), ftype, ""], check=True, capture_output=True
+        )
     return out
 
 
@@ -189,7 +191,7 @@ def run_model(name: str, args) -> dict:
             continue
         ids = prompt_ids(model, doc, instruction, base)
         prompts[task] = ids
-        plain = ours(model, ids, args.n_gen)
+        plain = ours(model, ids, args.n_gen, spec_type="none")  # lookup drafts are on by default
         spec = ours(model, ids, args.n_gen, spec_type="ngram-simple")
         row = {"prompt_tokens": len(ids), "plain": plain, "ngram-simple": spec}
         if draft is not None and task == "edit":
