@@ -159,9 +159,8 @@ def test_ask_auto_keeps_the_decision_with_the_document(plan, doc_file, tmp_path)
 @pytest.mark.slow
 def test_serve_auto_shows_the_decision_in_ps_and_show(plan):
     mem = budget_between(plan, "q8_0", "f16")
-    with running(
-        "--kv", "auto", "-c", str(CTX), "--parallel", "1", "--cache-ram", "0", "--mem", str(mem), timeout=600
-    ) as srv:
+    args = ["--kv", "auto", "-c", str(CTX), "--parallel", "1", "--cache-ram", "0", "--mem", str(mem)]
+    with running("gemma3:270m", *args, timeout=600) as srv:  # named: loaded, its KV type chosen, before it answers
         status, _, body = request(srv, "GET", "/api/ps")
         entry = json.loads(body)["models"][0]
         assert status == 200 and entry["kv_cache_type"] == "q8_0" and entry["kv_auto"]["kv"] == "q8_0"

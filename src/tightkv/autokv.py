@@ -393,8 +393,9 @@ def weight_room(plan, need: int) -> str | None:
 def footprint(path, context: int, kv: str) -> int:
     """Bytes a loaded model holds, as `plan` counts them: weights, working buffers less the
     runtime's own (counted once per server), a hybrid's recurrent state, and the KV cache
-    at `context` tokens of type `kv` ("auto" priced as f16)."""
-    from .eval.plan import RUNTIME_BYTES, working_bytes
+    at `context` tokens of type `kv`. "auto" is priced as its smallest candidate: it picks a
+    type that fits the budget where one does (the type it then picks prices the model anew)."""
+    from .eval.plan import QUALITY_ORDER, RUNTIME_BYTES, working_bytes
     from .gguf.describe import read_per_token
     from .gguf.reader import read_gguf
     from .kv.recurrent import recurrent_bytes
@@ -403,7 +404,8 @@ def footprint(path, context: int, kv: str) -> int:
 
     g = read_gguf(path)
     args, layout = header_layout(g)
-    kv_bytes = kv_bytes_per_token("f16" if is_auto(kv) else kv, layout, context)["total_bytes"]
+    kinds = QUALITY_ORDER if is_auto(kv) else [kv]
+    kv_bytes = min(kv_bytes_per_token(k, layout, context)["total_bytes"] for k in kinds)
     return (
         read_per_token(g).weights + working_bytes(args, context) - RUNTIME_BYTES + recurrent_bytes(layout)[1] + kv_bytes
     )
