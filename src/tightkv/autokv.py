@@ -34,6 +34,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from .errors import TightKVError
+from .eval.plan import RUNTIME_BYTES, draft_bytes, footprint  # noqa: F401 - the runtime prices models here
 
 # The KLD a type may have on the probe: ln(1.005), the mean log-loss a +0.5% ΔPPL
 # allows. The default's looser 0.01 let `progressive` through on Markdown at +0.50%
@@ -390,29 +391,6 @@ def weight_room(plan, need: int) -> str | None:
     return None
 
 
-def footprint(path, context: int, kv: str) -> int:
-    """Bytes a loaded model holds, as `plan` counts them: weights, working buffers less the
-    runtime's own (counted once per server), a hybrid's recurrent state, and the KV cache
-    at `context` tokens of type `kv`. "auto" is priced as its smallest candidate: it picks a
-    type that fits the budget where one does (the type it then picks prices the model anew)."""
-    from .eval.plan import QUALITY_ORDER, RUNTIME_BYTES, working_bytes
-    from .gguf.describe import read_per_token
-    from .gguf.reader import read_gguf
-    from .kv.recurrent import recurrent_bytes
-    from .kv.spec import is_auto, kv_bytes_per_token
-    from .models.base import header_layout
-
-    g = read_gguf(path)
-    args, layout = header_layout(g)
-    kinds = QUALITY_ORDER if is_auto(kv) else [kv]
-    kv_bytes = min(kv_bytes_per_token(k, layout, context)["total_bytes"] for k in kinds)
-    return (
-        read_per_token(g).weights + working_bytes(args, context) - RUNTIME_BYTES + recurrent_bytes(layout)[1] + kv_bytes
-    )
-
-
 def runtime_bytes() -> int:
     """Python, torch and the engine's own resident bytes (counted once per process)."""
-    from .eval.plan import RUNTIME_BYTES
-
     return RUNTIME_BYTES

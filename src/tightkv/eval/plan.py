@@ -150,11 +150,30 @@ def largest_context(spec: str, layout, budget: int, limit: int) -> int:
     return lo
 
 
+def footprint(path, context: int, kv: str) -> int:
+    """Bytes a loaded model holds, as `plan` counts them: weights, working buffers less the
+    runtime's own (counted once per server), a hybrid's recurrent state, and the KV cache
+    at `context` tokens of type `kv`. "auto" is priced as its smallest candidate: it picks a
+    type that fits the budget where one does (the type it then picks prices the model anew)."""
+    from ..gguf.describe import read_per_token
+    from ..gguf.reader import read_gguf
+    from ..kv.recurrent import recurrent_bytes
+    from ..kv.spec import is_auto, kv_bytes_per_token
+    from ..models.base import header_layout
+
+    g = read_gguf(path)
+    args, layout = header_layout(g)
+    kinds = QUALITY_ORDER if is_auto(kv) else [kv]
+    kv_bytes = min(kv_bytes_per_token(k, layout, context)["total_bytes"] for k in kinds)
+    return (
+        read_per_token(g).weights + working_bytes(args, context) - RUNTIME_BYTES + recurrent_bytes(layout)[1] + kv_bytes
+    )
+
+
 def draft_bytes(path, context: int) -> int:
     """Bytes a draft model (`engine.speculative`, -md) holds beside its target: its weights and
     buffers and its f16 cache at the target's `context` (at most its own trained one), as
     `Model.draft_model` opens it; the runtime counted once, with the target."""
-    from ..autokv import footprint
     from ..gguf.reader import read_gguf
     from ..models.base import header_layout
 

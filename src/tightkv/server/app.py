@@ -395,8 +395,8 @@ class ServerState:
 
 
 def _draft_bytes(path: Path | None, context: int) -> int:
-    """A draft model's bytes beside its target at `context` (`eval.plan.draft_bytes`; 0: none)."""
-    from ..eval.plan import draft_bytes
+    """A draft model's bytes beside its target at `context` (`autokv.draft_bytes`; 0: none)."""
+    from ..autokv import draft_bytes
 
     return draft_bytes(path, context) if path is not None else 0
 
