@@ -117,14 +117,9 @@ def _typed(name: str, kind: type, value, where: str):
     if name == "num_ctx" and typed < 1:
         raise TightKVError(f"{where}: num_ctx must be positive, got {typed}")
     if name == "kv_cache_type":
-        from .kv.spec import AUTO, is_auto, parse_kv
+        from .kv.spec import check_kv
 
-        if is_auto(typed):
-            return AUTO
-        try:
-            parse_kv(typed)
-        except TightKVError as err:
-            raise TightKVError(f"{where}: kv_cache_type: {err}") from None
+        return check_kv(typed, f"{where}: kv_cache_type")
     return typed
 
 

@@ -267,6 +267,7 @@ def model_label(name: str | None) -> str:
 def kv_spec(ns: argparse.Namespace) -> str | None:
     """The KV spec from --kv or --cache-type-k/-v, validated; None leaves the choice to
     `kv.spec.resolve_kv` ($TIGHTKV_KV_CACHE_TYPE, else the default)."""
+    from ..kv.spec import check_kv
 
     k, v = getattr(ns, "cache_type_k", None), getattr(ns, "cache_type_v", None)
     if k or v:
@@ -275,29 +276,15 @@ def kv_spec(ns: argparse.Namespace) -> str | None:
         flag_k, flag_v = _typed(ns, "cache_type_k", "-ctk"), _typed(ns, "cache_type_v", "-ctv")
         k, v = (k or "f16").strip().lower(), (v or "f16").strip().lower()
         if k == v:
-            return _check_kv(k, flag_k)
-        _check_kv(f"{k}:f16", flag_k)
-        _check_kv(f"f16:{v}", flag_v)
+            return check_kv(k, flag_k)
+        check_kv(f"{k}:f16", flag_k)
+        check_kv(f"f16:{v}", flag_v)
         return f"{k}:{v}"
-    return _check_kv(ns.kv, _typed(ns, "kv", "--kv")) if ns.kv else None
+    return check_kv(ns.kv, _typed(ns, "kv", "--kv")) if ns.kv else None
 
 
 def _typed(ns: argparse.Namespace, dest: str, fallback: str) -> str:
     return (getattr(ns, "typed_flags", None) or {}).get(dest) or fallback
-
-
-def _check_kv(spec: str, source: str) -> str:
-    """`spec`, parsed to check it ("auto" passes: the verbs that take it choose later);
-    an error names `source`, the flag or variable it came from."""
-    from ..kv.spec import AUTO, is_auto, parse_kv
-
-    if is_auto(spec):
-        return AUTO
-    try:
-        parse_kv(spec)
-    except TightKVError as err:
-        raise TightKVError(f"{source}: {err}") from None
-    return spec
 
 
 def kv_types(ns: argparse.Namespace) -> list[str]:

@@ -168,6 +168,18 @@ def is_auto(kv: "str | KVSpec | None") -> bool:
     return isinstance(kv, str) and kv.strip().lower() == AUTO
 
 
+def check_kv(spec: str, source: str) -> str:
+    """`spec`, parsed to check it ("auto" passes: the chooser decides later); an error
+    names `source`, the flag, variable or Modelfile line it came from."""
+    if is_auto(spec):
+        return AUTO
+    try:
+        parse_kv(spec)
+    except TightKVError as err:
+        raise TightKVError(f"{source}: {err}") from None
+    return spec
+
+
 def resolve_kv(kv: "str | KVSpec | None" = None) -> KVSpec:
     """The spec to use: `kv` if given, else $TIGHTKV_KV_CACHE_TYPE, else the default."""
     if kv:

@@ -437,14 +437,19 @@ async def ps(request: Request):
     return OllamaJSON({"models": entries})
 
 
+def _model_name(req) -> str:
+    """The model a body names (`model`, or Ollama's older `name`); a 400 without one."""
+    if not (name := req.model or req.name):
+        raise ApiError(400, "model is required")
+    return name
+
+
 @router.post(
     "/show", summary="Model details, Modelfile and GGUF metadata", openapi_extra=request_body(OllamaShowRequest)
 )
 async def show(request: Request):
     req = await parse_body(request, OllamaShowRequest)
-    name = req.model or req.name
-    if not name:
-        raise ApiError(400, "model is required")
+    name = _model_name(req)
     picked = _named(request.app.state.tk, name)
     served = picked.served
     if served.path is None:  # a registry model not pulled yet
@@ -518,9 +523,7 @@ async def pull(request: Request):
     from ..registry import pull_model
 
     req = await parse_body(request, OllamaPullRequest)
-    name = req.model or req.name
-    if not name:
-        raise ApiError(400, "model is required")
+    name = _model_name(req)
     state = request.app.state.tk
 
     def work(report) -> None:
@@ -604,9 +607,7 @@ async def create(request: Request):
     from ..registry import create_model
 
     req = await parse_body(request, OllamaCreateRequest)
-    name = req.model or req.name
-    if not name:
-        raise ApiError(400, "model is required")
+    name = _model_name(req)
     for field in ("files", "adapters", "quantize", "messages"):
         if getattr(req, field, None):
             raise ApiError(400, f"'{field}' is not supported: create from a model ('from'), with parameters and system")
@@ -641,9 +642,7 @@ async def delete(request: Request):
     from ..registry import remove
 
     req = await parse_body(request, OllamaPullRequest)
-    name = req.model or req.name
-    if not name:
-        raise ApiError(400, "model is required")
+    name = _model_name(req)
     state = request.app.state.tk
     found = state.pool.find(name)
     if found is not None and found.pinned:
