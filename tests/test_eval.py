@@ -24,6 +24,37 @@ def test_ppl_smoke_f16_against_itself(embedded, essays_file):
     assert abs(r["f32"]["ppl"] / r["f16"]["ppl"] - 1) < 0.002 and r["f32"]["kld_mean"] < 1e-3
 
 
+def test_ppl_nested_contexts_equal_their_own_runs(embedded, essays_file):
+    """#52: one forward of the longest context scores the shorter ones on its prefixes,
+    exactly as their own runs score them (the model is causal; the same forward pieces)."""
+    from tightkv.eval.ppl import perplexity, perplexity_at
+
+    text = essays_file.read_text()[:20000]
+    both = perplexity_at(embedded, text, [256, 128], 1, ["f16", "tq3"], score_from=0.75, progress=False, batch=64)
+    assert list(both) == [128, 256]
+    assert both[128]["f16"]["n_scored"] == 127 - 96 and both[256]["f16"]["n_scored"] == 255 - 192
+    alone = perplexity_at(embedded, text, [128], 1, ["f16", "tq3"], score_from=0.75, progress=False, batch=64)
+    assert both[128] == alone[128]
+    half = perplexity(embedded, text, ctx=256, n_chunks=1, kv_types=["f16"], progress=False, batch=64)
+    assert half["f16"]["n_scored"] == 127  # llama-perplexity's second half by default
+
+
+def test_ppl_cli_several_contexts(tmp_path, essays_file):
+    text = tmp_path / "t.txt"
+    text.write_text(essays_file.read_text()[:6000])
+    out = tmp_path / "ppl.json"
+    args = ("ppl", "-f", str(text), "-c", "128,256", "--chunks", "1", "--score-from", "0.75", "--json", str(out))
+    r = _cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert "context 128, positions 96..126 scored" in r.stdout and "context 256, positions 192..254" in r.stdout
+    doc = json.loads(out.read_text())
+    assert doc["score_from"] == 0.75 and set(doc["by_ctx"]) == {"128", "256"} and doc["results"]["kvarn4"]
+    bad = _cli("ppl", "-f", str(text), "-c", "256", "--score-from", "1.5")
+    assert bad.returncode != 0 and "--score-from" in bad.stderr and "Traceback" not in bad.stderr
+    over = _cli("ppl", "-f", str(text), "-c", "65536")  # Gemma 3 270M was trained for 32,768
+    assert over.returncode != 0 and "trained context of 32768" in over.stderr and "Traceback" not in over.stderr
+
+
 def test_ppl_cli_writes_json(tmp_path, essays_file):
     text = tmp_path / "t.txt"
     text.write_text(essays_file.read_text()[:6000])

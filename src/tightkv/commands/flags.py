@@ -72,11 +72,14 @@ CTX_HELP = "context length in tokens (default, or 0: the model's trained context
 
 
 def add_model_flags(
-    p: argparse.ArgumentParser, kv_default: str = "kvarn4, or $TIGHTKV_KV_CACHE_TYPE", ctx_help: str = CTX_HELP
+    p: argparse.ArgumentParser,
+    kv_default: str = "kvarn4, or $TIGHTKV_KV_CACHE_TYPE",
+    ctx_help: str = CTX_HELP,
+    ctx_type=int,
 ) -> None:
-    """The KV flags, -c/--ctx and --threads."""
+    """The KV flags, -c/--ctx (read by ctx_type) and --threads."""
     add_kv_flags(p, kv_default)
-    p.add_argument("-c", "--ctx", type=int, default=None, help=ctx_help)
+    p.add_argument("-c", "--ctx", type=ctx_type, default=None, help=ctx_help)
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: physical cores)")
 
 

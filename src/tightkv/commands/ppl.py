@@ -6,8 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import TightKVError
-
-from .flags import add_endpoint_flags, add_model_flags, measured_entries, model_label
+from .flags import add_endpoint_flags, add_model_flags, int_list, measured_entries, model_label
 
 NAME = "ppl"
 HELP = "perplexity and KL divergence against the f16 cache (default: the default cache against f16)"
@@ -25,13 +24,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", default=None, help="write the results as JSON")
     p.add_argument("-b", "--batch", type=int, default=512, help="tokens per forward call within a chunk (default 512)")
+    p.add_argument(
+        "--score-from",
+        type=float,
+        default=0.5,
+        metavar="F",
+        help="score the positions past this fraction of each context (default 0.5, llama-perplexity's second "
+        "half; 0.75 scores the last quarter, where the long-range attention is)",
+    )
     add_model_flags(
         p,
         kv_default="kvarn4, or $TIGHTKV_KV_CACHE_TYPE, measured against f16",
-        ctx_help="tokens per scored chunk (default 2048)",
+        ctx_help="tokens per scored chunk (default 2048); several, comma-separated (8192,16384,32768), score "
+        "the shorter ones on the prefixes of the longest one's chunks: one forward per type serves them all",
+        ctx_type=str,
     )
     add_endpoint_flags(p)
-    p.set_defaults(ctx=2048)
+    p.set_defaults(ctx="2048")
 
 
 def default_entries() -> list[str]:
@@ -51,13 +60,16 @@ def run(ns: argparse.Namespace) -> int:
 
     from ..api import Model
     from ..eval.endpoint import TOP, is_endpoint, open_targets
-    from ..eval.ppl import format_table, perplexity, perplexity_targets
+    from ..eval.ppl import format_table, perplexity_at, perplexity_targets
 
     path = Path(ns.file)
     if not path.is_file():
         raise TightKVError(f"{path}: no such text file")
-    if ns.ctx < 16:
-        raise TightKVError(f"--ctx must be at least 16, got {ns.ctx}")
+    ctxs = sorted(set(int_list(ns.ctx, "--ctx")))
+    if ctxs[0] < 16:
+        raise TightKVError(f"--ctx must be at least 16, got {ctxs[0]}")
+    if not 0 <= ns.score_from < 1 or int(ctxs[0] * ns.score_from) >= ctxs[0] - 1:
+        raise TightKVError(f"--score-from must leave positions to score in a context of {ctxs[0]}, got {ns.score_from}")
     if ns.batch < 1:
         raise TightKVError(f"--batch must be at least 1, got {ns.batch}")
     named = bool(ns.endpoint or ns.compare or ns.kv or ns.cache_type_k or ns.cache_type_v)
@@ -67,14 +79,21 @@ def run(ns: argparse.Namespace) -> int:
         tokens, targets = open_targets(
             entries, lambda: Model(ns.model, threads=ns.threads), ns.model is not None, ns.api_key, ns.served_model
         )
-        results, source = perplexity_targets(tokens, text, ns.ctx, ns.chunks, targets), tokens.source
+        if len(ctxs) > 1 or ns.score_from != 0.5:
+            raise TightKVError("an endpoint is scored at one --ctx, from its middle: no --score-from, one context")
+        by_ctx = {ctxs[0]: perplexity_targets(tokens, text, ctxs[0], ns.chunks, targets)}
+        source = tokens.source
     else:
-        model = Model(ns.model, threads=ns.threads)
+        model = Model(ns.model, threads=ns.threads, context_length=ctxs[-1])  # past the trained context: one line
         for kind in entries:
             model.new_cache(kind)  # a bad type name fails here, before any work
-        results, source = perplexity(model, text, ns.ctx, ns.chunks, entries, batch=ns.batch), str(model.path)
-    print(format_table(results))
-    base = next(iter(results.values()))
+        by_ctx = perplexity_at(model, text, ctxs, ns.chunks, entries, ns.score_from, batch=ns.batch)
+        source = str(model.path)
+    for ctx, results in by_ctx.items():
+        if len(by_ctx) > 1:
+            print(f"\ncontext {ctx}, positions {int(ctx * ns.score_from)}..{ctx - 2} scored")
+        print(format_table(results))
+    base = next(iter(by_ctx[ctxs[-1]].values()))
     print(f"Final estimate: PPL = {base['ppl']:.4f} +/- {base['ppl_stderr']:.5f}")
     if any(map(is_endpoint, entries)) and len(entries) > 1:
         print(
@@ -82,7 +101,10 @@ def run(ns: argparse.Namespace) -> int:
             f"KLD): an endpoint gives at most {TOP} alternatives per position"
         )
     if ns.json:
-        doc = {"model": source, "text": path.name, "ctx": ns.ctx, "chunks": ns.chunks, "results": results}
+        doc = {"model": source, "text": path.name, "ctx": ctxs[-1], "chunks": ns.chunks}
+        doc |= {"score_from": ns.score_from, "results": by_ctx[ctxs[-1]]}
+        if len(ctxs) > 1:
+            doc["by_ctx"] = {str(c): r for c, r in by_ctx.items()}
         if ns.model or not ns.endpoint:  # a local model: named as every verb names it (gemma3:270m)
             doc["model_name"] = model_label(ns.model)
         Path(ns.json).write_text(json.dumps(doc, indent=1))

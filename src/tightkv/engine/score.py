@@ -8,15 +8,16 @@ import torch
 
 
 @torch.inference_mode()
-def scored_hidden(net, ids: list[int], cache: list, first: int, sub: int, on_piece=None) -> torch.Tensor:
-    """Final-normed hidden states (len(ids)-1-first, hidden) at positions first..len(ids)-2
-    (each predicts the next token), running ids through `cache` `sub` tokens per forward;
-    `on_piece(n)` is told after each forward call of n tokens."""
+def scored_hidden(net, ids: list[int], cache: list, first, sub: int, on_piece=None) -> torch.Tensor:
+    """Final-normed hidden states (rows, hidden) at the scored positions (each predicts
+    the next token): positions first..len(ids)-2 for an int `first`, else the sorted
+    positions `first` gives (a 1-D tensor), running ids through `cache` `sub` tokens per
+    forward; `on_piece(n)` is told after each forward call of n tokens."""
+    positions = torch.arange(first, len(ids) - 1) if isinstance(first, int) else torch.as_tensor(first)
     out = []
     for s in range(0, len(ids), sub):
         part = ids[s : s + sub]
-        lo, hi = max(first - s, 0), min(len(part), len(ids) - 1 - s)
-        rows = torch.arange(lo, max(lo, hi))
+        rows = positions[(positions >= s) & (positions < s + len(part))] - s
         h = net(torch.tensor(part), cache, logits_at=rows, hidden=True)
         if h is not None:
             out.append(h)

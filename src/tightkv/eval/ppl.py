@@ -101,73 +101,117 @@ def compare_rows(
     return kld, nll, same
 
 
+def windows(ctxs: list[int], score_from: float) -> list[tuple[int, int]]:
+    """The scored logit positions [start, end) of each context: a chunk of the largest
+    holds the shorter ones as its prefixes (the model is causal, so a context of c
+    tokens is the chunk's first c), each scored from score_from of its length to its
+    second-last token."""
+    return [(int(c * score_from), c - 1) for c in ctxs]
+
+
+def scored_positions(spans: list[tuple[int, int]]) -> torch.Tensor:
+    """The sorted union of the spans' positions."""
+    return torch.unique(torch.cat([torch.arange(a, b) for a, b in spans]))
+
+
 @torch.inference_mode()
-def score_chunk(
-    net, ids: list[int], caches: dict[str, list], results: dict[str, PplResult], sub: int = 512, on_piece=None
+def score_hidden(
+    net, hidden: dict[str, torch.Tensor], ids: list[int], positions: torch.Tensor, spans, results, on_piece=None
 ) -> None:
-    """Run one chunk through every cache type and add its scores; `on_piece(n)`
-    is told after each forward call of n tokens and after n rows are scored
-    for one type.
+    """Score each type's final hidden states at `positions` (rows of `hidden[name]`)
+    against the baseline's, span by span: `results[span_index][name]` is a PplResult. The
+    output layer runs OUTPUT_ROWS rows of a span of the baseline, then of each other type,
+    per call (a span's rows are scored in the blocks its own run would score them in);
+    `compare_rows` scores them."""
+    targets = torch.tensor(ids)[positions + 1]
+    for (a, b), results_w in zip(spans, results):
+        rows = ((positions >= a) & (positions < b)).nonzero()[:, 0]
+        for s in range(0, rows.numel(), OUTPUT_ROWS):
+            block = rows[s : s + OUTPUT_ROWS]
+            tgt, n = targets[block], block.numel()
+            base = log_softmax_rows(net.output(hidden[BASELINE][block]))  # once for every type
+            for name, h in hidden.items():
+                r = results_w[name]
+                if name == BASELINE:  # against itself: KLD 0, the same top token
+                    r.nll += (-base.gather(1, tgt[:, None])[:, 0]).tolist()
+                    r.kld += [0.0] * n
+                    r.same_top1 += [True] * n
+                else:
+                    logits = net.output(h[block])
+                    kld, nll, same = compare_rows(base, logits, tgt, base_logp=True)
+                    del logits
+                    r.nll += nll
+                    r.kld += kld
+                    r.same_top1 += same
+                if on_piece:
+                    on_piece(n)
+            del base
+
+
+@torch.inference_mode()
+def score_chunk(net, ids: list[int], caches: dict[str, list], results, spans, sub: int = 512, on_piece=None) -> None:
+    """Run one chunk through every cache type and add its scores over each span
+    (`results[span_index][name]`); `on_piece(n)` is told after each forward call of n
+    tokens and after n rows are scored for one type.
 
     Each cache (or a function that makes it) is taken out of `caches` while it runs and
-    dropped after: only its final hidden states at the scored positions are kept. The
-    output layer runs OUTPUT_ROWS rows of the baseline, then of each other type, per
-    call; `compare_rows` scores them against the baseline's."""
-    first = len(ids) // 2
+    dropped after: only its final hidden states at the scored positions are kept."""
+    positions = scored_positions(spans)
     hidden = {}
     for name in list(caches):
         cache = caches.pop(name)
-        hidden[name] = scored_hidden(net, ids, cache() if callable(cache) else cache, first, sub, on_piece)
+        hidden[name] = scored_hidden(net, ids, cache() if callable(cache) else cache, positions, sub, on_piece)
         del cache
-    targets = torch.tensor(ids[first + 1 :])
-    for s in range(0, targets.numel(), OUTPUT_ROWS):
-        tgt = targets[s : s + OUTPUT_ROWS]
-        n = tgt.numel()
-        base = log_softmax_rows(net.output(hidden[BASELINE][s : s + n]))  # once for every type
-        for name, h in hidden.items():
-            r = results[name]
-            if name == BASELINE:  # against itself: KLD 0, the same top token
-                r.nll += (-base.gather(1, tgt[:, None])[:, 0]).tolist()
-                r.kld += [0.0] * n
-                r.same_top1 += [True] * n
-            else:
-                logits = net.output(h[s : s + n])
-                kld, nll, same = compare_rows(base, logits, tgt, base_logp=True)
-                del logits
-                r.nll += nll
-                r.kld += kld
-                r.same_top1 += same
-            if on_piece:
-                on_piece(n)
-        del base
+    score_hidden(net, hidden, ids, positions, spans, results, on_piece)
 
 
 def perplexity(
     model, text: str, ctx: int, n_chunks: int | None, kv_types: list[str], progress: bool = True, batch: int = 512
 ) -> dict[str, dict]:
-    """PPL, its standard error, and KLD against f16 for each KV type on text, feeding
-    each chunk `batch` tokens per forward call. Progress (stderr) counts the
-    tokens run and the rows scored, for every type, so it moves with every
+    """PPL, its standard error, and KLD against f16 for each KV type on text, llama-perplexity's
+    protocol (the second half of each chunk scored); `perplexity_at` for one context."""
+    return perplexity_at(model, text, [ctx], n_chunks, kv_types, progress=progress, batch=batch)[ctx]
+
+
+def perplexity_at(
+    model,
+    text: str,
+    ctxs: list[int],
+    n_chunks: int | None,
+    kv_types: list[str],
+    score_from: float = 0.5,
+    progress: bool = True,
+    batch: int = 512,
+) -> dict[int, dict[str, dict]]:
+    """Context -> KV type -> PPL, its standard error, and KLD against f16 on text, scoring
+    positions from score_from of each context on. Chunks are of the largest context, and
+    every shorter one is scored on their prefixes (`windows`): one forward per type serves
+    every context. Each chunk is fed `batch` tokens per forward call. Progress (stderr)
+    counts the tokens run and the rows scored, for every type, so it moves with every
     forward call, not only per chunk."""
     from ..progress import Progress
 
+    ctxs = sorted(set(ctxs))
     names = [BASELINE] + [k for k in kv_types if k != BASELINE]
     tokens = model.tokenize(text, add_bos=False)
-    todo = chunks(tokens, model.tokenizer.bos_id, ctx, n_chunks)
+    todo = chunks(tokens, model.tokenizer.bos_id, ctxs[-1], n_chunks)
     if not todo:
         from ..errors import TightKVError
 
-        raise TightKVError(f"text has {len(tokens)} tokens: too short for one chunk of {ctx}")
-    results = {name: PplResult() for name in names}
-    work = sum(len(ids) + len(ids) - 1 - len(ids) // 2 for ids in todo) * len(names)  # tokens run, rows scored
+        raise TightKVError(f"text has {len(tokens)} tokens: too short for one chunk of {ctxs[-1]}")
+    spans = windows(ctxs, score_from)
+    n_rows = sum(b - a for a, b in spans)
+    results = [{name: PplResult() for name in names} for _ in spans]
+    work = (ctxs[-1] + n_rows) * len(todo) * len(names)  # tokens run, rows scored
     with Progress("perplexity", work, enabled=progress) as bar:
         for i, ids in enumerate(todo):
             bar.describe(f"perplexity chunk {i + 1}/{len(todo)}")
             caches = {name: (lambda kind=name: model.new_cache(kind)) for name in names}  # made in turn
-            score_chunk(model.net, ids, caches, results, sub=batch, on_piece=bar.update)
-            bar.note(" ".join(f"{n} {math.exp(np.mean(r.nll)):.3f}" for n, r in results.items()))
+            score_chunk(model.net, ids, caches, results, spans, sub=batch, on_piece=bar.update)
+            last = results[-1]
+            bar.note(" ".join(f"{n} {math.exp(np.mean(r.nll)):.3f}" for n, r in last.items()))
         bar.detail = f"{len(todo)} chunk{'s' * (len(todo) > 1)} x {len(names)} KV type{'s' * (len(names) > 1)}"
-    return {name: results[name].summary() for name in names if name in kv_types or name == BASELINE}
+    return {c: {name: r[name].summary() for name in names} for c, r in zip(ctxs, results)}
 
 
 def perplexity_targets(
