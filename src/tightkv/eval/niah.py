@@ -108,7 +108,7 @@ def generated_haystack(n_words: int = 60000, seed: int = 0) -> str:
     return " ".join(out).replace(" \n\n ", "\n\n")
 
 
-def _sentence_boundary(tokens: list[int], pos: int, ends: set[int], reach: int = 96) -> int:
+def sentence_boundary(tokens: list[int], pos: int, ends: set[int], reach: int = 96) -> int:
     """The position just after the nearest sentence-ending token at or below pos."""
     for p in range(pos, max(pos - reach, 0), -1):
         if tokens[p - 1] in ends:
@@ -128,7 +128,7 @@ def build_prompt(tokens, hay_tokens: list[int], needle: Needle, length: int, dep
     if len(hay_tokens) < n:
         raise TightKVError(f"haystack has {len(hay_tokens)} tokens, fewer than the {n} that length {length} needs")
     ctx = hay_tokens[:n]
-    pos = _sentence_boundary(ctx, int(n * depth / 100), ends) if 0 < depth < 100 else int(n * depth / 100)
+    pos = sentence_boundary(ctx, int(n * depth / 100), ends) if 0 < depth < 100 else int(n * depth / 100)
     return tokens.bos + ctx[:pos] + nt + ctx[pos:] + qt
 
 
