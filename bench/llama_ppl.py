@@ -10,12 +10,14 @@ per context is ever held. llama.cpp rotates a quantized cache's K and V with a H
 transform by default (`attn_rot_k`/`attn_rot_v`, when the head dim is a multiple of 64);
 `rotate=False` (`--no-rotate`) sets `LLAMA_ATTN_ROT_DISABLE=1` while the contexts are made.
 
-    python bench/llama_ppl.py [MODEL.gguf] -f TEXT -c 8192 --score-from 0.75 --kinds f16,q8_0,q4_0 \\
+    python bench/llama_ppl.py [MODEL.gguf] [-f TEXT] -c 8192 --score-from 0.75 --kinds f16,q8_0,q4_0 \\
         [--chunks N] [--no-rotate] [--threads 2] [--json OUT]
 
 The text is tokenized by our tokenizer and chunked as `tightkv.eval.ppl.chunks` does ([BOS] +
 ctx-1 tokens); positions int(score_from*ctx) .. ctx-2 are scored. MODEL defaults to the
-embedded Gemma 3 270M.
+embedded Gemma 3 270M, TEXT to the essays. The long sweep beside our own types is
+`bench/ppl_long.py`, which calls `score_llama`; `make_benchmarks.py --only llama-ppl` runs the
+reference's protocol (../reference/gemma3-270m-ppl-essays-llamacpp.json: 6 chunks of 2,048).
 """
 
 from __future__ import annotations
@@ -305,7 +307,7 @@ def _table(summary: dict, per_token: dict, rotation: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("model", nargs="?", help="GGUF (default: the embedded Gemma 3 270M)")
-    ap.add_argument("-f", "--file", required=True, help="text to score")
+    ap.add_argument("-f", "--file", help="text to score (default: the essays, tightkv.eval.corpus)")
     ap.add_argument("-c", "--ctx", type=int, default=8192, help="tokens per chunk, BOS included")
     ap.add_argument("--chunks", type=int, default=1, help="chunks scored (default 1)")
     ap.add_argument("--score-from", type=float, default=0.5, help="first scored position as a fraction of ctx")
@@ -325,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         check_kinds(kinds)
         if not 0 <= args.score_from < 1:
             raise ValueError("--score-from is a fraction in [0, 1)")
+        if args.file is None:
+            from tightkv.eval.corpus import essays_path
+
+            args.file = str(essays_path())
         path, name, todo = _chunks(args.model, args.file, args.ctx, args.chunks)
     except (ValueError, OSError, TightKVError) as err:
         print(f"error: {err}", file=sys.stderr)

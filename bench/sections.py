@@ -119,6 +119,10 @@ EXTRA = {
         "docs/speed.md",
         [["speculative.py", "--server", "{llama_server}", "--json", "{json_speculative}"]],
     ),
+    "llama-ppl": (  # llama.cpp's caches on the reference's protocol (the long sweep is ppl-long's)
+        "docs/benchmarks.md",
+        [["llama_ppl.py", "-c", "2048", "--chunks", "6", "--kinds", "f16,q8_0,q5_0,q4_1,iq4_nl,q4_0"]],
+    ),
     "kv-auto": ("docs/kv-cache.md", [["kv_auto.py", "--brief", "{brief}", "--json", "{out}/kv_auto.json"]]),
     "serving": (
         "docs/server.md",
