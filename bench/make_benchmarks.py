@@ -40,6 +40,7 @@ each one's commands, and the doc that cites them):
     fuzz-server       bench/fuzz_server.py: schemathesis over every route (needs schemathesis)
     web-screenshot    bench/web_screenshot.py: docs/web.png (needs chromium and playwright)
     endpoint-llamaserver  bench/endpoint_llamaserver.py: our checks on llama-server (docs/scale-out.md)
+    ruler             bench/ruler.py: RULER-style tasks at 4K-16K, f16 and the default, both models (hours each)
 
     python bench/make_benchmarks.py                  # run every section of the page, write the page
     python bench/make_benchmarks.py --only ppl,speed # rerun some sections

@@ -30,6 +30,8 @@ import itertools
 import random
 from dataclasses import dataclass, field
 
+from .niah import sentence_boundary
+
 TASKS = ("single", "multikey", "multivalue", "multiquery", "vt", "cwe")
 ANSWER_TOKENS = {"single": 16, "multikey": 16, "multivalue": 64, "multiquery": 64, "vt": 40, "cwe": 80}
 STOP = ["\n\n", "\nQuestion:"]  # an answer ends at a blank line or a question of its own
@@ -118,9 +120,7 @@ class Generator:
     and one haystack text; each piece of text is tokenized once."""
 
     def __init__(self, tokens, haystack: str):
-        from .niah import sentence_boundary
-
-        self.tokens, self._boundary = tokens, sentence_boundary
+        self.tokens = tokens
         self.hay = tokens.tokenize(haystack)
         self.ends = {t for t in set(self.hay) if tokens.piece(t).rstrip().endswith((".", "!", "?"))}
         self._memo: dict[str, list[int]] = {}
@@ -153,7 +153,7 @@ class Generator:
             raise TightKVError(f"haystack has {len(self.hay)} tokens, fewer than the {n} that length {length} needs")
         ctx = self.hay[:n]
         at = sorted(
-            self._boundary(ctx, n * d // 100, self.ends) if 0 < d < 100 else n * d // 100
+            sentence_boundary(ctx, n * d // 100, self.ends) if 0 < d < 100 else n * d // 100
             for d in rng.sample(DEPTHS, len(parts))
         )
         out, prev = list(head), 0
