@@ -152,6 +152,13 @@ EXTRA = {
         "docs/scale-out.md",
         [["endpoint_llamaserver.py", "--server", "{llama_server}", "--json", "{out}/endpoint_llamaserver.json"]],
     ),
+    "ruler": (  # RULER-style tasks at 4K-16K, 40 samples, f16 and the default (hours a model on 2 cores)
+        "docs/benchmarks.md",
+        [
+            ["ruler.py", "gemma3:270m", "--json", "{out}/ruler_gemma3-270m.json"],
+            ["ruler.py", "{qwen}", "--json", "{out}/ruler_qwen2.5-coder-0.5b.json"],
+        ],
+    ),
 }
 # JSON files named before one file per instruction path: the AVX-512 VNNI machine's keep their names
 LEGACY_JSON = {"weight_types_avx512_vnni": "weight_types", "serving_avx512_vnni": "serving"}
