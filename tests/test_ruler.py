@@ -149,6 +149,10 @@ def test_endpoint_answers_as_the_local_engine(smoke, tmp_path):
     _, doc, _ = smoke
     with running("--kv", "f16", "--ctx", "1024") as srv:
         r = cli(*SMOKE, "--samples", "1", "--endpoint", srv.url, "--json", str(tmp_path / "r.json"), timeout=600)
+        too_long = cli(
+            "niah", "--task", "single", "--lengths", "1020", "--samples", "1", "--endpoint", srv.url, timeout=120
+        )
+    assert_one_line_error(too_long, "context of 1024 tokens")  # the server's, asked of it
     assert r.returncode == 0, r.stderr
     remote = json.loads((tmp_path / "r.json").read_text())
     for task in TASKS:
