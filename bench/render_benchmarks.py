@@ -58,6 +58,53 @@ def render_texts(d: dict | None) -> list[str]:
     return lines
 
 
+def render_ppl_long(d: dict) -> list[str]:
+    """Long contexts (#52): ΔPPL and KLD against each engine's own f16 at each context, our
+    types and llama.cpp's side by side, a table per text, bytes per token at the longest."""
+    first_text = next(iter(d["texts"].values()))
+    cell = first_text.get("tightkv") or first_text["llama.cpp"]
+    ctxs, longest = [str(c) for c in cell["ctxs"]], str(cell["ctxs"][-1])
+    parts = [
+        f"## Long contexts: {d['model_name']} ({d['model']})",
+        "",
+        f"`python bench/ppl_long.py {d['model_name']}` ({d['machine']['cpu']}, kernels {d['machine']['kernels']}): "
+        f"one chunk of {longest} tokens per text, the shorter contexts its prefixes, positions past "
+        f"{d['score_from']:g} of each context scored; KLD against the same engine's f16 over the whole vocabulary. "
+        "llama.cpp: llama-cpp-python 0.3.36 with flash attention, its quantized caches rotated (its default) unless "
+        "marked unrotated.",
+        "",
+    ]
+    head = " | ".join(f"ΔPPL {c} | KLD {c}" for c in ctxs)
+    for text, engines in d["texts"].items():
+        rows = []
+        for engine in ("tightkv", "llama.cpp"):
+            cell = engines.get(engine, {})
+            if "f16" not in cell:
+                continue
+            for kind, r in cell.items():
+                if not (isinstance(r, dict) and "by_ctx" in r):
+                    continue
+                cols = []
+                for c in ctxs:
+                    base, got = cell["f16"]["by_ctx"][c], r["by_ctx"][c]
+                    cols.append(f"{100 * (got['ppl'] / base['ppl'] - 1):+.2f}% | {got['kld_mean']:.4f}")
+                top1 = 100 * r["by_ctx"][longest]["same_top1"]
+                rows.append(
+                    f"| {engine} | {kind} | {r['bytes_per_token'][longest]:.0f} | {' | '.join(cols)} | {top1:.1f}% |"
+                )
+        if not rows:
+            continue
+        parts += [
+            f"**{text}**: {engines['source']} ({engines['tokens']:,} tokens)",
+            "",
+            f"| engine | kv | KV B/token at {longest} | {head} | same top-1 at {longest} |",
+            "|---|---|---:|" + "---:|---:|" * len(ctxs) + "---:|",
+            *rows,
+            "",
+        ]
+    return parts
+
+
 def render_policy(d: dict | None) -> list[str]:
     """ΔPPL and KLD of each type over exact sink and window sizes (defaults in bold)."""
     if not d:
@@ -180,6 +227,8 @@ def render() -> str:
         parts += render_reference(ppl, _load("ppl_reference"))
     parts += render_texts(_load("ppl_texts"))
     parts += render_policy(_load("kv_policy"))
+    for path in sorted(OUT.glob("ppl_long_*.json")):
+        parts += render_ppl_long(json.loads(path.read_text()))
     niah = _load("niah")
     if niah:
         parts += [

@@ -119,6 +119,13 @@ EXTRA = {
         "docs/speed.md",
         [["speculative.py", "--server", "{llama_server}", "--json", "{json_speculative}"]],
     ),
+    "ppl-long": (
+        "docs/benchmarks.md",
+        [
+            ["ppl_long.py", "gemma3:270m", "--json", "{out}/ppl_long_gemma3-270m.json"],
+            ["ppl_long.py", "qwen", "--json", "{out}/ppl_long_qwen2.5-coder-0.5b.json"],
+        ],
+    ),
     "llama-ppl": (  # llama.cpp's caches on the reference's protocol (the long sweep is ppl-long's)
         "docs/benchmarks.md",
         [["llama_ppl.py", "-c", "2048", "--chunks", "6", "--kinds", "f16,q8_0,q5_0,q4_1,iq4_nl,q4_0"]],
