@@ -244,7 +244,7 @@ def main(argv=None) -> int:
                 list(dict.fromkeys(["f16", *llama_kinds])),
                 unrotated,
                 engines["llama.cpp"],
-                ns.threads,
+                ns.threads or 2,
                 save,
             )
         save()
