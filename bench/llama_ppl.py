@@ -6,12 +6,14 @@ llama.cpp's own f16 cache: NLL, KLD over the full vocabulary and top-token agree
 One model is loaded and one context is made per cache type (its own `type_k`/`type_v`); the
 contexts run in lockstep, each fed the same batch, and the batch's scored rows are compared
 with f16's right away (`tightkv.eval.ppl.compare_rows`), so no more than one batch of logits
-per context is ever held. llama.cpp rotates a quantized cache's K and V with a Hadamard
+per context is ever held. Each context also holds two n_batch x vocab float32 buffers of its
+own (its graph's logits and its output): --group N runs at most N types beside f16 at a time
+(f16 run again per group), for less memory at more time. llama.cpp rotates a quantized cache's K and V with a Hadamard
 transform by default (`attn_rot_k`/`attn_rot_v`, when the head dim is a multiple of 64);
 `rotate=False` (`--no-rotate`) sets `LLAMA_ATTN_ROT_DISABLE=1` while the contexts are made.
 
     python bench/llama_ppl.py [MODEL.gguf] [-f TEXT] -c 8192 --score-from 0.75 --kinds f16,q8_0,q4_0 \\
-        [--chunks N] [--no-rotate] [--threads 2] [--json OUT]
+        [--chunks N] [--no-rotate] [--group N] [--batch 512] [--threads 2] [--json OUT]
 
 The text is tokenized by our tokenizer and chunked as `tightkv.eval.ppl.chunks` does ([BOS] +
 ctx-1 tokens); positions int(score_from*ctx) .. ctx-2 are scored. MODEL defaults to the

@@ -44,7 +44,7 @@ def test_scores_at_the_positions_asked_against_f16(rotated):
         assert r["kld"].shape == r["same_top1"].shape == (len(POSITIONS),)
     assert (scores["f16"]["kld"] == 0).all() and scores["f16"]["same_top1"].all()
     q8, q4 = scores["q8_0"]["kld"].mean(), scores["q4_0"]["kld"].mean()
-    assert 0 < q8 < q4, (q8, q4)
+    assert 0 < q8 < q4 and q8 < 0.02, (q8, q4)  # q8_0 within llama.cpp's own flash-attention noise
     assert scores["q8_0"]["same_top1"].mean() > scores["q4_0"]["same_top1"].mean()
     # llama.cpp rotates a quantized cache by default (Gemma's head dim 256 is a multiple of 64), never f16
     assert rotation["q4_0"] == {"attn_rot_k": True, "attn_rot_v": True}
