@@ -59,7 +59,9 @@ def long_texts() -> dict[str, tuple[str, str]]:
     """Name -> (what it is, a function returning the text)."""
     import texts
 
-    essays = Path(__file__).resolve().parents[2] / "shared" / "data" / "essays.txt"
+    from tightkv.eval.corpus import essays_path
+
+    essays = essays_path()
     return {
         "essays": ("the essays (English prose), from the start", lambda: essays.read_text(encoding="utf-8")),
         "code": (f"{RICH}'s Python sources from PyPI, in path order", package_code),
