@@ -65,13 +65,13 @@ def render_ppl_long(d: dict) -> list[str]:
     cell = first_text.get("tightkv") or first_text["llama.cpp"]
     ctxs, longest = [str(c) for c in cell["ctxs"]], str(cell["ctxs"][-1])
     parts = [
-        f"## Long contexts: {d['model_name']} ({d['model']})",
+        f"## Long contexts: {d['model_name']}",
         "",
         f"`python bench/ppl_long.py {d['model_name']}` ({d['machine']['cpu']}, kernels {d['machine']['kernels']}): "
         f"one chunk of {longest} tokens per text, the shorter contexts its prefixes, positions past "
         f"{d['score_from']:g} of each context scored; KLD against the same engine's f16 over the whole vocabulary. "
         "llama.cpp: llama-cpp-python 0.3.36 with flash attention, its quantized caches rotated (its default) unless "
-        "marked unrotated.",
+        "marked unrotated. Rows by bytes per token; the default in bold.",
         "",
     ]
     head = " | ".join(f"ΔPPL {c} | KLD {c}" for c in ctxs)
@@ -79,30 +79,33 @@ def render_ppl_long(d: dict) -> list[str]:
         rows = []
         for engine in ("tightkv", "llama.cpp"):
             cell = engines.get(engine, {})
-            if "f16" not in cell:
-                continue
-            for kind, r in cell.items():
-                if not (isinstance(r, dict) and "by_ctx" in r):
-                    continue
-                cols = []
-                for c in ctxs:
-                    base, got = cell["f16"]["by_ctx"][c], r["by_ctx"][c]
-                    cols.append(f"{100 * (got['ppl'] / base['ppl'] - 1):+.2f}% | {got['kld_mean']:.4f}")
-                top1 = 100 * r["by_ctx"][longest]["same_top1"]
-                rows.append(
-                    f"| {engine} | {kind} | {r['bytes_per_token'][longest]:.0f} | {' | '.join(cols)} | {top1:.1f}% |"
-                )
-        if not rows:
-            continue
-        parts += [
-            f"**{text}**: {engines['source']} ({engines['tokens']:,} tokens)",
-            "",
-            f"| engine | kv | KV B/token at {longest} | {head} | same top-1 at {longest} |",
-            "|---|---|---:|" + "---:|---:|" * len(ctxs) + "---:|",
-            *rows,
-            "",
-        ]
+            if "f16" in cell:
+                rows += _ppl_long_rows(engine, cell, ctxs, longest)
+        if rows:
+            parts += [
+                f"**{text}**: {engines['source']} ({engines['tokens']:,} tokens)",
+                "",
+                f"| engine | kv | KV B/token at {longest} | {head} | same top-1 at {longest} |",
+                "|---|---|---:|" + "---:|---:|" * len(ctxs) + "---:|",
+                *rows,
+                "",
+            ]
     return parts
+
+
+def _ppl_long_rows(engine: str, cell: dict, ctxs: list[str], longest: str) -> list[str]:
+    kinds = [k for k, r in cell.items() if isinstance(r, dict) and "by_ctx" in r]
+    rows = []
+    for kind in sorted(kinds, key=lambda k: -cell[k]["bytes_per_token"][longest]):
+        r = cell[kind]
+        cols = []
+        for c in ctxs:
+            base, got = cell["f16"]["by_ctx"][c], r["by_ctx"][c]
+            cols.append(f"{100 * (got['ppl'] / base['ppl'] - 1):+.2f}% | {got['kld_mean']:.4f}")
+        name = f"**{kind}**" if (engine, kind) == ("tightkv", "kvarn4") else kind  # the default
+        top1 = 100 * r["by_ctx"][longest]["same_top1"]
+        rows.append(f"| {engine} | {name} | {r['bytes_per_token'][longest]:.0f} | {' | '.join(cols)} | {top1:.1f}% |")
+    return rows
 
 
 def render_policy(d: dict | None) -> list[str]:
