@@ -115,17 +115,23 @@ def run(ns: argparse.Namespace) -> int:
         raise TightKVError(f"length {max(lengths)} does not fit the context of {local.context_length}")
     results = run_grid(tokens, haystack, lengths, depths, targets, needles)
     print(format_grid(results, lengths, depths))
+    label = _figure_label(ns, local, targets)
+    doc = {
+        "model": tokens.source,
+        "lengths": lengths,
+        "depths": depths,
+        "needles": [n.__dict__ for n in needles],
+        "results": results,
+    }
+    return _write(ns, lambda png: heatmap(results, lengths, depths, png, model=label, needles=needles), doc)
+
+
+def _write(ns: argparse.Namespace, draw, doc: dict) -> int:
+    """The heatmap (`draw(path)`) under --png and the JSON under --json, each where asked."""
     if ns.png:
-        heatmap(results, lengths, depths, ns.png, model=_figure_label(ns, local, targets), needles=needles)
+        draw(ns.png)
         print(f"heatmap: {ns.png}")
     if ns.json:
-        doc = {
-            "model": tokens.source,
-            "lengths": lengths,
-            "depths": depths,
-            "needles": [n.__dict__ for n in needles],
-            "results": results,
-        }
         Path(ns.json).write_text(json.dumps(doc, indent=1))
     return 0
 
@@ -160,21 +166,17 @@ def _run_tasks(ns: argparse.Namespace, lengths: list[int]) -> int:
     _check_room(lengths, tasks, targets, local)
     prompts, results = run_tasks(Generator(tokens, haystack), tasks, lengths, ns.samples, ns.seed, targets)
     print(format_tables(results, lengths))
-    if ns.png:
-        heatmap(results, lengths, ns.png, model=_figure_label(ns, local, targets))
-        print(f"heatmap: {ns.png}")
-    if ns.json:
-        doc = {
-            "model": tokens.source,
-            "tasks": tasks,
-            "lengths": lengths,
-            "samples": ns.samples,
-            "seed": ns.seed,
-            "prompts": [
-                {"id": s.id, "task": s.task, "length": s.length, "tokens": len(s.ids), "expected": s.expected}
-                for s in prompts
-            ],
-            "results": results,
-        }
-        Path(ns.json).write_text(json.dumps(doc, indent=1))
-    return 0
+    label = _figure_label(ns, local, targets)
+    doc = {
+        "model": tokens.source,
+        "tasks": tasks,
+        "lengths": lengths,
+        "samples": ns.samples,
+        "seed": ns.seed,
+        "prompts": [
+            {"id": s.id, "task": s.task, "length": s.length, "tokens": len(s.ids), "expected": s.expected}
+            for s in prompts
+        ],
+        "results": results,
+    }
+    return _write(ns, lambda png: heatmap(results, lengths, png, model=label), doc)
