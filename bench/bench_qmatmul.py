@@ -3,6 +3,7 @@
     python bench/bench_qmatmul.py            # real weights from the embedded GGUF
     python bench/bench_qmatmul.py --random   # random blocks, no GGUF read
     python bench/bench_qmatmul.py --types Q4_0,IQ4_XS,Q1_0 [--target avx2]  # every block type, one row
+    python bench/bench_qmatmul.py --types Q4_K,Q6_K --stream  # a 32768 x 4096 matrix from DRAM
     python bench/bench_qmatmul.py --crossover MODEL.gguf [--rows 1,8,16,24,32,48,64,96]
 
 Prints ms and GB/s (weight bytes read per call / time) for 1-row (decode) and
@@ -67,29 +68,34 @@ def random_raw(qtype: str, rows: int, cols: int) -> torch.Tensor:
     return raw.reshape(rows, -1)
 
 
-def per_type(types: list[str], target: str | None, n: int = 2048, k: int = 2048, runs: int = 150) -> None:
-    """One row times an n x k matrix of random blocks of each type, on one thread, best of `runs`
-    (the best, not the median: the box is shared): the block dots' own speed, in cache."""
+def per_type(types: list[str], target: str | None, stream: bool = False) -> None:
+    """Rows times a matrix of random blocks of each type, best of several calls (the best, not
+    the median: the box is shared). By default one row, one thread, 2048 x 2048: the block dots'
+    own speed, in cache. `stream`: 32768 x 4096 (larger than the caches), 1 and 4 rows, 1 and 2
+    threads: what a decode step (or a verification of 4 drafted tokens) streams from DRAM."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from test_quants import random_blocks
 
+    n, k, runs, cases = (32768, 4096, 7, [(1, 1), (1, 2), (4, 1), (4, 2)]) if stream else (2048, 2048, 150, [(1, 1)])
     lib = build.load(target) if target else build.library()
-    print(f"kernel: {build.simd_name(lib)}, {n}x{k}, 1 row, 1 thread, best of {runs}")
+    print(f"kernel: {build.simd_name(lib)}, {n}x{k}, best of {runs}")
     for qtype in types:
         raw = torch.from_numpy(random_blocks(qtype, n, k, seed=1))
-        x, y = torch.randn(1, k), torch.empty(1, n)
-        args = (qm.TYPE_IDS[qtype], raw.data_ptr(), raw.stride(0), n, k, x.data_ptr(), 1, y.data_ptr(), 1)
-        best = float("inf")
-        for _ in range(runs):
-            t = time.perf_counter()
-            lib.tk_gemv(*args)
-            best = min(best, time.perf_counter() - t)
-        print(
-            f"{qtype:8s} {best * 1e6:7.0f} us {n * k / best / 1e9:6.2f} Gweights/s {raw.numel() / best / 1e9:6.2f} GB/s"
-        )
+        for m, threads in cases:
+            x, y = torch.randn(m, k), torch.empty(m, n)
+            args = (qm.TYPE_IDS[qtype], raw.data_ptr(), raw.stride(0), n, k, x.data_ptr(), m, y.data_ptr(), threads)
+            best = float("inf")
+            for _ in range(runs):
+                t = time.perf_counter()
+                lib.tk_gemv(*args)
+                best = min(best, time.perf_counter() - t)
+            print(
+                f"{qtype:8s} {m} row(s) {threads} thread(s) {best * 1e6:7.0f} us {n * k / best / 1e9:6.2f} Gweights/s "
+                f"{raw.numel() / best / 1e9:6.2f} GB/s"
+            )
 
 
 def crossover(model: str, counts: list[int], threads: int) -> None:
@@ -131,6 +137,9 @@ def main() -> None:
     ap.add_argument("--rows", default="1,8,16,24,32,48,64,96", help="with --crossover: the input-row counts")
     ap.add_argument("--types", default=None, help="comma-separated block types: the per-type kernel speed only")
     ap.add_argument("--target", default=None, help="with --types: the kernel build (avx512, avx2, portable)")
+    ap.add_argument(
+        "--stream", action="store_true", help="with --types: a matrix from DRAM, 1 and 4 rows, 1 and 2 threads"
+    )
     ap.add_argument("--random", action="store_true", help="random blocks instead of the embedded GGUF")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-reference", action="store_true")
@@ -139,7 +148,7 @@ def main() -> None:
         crossover(args.crossover, [int(r) for r in args.rows.split(",")], args.threads)
         return
     if args.types:
-        per_type(args.types.split(","), args.target)
+        per_type(args.types.split(","), args.target, args.stream)
         return
     torch.set_num_threads(args.threads)
 

@@ -34,18 +34,23 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-def int8_activations(x: torch.Tensor) -> torch.Tensor:
-    """x (M, K) as the AVX2 block dots see it: int8 in groups of 32, max at 127
-    (round half to even), times the group's scale."""
-    g = x.reshape(x.shape[0], -1, 32)
+KQUANT_ROWS = ("Q4_K", "Q5_K", "Q6_K")  # these take activations in blocks of 256 (llama.cpp's Q8_K)
+
+
+def int8_activations(x: torch.Tensor, group: int = 32) -> torch.Tensor:
+    """x (M, K) as the AVX2 block dots see it: int8 in groups of 32 (256 for the
+    k-quants), max at 127 (round half to even), times the group's scale."""
+    g = x.reshape(x.shape[0], -1, group)
     amax = g.abs().amax(-1, keepdim=True)
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
     return (torch.round(g * inv) * (amax / 127.0)).reshape(x.shape)
 
 
-def gemv_reference(lib, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def gemv_reference(lib, x: torch.Tensor, w: torch.Tensor, qtype: str) -> torch.Tensor:
     """What tk_gemv of `lib` computes: float32 activations, or int8 ones (AVX2)."""
-    return (int8_activations(x) if lib.tk_gemv_int8() else x) @ w.T
+    if not lib.tk_gemv_int8():
+        return x @ w.T
+    return int8_activations(x, 256 if qtype in KQUANT_ROWS else 32) @ w.T
 
 
 def check_gemv(lib, qtype: str, rows: int, threads: int = 2, k: int = IN) -> None:
@@ -59,7 +64,7 @@ def check_gemv(lib, qtype: str, rows: int, threads: int = 2, k: int = IN) -> Non
         )
         == 0
     )
-    assert rel_err(y, gemv_reference(lib, x, w)) < 1e-3  # the int8 error itself is ~5e-3 (vs float x)
+    assert rel_err(y, gemv_reference(lib, x, w, qtype)) < 1e-3  # the int8 error itself is ~5e-3 (vs float x)
 
 
 @pytest.mark.parametrize("qtype", BLOCK_TYPES + FLOAT_TYPES)
@@ -78,7 +83,7 @@ def test_fast_matches_reference(qtype, monkeypatch):
         assert rel_err(ref, x @ w.T) < 1e-5
         lib = build.library()
         if qtype not in FLOAT_TYPES and lib is not None:  # the kernel's own arithmetic, tightly
-            want = gemv_reference(lib, x, w) if rows <= qm.gemv_max_rows(lib) else x @ w.T
+            want = gemv_reference(lib, x, w, qtype) if rows <= qm.gemv_max_rows(lib) else x @ w.T
             assert rel_err(fast, want) < 1e-3  # float sums in another order; random k-quant mins cancel
 
 
@@ -108,6 +113,19 @@ def test_rows_that_end_in_a_partial_step(target):
         for k in (128, 384, 640) if qtype == "Q1_0" else (32, 96, 224, 352):
             for rows in (1, 2, 5):
                 check_gemv(lib, qtype, rows, k=k)
+
+
+@pytest.mark.parametrize("target", ["native", "avx2"])
+def test_kquants_take_activations_in_blocks_of_256(target):
+    """Q4_K, Q5_K and Q6_K multiply int8 activations quantized per 256 (llama.cpp's Q8_K), their
+    dots, scales and mins in integers: 1 to 9 rows of 3 blocks, against that reference (the
+    groups of 32 the other types take differ from it by about 5e-3)."""
+    if build.library() is None:
+        pytest.skip(build.status())
+    lib = build.load(None if target == "native" else target)
+    for qtype in KQUANT_ROWS:
+        for rows in (1, 3, 8, 9):
+            check_gemv(lib, qtype, rows, k=768)
 
 
 def test_kernel_is_available_here():

@@ -55,8 +55,11 @@ static int64_t chunk_rows(int64_t N, int64_t row_bytes, int nth) {
 struct Act {
   const float *x;
   const int8_t *q;
-  const float *d, *hs, *d8;
+  const float *d, *hs, *d8;  // null where only k-quants take the call
   int64_t K;
+  const int8_t *kq;  // the k-quants' rows (i8::XK), null where none takes them
+  const float *kd;
+  const int16_t *kbs;
 };
 
 // One weight matrix of a product whose output columns may hold several (q, k and v
@@ -68,7 +71,11 @@ typedef i8::Ctx PartCtx;
 static PartCtx part_ctx(const uint8_t *w, int64_t ldw, int64_t N, int64_t rows, const Act &a, int64_t m0, float *y,
                         int64_t ldy) {
   const int64_t K = a.K;
-  return {w, ldw, N, rows, {a.q + m0 * K, a.d + m0 * K / 32, a.hs + m0 * K / 16, a.d8 ? a.d8 + m0 * K / 2 : nullptr, K}, y + m0 * ldy, ldy};
+  i8::XQ x = {nullptr, nullptr, nullptr, nullptr, K, {nullptr, nullptr, nullptr}};
+  if (a.q) x.q = a.q + m0 * K, x.d = a.d + m0 * K / 32, x.hs = a.hs + m0 * K / 16;
+  if (a.d8) x.d8 = a.d8 + m0 * K / 2;
+  if (a.kq) x.k = {a.kq + m0 * K, a.kd + m0 * K / 256, a.kbs + m0 * K / 16};
+  return {w, ldw, N, rows, x, y + m0 * ldy, ldy};
 }
 #else
 typedef GemvCtx PartCtx;

@@ -3,7 +3,9 @@
 // the group's max at 127), each weight group of 32 is unpacked to 32 bytes, and
 // maddubs/madd multiply 32 of them at once. Signed weights take the sign trick
 // (|w| as unsigned, the sign moved onto x) so no pair sum can saturate int16.
-// A group's two halves of 16 may carry their own scale and min (k-quants).
+// A group's two halves of 16 may carry their own scale and min (k-quants). Q4_K,
+// Q5_K and Q6_K take their activations in blocks of 256 instead, as llama.cpp's
+// Q8_K (`rowsk`).
 //
 // The result is dequantized W times dequantized x (x_q * d) exactly, up to the
 // order of float sums; tests check it against that.
@@ -114,61 +116,23 @@ struct Q3_K {
     }
   }
 };
+// Q4_K, Q5_K, Q6_K: their shapes; `rowsk` reads their blocks (KBlock).
 struct Q4_K {
-  enum { QK = 256, TS = 144, SIGNED = 0, MIN = 1 };
-  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
-    const float d = h2f(b), dmin = h2f(b + 2);
-    const uint8_t *scales = b + 4, *qs = b + 16;
-    UNROLL for (int j = 0; j < 4; j++) {
-      int s1, m1, s2, m2;
-      k_scale_min(scales, 2 * j, &s1, &m1);
-      k_scale_min(scales, 2 * j + 1, &s2, &m2);
-      const float d1 = d * (float)s1, n1 = dmin * (float)m1, d2 = d * (float)s2, n2 = dmin * (float)m2;
-      const __m256i q = ld256(qs + 32 * j);
-      f(64 * j, and8(q, 15), d1, d1, n1, n1);
-      f(64 * j + 32, srl8(q, 4), d2, d2, n2, n2);
-    }
-  }
+  enum { QK = 256, TS = 144 };
 };
 struct Q5_K {
-  enum { QK = 256, TS = 176, SIGNED = 0, MIN = 1 };
-  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
-    const float d = h2f(b), dmin = h2f(b + 2);
-    const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
-    const __m256i hv = ld256(qh);
-    UNROLL for (int j = 0; j < 4; j++) {
-      int s1, m1, s2, m2;
-      k_scale_min(scales, 2 * j, &s1, &m1);
-      k_scale_min(scales, 2 * j + 1, &s2, &m2);
-      const float d1 = d * (float)s1, n1 = dmin * (float)m1, d2 = d * (float)s2, n2 = dmin * (float)m2;
-      const __m256i q = ld256(qs + 32 * j);
-      const __m256i h1 = _mm256_slli_epi16(and8(_mm256_srli_epi16(hv, 2 * j), 1), 4);
-      const __m256i h2 = _mm256_slli_epi16(and8(_mm256_srli_epi16(hv, 2 * j + 1), 1), 4);
-      f(64 * j, _mm256_or_si256(and8(q, 15), h1), d1, d1, n1, n1);
-      f(64 * j + 32, _mm256_or_si256(srl8(q, 4), h2), d2, d2, n2, n2);
-    }
-  }
+  enum { QK = 256, TS = 176 };
 };
 struct Q6_K {
-  enum { QK = 256, TS = 210, SIGNED = 1, MIN = 0 };
-  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
-    const int8_t *sc = (const int8_t *)(b + 192);
-    const float d = h2f(b + 208);
-    UNROLL for (int h = 0; h < 2; h++) {
-      const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
-      const int8_t *s = sc + 8 * h;
-      const __m256i a = ld256(ql), c = ld256(ql + 32), hh = ld256(qh);
-      const __m256i m32 = bytes(32);
-      f(128 * h, _mm256_sub_epi8(_mm256_or_si256(and8(a, 15), _mm256_slli_epi16(and8(hh, 3), 4)), m32),
-        d * s[0], d * s[1], 0.f, 0.f);
-      f(128 * h + 32, _mm256_sub_epi8(_mm256_or_si256(and8(c, 15), _mm256_slli_epi16(and8(_mm256_srli_epi16(hh, 2), 3), 4)), m32),
-        d * s[2], d * s[3], 0.f, 0.f);
-      f(128 * h + 64, _mm256_sub_epi8(_mm256_or_si256(srl8(a, 4), _mm256_slli_epi16(and8(_mm256_srli_epi16(hh, 4), 3), 4)), m32),
-        d * s[4], d * s[5], 0.f, 0.f);
-      f(128 * h + 96, _mm256_sub_epi8(_mm256_or_si256(srl8(c, 4), _mm256_slli_epi16(srl8(hh, 6), 4)), m32),
-        d * s[6], d * s[7], 0.f, 0.f);
-    }
-  }
+  enum { QK = 256, TS = 210 };
+};
+
+// The same rows for the k-quants, as llama.cpp's Q8_K (`rowsk`): int8 in blocks of 256, one
+// float scale each, and the sum of each 16 codes as int16; null where no k-quant takes them.
+struct XK {
+  const int8_t *q;
+  const float *d;     // (M, K/256)
+  const int16_t *bs;  // (M, K/16)
 };
 
 // Activation rows quantized in groups of 32: q (M, K) int8, d (M, K/32) scales,
@@ -180,6 +144,7 @@ struct XQ {
   const int8_t *q;
   const float *d, *hs, *d8;
   int64_t K;
+  XK k;
 };
 
 // Sums of four adjacent u8 x s8 products per int32 lane: one VNNI instruction where the
@@ -294,8 +259,6 @@ static ALWAYS_INLINE __m256 h2f8(const uint8_t *b, int stride, int n) {  // n <=
   }
   return _mm256_cvtph_ps(_mm_setr_epi16(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]));
 }
-static ALWAYS_INLINE __m256 u8x8_ps(const void *p) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
-static ALWAYS_INLINE __m256 i8x8_ps(const void *p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
 template <int TS, int OFF, int MOFF, int QOFF, int HOFF>  // Q4_0 / Q4_1 / Q5_0 / Q5_1: scale at 0, min at MOFF (or none)
 struct Step32 {
   enum { OK = 1, BLOCKS = 8, PER16 = 0, SIGNED = 0 };
@@ -328,40 +291,6 @@ static ALWAYS_INLINE void k_scale_bytes(const uint8_t *q, uint32_t u[4]) {
   u[2] = mins03;
   u[0] &= m6;  // scales 0-3
 }
-template <int QS, int QH>  // Q4_K (no 5th bits) / Q5_K
-struct StepK {
-  enum { OK = 1, BLOCKS = 1, PER16 = 0, SIGNED = 0 };
-  static ALWAYS_INLINE void scales(const uint8_t *b, int, __m256 *s, __m256 *mn) {
-    uint32_t u[4];
-    k_scale_bytes(b + 4, u);
-    s[0] = _mm256_mul_ps(u8x8_ps(u), _mm256_set1_ps(h2f(b)));
-    mn[0] = _mm256_mul_ps(u8x8_ps(u + 2), _mm256_set1_ps(h2f(b + 2)));
-  }
-  static ALWAYS_INLINE __m256i codes(const uint8_t *b, int i) {  // weights 64j..: low nibbles of 32 bytes, then high
-    const __m256i q = ld256(b + QS + 32 * (i / 2));
-    const __m256i lo = i % 2 ? srl8(q, 4) : and8(q, 15);
-    return QH ? _mm256_or_si256(lo, _mm256_slli_epi16(and8(_mm256_srli_epi16(ld256(b + QH), i), 1), 4)) : lo;
-  }
-};
-template <> struct Step<Q4_K> : StepK<16, 0> {};
-template <> struct Step<Q5_K> : StepK<48, 16> {};
-template <>
-struct Step<Q6_K> {
-  enum { OK = 1, BLOCKS = 1, PER16 = 1, SIGNED = 0 };
-  static ALWAYS_INLINE void scales(const uint8_t *b, int, __m256 *s, __m256 *mn) {
-    const __m256 d = _mm256_set1_ps(h2f(b + 208)), off = _mm256_set1_ps(32.f);  // codes q + 32
-    for (int h = 0; h < 2; h++) {
-      s[h] = _mm256_mul_ps(i8x8_ps(b + 192 + 8 * h), d);
-      mn[h] = _mm256_mul_ps(s[h], off);
-    }
-  }
-  static ALWAYS_INLINE __m256i codes(const uint8_t *b, int i) {  // group 4h + t: nibbles of ql (t even: low), 2 bits of qh
-    const int h = i / 4, t = i % 4;
-    const __m256i ql = ld256(b + 64 * h + 32 * (t % 2)), qh = ld256(b + 128 + 32 * h);
-    const __m256i lo = t < 2 ? and8(ql, 15) : srl8(ql, 4);
-    return _mm256_or_si256(lo, _mm256_slli_epi16(and8(_mm256_srli_epi16(qh, 2 * t), 3), 4));
-  }
-};
 
 // 8 floats from p, lanes n.. zero (n <= 8; nothing read past p + n)
 static ALWAYS_INLINE __m256 load8(const float *p, int n) {
@@ -444,6 +373,141 @@ static void rows8(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const X
   }
 }
 
+// The k-quants (Q4_K, Q5_K, Q6_K) against activations quantized as llama.cpp's Q8_K: int8
+// in blocks of 256 with one float scale each (the max at 127) and the sum of each 16 codes
+// as int16. A block's dots, scales and mins then stay integer (maddubs of codes and
+// activations, madd of those pairs with the 16-weight scales), one float product per block:
+// about half the vector work of taking each group of 32 to float (`rows512`), which left
+// the Q4_K gemv compute-bound on one core.
+//
+// Quantize M rows of x (M, K), K % 256 == 0, into q (M, K), d (M, K/256), bs (M, K/16).
+static inline void quantize_rows_k(const float *x, int64_t M, int64_t K, int8_t *q, float *d, int16_t *bs) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const __m256i ones = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+  for (int64_t g = 0; g < M * K / 256; g++) {
+    const float *xp = x + 256 * g;
+    __m256 mx = _mm256_setzero_ps();
+    for (int i = 0; i < 32; i++) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(xp + 8 * i)));
+    __m128 t = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(t, _mm_shuffle_ps(t, t, 1)));
+    d[g] = amax / 127.f;
+    const __m256 iv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    for (int s = 0; s < 8; s++) {  // 32 codes at a time
+      __m256i n[4];
+      for (int i = 0; i < 4; i++) n[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xp + 32 * s + 8 * i), iv));
+      const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
+      const __m256i qv = _mm256_permutevar8x32_epi32(p, order);
+      _mm256_storeu_si256((__m256i *)(q + 256 * g + 32 * s), qv);
+      const __m256i s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones, qv), ones16);  // sums of 4 codes
+      const __m256i h = _mm256_hadd_epi32(s4, s4), s16 = _mm256_hadd_epi32(h, h);  // lanes 0 and 4: sums of 16
+      bs[16 * g + 2 * s] = (int16_t)_mm256_extract_epi32(s16, 0);
+      bs[16 * g + 2 * s + 1] = (int16_t)_mm256_extract_epi32(s16, 4);
+    }
+  }
+}
+
+// A k-quant block for `rowsk`: load(b, sc, mn, d, dmin) gives its 16 scales and mins, one per
+// 16 weights, as int16, and d, dmin; codes(b, i) the 32 codes of group i as unsigned bytes
+// below 64. A weight is d * sc * code - dmin * mn.
+template <class T>
+struct KBlock {
+  enum { OK = 0 };
+};
+template <int QS, int QH>  // Q4_K (no 5th bits) / Q5_K: 6-bit scales and mins per 32, each taken twice
+struct KBlock45 {
+  enum { OK = 1 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m256i &sc, __m256i &mn, float &d, float &dmin) {
+    uint32_t u[4];
+    k_scale_bytes(b + 4, u);
+    const __m128i v = _mm_loadu_si128((const __m128i *)u);  // 8 scales, then 8 mins
+    sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(v, v));
+    mn = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(v, v));
+    d = h2f(b);
+    dmin = h2f(b + 2);
+  }
+  static ALWAYS_INLINE __m256i codes(const uint8_t *b, int i) {  // weights 64j..: low nibbles of 32 bytes, then high
+    const __m256i q = ld256(b + QS + 32 * (i / 2));
+    const __m256i lo = i % 2 ? srl8(q, 4) : and8(q, 15);
+    return QH ? _mm256_or_si256(lo, _mm256_slli_epi16(and8(_mm256_srli_epi16(ld256(b + QH), i), 1), 4)) : lo;
+  }
+};
+template <> struct KBlock<Q4_K> : KBlock45<16, 0> {};
+template <> struct KBlock<Q5_K> : KBlock45<48, 16> {};
+template <>
+struct KBlock<Q6_K> {  // int8 scales per 16, codes q + 32: the min is 32 * scale
+  enum { OK = 1 };
+  static ALWAYS_INLINE void load(const uint8_t *b, __m256i &sc, __m256i &mn, float &d, float &dmin) {
+    sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+    mn = _mm256_slli_epi16(sc, 5);
+    d = dmin = h2f(b + 208);
+  }
+  static ALWAYS_INLINE __m256i codes(const uint8_t *b, int i) {  // group 4h + t: nibbles of ql (t even: low), 2 bits of qh
+    const int h = i / 4, t = i % 4;
+    const __m256i ql = ld256(b + 64 * h + 32 * (t % 2)), qh = ld256(b + 128 + 32 * h);
+    const __m256i lo = t < 2 ? and8(ql, 15) : srl8(ql, 4);
+    return _mm256_or_si256(lo, _mm256_slli_epi16(and8(_mm256_srli_epi16(qh, 2 * t), 3), 4));
+  }
+};
+
+// Pair sums of u8 codes x s8 activations (int16, no saturation: codes below 64) times int16
+// scales, added into int32 lanes: one VNNI instruction where the CPU has it.
+static ALWAYS_INLINE __m256i dot_scaled(__m256i acc, __m256i codes, __m256i xv, __m256i sc) {
+  const __m256i p = _mm256_maddubs_epi16(codes, xv);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(acc, p, sc);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
+#endif
+}
+
+// `rows` for the k-quants on XK activations: per block, group i's codes times each row's
+// int8 activations, scaled by the group's two 16-weight scales (lanes 0-7, 8-15), summed in
+// int32 (two chains: even and odd groups), then the mins against the rows' 16-sums, and one
+// float product per block and row. Each row sums alike alone and in a batch.
+template <class T, int M>
+static void rowsk(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ &x, float *y, int64_t ldy) {
+  const int64_t K = x.K, nb = K / 256;
+  // group i's scales from its half of the 16: int16 lanes 0-7 take scale 2i, 8-15 scale 2i + 1
+  const __m256i pick[4] = {
+      _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3),
+      _mm256_setr_epi8(4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7),
+      _mm256_setr_epi8(8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11,
+                       10, 11, 10, 11),
+      _mm256_setr_epi8(12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15,
+                       14, 15, 14, 15, 14, 15, 14, 15)};
+  for (int64_t r = r0; r < r1; r++) {
+    const uint8_t *b = w + r * ldw;
+    __m256 acc[M];
+    for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < nb; j++, b += T::TS) {
+      if (M > 1) prefetch_ahead(b, T::TS);  // measured: 1.4-1.7x for 4 rows; nothing, or a loss, for one
+      __m256i sc, mn;
+      float d, dmin;
+      KBlock<T>::load(b, sc, mn, d, dmin);
+      const __m256i lo = _mm256_permute2x128_si256(sc, sc, 0x00), hi = _mm256_permute2x128_si256(sc, sc, 0x11);
+      __m256i is[M][2];
+      for (int m = 0; m < M; m++) is[m][0] = is[m][1] = _mm256_setzero_si256();
+      UNROLL for (int i = 0; i < 8; i++) {
+        const __m256i q = KBlock<T>::codes(b, i);
+        const __m256i s = _mm256_shuffle_epi8(i < 4 ? lo : hi, pick[i % 4]);
+        for (int m = 0; m < M; m++) {
+          const __m256i xv = ld256((const uint8_t *)(x.k.q + m * K + 256 * j + 32 * i));
+          is[m][i % 2] = dot_scaled(is[m][i % 2], q, xv, s);
+        }
+      }
+      for (int m = 0; m < M; m++) {
+        const float dx = x.k.d[m * nb + j];
+        const __m256i im = _mm256_madd_epi16(mn, ld256((const uint8_t *)(x.k.bs + m * K / 16 + 16 * j)));
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(is[m][0], is[m][1])), _mm256_set1_ps(d * dx), acc[m]);
+        acc[m] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im), _mm256_set1_ps(dmin * dx), acc[m]);
+      }
+    }
+    for (int m = 0; m < M; m++) y[m * ldy + r] = hsum8(acc[m]);
+  }
+}
+
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
 #define TK_GEMV_512 1
 // Sums of four adjacent u8 x s8 products per int32 lane, on 512-bit registers.
@@ -492,7 +556,6 @@ static ALWAYS_INLINE __m512 spread(__m512 v, int i) {
   const __m512i idx = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), sh);
   return _mm512_permutexvar_ps(_mm512_add_epi32(idx, _mm512_set1_epi32((16 >> sh) * i)), v);
 }
-static ALWAYS_INLINE __m512 bytes_ps(const void *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 static ALWAYS_INLINE __m512 ubytes_ps(const void *p) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 
 template <>
@@ -511,52 +574,6 @@ struct Wide<Q5_0> {
     const __m512i lo = _mm512_add_epi8(nibbles2(b + 6, b + 28), _mm512_set1_epi8(112));  // q - 16 + 128
     qu[0] = _mm512_mask_add_epi8(lo, hi, lo, _mm512_set1_epi8(16));
     s[0] = scales2(b, b + 22);
-  }
-};
-// Q4_K and Q5_K's 12 bytes of 6-bit scales and mins -> per 16 weights: d * scale, dmin * min
-static ALWAYS_INLINE void k_scales16(const uint8_t *q, float d, float dmin, __m512 &sc, __m512 &mn) {
-  uint32_t u[4];
-  k_scale_bytes(q, u);
-  const __m512 v = ubytes_ps(u);  // 8 scales (per 32), then 8 mins
-  const __m512i idx = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 1);
-  sc = _mm512_mul_ps(_mm512_permutexvar_ps(idx, v), _mm512_set1_ps(d));
-  mn = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_add_epi32(idx, _mm512_set1_epi32(8)), v), _mm512_set1_ps(dmin));
-}
-// Q4_K and Q5_K: the 4-bit codes at qs (weights 64j..: the low nibbles of 32 bytes, then the
-// high ones), Q5_K's 5th bits at qh (bits 2j and 2j + 1 of its 32 bytes; none for Q4_K)
-static ALWAYS_INLINE void k_load(const uint8_t *b, const uint8_t *qs, const uint8_t *qh, __m512i *qu, __m512 *s,
-                                 __m512 &mn) {
-  __m512 sc;
-  k_scales16(b + 4, h2f(b), h2f(b + 2), sc, mn);
-  UNROLL for (int j = 0; j < 4; j++) {
-    qu[j] = fields2(qs + 32 * j, 0, 4, 15);
-    if (qh) qu[j] = _mm512_or_si512(qu[j], _mm512_slli_epi16(fields2(qh, 2 * j, 2 * j + 1, 1), 4));
-    s[j] = spread<2>(sc, j);
-  }
-}
-template <>
-struct Wide<Q4_K> {
-  enum { OK = 1, NP = 4, SIGNED = 0, MIN = 1 };
-  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &mn) { k_load(b, b + 16, nullptr, qu, s, mn); }
-};
-template <>
-struct Wide<Q5_K> {
-  enum { OK = 1, NP = 4, SIGNED = 0, MIN = 1 };
-  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &mn) { k_load(b, b + 48, b + 16, qu, s, mn); }
-};
-template <>
-struct Wide<Q6_K> {
-  enum { OK = 1, NP = 4, SIGNED = 0, MIN = 1 };
-  static ALWAYS_INLINE void load(const uint8_t *b, __m512i *qu, __m512 *s, __m512 &mn) {
-    const __m512 sc = _mm512_mul_ps(bytes_ps(b + 192), _mm512_set1_ps(h2f(b + 208)));
-    mn = _mm512_mul_ps(sc, _mm512_set1_ps(32.f));  // codes 0..63 for q + 32
-    UNROLL for (int h = 0; h < 2; h++) {
-      const __m512i a = _mm512_loadu_si512((const void *)(b + 64 * h)), m4 = _mm512_set1_epi8(15);
-      qu[2 * h] = _mm512_or_si512(_mm512_and_si512(a, m4), _mm512_slli_epi16(fields2(b + 128 + 32 * h, 0, 2, 3), 4));
-      qu[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m4),
-                                      _mm512_slli_epi16(fields2(b + 128 + 32 * h, 4, 6, 3), 4));
-    }
-    UNROLL for (int i = 0; i < 4; i++) s[i] = spread<2>(sc, i);
   }
 };
 template <>
@@ -697,11 +714,15 @@ template <class T, int M>
 static void chunk(const void *p, int64_t c) {
   const Ctx *g = (const Ctx *)p;
   int64_t r0 = c * g->rows, r1 = r0 + g->rows < g->N ? r0 + g->rows : g->N;
+  if constexpr (KBlock<T>::OK) {  // their activations come in blocks of 256 (XQ::k)
+    rowsk<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
+  } else {
 #if TK_GEMV_512
-  if (g->x.K % 64 == 0) return rows512<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
+    if (g->x.K % 64 == 0) return rows512<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
 #endif
-  if constexpr (Step<T>::OK) return rows8<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
-  rows<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
+    if constexpr (Step<T>::OK) return rows8<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
+    rows<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
+  }
 }
 }  // namespace i8
 #else

@@ -29,13 +29,41 @@ extern "C" int tk_simd() {
 #endif
 }
 
-// 1 where tk_gemv quantizes the activations to int8 (groups of 32), 0 for float32.
+// 1 where tk_gemv quantizes the activations to int8 (groups of 32; blocks of 256 for Q4_K,
+// Q5_K and Q6_K), 0 for float32.
 extern "C" int tk_gemv_int8() { return TK_GEMV_I8; }
 
 static chunk_fn bind_type(int type, PartCtx &g, const uint8_t *w, int64_t ldw, int64_t N, const Act &a, int64_t m0,
                           int mb, float *y, int64_t ldy, int nth) {
   auto group = type < 5 ? bind_legacy : type < 10 ? bind_kquants : type < 16 ? bind_lowbit : bind_grids;
   return group(type, g, w, ldw, N, a, m0, mb, y, ldy, nth);
+}
+
+// The activations of one call as its parts' kernels take them: the float rows (M, K); on the
+// integer path their int8 groups of 32, and where a k-quant part takes them (Q4_K, Q5_K,
+// Q6_K), blocks of 256 as llama.cpp's Q8_K. The buffers are the calling thread's, until its
+// next call.
+static Act activations(const float *x, int64_t M, int64_t K, int n, const int *types) {
+  Act a = {x, nullptr, nullptr, nullptr, nullptr, K, nullptr, nullptr, nullptr};
+#if TK_GEMV_I8
+  thread_local avec<int8_t> q, kq;
+  thread_local avec<float> d, hs, d8, kd;
+  thread_local avec<int16_t> kbs;
+  int kquants = 0;
+  for (int i = 0; i < n; i++) kquants += types[i] >= 7 && types[i] <= 9;
+  if (kquants < n) {
+    q.resize(M * K); d.resize(M * K / 32); hs.resize(M * K / 16);
+    if (TK_GEMV_512) d8.resize((M * K / 64 + 1) * 32);  // whole pairs of groups
+    i8::quantize_rows(x, M, K, q.data(), d.data(), hs.data(), TK_GEMV_512 ? d8.data() : nullptr);
+    a.q = q.data(); a.d = d.data(); a.hs = hs.data(); a.d8 = TK_GEMV_512 ? d8.data() : nullptr;
+  }
+  if (kquants && K % 256 == 0) {
+    kq.resize(M * K); kd.resize(M * K / 256); kbs.resize(M * K / 16);
+    i8::quantize_rows_k(x, M, K, kq.data(), kd.data(), kbs.data());
+    a.kq = kq.data(); a.kd = kd.data(); a.kbs = kbs.data();
+  }
+#endif
+  return a;
 }
 
 // Chunks of the parts of one product, numbered one after another.
@@ -65,15 +93,7 @@ extern "C" int tk_gemv_parts(int n, const int *types, const uint8_t *const *ws, 
     if (!tk_lowbit_ready(types[i])) return 3;
     ldy += Ns[i];
   }
-  Act a = {x, nullptr, nullptr, nullptr, nullptr, K};
-#if TK_GEMV_I8
-  thread_local avec<int8_t> q;
-  thread_local avec<float> d, hs, d8;
-  q.resize(M * K); d.resize(M * K / 32); hs.resize(M * K / 16);
-  if (TK_GEMV_512) d8.resize((M * K / 64 + 1) * 32);  // whole pairs of groups
-  i8::quantize_rows(x, M, K, q.data(), d.data(), hs.data(), TK_GEMV_512 ? d8.data() : nullptr);
-  a.q = q.data(); a.d = d.data(); a.hs = hs.data(); a.d8 = TK_GEMV_512 ? d8.data() : nullptr;
-#endif
+  const Act a = activations(x, M, K, n, types);
   PartCtx ctx[MAX_PARTS];
   Parts s = {n, {}, ctx, {}};
   for (int64_t m0 = 0; m0 < M; m0 += MB) {
@@ -105,15 +125,7 @@ extern "C" int tk_gemv_each(int n, const int *types, const uint8_t *const *ws, c
     if (types[i] < 0 || types[i] >= NTYPES) return 2;
     if (!tk_lowbit_ready(types[i])) return 3;
   }
-  Act a = {x, nullptr, nullptr, nullptr, nullptr, K};
-#if TK_GEMV_I8
-  thread_local avec<int8_t> q;
-  thread_local avec<float> d, hs, d8;
-  q.resize(n * K); d.resize(n * K / 32); hs.resize(n * K / 16);
-  if (TK_GEMV_512) d8.resize((n * K / 64 + 1) * 32);
-  i8::quantize_rows(x, n, K, q.data(), d.data(), hs.data(), TK_GEMV_512 ? d8.data() : nullptr);
-  a.q = q.data(); a.d = d.data(); a.hs = hs.data(); a.d8 = TK_GEMV_512 ? d8.data() : nullptr;
-#endif
+  const Act a = activations(x, n, K, n, types);
   PartCtx ctx[MAX_PARTS];
   Parts s = {n, {}, ctx, {}};
   int64_t total = 0;
