@@ -626,6 +626,7 @@ static void rows512(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const
     float mins[M];
     for (int m = 0; m < M; m++) { acc[m] = macc[m] = _mm512_setzero_ps(); mins[m] = 0.f; }
     for (int64_t j = 0; j < nb; j += BPI, b += BPI * T::TS) {
+      if (M > 1) prefetch_ahead(b, BPI * T::TS);  // as rowsk
 #if defined(__AVX512VNNI__)
       if constexpr (Wide<T>::OK) {
         typedef Wide<T> W;
