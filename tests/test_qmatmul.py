@@ -270,6 +270,31 @@ def test_stacked_linear_equals_its_parts(rows):
         qm.StackedLinear([make_linear("Q8_0"), make_linear("Q8_0", inp=2 * IN)])
 
 
+def test_int8_prompts_take_the_kernel_for_kquants(monkeypatch):
+    """With INT8_PROMPTS (TIGHTKV_INT8_PROMPTS=1), Q4_K/Q5_K/Q6_K weights take the block-dot
+    kernel above gemv_max_rows too (a prompt chunk, as llama.cpp's prompts), alone and stacked;
+    other types, or the flag off, keep the float32 tiles."""
+    lib = build.library()
+    if lib is None or not lib.tk_gemv_int8():
+        pytest.skip("needs the integer build")
+    rows = qm.gemv_max_rows(lib) + 24
+    x = torch.randn(rows, IN, generator=torch.Generator().manual_seed(5))
+    kq = [make_linear(t, seed=i) for i, t in enumerate(KQUANT_ROWS)]
+    q8 = make_linear("Q8_0", seed=9)
+    for flag in (False, True):
+        monkeypatch.setattr(qm, "INT8_PROMPTS", flag)
+        for lin in kq:
+            w = quants.dequantize(lin.raw, lin.qtype, (OUT, IN))
+            want = gemv_reference(lib, x, w, lin.qtype) if flag else x @ w.T
+            assert rel_err(lin(x), want) < 1e-5
+        stacked = qm.StackedLinear(kq)
+        assert torch.equal(stacked(x), torch.cat([p(x) for p in kq], dim=-1))
+        w = quants.dequantize(q8.raw, "Q8_0", (OUT, IN))
+        assert rel_err(q8(x), x @ w.T) < 1e-5  # tiles either way
+        assert qm.takes_kernel(lib, [p.qtype for p in kq], rows) == flag
+        assert not qm.takes_kernel(lib, ["Q4_K", "Q8_0"], rows)
+
+
 def test_the_avx512_path_builds_on_any_machine():
     """Where the CPU cannot run the AVX-512 (VNNI) path, it is still compiled, so that a change
     that breaks it shows on every machine (the AVX-512 checks above run where the CPU has it)."""

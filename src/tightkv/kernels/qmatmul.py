@@ -25,7 +25,15 @@ Two backends, switched by `set_backend`:
   layer's weights per row count). Portable builds decode 16 weights at a
   time to float32 (no activation quantization). Above
   `GEMV_MAX_ROWS` rows it dequantizes row tiles (bit-exact with the reference)
-  for torch's float32 matmul (oneDNN's, see `_pick_linear`). Threads:
+  for torch's float32 matmul (oneDNN's, see `_pick_linear`). With
+  ``TIGHTKV_INT8_PROMPTS=1`` (`INT8_PROMPTS`), Q4_K, Q5_K and Q6_K weights take the
+  block-dot kernel at every row count on the integer builds, as llama.cpp's prompts
+  do: their dots on activations quantized as llama.cpp's Q8_K beat the tiles
+  (`bench/bench_qmatmul.py --crossover` on a Q4_K hybrid, 256 rows: 10.5 against
+  15.9 ms per row), but the int8 rounding of a prompt's activations raises the
+  noise floor of every comparison between two caches (on Gemma 3 270M, the f32
+  against the f16 cache: KLD 0.0036 where float prompts give below 0.001), so
+  it is off by default and the measurements keep float32 prompts. Threads:
   `build.threads()`, in the kernel's own pool, whose callers never wait for a
   helper thread that has not started (robust on busy or oversubscribed cores).
   Without a compiler, or with ``TIGHTKV_NO_COMPILE=1``, "fast" runs the
@@ -42,6 +50,7 @@ See bench/bench_qmatmul.py.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import warnings
 
@@ -56,6 +65,8 @@ from .abi import BLOCK_TYPES, TYPE_IDS, Part  # noqa: F401  (BLOCK_TYPES, TYPE_I
 from .build import set_threads  # noqa: F401  (the engine sets kernel threads here)
 
 GEMV_MAX_ROWS = None  # above this many input rows: dequantized tiles + float32 matmul; None: `gemv_max_rows`
+KERNEL_ALWAYS = frozenset({"Q4_K", "Q5_K", "Q6_K"})  # with INT8_PROMPTS: the block-dot kernel at any row count
+INT8_PROMPTS = os.environ.get("TIGHTKV_INT8_PROMPTS", "") == "1"
 
 
 def gemv_max_rows(lib) -> int:
@@ -70,6 +81,17 @@ def gemv_max_rows(lib) -> int:
 
 
 _MAX_ROWS: dict[int, int] = {}  # per loaded library
+
+
+def takes_kernel(lib, qtypes, rows: int) -> bool:
+    """Whether `rows` input rows of weights of these types take the block-dot kernel: up to
+    `gemv_max_rows`, and with `INT8_PROMPTS` at any count where every type is in
+    `KERNEL_ALWAYS` on a build that quantizes the activations (a set `GEMV_MAX_ROWS` holds
+    for every type)."""
+    if rows <= gemv_max_rows(lib):
+        return True
+    always = INT8_PROMPTS and GEMV_MAX_ROWS is None and bool(lib.tk_gemv_int8())
+    return always and all(q in KERNEL_ALWAYS for q in qtypes)
 
 
 def kernel_rows() -> int:
@@ -195,7 +217,7 @@ class QuantLinear(torch.nn.Module):
         if self.qtype == "F32":
             y = F.linear(x2, self.raw)
         elif lib is not None:
-            if m <= gemv_max_rows(lib):
+            if takes_kernel(lib, (self.qtype,), m):
                 y = self._gemv(lib, x2, m)
             else:
                 nth = self._threads(m)
@@ -308,7 +330,12 @@ class StackedLinear(torch.nn.Module):
         """x float32 (..., in_features) -> float32 (..., out_features)."""
         lib = build.library() if self._args is not None and _BACKEND == "fast" else None
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # (M, in)
-        if lib is None or x2.shape[0] > gemv_max_rows(lib) or x2.dtype != torch.float32 or not x2.is_contiguous():
+        if (
+            lib is None
+            or not takes_kernel(lib, [p.qtype for p in self.parts], x2.shape[0])
+            or x2.dtype != torch.float32
+            or not x2.is_contiguous()
+        ):
             y = torch.cat([p(x2) for p in self.parts], dim=-1)
         else:
             m = x2.shape[0]
