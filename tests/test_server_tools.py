@@ -227,7 +227,9 @@ def test_langchain_structured_output_default_nested(client):
     llm = lc.ChatOpenAI(
         base_url=str(client.base_url), api_key="unused", model=model_id(client), temperature=0, max_tokens=100
     )
-    got = llm.with_structured_output(Joke, include_raw=True).invoke("Tell me a joke about cats.")
+    # (about cats, Qwen's greedy setup at 0.5B loops until max_tokens since the k-quant dots took
+    # Q8_K-style activations: the grammar is what is tested here, not the joke)
+    got = llm.with_structured_output(Joke, include_raw=True).invoke("Tell me a joke about programmers.")
     assert got["parsing_error"] is None and isinstance(got["parsed"], Joke) and got["parsed"].punchline.text
     assert got["raw"].content.startswith("{\n")  # the model's own first token, admitted
 
