@@ -43,6 +43,8 @@ static chunk_fn bind_type(int type, PartCtx &g, const uint8_t *w, int64_t ldw, i
 // integer path their int8 groups of 32, and where a k-quant part takes them (Q4_K, Q5_K,
 // Q6_K), blocks of 256 as llama.cpp's Q8_K. The buffers are the calling thread's, until its
 // next call.
+static bool blocks_of_256(int type) { return type >= 7 && type <= 9; }  // Q4_K, Q5_K, Q6_K (i8::KBlock)
+
 static Act activations(const float *x, int64_t M, int64_t K, int n, const int *types) {
   Act a = {x, nullptr, nullptr, nullptr, nullptr, K, nullptr, nullptr, nullptr};
 #if TK_GEMV_I8
@@ -50,7 +52,7 @@ static Act activations(const float *x, int64_t M, int64_t K, int n, const int *t
   thread_local avec<float> d, hs, d8, kd;
   thread_local avec<int16_t> kbs;
   int kquants = 0;
-  for (int i = 0; i < n; i++) kquants += types[i] >= 7 && types[i] <= 9;
+  for (int i = 0; i < n; i++) kquants += blocks_of_256(types[i]);
   if (kquants < n) {
     q.resize(M * K); d.resize(M * K / 32); hs.resize(M * K / 16);
     if (TK_GEMV_512) d8.resize((M * K / 64 + 1) * 32);  // whole pairs of groups
