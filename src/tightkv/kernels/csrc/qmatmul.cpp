@@ -68,19 +68,22 @@ static Act activations(const float *x, int64_t M, int64_t K, int n, const int *t
   return a;
 }
 
-// Chunks of the parts of one product, numbered one after another.
+// Chunks of the parts of one product, numbered one after another. A chunk (a range of one
+// part's weight rows) runs every group of MB activation rows in turn, so that its weights
+// are read from memory once and stay in cache while a prompt's rows pass over them; each
+// (weight row, activation row) pair computes as it would in a call of its group alone.
 static const int MAX_PARTS = 16;  // (gate and up of 8 routed experts)
 struct Parts {
-  int n;
-  chunk_fn fn[MAX_PARTS];
-  const PartCtx *ctx;
+  int n, groups;        // parts, groups of activation rows
+  const chunk_fn *fn;   // (n, groups)
+  const PartCtx *ctx;   // (n, groups)
   int64_t nchunks[MAX_PARTS];
 };
 static void parts_chunk(const void *p, int64_t c) {
   const Parts *s = (const Parts *)p;
   int i = 0;
   while (c >= s->nchunks[i]) c -= s->nchunks[i++];
-  s->fn[i](&s->ctx[i], c);
+  for (int k = i * s->groups; k < (i + 1) * s->groups; k++) s->fn[k](&s->ctx[k], c);
 }
 
 // y (M, sum N) = x (M, K) times the n weight matrices (N_i, K) side by side: the
@@ -95,24 +98,30 @@ extern "C" int tk_gemv_parts(int n, const int *types, const uint8_t *const *ws, 
     if (!tk_lowbit_ready(types[i])) return 3;
     ldy += Ns[i];
   }
+  if (M < 1) return 0;
   const Act a = activations(x, M, K, n, types);
-  PartCtx ctx[MAX_PARTS];
-  Parts s = {n, {}, ctx, {}};
-  for (int64_t m0 = 0; m0 < M; m0 += MB) {
-    const int mb = (int)(M - m0 < MB ? M - m0 : MB);
-    int64_t col = 0, total = 0;
-    for (int i = 0; i < n; i++) {
-      s.fn[i] = bind_type(types[i], ctx[i], ws[i], ldws[i], Ns[i], a, m0, mb, y + col, ldy, nth);
-      if (!s.fn[i]) return 1;
-      s.nchunks[i] = (Ns[i] + ctx[i].rows - 1) / ctx[i].rows;
-      col += Ns[i];
-      total += s.nchunks[i];
+  const int groups = (int)((M + MB - 1) / MB);
+  thread_local std::vector<PartCtx> ctx;
+  thread_local std::vector<chunk_fn> fn;
+  ctx.resize((size_t)n * groups);
+  fn.resize((size_t)n * groups);
+  Parts s = {n, groups, fn.data(), ctx.data(), {}};
+  int64_t col = 0, total = 0;
+  for (int i = 0; i < n; i++) {
+    for (int g = 0; g < groups; g++) {
+      const int64_t m0 = g * MB, k = (int64_t)i * groups + g;
+      fn[k] = bind_type(types[i], ctx[k], ws[i], ldws[i], Ns[i], a, m0, (int)(M - m0 < MB ? M - m0 : MB), y + col, ldy, nth);
+      if (!fn[k]) return 1;
     }
-    if (n == 1)
-      run_chunks(s.fn[0], &ctx[0], total, nth);
-    else
-      run_chunks(parts_chunk, &s, total, nth);
+    const int64_t rows = ctx[(size_t)i * groups].rows;
+    s.nchunks[i] = (Ns[i] + rows - 1) / rows;
+    col += Ns[i];
+    total += s.nchunks[i];
   }
+  if (n == 1 && groups == 1)
+    run_chunks(fn[0], &ctx[0], total, nth);
+  else
+    run_chunks(parts_chunk, &s, total, nth);
   return 0;
 }
 
@@ -129,11 +138,12 @@ extern "C" int tk_gemv_each(int n, const int *types, const uint8_t *const *ws, c
   }
   const Act a = activations(x, n, K, n, types);
   PartCtx ctx[MAX_PARTS];
-  Parts s = {n, {}, ctx, {}};
+  chunk_fn fn[MAX_PARTS];
+  Parts s = {n, 1, fn, ctx, {}};
   int64_t total = 0;
   for (int i = 0; i < n; i++) {  // part i: activation row i into output row i (y + i * N)
-    s.fn[i] = bind_type(types[i], ctx[i], ws[i], ldws[i], N, a, i, 1, y, N, nth);
-    if (!s.fn[i]) return 1;
+    fn[i] = bind_type(types[i], ctx[i], ws[i], ldws[i], N, a, i, 1, y, N, nth);
+    if (!fn[i]) return 1;
     s.nchunks[i] = (N + ctx[i].rows - 1) / ctx[i].rows;
     total += s.nchunks[i];
   }
