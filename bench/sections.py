@@ -106,6 +106,10 @@ EXTRA = {
         ],
     ),
     "step-overhead": ("docs/speed.md", [["step_overhead.py", "--model", "{qwen}", "--threads", "2"]]),
+    "prompt-paths": (
+        "docs/speed.md",
+        [["prompt_paths.py", "gemma3:270m", "{qwen}", "--rounds", "3", "--json", "{json_prompt_paths}"]],
+    ),
     "moe-hybrid": (
         "docs/speed.md",
         [

@@ -115,6 +115,9 @@ def ours(path: Path, kv: str, depth: int, n_gen: int, threads: int, reps: int, v
 def llamacpp(
     path: Path, kv: str, depth: int, n_gen: int, threads: int, reps: int, vocab: int = 0, warmup: int = 1
 ) -> dict:
+    from tightkv import restore_openmp_env
+
+    restore_openmp_env()  # llama.cpp as its users run it (in its own process)
     from llama_cpp import Llama
 
     from tightkv.eval.bench import LLAMA_KV_TYPES, peak_rss

@@ -214,8 +214,7 @@ def test_run_verbose_counts(embedded, capsys):
     """`tightkv run --spec-type ngram-simple --verbose`: the same answer, and the draft counts."""
     from tightkv.cli import main
 
-    prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog, and the lazy dog sleeps."
-    args = ["run", str(embedded.path), prompt, "-n", "30", "--kv", "f16", "--verbose"]
+    args = ["run", str(embedded.path), COPY[0]["content"], "-n", "30", "--kv", "f16", "--verbose"]
     assert main(args + ["--spec-type", "none"]) == 0
     plain = capsys.readouterr()
     assert main(args + ["--spec-type", "ngram-simple", "--draft-max", "8"]) == 0

@@ -200,17 +200,19 @@ class Model:
         return parse_kv(kv or self.kv).make_caches(self.net.cache_layout(), self.context_length)
 
     def logits(self, ids: list[int]) -> np.ndarray:
-        """Logits [len(ids), vocab] at every position, from one chunked prefill."""
+        """Logits [len(ids), vocab] at every position, from one chunked prefill (float32
+        prompts, as the measurements take them: `kernels.qmatmul.float_prompts`)."""
         import torch
 
         from .engine.generate import PREFILL_CHUNK
+        from .kernels.qmatmul import float_prompts
 
         ids = list(ids)
         if len(ids) > self.context_length:
             raise ContextOverflowError(f"{len(ids)} tokens exceed the context of {self.context_length}")
         cache = self.new_cache()
         out = np.empty((len(ids), self.args.vocab_size), dtype=np.float32)
-        with torch.inference_mode():
+        with torch.inference_mode(), float_prompts():  # a measurement: float32 prompts
             for s in range(0, len(ids), PREFILL_CHUNK):
                 part = torch.tensor(ids[s : s + PREFILL_CHUNK])
                 out[s : s + part.numel()] = self.net(part, cache, logits_at=torch.arange(part.numel())).numpy()
@@ -223,12 +225,13 @@ class Model:
         import torch
 
         from .engine.generate import token_logprob
+        from .kernels.qmatmul import float_prompts
 
         ids = list(ids)
         if len(ids) > self.context_length:
             raise ContextOverflowError(f"{len(ids)} tokens exceed the context of {self.context_length}")
         cache, out = self.new_cache(), [None]
-        with torch.inference_mode():
+        with torch.inference_mode(), float_prompts():  # scored as the measurements score
             for s in range(0, len(ids) - 1, chunk):
                 part = torch.tensor(ids[s : s + chunk])
                 logits = self.net(part, cache, logits_at=torch.arange(part.numel()))  # (n, vocab)

@@ -1,10 +1,13 @@
 """Scoring forwards: the final hidden states of a token span at the positions a
 measurement scores (perplexity, KLD against f16, the `--kv auto` probe), computed
-through a given cache so that every KV type is scored the same way."""
+through a given cache so that every KV type is scored the same way, in float32 prompts
+(`kernels.qmatmul.float_prompts`)."""
 
 from __future__ import annotations
 
 import torch
+
+from ..kernels import qmatmul as qm
 
 
 @torch.inference_mode()
@@ -15,12 +18,13 @@ def scored_hidden(net, ids: list[int], cache: list, first, sub: int, on_piece=No
     forward; `on_piece(n)` is told after each forward call of n tokens."""
     positions = torch.arange(first, len(ids) - 1) if isinstance(first, int) else torch.as_tensor(first)
     out = []
-    for s in range(0, len(ids), sub):
-        part = ids[s : s + sub]
-        rows = positions[(positions >= s) & (positions < s + len(part))] - s
-        h = net(torch.tensor(part), cache, logits_at=rows, hidden=True)
-        if h is not None:
-            out.append(h)
-        if on_piece:
-            on_piece(len(part))
+    with qm.float_prompts():
+        for s in range(0, len(ids), sub):
+            part = ids[s : s + sub]
+            rows = positions[(positions >= s) & (positions < s + len(part))] - s
+            h = net(torch.tensor(part), cache, logits_at=rows, hidden=True)
+            if h is not None:
+                out.append(h)
+            if on_piece:
+                on_piece(len(part))
     return torch.cat(out)

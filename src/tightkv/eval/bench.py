@@ -228,6 +228,9 @@ def _llama_child(path, kv, depths, n_prompt, n_gen, reps, threads, queue):
 
 
 def _llama_measure(path, kv, depths, n_prompt, n_gen, reps, threads):
+    from .. import restore_openmp_env
+
+    restore_openmp_env()  # llama.cpp as its users run it
     import llama_cpp
     from llama_cpp import Llama
 

@@ -25,15 +25,15 @@ Two backends, switched by `set_backend`:
   layer's weights per row count). Portable builds decode 16 weights at a
   time to float32 (no activation quantization). Above
   `GEMV_MAX_ROWS` rows it dequantizes row tiles (bit-exact with the reference)
-  for torch's float32 matmul (oneDNN's, see `_pick_linear`). With
-  ``TIGHTKV_INT8_PROMPTS=1`` (`INT8_PROMPTS`), Q4_K, Q5_K and Q6_K weights take the
-  block-dot kernel at every row count on the integer builds, as llama.cpp's prompts
-  do: their dots on activations quantized as llama.cpp's Q8_K beat the tiles
-  (`bench/bench_qmatmul.py --crossover` on a Q4_K hybrid, 256 rows: 10.5 against
-  15.9 ms per row), but the int8 rounding of a prompt's activations raises the
-  noise floor of every comparison between two caches (on Gemma 3 270M, the f32
-  against the f16 cache: KLD 0.0036 where float prompts give below 0.001), so
-  it is off by default and the measurements keep float32 prompts. Threads:
+  for torch's float32 matmul (oneDNN's, see `_pick_linear`). Q4_K,
+  Q5_K and Q6_K weights take the block-dot kernel at every row count on the integer
+  builds (`INT8_PROMPTS`; ``TIGHTKV_INT8_PROMPTS=0`` turns it off), as llama.cpp's
+  prompts do: their dots on activations quantized as llama.cpp's Q8_K beat the
+  tiles (`bench/bench_qmatmul.py --crossover` on a Q4_K hybrid, 256 rows: 10.5
+  against 15.9 ms per row). The measurements score in float32 (`float_prompts`):
+  the int8 rounding of a prompt's activations raises the noise floor of every
+  comparison between two caches (on Gemma 3 270M, the f32 against the f16 cache:
+  KLD 0.0036 where float prompts give below 0.001). Threads:
   `build.threads()`, in the kernel's own pool, whose callers never wait for a
   helper thread that has not started (robust on busy or oversubscribed cores).
   Without a compiler, or with ``TIGHTKV_NO_COMPILE=1``, "fast" runs the
@@ -49,6 +49,7 @@ See bench/bench_qmatmul.py.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
@@ -66,7 +67,21 @@ from .build import set_threads  # noqa: F401  (the engine sets kernel threads he
 
 GEMV_MAX_ROWS = None  # above this many input rows: dequantized tiles + float32 matmul; None: `gemv_max_rows`
 KERNEL_ALWAYS = frozenset({"Q4_K", "Q5_K", "Q6_K"})  # with INT8_PROMPTS: the block-dot kernel at any row count
-INT8_PROMPTS = os.environ.get("TIGHTKV_INT8_PROMPTS", "") == "1"
+INT8_PROMPTS = os.environ.get("TIGHTKV_INT8_PROMPTS", "1") != "0"
+_scoring = threading.local()  # depth: within `float_prompts` on this thread
+
+
+@contextlib.contextmanager
+def float_prompts():
+    """Within this (on the calling thread), prompts take float32 tiles above
+    `gemv_max_rows` whatever `INT8_PROMPTS` says: what a measurement scores (perplexity,
+    KLD, prompt logprobs), so that two caches compare above int8 rounding's noise."""
+    depth = getattr(_scoring, "depth", 0)
+    _scoring.depth = depth + 1
+    try:
+        yield
+    finally:
+        _scoring.depth = depth
 
 
 def gemv_max_rows(lib) -> int:
@@ -85,12 +100,13 @@ _MAX_ROWS: dict[int, int] = {}  # per loaded library
 
 def takes_kernel(lib, qtypes, rows: int) -> bool:
     """Whether `rows` input rows of weights of these types take the block-dot kernel: up to
-    `gemv_max_rows`, and with `INT8_PROMPTS` at any count where every type is in
-    `KERNEL_ALWAYS` on a build that quantizes the activations (a set `GEMV_MAX_ROWS` holds
-    for every type)."""
+    `gemv_max_rows`, and with `INT8_PROMPTS` (outside `float_prompts`) at any count where
+    every type is in `KERNEL_ALWAYS` on a build that quantizes the activations (a set
+    `GEMV_MAX_ROWS` holds for every type)."""
     if rows <= gemv_max_rows(lib):
         return True
-    always = INT8_PROMPTS and GEMV_MAX_ROWS is None and bool(lib.tk_gemv_int8())
+    int8 = INT8_PROMPTS and not getattr(_scoring, "depth", 0)
+    always = int8 and GEMV_MAX_ROWS is None and bool(lib.tk_gemv_int8())
     return always and all(q in KERNEL_ALWAYS for q in qtypes)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels import qmatmul as qm
 from .cache import DenseCache, causal_window_mask, dense_attention
 from .recurrent import RecurrentLayout
 from .shared import SharedLayout
@@ -48,8 +49,9 @@ def capture(model, ids: list[int], chunk: int = 512) -> list[dict]:
         c = _Recorder("f32", *L)
         c.log = []
         caches.append(c)
-    for s in range(0, len(ids), chunk):
-        model.net(torch.tensor(ids[s : s + chunk]), caches, logits_at=torch.tensor([], dtype=torch.long))
+    with qm.float_prompts():
+        for s in range(0, len(ids), chunk):
+            model.net(torch.tensor(ids[s : s + chunk]), caches, logits_at=torch.tensor([], dtype=torch.long))
     return [
         {
             "q": torch.cat([x[0] for x in c.log], 1),
