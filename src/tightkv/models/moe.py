@@ -87,21 +87,20 @@ class MoE(torch.nn.Module):
 
     def routed(self, x: torch.Tensor, router_x: torch.Tensor | None = None) -> torch.Tensor:
         """The routed experts' weighted sum (T, hidden), grouped by expert: each routed
-        expert runs once over its rows; router_x (T, hidden): what the router reads where
-        that is not x (Gemma 4)."""
-        T, k = x.shape[0], self.k
+        expert runs once over its rows (gathered, then its weighted output added back into
+        theirs: a row's sum in expert order); router_x (T, hidden): what the router reads
+        where that is not x (Gemma 4)."""
         experts, weights = self.route(x if router_x is None else router_x)
         flat = experts.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (token, slot) pairs, grouped by expert
-        rows = x[order // k]
-        grouped, start = torch.empty_like(rows), 0
+        tokens, w = order // self.k, weights.reshape(-1)[order, None]  # (T k,), (T k, 1)
+        out, start = torch.zeros_like(x), 0
         for e, n in enumerate(torch.bincount(flat, minlength=len(self.down)).tolist()):
             if n:
-                grouped[start : start + n] = self.expert(e, rows[start : start + n])
+                rows = tokens[start : start + n]
+                out.index_add_(0, rows, self.expert(e, x[rows]).mul_(w[start : start + n]))
             start += n
-        y = torch.empty_like(grouped)  # each (token, slot)'s expert output
-        y[order] = grouped
-        return (y.view(T, k, -1) * weights[..., None]).sum(1)
+        return out
 
 
 def rowwise(linear, x: torch.Tensor) -> torch.Tensor:
