@@ -219,7 +219,25 @@ def test_other_simd_builds(target, simd):
     check_stacked(lib)
 
 
-def check_stacked(lib, types=("Q5_0", "Q8_0", "Q4_K", "IQ4_XS"), rows=(1, 3, 6)) -> None:
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "IQ4_XS"])
+def test_a_prompt_computes_each_row_as_alone(qtype):
+    """Many rows (groups of 8 run over each chunk of weight rows in turn, the last group
+    short) give each row what it gives alone, bit for bit, on two threads."""
+    lib = build.library()
+    if lib is None:
+        pytest.skip("no compiled kernel")
+    lin = make_linear(qtype, seed=3)
+    x = torch.randn(19, IN, generator=torch.Generator().manual_seed(11))
+    args = (qm.TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), OUT, IN)
+    y = torch.empty(19, OUT)
+    assert lib.tk_gemv(*args, x.data_ptr(), 19, y.data_ptr(), 2) == 0
+    for r in range(19):
+        alone = torch.empty(1, OUT)
+        assert lib.tk_gemv(*args, x[r].data_ptr(), 1, alone.data_ptr(), 2) == 0
+        assert torch.equal(y[r], alone[0]), r
+
+
+def check_stacked(lib, types=("Q5_0", "Q8_0", "Q4_K", "IQ4_XS"), rows=(1, 3, 6, 19)) -> None:
     """tk_gemv_parts of mixed types side by side equals each part's tk_gemv exactly."""
     parts = [make_linear(t, out=OUT + 16 * i, seed=i) for i, t in enumerate(types)]
     n = len(parts)
@@ -271,9 +289,10 @@ def test_stacked_linear_equals_its_parts(rows):
 
 
 def test_int8_prompts_take_the_kernel_for_kquants(monkeypatch):
-    """With INT8_PROMPTS (TIGHTKV_INT8_PROMPTS=1), Q4_K/Q5_K/Q6_K weights take the block-dot
-    kernel above gemv_max_rows too (a prompt chunk, as llama.cpp's prompts), alone and stacked;
-    other types, or the flag off, keep the float32 tiles."""
+    """With INT8_PROMPTS (the default; TIGHTKV_INT8_PROMPTS=0 turns it off), Q4_K/Q5_K/Q6_K
+    weights take the block-dot kernel above gemv_max_rows too (a prompt chunk, as llama.cpp's
+    prompts), alone and stacked; other types, the flag off, or a measurement
+    (`qmatmul.float_prompts`) keep the float32 tiles."""
     lib = build.library()
     if lib is None or not lib.tk_gemv_int8():
         pytest.skip("needs the integer build")
@@ -293,6 +312,10 @@ def test_int8_prompts_take_the_kernel_for_kquants(monkeypatch):
         assert rel_err(q8(x), x @ w.T) < 1e-5  # tiles either way
         assert qm.takes_kernel(lib, [p.qtype for p in kq], rows) == flag
         assert not qm.takes_kernel(lib, ["Q4_K", "Q8_0"], rows)
+        with qm.float_prompts():  # what the measurements score: float32 tiles whatever the flag
+            assert not qm.takes_kernel(lib, [p.qtype for p in kq], rows)
+            w = quants.dequantize(kq[0].raw, kq[0].qtype, (OUT, IN))
+            assert rel_err(kq[0](x), x @ w.T) < 1e-5
 
 
 def test_the_avx512_path_builds_on_any_machine():

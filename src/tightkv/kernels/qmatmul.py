@@ -14,7 +14,8 @@ Two backends, switched by `set_backend`:
   `F.linear` in float32; never the whole matrix at once.
 - ``"fast"`` (default): a small C++ kernel (`csrc/qmatmul.cpp`, built by
   `library`). It reads each block once and multiplies it into up to 8
-  activation rows. AVX2 and AVX-512 builds (`csrc/gemv_avx2.h`) quantize the
+  activation rows; more rows run in groups of 8 over each chunk of weight rows
+  in turn, so a prompt reads its weights from memory once. AVX2 and AVX-512 builds (`csrc/gemv_avx2.h`) quantize the
   activation rows to int8 in groups of 32 and multiply bytes with maddubs/madd
   (one VNNI dpbusd on AVX-512 VNNI), as llama.cpp's AVX2 and VNNI paths do, which
   on AVX2 halves the instructions per weight (Gemma 3 270M, all weights of one
