@@ -9,8 +9,8 @@ import torch
 from test_quants import random_blocks
 
 from tightkv.gguf import quants
-from tightkv.kernels import qmatmul as qm
 from tightkv.kernels import build
+from tightkv.kernels import qmatmul as qm
 
 BLOCK_TYPES = list(qm.BLOCK_TYPES)
 FLOAT_TYPES = ["F32", "F16", "BF16"]
@@ -288,15 +288,17 @@ def test_stacked_linear_equals_its_parts(rows):
         qm.StackedLinear([make_linear("Q8_0"), make_linear("Q8_0", inp=2 * IN)])
 
 
-def test_int8_prompts_take_the_kernel_for_kquants(monkeypatch):
+def test_int8_prompts_take_the_kernel(monkeypatch):
     """With INT8_PROMPTS (the default; TIGHTKV_INT8_PROMPTS=0 turns it off), Q4_K/Q5_K/Q6_K
     weights take the block-dot kernel above gemv_max_rows too (a prompt chunk, as llama.cpp's
-    prompts), alone and stacked; other types, the flag off, or a measurement
-    (`qmatmul.float_prompts`) keep the float32 tiles."""
+    prompts), alone and stacked; the other block types take the prompt GEMM where the build
+    has it (AVX-512 VNNI: `tk_gemm_rows`), else the float32 tiles; the flag off, or a
+    measurement (`qmatmul.float_prompts`), keeps the tiles for every type."""
     lib = build.library()
     if lib is None or not lib.tk_gemv_int8():
         pytest.skip("needs the integer build")
     rows = qm.gemv_max_rows(lib) + 24
+    gemm = 0 < lib.tk_gemm_rows() <= rows
     x = torch.randn(rows, IN, generator=torch.Generator().manual_seed(5))
     kq = [make_linear(t, seed=i) for i, t in enumerate(KQUANT_ROWS)]
     q8 = make_linear("Q8_0", seed=9)
@@ -309,13 +311,33 @@ def test_int8_prompts_take_the_kernel_for_kquants(monkeypatch):
         stacked = qm.StackedLinear(kq)
         assert torch.equal(stacked(x), torch.cat([p(x) for p in kq], dim=-1))
         w = quants.dequantize(q8.raw, "Q8_0", (OUT, IN))
-        assert rel_err(q8(x), x @ w.T) < 1e-5  # tiles either way
+        want = gemv_reference(lib, x, w, "Q8_0") if flag and gemm else x @ w.T
+        assert rel_err(q8(x), want) < 1e-5
         assert qm.takes_kernel(lib, [p.qtype for p in kq], rows) == flag
-        assert not qm.takes_kernel(lib, ["Q4_K", "Q8_0"], rows)
+        assert qm.takes_kernel(lib, ["Q4_K", "Q8_0"], rows) == (flag and gemm)
         with qm.float_prompts():  # what the measurements score: float32 tiles whatever the flag
             assert not qm.takes_kernel(lib, [p.qtype for p in kq], rows)
-            w = quants.dequantize(kq[0].raw, kq[0].qtype, (OUT, IN))
-            assert rel_err(kq[0](x), x @ w.T) < 1e-5
+            assert rel_err(kq[0](x), x @ quants.dequantize(kq[0].raw, kq[0].qtype, (OUT, IN)).T) < 1e-5
+
+
+@pytest.mark.parametrize("qtype", [t for t in BLOCK_TYPES if t not in KQUANT_ROWS])
+def test_the_prompt_gemm_equals_the_row_kernel(qtype):
+    """The prompt GEMM (calls of `tk_gemm_rows` rows or more: each chunk's weights unpacked
+    once into 16-row tiles of int8 codes) gives what the row kernel gives on the same int8
+    activations, to float rounding, for every type it takes (and the last tile short)."""
+    lib = build.library()
+    if lib is None or not lib.tk_gemm_rows():
+        pytest.skip("needs the AVX-512 VNNI build")
+    k, n, rows = 768, 72, max(lib.tk_gemm_rows(), 19) + 5
+    lin = make_linear(qtype, out=n, inp=k, seed=4)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(6))
+    args = (qm.TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), n, k)
+    y, y8 = torch.empty(rows, n), torch.empty(rows, n)
+    assert lib.tk_gemv(*args, x.data_ptr(), rows, y.data_ptr(), 2) == 0
+    for r in range(0, rows, 8):
+        part = x[r : r + 8].contiguous()
+        assert lib.tk_gemv(*args, part.data_ptr(), part.shape[0], y8[r : r + 8].data_ptr(), 1) == 0
+    assert (y - y8).abs().max() <= 1e-5 * y8.abs().max()
 
 
 def test_the_avx512_path_builds_on_any_machine():

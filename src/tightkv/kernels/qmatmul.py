@@ -101,14 +101,17 @@ _MAX_ROWS: dict[int, int] = {}  # per loaded library
 
 def takes_kernel(lib, qtypes, rows: int) -> bool:
     """Whether `rows` input rows of weights of these types take the block-dot kernel: up to
-    `gemv_max_rows`, and with `INT8_PROMPTS` (outside `float_prompts`) at any count where
-    every type is in `KERNEL_ALWAYS` on a build that quantizes the activations (a set
-    `GEMV_MAX_ROWS` holds for every type)."""
+    `gemv_max_rows`, and with `INT8_PROMPTS` (outside `float_prompts`) above it on a build
+    that quantizes the activations: where every type is in `KERNEL_ALWAYS`, and for every
+    block type where the build has the prompt GEMM (`tk_gemm_rows`: AVX-512 VNNI). A set
+    `GEMV_MAX_ROWS` holds for every type."""
     if rows <= gemv_max_rows(lib):
         return True
-    int8 = INT8_PROMPTS and not getattr(_scoring, "depth", 0)
-    always = int8 and GEMV_MAX_ROWS is None and bool(lib.tk_gemv_int8())
-    return always and all(q in KERNEL_ALWAYS for q in qtypes)
+    if not (INT8_PROMPTS and not getattr(_scoring, "depth", 0) and GEMV_MAX_ROWS is None and lib.tk_gemv_int8()):
+        return False
+    if all(q in KERNEL_ALWAYS for q in qtypes):
+        return True
+    return 0 < lib.tk_gemm_rows() <= rows  # the GEMM (AVX-512 VNNI builds) takes every block type
 
 
 def kernel_rows() -> int:

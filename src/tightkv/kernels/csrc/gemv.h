@@ -60,6 +60,7 @@ struct Act {
   const int8_t *kq;  // the k-quants' rows (i8::XK), null where none takes them
   const float *kd;
   const int16_t *kbs;
+  const uint8_t *qu;  // q + 128, where the call is a prompt's GEMM (i8::gemm_rows); else null
 };
 
 // One weight matrix of a product whose output columns may hold several (q, k and v
@@ -71,11 +72,12 @@ typedef i8::Ctx PartCtx;
 static PartCtx part_ctx(const uint8_t *w, int64_t ldw, int64_t N, int64_t rows, const Act &a, int64_t m0, float *y,
                         int64_t ldy) {
   const int64_t K = a.K;
-  i8::XQ x = {nullptr, nullptr, nullptr, nullptr, K, {nullptr, nullptr, nullptr}};
+  i8::XQ x = {nullptr, nullptr, nullptr, nullptr, K, {nullptr, nullptr, nullptr}, nullptr};
   if (a.q) x.q = a.q + m0 * K, x.d = a.d + m0 * K / 32, x.hs = a.hs + m0 * K / 16;
   if (a.d8) x.d8 = a.d8 + m0 * K / 2;
   if (a.kq) x.k = {a.kq + m0 * K, a.kd + m0 * K / 256, a.kbs + m0 * K / 16};
-  return {w, ldw, N, rows, x, y + m0 * ldy, ldy};
+  if (a.qu) x.qu = a.qu + m0 * K;
+  return {w, ldw, N, rows, x, y + m0 * ldy, ldy, a.qu != nullptr};
 }
 #else
 typedef GemvCtx PartCtx;

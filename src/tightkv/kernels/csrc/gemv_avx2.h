@@ -10,6 +10,7 @@
 // The result is dequantized W times dequantized x (x_q * d) exactly, up to the
 // order of float sums; tests check it against that.
 #pragma once
+#include <atomic>
 #include <vector>
 
 #include "blocks.h"
@@ -145,6 +146,7 @@ struct XQ {
   const float *d, *hs, *d8;
   int64_t K;
   XK k;
+  const uint8_t *qu;  // q + 128 as unsigned bytes, where a prompt takes `gemm_rows`; else null
 };
 
 // Sums of four adjacent u8 x s8 products per int32 lane: one VNNI instruction where the
@@ -699,6 +701,96 @@ static void rows512(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const
       y[m * ldy + r] = _mm512_reduce_add_ps(acc[m]) - (T::MIN || Wide<T>::MIN ? _mm512_reduce_add_ps(macc[m]) + mins[m] : 0.f);
   }
 }
+
+#if defined(__AVX512VNNI__)
+#define TK_GEMM 1
+// A prompt's products for the types that `rows512` takes, as a GEMM: a chunk's weight rows
+// are unpacked once (per thread and call, `GemmPack`) into int8 codes laid out 16 rows by
+// 4 codes at a time, with each row's scale (and min) per 16 weights, and every group of
+// activation rows then runs over them: one VNNI product takes 4 codes of 16 weight rows
+// against 4 activations broadcast, so the float work (a scale per 16 weights) is shared by
+// 16 rows, where `rows512` does it per row and pair of groups. The activations go in as
+// unsigned bytes (q + 128); each row's 128 * sum of its codes per 16 starts its integer sum
+// negated. A row's sums here differ from its sums alone (a decode row), as the float32
+// tiles' do: only calls of at least GEMM_ROWS rows take it.
+struct GemmPack {
+  const uint8_t *w = nullptr;
+  int64_t r0 = -1, r1 = -1, K = 0;
+  uint64_t epoch = 0;
+  avec<int8_t> codes;   // (tiles, K/16, 4, 16, 4)
+  avec<float> sw, mw;   // (tiles, K/16, 16): scale, min
+  avec<int32_t> nws;    // (tiles, K/16, 16): -128 * the sum of the 16 codes
+};
+extern std::atomic<uint64_t> gemm_epoch;  // a new value per call: a pack never outlives its call
+
+template <class T>
+static const GemmPack &gemm_pack(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, int64_t K) {
+  thread_local GemmPack p;
+  const uint64_t epoch = gemm_epoch.load(std::memory_order_relaxed);
+  if (p.w == w && p.r0 == r0 && p.r1 == r1 && p.K == K && p.epoch == epoch) return p;
+  const int64_t H = K / 16, tiles = (r1 - r0 + 15) / 16;
+  p.codes.assign(tiles * H * 256, 0);
+  p.sw.assign(tiles * H * 16, 0.f);
+  p.mw.assign(tiles * H * 16, 0.f);
+  p.nws.assign(tiles * H * 16, 0);
+  for (int64_t r = r0; r < r1; r++) {
+    const int64_t t = (r - r0) / 16, rr = (r - r0) % 16;
+    const uint8_t *b = w + r * ldw;
+    for (int64_t j = 0; j < K / T::QK; j++, b += T::TS)
+      T::visit(b, [&](int e, __m256i q, float s0, float s1, float m0, float m1) ALWAYS_INLINE_LAMBDA {
+        alignas(32) int8_t c[32];
+        _mm256_store_si256((__m256i *)c, q);
+        for (int hh = 0; hh < 2; hh++) {
+          const int64_t at = t * H + (j * T::QK + e) / 16 + hh;
+          int32_t sum = 0;
+          for (int i = 0; i < 16; i++) sum += c[16 * hh + i];
+          for (int k = 0; k < 4; k++) memcpy(&p.codes[(at * 4 + k) * 64 + 4 * rr], c + 16 * hh + 4 * k, 4);
+          p.sw[at * 16 + rr] = hh ? s1 : s0;
+          p.mw[at * 16 + rr] = hh ? m1 : m0;
+          p.nws[at * 16 + rr] = -128 * sum;
+        }
+      });
+  }
+  p.w = w, p.r0 = r0, p.r1 = r1, p.K = K, p.epoch = epoch;
+  return p;
+}
+
+template <class T, int M>
+static void gemm_rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ &x, float *y, int64_t ldy) {
+  const int64_t K = x.K, H = K / 16, G = K / 32;
+  const GemmPack &p = gemm_pack<T>(w, ldw, r0, r1, K);
+  for (int64_t t = 0; t * 16 < r1 - r0; t++) {
+    __m512 acc[M];
+    for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
+    for (int64_t h = 0; h < H; h++) {
+      const int64_t at = t * H + h;
+      const __m512i nw = _mm512_load_si512((const void *)&p.nws[at * 16]);
+      __m512i is[M];
+      for (int m = 0; m < M; m++) is[m] = nw;
+      UNROLL for (int k = 0; k < 4; k++) {
+        const __m512i wv = _mm512_load_si512((const void *)&p.codes[(at * 4 + k) * 64]);
+        for (int m = 0; m < M; m++) {
+          int32_t xa;
+          memcpy(&xa, x.qu + m * K + 16 * h + 4 * k, 4);
+          is[m] = _mm512_dpbusd_epi32(is[m], _mm512_set1_epi32(xa), wv);
+        }
+      }
+      const __m512 sw = _mm512_load_ps(&p.sw[at * 16]);
+      for (int m = 0; m < M; m++)
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[m]), _mm512_mul_ps(sw, _mm512_set1_ps(x.d[m * G + h / 2])), acc[m]);
+      if (T::MIN) {
+        const __m512 mw = _mm512_load_ps(&p.mw[at * 16]);
+        for (int m = 0; m < M; m++) acc[m] = _mm512_fnmadd_ps(mw, _mm512_set1_ps(x.hs[m * H + h]), acc[m]);
+      }
+    }
+    const int64_t n = r1 - r0 - 16 * t;
+    const __mmask16 keep = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+    for (int m = 0; m < M; m++) _mm512_mask_storeu_ps(y + m * ldy + r0 + 16 * t, keep, acc[m]);
+  }
+}
+#else
+#define TK_GEMM 0
+#endif
 #else
 #define TK_GEMV_512 0
 #endif
@@ -709,6 +801,7 @@ struct Ctx {
   XQ x;
   float *y;
   int64_t ldy;  // y's row stride: the columns of every part of the product
+  bool gemm;    // a prompt's call (GEMM_ROWS rows or more): `gemm_rows` where the type takes it
 };
 
 template <class T, int M>
@@ -719,6 +812,9 @@ static void chunk(const void *p, int64_t c) {
     rowsk<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
   } else {
 #if TK_GEMV_512
+#if TK_GEMM
+    if (g->gemm) return gemm_rows<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
+#endif
     if (g->x.K % 64 == 0) return rows512<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
 #endif
     if constexpr (Step<T>::OK) return rows8<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);

@@ -45,8 +45,19 @@ static chunk_fn bind_type(int type, PartCtx &g, const uint8_t *w, int64_t ldw, i
 // next call.
 static bool blocks_of_256(int type) { return type >= 7 && type <= 9; }  // Q4_K, Q5_K, Q6_K (i8::KBlock)
 
+#if TK_GEMM
+std::atomic<uint64_t> i8::gemm_epoch{0};
+static const int64_t GEMM_ROWS = 41;  // calls of more rows than a decode batch's most (gemv_max_rows) take i8::gemm_rows
+#else
+static const int64_t GEMM_ROWS = 0;
+#endif
+
+// The fewest rows of a call that the GEMM takes (its types: all but Q4_K, Q5_K and Q6_K);
+// 0 where this build has none (it needs AVX-512 VNNI).
+extern "C" int tk_gemm_rows() { return (int)GEMM_ROWS; }
+
 static Act activations(const float *x, int64_t M, int64_t K, int n, const int *types) {
-  Act a = {x, nullptr, nullptr, nullptr, nullptr, K, nullptr, nullptr, nullptr};
+  Act a = {x, nullptr, nullptr, nullptr, nullptr, K, nullptr, nullptr, nullptr, nullptr};
 #if TK_GEMV_I8
   thread_local avec<int8_t> q, kq;
   thread_local avec<float> d, hs, d8, kd;
@@ -58,6 +69,15 @@ static Act activations(const float *x, int64_t M, int64_t K, int n, const int *t
     if (TK_GEMV_512) d8.resize((M * K / 64 + 1) * 32);  // whole pairs of groups
     i8::quantize_rows(x, M, K, q.data(), d.data(), hs.data(), TK_GEMV_512 ? d8.data() : nullptr);
     a.q = q.data(); a.d = d.data(); a.hs = hs.data(); a.d8 = TK_GEMV_512 ? d8.data() : nullptr;
+#if TK_GEMM
+    if (M >= GEMM_ROWS) {  // a prompt: the activations as unsigned bytes for the GEMM
+      thread_local avec<uint8_t> qu;
+      qu.resize(M * K);
+      for (int64_t i = 0; i < M * K; i++) qu[i] = (uint8_t)(q[i] ^ 0x80);
+      a.qu = qu.data();
+      i8::gemm_epoch.fetch_add(1, std::memory_order_relaxed);
+    }
+#endif
   }
   if (kquants && K % 256 == 0) {
     kq.resize(M * K); kd.resize(M * K / 256); kbs.resize(M * K / 16);
