@@ -47,10 +47,13 @@ def int8_activations(x: torch.Tensor, group: int = 32) -> torch.Tensor:
 
 
 def gemv_reference(lib, x: torch.Tensor, w: torch.Tensor, qtype: str) -> torch.Tensor:
-    """What tk_gemv of `lib` computes: float32 activations, or int8 ones (AVX2)."""
+    """What tk_gemv of `lib` computes: float32 activations, or int8 ones (AVX2): the k-quants'
+    in blocks of 256, except in the prompt GEMM (`tk_gemm_rows` rows or more), which takes
+    every type's in groups of 32."""
     if not lib.tk_gemv_int8():
         return x @ w.T
-    return int8_activations(x, 256 if qtype in KQUANT_ROWS else 32) @ w.T
+    gemm = 0 < lib.tk_gemm_rows() <= x.shape[0]
+    return int8_activations(x, 256 if qtype in KQUANT_ROWS and not gemm else 32) @ w.T
 
 
 def check_gemv(lib, qtype: str, rows: int, threads: int = 2, k: int = IN) -> None:
@@ -324,7 +327,8 @@ def test_int8_prompts_take_the_kernel(monkeypatch):
 def test_the_prompt_gemm_equals_the_row_kernel(qtype):
     """The prompt GEMM (calls of `tk_gemm_rows` rows or more: each chunk's weights unpacked
     once into 16-row tiles of int8 codes) gives what the row kernel gives on the same int8
-    activations, to float rounding, for every type it takes (and the last tile short)."""
+    activations, to float rounding, for every type it takes (and the last tile short); the
+    k-quants, whose rows take activations in blocks of 256, in `test_the_prompt_gemm_takes_kquants`."""
     lib = build.library()
     if lib is None or not lib.tk_gemm_rows():
         pytest.skip("needs the AVX-512 VNNI build")
@@ -338,6 +342,27 @@ def test_the_prompt_gemm_equals_the_row_kernel(qtype):
         part = x[r : r + 8].contiguous()
         assert lib.tk_gemv(*args, part.data_ptr(), part.shape[0], y8[r : r + 8].data_ptr(), 1) == 0
     assert (y - y8).abs().max() <= 1e-5 * y8.abs().max()
+
+
+@pytest.mark.parametrize("qtype", KQUANT_ROWS)
+def test_the_prompt_gemm_takes_kquants(qtype):
+    """Q4_K, Q5_K and Q6_K in the prompt GEMM: their activations in groups of 32 (the other
+    types' quantization), against the dequantized weights times those."""
+    lib = build.library()
+    if lib is None or not lib.tk_gemm_rows():
+        pytest.skip("needs the AVX-512 VNNI build")
+    k, n, rows = 768, 72, lib.tk_gemm_rows() + 7
+    lin = make_linear(qtype, out=n, inp=k, seed=4)
+    w = quants.dequantize(lin.raw, qtype, (n, k))
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(6))
+    y = torch.empty(rows, n)
+    assert (
+        lib.tk_gemv(
+            qm.TYPE_IDS[qtype], lin.raw.data_ptr(), lin.raw.stride(0), n, k, x.data_ptr(), rows, y.data_ptr(), 2
+        )
+        == 0
+    )
+    assert rel_err(y, int8_activations(x, 32) @ w.T) < 1e-5
 
 
 def test_the_avx512_path_builds_on_any_machine():

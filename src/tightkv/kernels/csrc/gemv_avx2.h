@@ -704,12 +704,14 @@ static void rows512(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const
 
 #if defined(__AVX512VNNI__)
 #define TK_GEMM 1
-// A prompt's products for the types that `rows512` takes, as a GEMM: a chunk's weight rows
+// A prompt's products, every block type's, as a GEMM: a chunk's weight rows
 // are unpacked once (per thread and call, `GemmPack`) into int8 codes laid out 16 rows by
 // 4 codes at a time, with each row's scale (and min) per 16 weights, and every group of
 // activation rows then runs over them: one VNNI product takes 4 codes of 16 weight rows
 // against 4 activations broadcast, so the float work (a scale per 16 weights) is shared by
-// 16 rows, where `rows512` does it per row and pair of groups. The activations go in as
+// 16 rows, where `rows512` does it per row and pair of groups (the k-quants' `rowsk` per row
+// and block, on activations in blocks of 256; here theirs are in groups of 32 as every other
+// type's, through `KVisit`). The activations go in as
 // unsigned bytes (q + 128); each row's 128 * sum of its codes per 16 starts its integer sum
 // negated. A row's sums here differ from its sums alone (a decode row), as the float32
 // tiles' do: only calls of at least GEMM_ROWS rows take it.
@@ -754,6 +756,23 @@ static const GemmPack &gemm_pack(const uint8_t *w, int64_t ldw, int64_t r0, int6
   p.w = w, p.r0 = r0, p.r1 = r1, p.K = K, p.epoch = epoch;
   return p;
 }
+
+// A k-quant's blocks as the GEMM's unpacking takes them: each 32 codes (below 64) with the
+// scale and min of each 16 (a weight is d * sc * code - dmin * mn).
+template <class T>
+struct KVisit {
+  enum { QK = 256, TS = T::TS, SIGNED = 0, MIN = 1 };
+  template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
+    __m256i sc, mn;
+    float d, dmin;
+    KBlock<T>::load(b, sc, mn, d, dmin);
+    alignas(32) int16_t s[16], m[16];
+    _mm256_store_si256((__m256i *)s, sc);
+    _mm256_store_si256((__m256i *)m, mn);
+    for (int i = 0; i < 8; i++)
+      f(32 * i, KBlock<T>::codes(b, i), d * s[2 * i], d * s[2 * i + 1], dmin * m[2 * i], dmin * m[2 * i + 1]);
+  }
+};
 
 template <class T, int M>
 static void gemm_rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ &x, float *y, int64_t ldy) {
@@ -808,7 +827,10 @@ template <class T, int M>
 static void chunk(const void *p, int64_t c) {
   const Ctx *g = (const Ctx *)p;
   int64_t r0 = c * g->rows, r1 = r0 + g->rows < g->N ? r0 + g->rows : g->N;
-  if constexpr (KBlock<T>::OK) {  // their activations come in blocks of 256 (XQ::k)
+  if constexpr (KBlock<T>::OK) {  // their activations come in blocks of 256 (XQ::k), a prompt's in groups of 32
+#if TK_GEMM
+    if (g->gemm) return gemm_rows<KVisit<T>, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
+#endif
     rowsk<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
   } else {
 #if TK_GEMV_512

@@ -52,8 +52,8 @@ static const int64_t GEMM_ROWS = 41;  // calls of more rows than a decode batch'
 static const int64_t GEMM_ROWS = 0;
 #endif
 
-// The fewest rows of a call that the GEMM takes (its types: all but Q4_K, Q5_K and Q6_K);
-// 0 where this build has none (it needs AVX-512 VNNI).
+// The fewest rows of a call that the GEMM takes (every block type); 0 where this build has
+// none (it needs AVX-512 VNNI).
 extern "C" int tk_gemm_rows() { return (int)GEMM_ROWS; }
 
 static Act activations(const float *x, int64_t M, int64_t K, int n, const int *types) {
@@ -64,26 +64,27 @@ static Act activations(const float *x, int64_t M, int64_t K, int n, const int *t
   thread_local avec<int16_t> kbs;
   int kquants = 0;
   for (int i = 0; i < n; i++) kquants += blocks_of_256(types[i]);
-  if (kquants < n) {
+  const bool gemm = GEMM_ROWS && M >= GEMM_ROWS;  // a prompt: every type takes the GEMM, on groups of 32
+  if (kquants < n || gemm) {
     q.resize(M * K); d.resize(M * K / 32); hs.resize(M * K / 16);
     if (TK_GEMV_512) d8.resize((M * K / 64 + 1) * 32);  // whole pairs of groups
     i8::quantize_rows(x, M, K, q.data(), d.data(), hs.data(), TK_GEMV_512 ? d8.data() : nullptr);
     a.q = q.data(); a.d = d.data(); a.hs = hs.data(); a.d8 = TK_GEMV_512 ? d8.data() : nullptr;
-#if TK_GEMM
-    if (M >= GEMM_ROWS) {  // a prompt: the activations as unsigned bytes for the GEMM
-      thread_local avec<uint8_t> qu;
-      qu.resize(M * K);
-      for (int64_t i = 0; i < M * K; i++) qu[i] = (uint8_t)(q[i] ^ 0x80);
-      a.qu = qu.data();
-      i8::gemm_epoch.fetch_add(1, std::memory_order_relaxed);
-    }
-#endif
   }
-  if (kquants && K % 256 == 0) {
+  if (kquants && K % 256 == 0 && !gemm) {
     kq.resize(M * K); kd.resize(M * K / 256); kbs.resize(M * K / 16);
     i8::quantize_rows_k(x, M, K, kq.data(), kd.data(), kbs.data());
     a.kq = kq.data(); a.kd = kd.data(); a.kbs = kbs.data();
   }
+#if TK_GEMM
+  if (gemm) {  // the activations as unsigned bytes for the GEMM
+    thread_local avec<uint8_t> qu;
+    qu.resize(M * K);
+    for (int64_t i = 0; i < M * K; i++) qu[i] = (uint8_t)(q[i] ^ 0x80);
+    a.qu = qu.data();
+    i8::gemm_epoch.fetch_add(1, std::memory_order_relaxed);
+  }
+#endif
 #endif
   return a;
 }
