@@ -132,7 +132,9 @@ def test_stop_string_and_end_mid_draft(embedded):
     """A stop string inside an accepted draft, and a token budget that ends in the middle of one:
     the same text, ids and finish reason as without speculation."""
     ids = embedded.chat_ids(COPY)
-    stats = same_with_and_without(embedded, ids, None, 80, spec_type="ngram-simple", stop=["fog banks on the northern reef"])
+    stats = same_with_and_without(
+        embedded, ids, None, 80, spec_type="ngram-simple", stop=["fog banks on the northern reef"]
+    )
     assert stats.finish_reason == "stop" and stats.draft_n_accepted > 0
     for n in (13, 27):
         stats = same_with_and_without(embedded, ids, "f16", n, spec_type="ngram-simple")

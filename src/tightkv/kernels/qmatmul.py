@@ -15,30 +15,33 @@ Two backends, switched by `set_backend`:
 - ``"fast"`` (default): a small C++ kernel (`csrc/qmatmul.cpp`, built by
   `library`). It reads each block once and multiplies it into up to 8
   activation rows; more rows run in groups of 8 over each chunk of weight rows
-  in turn, so a prompt reads its weights from memory once. AVX2 and AVX-512 builds (`csrc/gemv_avx2.h`) quantize the
-  activation rows to int8 in groups of 32 and multiply bytes with maddubs/madd
-  (one VNNI dpbusd on AVX-512 VNNI), as llama.cpp's AVX2 and VNNI paths do, which
-  on AVX2 halves the instructions per weight (Gemma 3 270M, all weights of one
-  decode step on the 2-core AVX2 EPYC: 16.3 ms -> 11.1 ms,
-  `bench/bench_qmatmul.py`; on the AVX-512 VNNI EPYC, one thread, busy box:
+  in turn, so a prompt reads its weights from memory once. AVX2 and AVX-512
+  builds (`csrc/gemv_avx2.h`) quantize the activation rows to int8 in groups of
+  32 (Q4_K, Q5_K and Q6_K: in blocks of 256, as llama.cpp's Q8_K) and multiply
+  bytes with maddubs/madd (one VNNI dpbusd on AVX-512 VNNI), as llama.cpp's AVX2
+  and VNNI paths do, which on AVX2 halves the instructions per weight (Gemma 3
+  270M, all weights of one decode step on the 2-core AVX2 EPYC: 16.3 ms -> 11.1
+  ms, `bench/bench_qmatmul.py`; on the AVX-512 VNNI EPYC, one thread, busy box:
   20.5 -> 15.6 ms against float32 dots). AVX-512 builds put two groups of 32 in
-  one 512-bit register where K % 64 == 0 (`bench/bench_qmatmul.py --crossover` times every
-  layer's weights per row count). Portable builds decode 16 weights at a
-  time to float32 (no activation quantization). Above
-  `GEMV_MAX_ROWS` rows it dequantizes row tiles (bit-exact with the reference)
-  for torch's float32 matmul (oneDNN's, see `_pick_linear`). Q4_K,
-  Q5_K and Q6_K weights take the block-dot kernel at every row count on the integer
-  builds (`INT8_PROMPTS`; ``TIGHTKV_INT8_PROMPTS=0`` turns it off), as llama.cpp's
-  prompts do: their dots on activations quantized as llama.cpp's Q8_K beat the
-  tiles (`bench/bench_qmatmul.py --crossover` on a Q4_K hybrid, 256 rows: 10.5
-  against 15.9 ms per row). The measurements score in float32 (`float_prompts`):
+  one 512-bit register where K % 64 == 0, and on VNNI a call of more rows than
+  `gemv_max_rows` (a prompt) is a GEMM: each chunk's weight rows unpacked once
+  into 16-row tiles of int8 codes, every group of 8 activation rows run over
+  them (`tk_gemm_rows`; about 2x the float32 tiles at 512 rows). Portable builds
+  decode 16 weights at a time to float32 (no activation quantization).
+
+  Prompts (`INT8_PROMPTS`, on by default; ``TIGHTKV_INT8_PROMPTS=0`` turns it
+  off) take the kernel at every row count where it beats the float32 tiles: the
+  k-quants on every integer build, every block type where the build has the
+  GEMM; elsewhere, above `gemv_max_rows` rows, row tiles are dequantized
+  (bit-exact with the reference) for torch's float32 matmul (oneDNN's, see
+  `_pick_linear`). `bench/bench_qmatmul.py --crossover` times every layer's
+  weights per row count. The measurements score in float32 (`float_prompts`):
   the int8 rounding of a prompt's activations raises the noise floor of every
   comparison between two caches (on Gemma 3 270M, the f32 against the f16 cache:
-  KLD 0.0036 where float prompts give below 0.001). Threads:
-  `build.threads()`, in the kernel's own pool, whose callers never wait for a
-  helper thread that has not started (robust on busy or oversubscribed cores).
-  Without a compiler, or with ``TIGHTKV_NO_COMPILE=1``, "fast" runs the
-  reference path.
+  KLD 0.0036 where float prompts give below 0.001). Threads: `build.threads()`,
+  in the kernel's own pool, whose callers never wait for a helper thread that
+  has not started (robust on busy or oversubscribed cores). Without a compiler,
+  or with ``TIGHTKV_NO_COMPILE=1``, "fast" runs the reference path.
 
 Why this kernel (measured on the 2-core AVX-512 dev box, 262144x640 Q8_0, one
 row): it reads the blocks at 30 GB/s on one thread and about 45 GB/s on two;
