@@ -20,9 +20,9 @@ def _openmp_defaults() -> None:
     turns by default), and on a laptop's few cores they take a core from the kernels' own
     thread pool, which runs next: a prompt alternates the two. Read once, when torch first
     loads libgomp, so set here, before any import of torch (a program that imports torch
-    before tightkv keeps libgomp's default). With int8 prompts, pp512 on the 2-core AVX-512
-    VNNI EPYC, Gemma 3 270M 531 -> 571 tokens/s, Qwen2.5-Coder-0.5B 182 -> 197
-    (`python bench/prompt_paths.py`, medians of 3)."""
+    before tightkv keeps libgomp's default). With integer prompts, pp512 on the 2-core
+    AVX-512 VNNI EPYC, Gemma 3 270M 667 -> 794 tokens/s, Qwen2.5-Coder-0.5B 291 -> 298
+    (`python bench/prompt_paths.py`, medians of 3; docs/speed.md)."""
     if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
         os.environ["GOMP_SPINCOUNT"] = OMP_SPINCOUNT
         os.environ[_OMP_MARK] = "1"

@@ -181,6 +181,7 @@ def probe_kld(model, ids: list[int], kv: str, base=None, on_piece=None, rows: in
     logits stream through `rows` rows at a time (`probe_bytes` counts them)."""
     import torch
 
+    from .engine.score import scored_logits
     from .eval.ppl import compare_rows
 
     base = _hidden(model, ids, "f16", on_piece) if base is None else base
@@ -188,8 +189,8 @@ def probe_kld(model, ids: list[int], kv: str, base=None, on_piece=None, rows: in
     total = 0.0
     with torch.inference_mode():
         for s in range(0, base.shape[0], rows):
-            p = model.net.output(base[s : s + rows])
-            q = model.net.output(other[s : s + rows])
+            p = scored_logits(model.net, base[s : s + rows])
+            q = scored_logits(model.net, other[s : s + rows])
             total += sum(compare_rows(p, q, rows=1)[0])
             del p, q
     return total / base.shape[0]

@@ -28,3 +28,10 @@ def scored_hidden(net, ids: list[int], cache: list, first, sub: int, on_piece=No
             if on_piece:
                 on_piece(len(part))
     return torch.cat(out)
+
+
+def scored_logits(net, hidden: torch.Tensor) -> torch.Tensor:
+    """The logits (rows, vocab) of scored hidden states (`scored_hidden`'s), through the
+    output matrix in float32 prompts as they were computed."""
+    with qm.float_prompts():
+        return net.output(hidden)

@@ -274,7 +274,7 @@ class LocalTarget:
         ({text: logprob}) at each of those positions."""
         import torch
 
-        from ..engine.score import scored_hidden
+        from ..engine.score import scored_hidden, scored_logits
         from .ppl import OUTPUT_ROWS, ROW_SLICE
 
         hidden = scored_hidden(self.model.net, ids, self.model.new_cache(self.kv), first, 512)
@@ -282,7 +282,7 @@ class LocalTarget:
         values, tops = [], []
         with torch.inference_mode():  # streamed as `ppl.score_chunk`: a block of logits, float64 a slice at a time
             for s in range(0, targets.numel(), OUTPUT_ROWS):
-                logits = self.model.net.output(hidden[s : s + OUTPUT_ROWS])
+                logits = scored_logits(self.model.net, hidden[s : s + OUTPUT_ROWS])
                 for a in range(0, logits.shape[0], ROW_SLICE):
                     logp = torch.log_softmax(logits[a : a + ROW_SLICE].double(), dim=-1)
                     values += logp.gather(1, targets[s + a : s + a + logp.shape[0], None])[:, 0].tolist()

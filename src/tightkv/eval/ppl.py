@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..engine.score import scored_hidden
+from ..engine.score import scored_hidden, scored_logits
 
 BASELINE = "f16"
 # scored rows turned into float32 logits per output-layer call, for the baseline and one other type at a time
@@ -129,7 +129,7 @@ def score_hidden(
         for s in range(0, rows.numel(), OUTPUT_ROWS):
             block = rows[s : s + OUTPUT_ROWS]
             tgt, n = targets[block], block.numel()
-            base = log_softmax_rows(net.output(hidden[BASELINE][block]))  # once for every type
+            base = log_softmax_rows(scored_logits(net, hidden[BASELINE][block]))  # once for every type
             for name, h in hidden.items():
                 r = results_w[name]
                 if name == BASELINE:  # against itself: KLD 0, the same top token
@@ -137,7 +137,7 @@ def score_hidden(
                     r.kld += [0.0] * n
                     r.same_top1 += [True] * n
                 else:
-                    logits = net.output(h[block])
+                    logits = scored_logits(net, h[block])
                     kld, nll, same = compare_rows(base, logits, tgt, base_logp=True)
                     del logits
                     r.nll += nll
