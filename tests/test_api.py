@@ -61,3 +61,22 @@ def test_bad_sampling_values(tiny):
     for kw in ({"temperature": -1}, {"top_p": -0.5}, {"min_p": 2}, {"top_k": -3}):
         with pytest.raises(TightKVError):
             tiny.generate("hi", max_tokens=2, **kw)
+
+
+def test_import_shortens_libgomps_spin_and_gives_it_back():
+    """`import tightkv` sets GOMP_SPINCOUNT (before torch loads libgomp) where the environment
+    sets neither it nor OMP_WAIT_POLICY; `restore_openmp_env` takes back only what it set."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os, tightkv; a = os.environ.get('GOMP_SPINCOUNT'); tightkv.restore_openmp_env(); "
+        "print(a, os.environ.get('GOMP_SPINCOUNT'))"
+    )
+    unset = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "TIGHTKV_SET_GOMP_SPINCOUNT")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    for preset, want in ((None, "10000 None"), ("500", "500 500")):
+        run_env = env if preset is None else {**env, "GOMP_SPINCOUNT": preset}
+        out = subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True, text=True, check=True)
+        assert out.stdout.split() == want.split()
