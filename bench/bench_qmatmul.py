@@ -5,6 +5,7 @@
     python bench/bench_qmatmul.py --types Q4_0,IQ4_XS,Q1_0 [--target avx2]  # every block type, one row
     python bench/bench_qmatmul.py --types Q4_K,Q6_K --stream  # a 32768 x 4096 matrix from DRAM
     python bench/bench_qmatmul.py --crossover MODEL.gguf [--rows 1,8,16,24,32,48,64,96]
+    python bench/bench_qmatmul.py --types Q4_0,Q8_0,Q4_K --prompt 512  # a prompt's 512 rows: kernel vs tiles
 
 Prints ms and GB/s (weight bytes read per call / time) for 1-row (decode) and
 64-row (prefill) inputs, then one decode step over every linear layer of the model.
@@ -98,6 +99,37 @@ def per_type(types: list[str], target: str | None, stream: bool = False) -> None
             )
 
 
+def prompt_rows(types: list[str], rows: int, threads: int) -> None:
+    """`rows` input rows times a 4096 x 4096 matrix of random blocks of each type, through the
+    block-dot kernel (on AVX-512 VNNI the prompt GEMM) and through dequantized tiles + float32
+    matmul; the median of 5 calls each, after one."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_quants import random_blocks
+
+    torch.set_num_threads(threads)
+    n = k = 4096
+    print(f"kernel: {build.simd_name(build.library())}, {rows} rows x {n}x{k}, {threads} threads, median of 5")
+    print("| type | kernel ms | tiles ms | tiles / kernel |\n|---|---:|---:|---:|")
+    x = torch.randn(rows, k)
+    for qtype in types:
+        lin = qm.QuantLinear(torch.from_numpy(random_blocks(qtype, n, k, seed=1)), qtype, k, n)
+        ms = {}
+        for path, limit in (("kernel", 10**6), ("tiles", 0)):
+            qm.GEMV_MAX_ROWS = limit
+            lin(x)
+            times = []
+            for _ in range(5):
+                t = time.perf_counter()
+                lin(x)
+                times.append(time.perf_counter() - t)
+            ms[path] = 1e3 * sorted(times)[2]
+        qm.GEMV_MAX_ROWS = None
+        print(f"| {qtype} | {ms['kernel']:.1f} | {ms['tiles']:.1f} | {ms['tiles'] / ms['kernel']:.2f}x |")
+
+
 def crossover(model: str, counts: list[int], threads: int) -> None:
     """ms per input row of every weight matrix of `model` once: block-dot kernel against tiles."""
     from tightkv.api import Model
@@ -140,12 +172,16 @@ def main() -> None:
     ap.add_argument(
         "--stream", action="store_true", help="with --types: a matrix from DRAM, 1 and 4 rows, 1 and 2 threads"
     )
+    ap.add_argument("--prompt", type=int, default=0, metavar="ROWS", help="with --types: ROWS rows, kernel vs tiles")
     ap.add_argument("--random", action="store_true", help="random blocks instead of the embedded GGUF")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-reference", action="store_true")
     args = ap.parse_args()
     if args.crossover:
         crossover(args.crossover, [int(r) for r in args.rows.split(",")], args.threads)
+        return
+    if args.types and args.prompt:
+        prompt_rows(args.types.split(","), args.prompt, args.threads)
         return
     if args.types:
         per_type(args.types.split(","), args.target, args.stream)
