@@ -99,6 +99,22 @@ def per_type(types: list[str], target: str | None, stream: bool = False) -> None
             )
 
 
+def path_times(call, path: str, runs: int) -> list[float]:
+    """Seconds of `runs` calls of `call` through the block-dot kernel (path "kernel") or
+    dequantized tiles + float32 matmul ("tiles"), after one call to warm it."""
+    qm.GEMV_MAX_ROWS = 10**6 if path == "kernel" else 0
+    try:
+        call()
+        times = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t)
+        return times
+    finally:
+        qm.GEMV_MAX_ROWS = None
+
+
 def prompt_rows(types: list[str], rows: int, threads: int) -> None:
     """`rows` input rows times a 4096 x 4096 matrix of random blocks of each type, through the
     block-dot kernel (on AVX-512 VNNI the prompt GEMM) and through dequantized tiles + float32
@@ -116,17 +132,7 @@ def prompt_rows(types: list[str], rows: int, threads: int) -> None:
     x = torch.randn(rows, k)
     for qtype in types:
         lin = qm.QuantLinear(torch.from_numpy(random_blocks(qtype, n, k, seed=1)), qtype, k, n)
-        ms = {}
-        for path, limit in (("kernel", 10**6), ("tiles", 0)):
-            qm.GEMV_MAX_ROWS = limit
-            lin(x)
-            times = []
-            for _ in range(5):
-                t = time.perf_counter()
-                lin(x)
-                times.append(time.perf_counter() - t)
-            ms[path] = 1e3 * sorted(times)[2]
-        qm.GEMV_MAX_ROWS = None
+        ms = {path: 1e3 * sorted(path_times(lambda: lin(x), path, 5))[2] for path in ("kernel", "tiles")}
         print(f"| {qtype} | {ms['kernel']:.1f} | {ms['tiles']:.1f} | {ms['tiles'] / ms['kernel']:.2f}x |")
 
 
@@ -148,15 +154,8 @@ def crossover(model: str, counts: list[int], threads: int) -> None:
     best: dict[tuple[int, str], float] = {}
     for _ in range(3):
         for rows in counts:
-            for path, limit in (("kernel", 10**6), ("tiles", 0)):
-                qm.GEMV_MAX_ROWS = limit
-                step(rows)
-                times = []
-                for _ in range(3):
-                    t = time.perf_counter()
-                    step(rows)
-                    times.append(time.perf_counter() - t)
-                best[rows, path] = min(best.get((rows, path), 1e9), min(times))
+            for path in ("kernel", "tiles"):
+                best[rows, path] = min(best.get((rows, path), 1e9), *path_times(lambda: step(rows), path, 3))
     print(f"{len(mods)} weight calls per pass; ms per input row")
     print("| rows | kernel | tiles |\n|---:|---:|---:|")
     for rows in counts:
