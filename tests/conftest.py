@@ -13,6 +13,20 @@ import pytest
 # runs that staged start in a home of its own).
 os.environ.setdefault("TIGHTKV_KERNEL_BUILD", "full")
 
+
+
+def pytest_configure(config):
+    """TIGHTKV_RECORD_KERNELS=FILE: record every kernel call of the run for tests/arm/replay.cpp."""
+    path = os.environ.get("TIGHTKV_RECORD_KERNELS")
+    if path:
+        import sys
+
+        sys.path.insert(0, str(Path(__file__).parent / "arm"))
+        from recorder import install
+
+        install(path)
+
+
 REFERENCE = Path(__file__).resolve().parent / "reference" / "gemma3-270m-llamacpp.json"
 
 

@@ -14,19 +14,28 @@ fast-math, no FMA contraction; tests/test_kernel_build.py checks every type).
 ``TIGHTKV_KERNEL_BUILD`` picks: ``staged`` (default), ``full`` (wait for the
 optimized build) or ``quick`` (the quick build only, no background build).
 
-Instruction paths: the default target is the machine's own (``-march=native``),
-which takes AVX-512 (with VNNI where present), else AVX2+FMA, else portable
-GCC/clang vector extensions. ``TIGHTKV_SIMD`` forces one on any x86-64 machine
-that can run it, so every path can be measured and tested anywhere:
+Instruction paths: the default target is the machine's own. On x86-64 that is
+``-march=native``, which takes AVX-512 (with VNNI where present), else AVX2+FMA, else
+portable GCC/clang vector extensions; on ARM64 (Linux, macOS) NEON with the dot-product
+instructions where the CPU has them (``dotprod``: every Apple M chip, Graviton 2 on), with
+the int8 matrix multiplies too where it has those (``i8mm``: Apple M2 on, Graviton 3), else
+the portable path. ``TIGHTKV_SIMD`` forces one that the machine can run, so every path can
+be measured and tested anywhere:
 
 =============  ==============================================  ============
 TIGHTKV_SIMD   compile target                                   `simd()`
 =============  ==============================================  ============
-``native``     ``-march=native`` (default)                      512/256/0
-``avx512``     native, refused if the CPU lacks AVX-512F        512
-``avx2``       native with AVX-512 off                          256
-``portable``   native with AVX-512, AVX2 and FMA off            0
+``native``     the machine's own (default)                      512/256/128/0
+``avx512``     x86: native, refused if the CPU lacks AVX-512F   512
+``avx2``       x86: native with AVX-512 off                     256
+``neon``       ARM64: ARMv8.2-A with dotprod                    128
+``i8mm``       ARM64: ARMv8.2-A with dotprod and i8mm           128
+``portable``   x86: native with AVX-512, AVX2 and FMA off;      0
+               ARM64: ARMv8-A (NEON, no dot products)
 =============  ==============================================  ============
+
+`cross_flags` gives the ARM targets' flags to a cross compiler (tests/test_arm.py builds
+them here and checks them under qemu).
 
 ``TIGHTKV_NO_COMPILE=1`` disables the library (everything runs the torch
 reference path).
@@ -37,6 +46,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -63,12 +73,18 @@ SOURCES = (  # one library; the costliest units first, so the parallel compile e
     "recurrent.cpp",
 )
 STAGES = {"quick": "-Og", "full": "-O3"}  # the optimization level of each build
-TARGETS = {
+TARGETS = {  # x86-64: after -march=native
     "native": (),
     "avx512": (),
     "avx2": ("-mno-avx512f",),
     "portable": ("-mno-avx512f", "-mno-avx2", "-mno-fma"),
 }
+ARM_TARGETS = {  # ARM64: the whole -march (fp16: the half conversions in hardware)
+    "portable": ("-march=armv8-a",),
+    "neon": ("-march=armv8.2-a+fp16+dotprod",),
+    "i8mm": ("-march=armv8.2-a+fp16+dotprod+i8mm",),
+}
+ARM = platform.machine().lower() in ("aarch64", "arm64")
 
 _lib: ctypes.CDLL | None = None
 _state = "unloaded"  # unloaded | loaded | unavailable
@@ -123,6 +139,8 @@ def simd_name(lib: ctypes.CDLL) -> str:
     width = lib.tk_simd()
     if width == 512:
         return "avx512+vnni" if " avx512_vnni" in _cpu_flags() else "avx512"
+    if width == 128:
+        return "neon+dotprod+i8mm" if _arm_target(target()) == "i8mm" else "neon+dotprod"
     return "avx2" if width == 256 else "portable"
 
 
@@ -148,9 +166,39 @@ def build_mode() -> str:
 def target() -> str:
     """The compile target asked for by TIGHTKV_SIMD (default native)."""
     name = os.environ.get("TIGHTKV_SIMD", "").strip().lower() or "native"
-    if name not in TARGETS:
-        raise RuntimeError(f"TIGHTKV_SIMD={name!r}: expected one of {', '.join(TARGETS)}")
+    names = ("native", *ARM_TARGETS) if ARM else tuple(TARGETS)
+    if name not in names:
+        raise RuntimeError(f"TIGHTKV_SIMD={name!r}: expected one of {', '.join(names)} on this {platform.machine()}")
     return name
+
+
+def _arm_target(name: str) -> str:
+    """ARM64: the target `name` stands for (native: the best this CPU runs); refused where the
+    CPU lacks what it needs."""
+    feats = _arm_features()
+    best = "i8mm" if {"dotprod", "i8mm"} <= feats else "neon" if "dotprod" in feats else "portable"
+    if name == "native":
+        return best
+    order = ("portable", "neon", "i8mm")
+    if order.index(name) > order.index(best):
+        raise RuntimeError(f"TIGHTKV_SIMD={name} but this CPU has no {name if name == 'i8mm' else 'dotprod'}")
+    return name
+
+
+def _arm_features() -> set[str]:
+    """The ARM64 extensions the kernels use that this CPU has: dotprod, i8mm."""
+    if sys.platform == "darwin":
+        names = {"dotprod": "hw.optional.arm.FEAT_DotProd", "i8mm": "hw.optional.arm.FEAT_I8MM"}
+        return {f for f, key in names.items() if _sysctl(key) == "1"}
+    flags = _cpu_flags().split()
+    return {f for f, flag in (("dotprod", "asimddp"), ("i8mm", "i8mm")) if flag in flags}
+
+
+def _sysctl(key: str) -> str:
+    try:
+        return subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def cache_dir() -> Path:
@@ -165,8 +213,8 @@ def _cpu_flags() -> str:
                     return line
     except OSError:
         pass
-    import platform
-
+    if sys.platform == "darwin":  # no /proc: the chip's name and extensions key the build
+        return " ".join([_sysctl("machdep.cpu.brand_string"), *sorted(_arm_features())])
     return platform.machine() + platform.processor()
 
 
@@ -204,7 +252,9 @@ def build_path(name: str, stage: str) -> Path:
     """Where build `stage` (quick or full) of target `name` is cached (it may not exist yet)."""
     if os.environ.get("TIGHTKV_NO_COMPILE", "") not in ("", "0"):
         raise RuntimeError("disabled by TIGHTKV_NO_COMPILE")
-    if name == "avx512" and " avx512f" not in _cpu_flags():
+    if ARM:
+        _arm_target(name)  # refuses a target this CPU cannot run
+    elif name == "avx512" and " avx512f" not in _cpu_flags():
         raise RuntimeError("TIGHTKV_SIMD=avx512 but this CPU has no AVX-512F")
     cxx = _cxx()
     parts = [source_digest(), cxx, *_flags(name, stage), "-shared", _cpu_flags()]
@@ -240,7 +290,17 @@ def _cxx() -> str:
 
 def _flags(name: str, stage: str) -> list[str]:
     """The compile flags of build `stage` for target `name` (each unit to an object)."""
-    return [STAGES[stage], "-march=native", *TARGETS[name], "-ffp-contract=off", "-fPIC", "-std=c++17", "-pthread"]
+    arch = ARM_TARGETS[_arm_target(name)] if ARM else ("-march=native", *TARGETS[name])
+    return [STAGES[stage], *arch, *COMMON_FLAGS]
+
+
+COMMON_FLAGS = ("-ffp-contract=off", "-fPIC", "-std=c++17", "-pthread")
+
+
+def cross_flags(name: str) -> list[str]:
+    """The optimized build's flags for ARM64 target `name` (portable, neon, i8mm), for a
+    cross compiler: tests build each and run it under qemu."""
+    return [STAGES["full"], *ARM_TARGETS[name], *COMMON_FLAGS]
 
 
 def compile_check(name: str) -> None:

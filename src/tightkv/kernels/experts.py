@@ -7,7 +7,6 @@ the file has them, the gated units, the k down projections each over its own exp
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from . import build
@@ -41,14 +40,14 @@ class ExpertTable:
 
         def table(pairs):
             return (
-                np.array([[p.type_id for p in ps] for ps in pairs], np.int32),
-                np.array([[p.data_ptr for p in ps] for ps in pairs], np.uint64),
-                np.array([[p.row_stride for p in ps] for ps in pairs], np.int64),
+                torch.tensor([[p.type_id for p in ps] for ps in pairs], dtype=torch.int32),
+                torch.tensor([[p.data_ptr for p in ps] for ps in pairs], dtype=torch.int64),  # addresses
+                torch.tensor([[p.row_stride for p in ps] for ps in pairs], dtype=torch.int64),
             )
 
         self.gate_up = table(list(zip(gates, ups)))  # each (experts, 2)
         self.down = table([[d] for d in downs])  # each (experts, 1)
-        self.args = [a.ctypes.data for a in (*self.gate_up, *self.down)]
+        self.args = [a.data_ptr() for a in (*self.gate_up, *self.down)]
         self.bias_args = [None if b is None else b.data_ptr() for b in self.biases]
 
     def rows(self, x: torch.Tensor, act: str) -> torch.Tensor | None:

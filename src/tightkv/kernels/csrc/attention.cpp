@@ -72,7 +72,7 @@ static inline f16v ld_f16(const uint8_t *p) {
 #if defined(__AVX512F__)
   return (f16v)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 #else
-  f16v r; for (int i = 0; i < 16; i++) { _Float16 h; memcpy(&h, p + 2 * i, 2); r[i] = (float)h; } return r;
+  f16v r; for (int i = 0; i < 16; i++) { half_t h; memcpy(&h, p + 2 * i, 2); r[i] = (float)h; } return r;
 #endif
 }
 static inline f16v ld_bf16(const uint8_t *p) {
@@ -84,7 +84,7 @@ static inline f16v ld_i8(const uint8_t *p) {
   i8x16 b; memcpy(&b, p, 16);
   return __builtin_convertvector(__builtin_convertvector(b, i16v), f16v);
 }
-static inline float f16s(const uint8_t *p) { _Float16 h; memcpy(&h, p, 2); return (float)h; }
+static inline float f16s(const uint8_t *p) { half_t h; memcpy(&h, p, 2); return (float)h; }
 
 // exp for x <= 0 (and -inf): 2^n * p(f), |f| <= 1/2, relative error ~1e-7
 static inline f16v vexp(f16v x) {

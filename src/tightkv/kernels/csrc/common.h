@@ -9,6 +9,8 @@
 #include <vector>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#elif defined(__ARM_NEON)
+#include <arm_neon.h>
 #endif
 
 // Run fn(ctx, c) for c in [0, nchunks) on up to nth threads (pool.cpp).
@@ -30,10 +32,18 @@ struct Aligned64 {
 template <class T>
 using avec = std::vector<T, Aligned64<T>>;
 
+// IEEE half precision: GCC's and clang's C++ call it _Float16 on x86-64, __fp16 on ARM
+// (where it converts to and from float in hardware, as F16C does on x86).
+#if defined(__aarch64__) || defined(__arm__)
+typedef __fp16 half_t;
+#else
+typedef _Float16 half_t;
+#endif
+
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 8")
 #define ALWAYS_INLINE_LAMBDA __attribute__((always_inline))
-static inline float h2f(const uint8_t *p) { _Float16 h; memcpy(&h, p, 2); return (float)h; }
+static inline float h2f(const uint8_t *p) { half_t h; memcpy(&h, p, 2); return (float)h; }
 static inline uint32_t u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 
 // v (D) := v H per block of hb channels (H the unnormalized Hadamard matrix, hb a power of

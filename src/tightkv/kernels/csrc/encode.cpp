@@ -35,7 +35,7 @@ static void pack(const int *code, int64_t n, int bits, uint8_t *out) {
   }
 }
 
-static inline _Float16 f16(float v) { return (_Float16)(v > 65504.f ? 65504.f : v < -65504.f ? -65504.f : v); }
+static inline half_t f16(float v) { return (half_t)(v > 65504.f ? 65504.f : v < -65504.f ? -65504.f : v); }
 
 // --- TurboQuant ------------------------------------------------------------------
 // Per vector: norm, unit vector, rotation in double, codes = number of thresholds
@@ -46,7 +46,7 @@ struct TqCtx {
   int64_t hb, n, D, per;
   int bits, paper;
   uint8_t *idx;
-  _Float16 *norm;
+  half_t *norm;
 };
 
 static void tq_chunk(const void *p, int64_t c) {
@@ -96,7 +96,7 @@ struct KvCtx {
   int64_t hb, G, D, iters;
   int bits, role_v;
   uint8_t *q;
-  _Float16 *s_col, *zp, *s_row;  // K: s_col, zp (D) per tile, s_row (G); V: s_col (D), zp, s_row (G)
+  half_t *s_col, *zp, *s_row;  // K: s_col, zp (D) per tile, s_row (G); V: s_col (D), zp, s_row (G)
 };
 
 // Standard deviations of the rows (over channels) and columns (over tokens) of t * eu[t] * ew[c],
@@ -173,8 +173,8 @@ static void kvarn_tile(const void *p, int64_t tile) {
       lo[k] = b < lo[k] ? b : lo[k];
       hi[k] = b > hi[k] ? b : hi[k];
     }
-  _Float16 *s_col = e->s_col + tile * (e->role_v ? D : D), *s_row = e->s_row + tile * G;
-  _Float16 *zp = e->zp + tile * (e->role_v ? G : D);
+  half_t *s_col = e->s_col + tile * (e->role_v ? D : D), *s_row = e->s_row + tile * G;
+  half_t *zp = e->zp + tile * (e->role_v ? G : D);
   std::vector<float> A(e->role_v ? G : D), Z(e->role_v ? G : D), div(e->role_v ? D : G);
   if (!e->role_v) {
     for (int64_t c = 0; c < D; c++) {
@@ -212,7 +212,7 @@ extern "C" int tk_tq_encode(const float *x, int64_t n, int64_t D, int bits, cons
                             int nth) {
   using namespace enc;
   if (D % 8 || bits < 2 || bits > 4 || (signs && (hb < 1 || (hb & (hb - 1)) || D % hb))) return 1;
-  TqCtx e = {x, rot, thr, cb, signs, hb, n, D, 8, bits, paper, idx, (_Float16 *)norm};
+  TqCtx e = {x, rot, thr, cb, signs, hb, n, D, 8, bits, paper, idx, (half_t *)norm};
   const int64_t nch = (n + e.per - 1) / e.per;
   run_chunks(tq_chunk, &e, nch, nch > 1 ? nth : 1);
   return 0;
@@ -223,7 +223,7 @@ extern "C" int tk_kvarn_encode(const float *x, int64_t ntiles, int64_t G, int64_
                                uint16_t *s_row, int nth) {
   using namespace enc;
   if (D % 8 || bits < 2 || bits > 4 || hb < 1 || (hb & (hb - 1)) || D % hb) return 1;
-  KvCtx e = {x, signs, hb, G, D, iters, bits, role_v, q, (_Float16 *)s_col, (_Float16 *)zp, (_Float16 *)s_row};
+  KvCtx e = {x, signs, hb, G, D, iters, bits, role_v, q, (half_t *)s_col, (half_t *)zp, (half_t *)s_row};
   run_chunks(kvarn_tile, &e, ntiles, ntiles > 1 ? nth : 1);
   return 0;
 }

@@ -4,6 +4,16 @@
 #pragma once
 #include "blocks.h"
 #include "gemv_avx2.h"
+#include "gemv_neon.h"
+#ifndef TK_GEMV_I8  // the integer paths' switches where the build has none of them
+#define TK_GEMV_I8 0
+#endif
+#ifndef TK_GEMV_512
+#define TK_GEMV_512 0
+#endif
+#ifndef TK_GEMM
+#define TK_GEMM 0
+#endif
 #include "lowbit.h"
 
 // y[m, r] = sum_k W[r, k] x[m, k] for rows r0..r1 and M activation rows: each

@@ -13,10 +13,11 @@
 #include <atomic>
 #include <vector>
 
-#include "blocks.h"
+#include "gemv_i8.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #define TK_GEMV_I8 1
+#define TK_GEMV_AVX2 1
 
 namespace i8 {
 static inline __m256i ld256(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
@@ -94,11 +95,6 @@ struct Q2_K {
     }
   }
 };
-static inline float q3k_scale(const uint8_t *ls, const uint8_t *hs, int k, float d) {
-  const int lo = k < 8 ? (ls[k] & 15) : (ls[k - 8] >> 4);
-  const int hi = (hs[k % 4] >> (2 * (k / 4))) & 3;
-  return d * (float)((int8_t)(lo | (hi << 4)) - 32);
-}
 struct Q3_K {
   enum { QK = 256, TS = 110, SIGNED = 1, MIN = 0 };
   template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
@@ -128,26 +124,6 @@ struct Q6_K {
   enum { QK = 256, TS = 210 };
 };
 
-// The same rows for the k-quants, as llama.cpp's Q8_K (`rowsk`): int8 in blocks of 256, one
-// float scale each, and the sum of each 16 codes as int16; null where no k-quant takes them.
-struct XK {
-  const int8_t *q;
-  const float *d;     // (M, K/256)
-  const int16_t *bs;  // (M, K/16)
-};
-
-// Activation rows quantized in groups of 32: q (M, K) int8, d (M, K/32) scales,
-// hs (M, K/16) the dequantized sums of each 16 (for the mins); on AVX-512 also
-// d8 (M, K/64, 32): per pair of groups, each scale spread over 8 lanes (two groups
-// fill a register), then 32 * scale * the sum of each 16 over its 4 lanes (the
-// offset of weights taken as unsigned w + 128, `rows512`).
-struct XQ {
-  const int8_t *q;
-  const float *d, *hs, *d8;
-  int64_t K;
-  XK k;
-  const uint8_t *qu;  // q + 128 as unsigned bytes, where a prompt takes `gemm_rows`; else null
-};
 
 // Sums of four adjacent u8 x s8 products per int32 lane: one VNNI instruction where the
 // CPU has it (AVX-512 VNNI, on 256-bit registers), else maddubs and madd.
@@ -283,16 +259,6 @@ struct Step<Q8_0> {
   static ALWAYS_INLINE void scales(const uint8_t *b, int n, __m256 *s, __m256 *mn) { s[0] = h2f8(b, 34, n); mn[0] = _mm256_setzero_ps(); }
   static ALWAYS_INLINE __m256i codes(const uint8_t *b, int i) { return ld256(b + i * 34 + 2); }
 };
-// Q4_K and Q5_K's 12 bytes of 6-bit scales and mins -> 8 scale bytes, then 8 min bytes
-static ALWAYS_INLINE void k_scale_bytes(const uint8_t *q, uint32_t u[4]) {
-  memcpy(u, q, 12);
-  const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
-  u[3] = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);  // mins 4-7
-  const uint32_t mins03 = u[1] & m6;
-  u[1] = (u[2] & m4) | (((u[0] >> 6) & m2) << 4);  // scales 4-7
-  u[2] = mins03;
-  u[0] &= m6;  // scales 0-3
-}
 
 // 8 floats from p, lanes n.. zero (n <= 8; nothing read past p + n)
 static ALWAYS_INLINE __m256 load8(const float *p, int n) {
@@ -814,14 +780,6 @@ static void gemm_rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, con
 #define TK_GEMV_512 0
 #endif
 
-struct Ctx {
-  const uint8_t *w;
-  int64_t ldw, N, rows;
-  XQ x;
-  float *y;
-  int64_t ldy;  // y's row stride: the columns of every part of the product
-  bool gemm;    // a prompt's call (GEMM_ROWS rows or more): `gemm_rows` where the type takes it
-};
 
 template <class T, int M>
 static void chunk(const void *p, int64_t c) {
@@ -844,6 +802,4 @@ static void chunk(const void *p, int64_t c) {
   }
 }
 }  // namespace i8
-#else
-#define TK_GEMV_I8 0
 #endif

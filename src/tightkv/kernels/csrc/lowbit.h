@@ -87,6 +87,8 @@ static ALWAYS_INLINE unsigned ksigns(unsigned a, unsigned b) { return ksign[a & 
 static ALWAYS_INLINE B16 lut16(B16 idx, const int8_t *lut) {
 #if defined(__SSSE3__)
   return (B16)_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)lut), (__m128i)idx);
+#elif defined(__ARM_NEON)
+  return (B16)vqtbl1q_s8(vld1q_s8(lut), vandq_u8((uint8x16_t)idx, vdupq_n_u8(15)));
 #else
   B16 out;
   for (int i = 0; i < 16; i++) out[i] = lut[idx[i] & 15];
@@ -367,12 +369,17 @@ struct Lowbit {
   enum { QK = D::QK, TS = D::TS, SIGNED = 1, MIN = 0 };
   template <class F> static ALWAYS_INLINE void visit(const uint8_t *b, F &&f) {
     D::visit(b, [&](int e, lowbit::B16 q0, lowbit::B16 q1, float s0, float s1) ALWAYS_INLINE_LAMBDA {
+#if TK_GEMV_AVX2
       f(e, _mm256_set_m128i((__m128i)q1, (__m128i)q0), s0, s1, 0.f, 0.f);
+#else
+      f(e, G32{(int8x16_t)q0, (int8x16_t)q1}, s0, s1, 0.f, 0.f);
+#endif
     });
   }
 };
 #define LOWBIT_I8(T) struct T : Lowbit<lowbit::T> {};
 LOWBIT_TYPES(LOWBIT_I8)
+#if TK_GEMV_AVX2
 // gemv_avx2.h's 256-weight steps (`rows8`, prefetching) for the types whose codes come
 // from their bytes or grids; Q2_0, NVFP4 and IQ1_S take `rows` (IQ1_S's step measured 0.7x of it).
 // 16 nibble bytes -> t[low nibbles] (weights 0..15), t[high nibbles] (16..31)
@@ -839,5 +846,6 @@ struct Wide<TQ2_0> {
   }
 };
 #endif
+#endif  // TK_GEMV_AVX2
 }  // namespace i8
 #endif

@@ -18,12 +18,15 @@ extern "C" int tk_lowbit_table(int which, const void *data, int64_t nbytes) { re
 // 1 where every table type `type` needs is in place.
 extern "C" int tk_lowbit_ready(int type) { return (need_tables(type) & ~lowbit::loaded) == 0; }
 
-// 512, 256 or 0: the SIMD width this build uses (AVX-512, AVX2, plain C).
+// 512, 256, 128 or 0: the SIMD width this build uses (AVX-512, AVX2, NEON with dot products,
+// plain C).
 extern "C" int tk_simd() {
 #if defined(__AVX512F__)
   return 512;
 #elif defined(__AVX2__) && defined(__FMA__)
   return 256;
+#elif defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)
+  return 128;
 #else
   return 0;
 #endif
