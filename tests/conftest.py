@@ -14,7 +14,6 @@ import pytest
 os.environ.setdefault("TIGHTKV_KERNEL_BUILD", "full")
 
 
-
 def pytest_configure(config):
     """TIGHTKV_RECORD_KERNELS=FILE: record every kernel call of the run for tests/arm/replay.cpp."""
     path = os.environ.get("TIGHTKV_RECORD_KERNELS")
