@@ -118,19 +118,21 @@ struct Q6_K {
   enum { QK = 256, TS = 210 };
 };
 
-// 16 + 16 signed bytes times 16 + 16: each 16's dot as 4 int32 lanes.
+// 16 signed bytes times 16: each 4's dot in an int32 lane.
 static ALWAYS_INLINE int32x4_t dot16(int8x16_t a, const int8_t *x) { return vdotq_s32(vdupq_n_s32(0), a, vld1q_s8(x)); }
 
-// y[m, r] for rows r0..r1 and M activation rows: per group of 32 two dot products per row,
-// each 16's int32 sums to float times its scale and the row's group scale.
+// y[m, r] for rows r0..r1 and M activation rows. Per group of 32 and row, the two 16s' integer
+// dots (sdot) to float, each times its scale and the row's group scale into an accumulator of
+// its own: y = (low 16s + high 16s) - mins. `rows_mm` keeps every accumulator's sequence, so a
+// row sums alike alone and in a batch, on either path.
 template <class T, int M>
 static void rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ &x, float *y, int64_t ldy) {
   const int64_t K = x.K, nb = K / T::QK, G = K / 32;
   for (int64_t r = r0; r < r1; r++) {
     const uint8_t *b = w + r * ldw;
-    float32x4_t acc[M];
+    float32x2_t acc[M];  // (low 16s, high 16s)
     float mins[M];
-    for (int m = 0; m < M; m++) { acc[m] = vdupq_n_f32(0.f); mins[m] = 0.f; }
+    for (int m = 0; m < M; m++) { acc[m] = vdup_n_f32(0.f); mins[m] = 0.f; }
     for (int64_t j = 0; j < nb; j++, b += T::TS) {
       const int64_t g0 = j * (T::QK / 32);
       T::visit(b, [&](int e, G32 q, float s0, float s1, float m0, float m1) ALWAYS_INLINE_LAMBDA {
@@ -138,15 +140,96 @@ static void rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ
         for (int m = 0; m < M; m++) {
           const int8_t *xq = x.q + m * K + 32 * g;
           const float dx = x.d[m * G + g];
-          acc[m] = vfmaq_n_f32(acc[m], vcvtq_f32_s32(dot16(q.lo, xq)), s0 * dx);
-          acc[m] = vfmaq_n_f32(acc[m], vcvtq_f32_s32(dot16(q.hi, xq + 16)), s1 * dx);
+          const int32x4_t t = vpaddq_s32(dot16(q.lo, xq), dot16(q.hi, xq + 16));
+          const float32x2_t s = {s0 * dx, s1 * dx};
+          acc[m] = vfma_f32(acc[m], vcvt_f32_s32(vpadd_s32(vget_low_s32(t), vget_high_s32(t))), s);
           if (T::MIN) mins[m] += m0 * x.hs[m * 2 * G + 2 * g] + m1 * x.hs[m * 2 * G + 2 * g + 1];
         }
       });
     }
-    for (int m = 0; m < M; m++) y[m * ldy + r] = vaddvq_f32(acc[m]) - mins[m];
+    for (int m = 0; m < M; m++) y[m * ldy + r] = (vget_lane_f32(acc[m], 0) + vget_lane_f32(acc[m], 1)) - mins[m];
   }
 }
+
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+// The int8 matrix multiply (ARMv8.6 `i8mm`: Apple M2 on, Graviton 3): `smmla` (vmmlaq_s32)
+// takes 8 codes of each of two weight rows against 8 activations of each of two activation
+// rows, the 2 x 2 int32 dots in one register (lanes: (r, a), (r, b), (r + 1, a), (r + 1, b)),
+// where sdot takes one row pair at a time. llama.cpp's ARM dots take it for two rows alike
+// (nrc == 2). Used for two activation rows or more: a prompt's chunk, a verification batch.
+static ALWAYS_INLINE int8x16_t halves(int8x16_t a, int8x16_t b, int hi) {  // 8 bytes of a, then b's
+  const int64x2_t u = vreinterpretq_s64_s8(a), v = vreinterpretq_s64_s8(b);
+  return vreinterpretq_s8_s64(hi ? vzip2q_s64(u, v) : vzip1q_s64(u, v));
+}
+static ALWAYS_INLINE int8x16_t rows8(const int8_t *a, const int8_t *b) { return vcombine_s8(vld1_s8(a), vld1_s8(b)); }
+// the 2 x 2 dots of 16 codes of two weight rows (qa, qb) and 16 activations of two rows (xa, xb)
+static ALWAYS_INLINE int32x4_t mm16(int8x16_t qa, int8x16_t qb, const int8_t *xa, const int8_t *xb) {
+  const int32x4_t p = vmmlaq_s32(vdupq_n_s32(0), halves(qa, qb, 0), rows8(xa, xb));
+  return vmmlaq_s32(p, halves(qa, qb, 1), rows8(xa + 8, xb + 8));
+}
+
+template <class T>
+struct Groups {  // one block of one weight row, as its visitor gives it
+  enum { N = T::QK / 32 };
+  G32 q[N];
+  float s0[N], s1[N], m0[N], m1[N];
+  ALWAYS_INLINE void load(const uint8_t *b) {
+    T::visit(b, [&](int e, G32 c, float a, float d, float m, float n) ALWAYS_INLINE_LAMBDA {
+      const int i = e / 32;
+      q[i] = c, s0[i] = a, s1[i] = d, m0[i] = m, m1[i] = n;
+    });
+  }
+};
+
+// `rows` two weight rows and two activation rows at a time (the last pair of an odd M
+// repeats its row); an odd last weight row takes `rows`.
+template <class T, int M>
+static void rows_mm(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ &x, float *y, int64_t ldy) {
+  const int64_t K = x.K, nb = K / T::QK, G = K / 32;
+  constexpr int P = (M + 1) / 2;
+  int64_t r = r0;
+  for (; r + 1 < r1; r += 2) {
+    const uint8_t *b = w + r * ldw;
+    float32x4_t lo[P], hi[P];
+    float mins[2][M];
+    for (int p = 0; p < P; p++) lo[p] = hi[p] = vdupq_n_f32(0.f);
+    for (int m = 0; m < M; m++) mins[0][m] = mins[1][m] = 0.f;
+    for (int64_t j = 0; j < nb; j++, b += T::TS) {
+      Groups<T> u, v;  // rows r and r + 1
+      u.load(b);
+      v.load(b + ldw);
+      UNROLL for (int i = 0; i < Groups<T>::N; i++) {
+        const int64_t g = j * Groups<T>::N + i;
+        for (int p = 0; p < P; p++) {
+          const int ma = 2 * p, mb = 2 * p + 1 < M ? 2 * p + 1 : 2 * p;
+          const int8_t *xa = x.q + ma * K + 32 * g, *xb = x.q + mb * K + 32 * g;
+          const float da = x.d[ma * G + g], db = x.d[mb * G + g];
+          const float32x4_t sl = {u.s0[i] * da, u.s0[i] * db, v.s0[i] * da, v.s0[i] * db};
+          const float32x4_t sh = {u.s1[i] * da, u.s1[i] * db, v.s1[i] * da, v.s1[i] * db};
+          lo[p] = vfmaq_f32(lo[p], vcvtq_f32_s32(mm16(u.q[i].lo, v.q[i].lo, xa, xb)), sl);
+          hi[p] = vfmaq_f32(hi[p], vcvtq_f32_s32(mm16(u.q[i].hi, v.q[i].hi, xa + 16, xb + 16)), sh);
+        }
+        if (T::MIN)
+          for (int m = 0; m < M; m++) {
+            const float h0 = x.hs[m * 2 * G + 2 * g], h1 = x.hs[m * 2 * G + 2 * g + 1];
+            mins[0][m] += u.m0[i] * h0 + u.m1[i] * h1;
+            mins[1][m] += v.m0[i] * h0 + v.m1[i] * h1;
+          }
+      }
+    }
+    for (int p = 0; p < P; p++) {
+      float l[4], h[4];
+      vst1q_f32(l, lo[p]);
+      vst1q_f32(h, hi[p]);
+      for (int k = 0; k < 4; k++) {
+        const int m = 2 * p + (k & 1), s = k >> 1;  // lane k: activation row, weight row r + s
+        if (m < M) y[m * ldy + r + s] = (l[k] + h[k]) - mins[s][m];
+      }
+    }
+  }
+  if (r < r1) rows<T, M>(w, ldw, r, r1, x, y, ldy);
+}
+#endif
 
 // Quantize M rows of x (M, K), K % 32 == 0, into q, d, hs (XQ; no d8 here).
 static inline void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *q, float *d, float *hs, float *) {
@@ -282,10 +365,66 @@ static void rowsk(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const X
   }
 }
 
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+// `rowsk` two weight rows and two activation rows at a time (`rows_mm`): each 16's 2 x 2
+// dots times the weight rows' scales, summed in int32 as `rowsk` sums them; the same float
+// products after.
+template <class T, int M>
+static void rowsk_mm(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ &x, float *y, int64_t ldy) {
+  const int64_t K = x.K, nb = K / 256;
+  constexpr int P = (M + 1) / 2;
+  int64_t r = r0;
+  for (; r + 1 < r1; r += 2) {
+    const uint8_t *b = w + r * ldw;
+    float acc[2][M];
+    for (int m = 0; m < M; m++) acc[0][m] = acc[1][m] = 0.f;
+    for (int64_t j = 0; j < nb; j++, b += T::TS) {
+      int32_t sc[2][16];
+      int16_t mn[2][16];
+      float d[2], dmin[2];
+      KBlock<T>::load(b, sc[0], mn[0], d[0], dmin[0]);
+      KBlock<T>::load(b + ldw, sc[1], mn[1], d[1], dmin[1]);
+      int32x4_t is[P];
+      for (int p = 0; p < P; p++) is[p] = vdupq_n_s32(0);
+      UNROLL for (int i = 0; i < 8; i++) {
+        const G32 qa = KBlock<T>::codes(b, i), qb = KBlock<T>::codes(b + ldw, i);
+        const int32x4_t sl = {sc[0][2 * i], sc[0][2 * i], sc[1][2 * i], sc[1][2 * i]};
+        const int32x4_t sh = {sc[0][2 * i + 1], sc[0][2 * i + 1], sc[1][2 * i + 1], sc[1][2 * i + 1]};
+        for (int p = 0; p < P; p++) {
+          const int ma = 2 * p, mb = 2 * p + 1 < M ? 2 * p + 1 : 2 * p;
+          const int8_t *xa = x.k.q + ma * K + 256 * j + 32 * i, *xb = x.k.q + mb * K + 256 * j + 32 * i;
+          is[p] = vmlaq_s32(is[p], mm16(qa.lo, qb.lo, xa, xb), sl);
+          is[p] = vmlaq_s32(is[p], mm16(qa.hi, qb.hi, xa + 16, xb + 16), sh);
+        }
+      }
+      int32_t ints[P][4];
+      for (int p = 0; p < P; p++) vst1q_s32(ints[p], is[p]);
+      for (int s = 0; s < 2; s++)
+        for (int m = 0; m < M; m++) {
+          const float dx = x.k.d[m * nb + j];
+          const int16_t *bs = x.k.bs + m * K / 16 + 16 * j;
+          int32_t im = 0;
+          for (int k = 0; k < 16; k++) im += mn[s][k] * bs[k];
+          acc[s][m] += (float)ints[m / 2][2 * s + (m & 1)] * (d[s] * dx) - (float)im * (dmin[s] * dx);
+        }
+    }
+    for (int s = 0; s < 2; s++)
+      for (int m = 0; m < M; m++) y[m * ldy + r + s] = acc[s][m];
+  }
+  if (r < r1) rowsk<T, M>(w, ldw, r, r1, x, y, ldy);
+}
+#endif
+
 template <class T, int M>
 static void chunk(const void *p, int64_t c) {
   const Ctx *g = (const Ctx *)p;
   int64_t r0 = c * g->rows, r1 = r0 + g->rows < g->N ? r0 + g->rows : g->N;
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+  if constexpr (M > 1) {
+    if constexpr (KBlock<T>::OK) return rowsk_mm<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
+    else return rows_mm<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
+  }
+#endif
   if constexpr (KBlock<T>::OK) rowsk<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
   else rows<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
 }
