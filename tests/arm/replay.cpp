@@ -3,7 +3,10 @@
 // run left there: floats within a relative tolerance of the buffer's largest value, the rest
 // exactly. Runs natively or under qemu-user.
 //
-//   replay LIBRARY RECORDING [--rtol R] [--quiet]
+//   replay LIBRARY RECORDING [--rtol R] [--quiet] [--rows-alone]
+//
+// --rows-alone: also run each row of every tk_gemv call of several activation rows alone, and
+// require the same bits as in the batch (the kernels' batch invariance).
 //
 // Recording: "TKREC1\0\0", u32 calls; per call: u16 name length, name, u32 buffers; per buffer:
 // u8 element type (0 bytes, 1 f32, 2 f16, 3 bf16), u64 size, u32 pointer fixes, u8 changed,
@@ -98,11 +101,13 @@ static double compare(const Buffer &b, const uint8_t *got, double rtol, std::str
 int main(int argc, char **argv) {
   if (argc < 3) { fprintf(stderr, "usage: replay LIBRARY RECORDING [--rtol R] [--quiet]\n"); return 2; }
   double rtol = 1e-5;
-  bool quiet = false;
+  bool quiet = false, alone = false;
   for (int i = 3; i < argc; i++) {
     if (!strcmp(argv[i], "--rtol") && i + 1 < argc) rtol = atof(argv[++i]);
     else if (!strcmp(argv[i], "--quiet")) quiet = true;
+    else if (!strcmp(argv[i], "--rows-alone")) alone = true;
   }
+  int alone_rows = 0, alone_failed = 0;
   void *lib = dlopen(argv[1], RTLD_NOW);
   if (!lib) { fprintf(stderr, "replay: %s\n", dlerror()); return 2; }
   FILE *f = fopen(argv[2], "rb");
@@ -179,6 +184,20 @@ int main(int argc, char **argv) {
         why = "buffer " + std::to_string(i) + ": " + w;
       }
     }
+    if (alone && name == "tk_gemv" && ints[6] > 1 && why.empty()) {  // (type, w, ldw, N, K, x, M, y, nth)
+      const int64_t N = ints[3], K = ints[4], M = ints[6];
+      const float *x = (const float *)(uintptr_t)ints[5], *y = (const float *)(uintptr_t)ints[7];
+      std::vector<float> one(N);
+      for (int64_t m = 0; m < M; m++) {
+        fn(0, 0, ints[0], ints[1], ints[2], N, K, (int64_t)(uintptr_t)(x + m * K), 1, (int64_t)(uintptr_t)one.data(), ints[8], 0,
+           0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+        alone_rows++;
+        if (memcmp(one.data(), y + m * N, N * 4)) {
+          alone_failed++;
+          why = "row " + std::to_string(m) + " of " + std::to_string(M) + " differs alone";
+        }
+      }
+    }
     auto &t = tally[name];
     if (why.empty()) t.first++;
     else {
@@ -188,6 +207,7 @@ int main(int argc, char **argv) {
     for (Buffer &b : bufs) free(b.mem);
   }
   for (auto &kv : tally) printf("%-18s %5d passed %5d failed\n", kv.first.c_str(), kv.second.first, kv.second.second);
+  if (alone) printf("rows alone: %d checked, %d differ from their batch\n", alone_rows, alone_failed);
   printf("%u calls, %d failed (rtol %g; largest error passed %.2g)\n", ncalls, failed, rtol, worst);
   return failed ? 1 : 0;
 }
