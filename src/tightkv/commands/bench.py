@@ -25,6 +25,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reps", "-r", type=int, default=3, help="repetitions; the median is reported")
     p.add_argument("--compare", default=None, help="comma-separated KV types")
     p.add_argument("--vs-llamacpp", action="store_true", help="also run llama.cpp (llama-cpp-python)")
+    p.add_argument(
+        "--llamacpp-gpu-layers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="layers llama.cpp offloads to its GPU backend (Metal on a Mac; -1 all); default 0, its CPU",
+    )
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
     add_model_flags(p, kv_default="f16")
 
@@ -77,7 +84,17 @@ def run(ns: argparse.Namespace) -> int:
                 rows += run_tightkv(model, kind, depths, ns.n_prompt, ns.n_gen, 1, on_row=show)
             else:
                 print(f"llama.cpp {kind} ...", file=sys.stderr, flush=True)
-                rows += run_llamacpp(model.path, kind, depths, ns.n_prompt, ns.n_gen, 1, threads, on_row=show)
+                rows += run_llamacpp(
+                    model.path,
+                    kind,
+                    depths,
+                    ns.n_prompt,
+                    ns.n_gen,
+                    1,
+                    threads,
+                    on_row=show,
+                    gpu_layers=ns.llamacpp_gpu_layers,
+                )
     rows = merge_runs(rows)
     print(format_table(rows))
     mach = machine()

@@ -89,7 +89,8 @@ def peak_rss() -> int:
         pass
     import resource
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # macOS counts bytes, Linux KiB
 
 
 def machine() -> dict:
@@ -105,7 +106,9 @@ def machine() -> dict:
             info.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    cpu = info.get("model name", cpu)
+    if sys.platform == "darwin":  # a Mac: "Apple M2 Pro"
+        cpu = build.sysctl("machdep.cpu.brand_string") or cpu
+    cpu = info.get("model name", cpu) or platform.machine()
     if "cpu family" in info:  # "AMD EPYC" alone does not say which generation
         cpu += f" (family {info['cpu family']}, model {info.get('model', '?')})"
     build.library()
@@ -220,14 +223,14 @@ def run_tightkv(
 
 
 # --- llama.cpp (child process) --------------------------------------------------
-def _llama_child(path, kv, depths, n_prompt, n_gen, reps, threads, queue):
+def _llama_child(path, kv, depths, n_prompt, n_gen, reps, threads, gpu_layers, queue):
     try:
-        queue.put(("ok", _llama_measure(path, kv, depths, n_prompt, n_gen, reps, threads)))
+        queue.put(("ok", _llama_measure(path, kv, depths, n_prompt, n_gen, reps, threads, gpu_layers)))
     except Exception as err:  # reported to the parent as one line
         queue.put(("error", f"{type(err).__name__}: {err}"))
 
 
-def _llama_measure(path, kv, depths, n_prompt, n_gen, reps, threads):
+def _llama_measure(path, kv, depths, n_prompt, n_gen, reps, threads, gpu_layers=0):
     from .. import restore_openmp_env
 
     restore_openmp_env()  # llama.cpp as its users run it
@@ -243,6 +246,7 @@ def _llama_measure(path, kv, depths, n_prompt, n_gen, reps, threads):
         n_batch=512,
         type_k=LLAMA_KV_TYPES[kv],
         type_v=LLAMA_KV_TYPES[kv],
+        n_gpu_layers=gpu_layers,
         verbose=False,
         **LLAMA_SETTINGS,
     )
@@ -270,7 +274,8 @@ def _llama_measure(path, kv, depths, n_prompt, n_gen, reps, threads):
                 m.eval([tok])
             runs.append((len(steps) - 1) / (time.perf_counter() - t))
         out.append(("tg", n_gen, depth, runs))
-    return out, peak_rss(), llama_build(llama_cpp.llama_print_system_info().decode())
+    build = llama_build(llama_cpp.llama_print_system_info().decode())
+    return out, peak_rss(), build + (f", {gpu_layers} layers offloaded" if gpu_layers else "")
 
 
 def run_llamacpp(
@@ -282,8 +287,11 @@ def run_llamacpp(
     reps: int,
     threads: int,
     on_row: Callable[[Row], None] | None = None,
+    gpu_layers: int = 0,
 ) -> list[Row]:
-    """Measure llama.cpp in a child process; raises TightKVError if it is not installed."""
+    """Measure llama.cpp in a child process; raises TightKVError if it is not installed.
+    gpu_layers: layers llama.cpp offloads to its GPU backend (Metal on a Mac; -1 all of them,
+    0 its CPU alone)."""
     import importlib.util
 
     from ..errors import TightKVError
@@ -294,7 +302,9 @@ def run_llamacpp(
         return []
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_llama_child, args=(str(path), kv, depths, n_prompt, n_gen, reps, threads, queue))
+    proc = ctx.Process(
+        target=_llama_child, args=(str(path), kv, depths, n_prompt, n_gen, reps, threads, gpu_layers, queue)
+    )
     proc.start()
     status, payload = queue.get()
     proc.join()
@@ -322,8 +332,9 @@ def run_llamacpp(
 
 
 def llama_build(info: str) -> str:
-    """The x86 instruction sets in llama.cpp's system info ("CPU : SSE3 = 1 | AVX2 = 1 | ..."), as
-    "AVX2 FMA F16C AVX512 ..." (those set to 1), so a table says which build ran."""
+    """The instruction sets in llama.cpp's system info ("CPU : SSE3 = 1 | AVX2 = 1 | ..."; on ARM
+    "NEON = 1 | DOTPROD = 1 | MATMUL_INT8 = 1 ..."), as "AVX2 FMA F16C AVX512 ..." (those set
+    to 1), so a table says which build ran."""
     flags = []
     for part in info.replace("|", " | ").split("|"):
         name, _, value = part.partition("=")

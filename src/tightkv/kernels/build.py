@@ -189,12 +189,12 @@ def _arm_features() -> set[str]:
     """The ARM64 extensions the kernels use that this CPU has: dotprod, i8mm."""
     if sys.platform == "darwin":
         names = {"dotprod": "hw.optional.arm.FEAT_DotProd", "i8mm": "hw.optional.arm.FEAT_I8MM"}
-        return {f for f, key in names.items() if _sysctl(key) == "1"}
+        return {f for f, key in names.items() if sysctl(key) == "1"}
     flags = _cpu_flags().split()
     return {f for f, flag in (("dotprod", "asimddp"), ("i8mm", "i8mm")) if flag in flags}
 
 
-def _sysctl(key: str) -> str:
+def sysctl(key: str) -> str:
     try:
         return subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, timeout=5).stdout.strip()
     except (OSError, subprocess.SubprocessError):
@@ -214,7 +214,7 @@ def _cpu_flags() -> str:
     except OSError:
         pass
     if sys.platform == "darwin":  # no /proc: the chip's name and extensions key the build
-        return " ".join([_sysctl("machdep.cpu.brand_string"), *sorted(_arm_features())])
+        return " ".join([sysctl("machdep.cpu.brand_string"), *sorted(_arm_features())])
     return platform.machine() + platform.processor()
 
 
