@@ -146,14 +146,15 @@ print(json.dumps({"rise_bytes": psutil.Process().memory_info().rss - base}))
 
 def speed(path: Path, reps: int, threads: int) -> dict:
     from tightkv import Model
-    from tightkv.eval.bench import merge_runs, run_llamacpp, run_tightkv
+    from tightkv.eval.bench import Tests, merge_runs, run_llamacpp, run_tightkv
 
     load_before = os.getloadavg()[0]
     ours, theirs = [], []
+    tests = Tests(n_prompt=64, n_gen=64, depths=(16,))
     with Model(str(path), threads=threads, kv="f16", context_length=512) as model:
         for _ in range(reps):  # rounds alternate the engines: a neighbour's load weighs on both alike
-            ours.append(run_tightkv(model, "f16", [16], 64, 64, 1)[-1])
-            theirs.append(run_llamacpp(path, "f16", [16], 64, 64, 1, threads)[-1])
+            ours.append(run_tightkv(model, "f16", tests, 1)[-1])
+            theirs.append(run_llamacpp(path, "f16", tests, 1, threads)[-1])
     ours, theirs = merge_runs(ours)[0], merge_runs(theirs)[0]
     load = json.loads(
         subprocess.run([sys.executable, "-c", _LOAD, str(path)], capture_output=True, text=True, check=True)

@@ -102,6 +102,28 @@ def test_bench_cli_table(tmp_path):
     assert all(row["tok_s"] > 0 and row["peak_rss"] > 100 * 2**20 for row in rows)
 
 
+def test_bench_prompt_at_depth_and_time_to_first_token(tmp_path):
+    """--pp-depths times the prompt after a fill (llama-bench's 'pp32 @ d64'); --ttft times a
+    whole document from an empty cache to its first token. Each row gives the seconds a run
+    took, which its tokens per second account for, and the cache it left."""
+    out = tmp_path / "bench.json"
+    r = _cli(
+        "bench", "--depths", "16", "-p", "32", "--pp-depths", "64", "--ttft", "600", "--n-gen", "4", "-r", "1",
+        "--json", str(out),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = {row["test"]: row for row in json.loads(out.read_text())["rows"]}
+    assert list(rows) == ["pp32", "pp32 @ d64", "tg4 @ d16", "ttft 600"]
+    for test, n in (("pp32", 32), ("pp32 @ d64", 32), ("ttft 600", 600)):
+        assert rows[test]["seconds"] * rows[test]["tok_s"] == pytest.approx(n, rel=0.01)
+    assert "seconds" not in rows["tg4 @ d16"]
+    assert rows["ttft 600"]["kv_bytes"] > rows["pp32 @ d64"]["kv_bytes"] > rows["pp32"]["kv_bytes"] > 0
+    assert "tightkv f16 document of 600 tokens" in r.stderr  # two prompt chunks: a bar of its own
+    assert "| ttft 600" in r.stdout
+    bad = _cli("bench", "--depths", "16", "--ttft", "99999999", "-r", "1")
+    assert bad.returncode != 0 and "more than the context" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_niah_cli_grid_json_and_png(tmp_path, essays_file):
     out, png = tmp_path / "niah.json", tmp_path / "niah.png"
     r = _cli(

@@ -21,6 +21,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--n-prompt", "-p", type=int, default=512, help="prompt tokens of the pp test (0 skips it, as in llama-bench)"
     )
+    p.add_argument(
+        "--pp-depths",
+        default="",
+        help="also time the pp prompt after these many tokens of context, comma-separated "
+        "(llama-bench's -d for pp: 'pp512 @ d8192')",
+    )
+    p.add_argument(
+        "--ttft",
+        default="",
+        help="time to first token for whole documents of these many tokens, comma-separated "
+        "(prompt chunks as the engine runs them, then the first token picked)",
+    )
     p.add_argument("--n-gen", type=int, default=128, help="decode steps of each tg test")
     p.add_argument("--reps", "-r", type=int, default=3, help="repetitions; the median is reported")
     p.add_argument("--compare", default=None, help="comma-separated KV types")
@@ -49,6 +61,7 @@ def run(ns: argparse.Namespace) -> int:
     from ..eval.bench import (
         LLAMA_KV_TYPES,
         LLAMA_SETTINGS,
+        Tests,
         format_table,
         machine,
         merge_runs,
@@ -56,14 +69,24 @@ def run(ns: argparse.Namespace) -> int:
         run_tightkv,
     )
 
-    depths = int_list(ns.depths, "--depths")
+    tests = Tests(
+        ns.n_prompt,
+        ns.n_gen,
+        tuple(int_list(ns.depths, "--depths")) if ns.depths else (),
+        tuple(int_list(ns.pp_depths, "--pp-depths")) if ns.pp_depths else (),
+        tuple(int_list(ns.ttft, "--ttft")) if ns.ttft else (),
+    )
     threads = ns.threads or default_threads()
     kinds = kv_types(ns)
     model = Model(ns.model, threads=threads, context_length=ns.ctx or None)
     if ns.n_prompt < 0 or ns.n_gen < 1:
         raise TightKVError("--n-prompt must be 0 or more and --n-gen at least 1")
-    if max(depths) + ns.n_gen + 1 > model.context_length:
-        raise TightKVError(f"depth {max(depths)} + {ns.n_gen} tokens exceeds the context of {model.context_length}")
+    if min(tests.docs, default=2) < 2:
+        raise TightKVError("--ttft documents need at least 2 tokens")
+    if tests.tokens() > model.context_length:
+        raise TightKVError(
+            f"the tests hold up to {tests.tokens()} tokens, more than the context of {model.context_length} (-c)"
+        )
     for kind in kinds:
         model.new_cache(kind)
     rows = []
@@ -81,15 +104,13 @@ def run(ns: argparse.Namespace) -> int:
         ]
         for engine, kind in jobs if rnd % 2 == 0 else jobs[::-1]:
             if engine == "tightkv":
-                rows += run_tightkv(model, kind, depths, ns.n_prompt, ns.n_gen, 1, on_row=show)
+                rows += run_tightkv(model, kind, tests, 1, on_row=show)
             else:
                 print(f"llama.cpp {kind} ...", file=sys.stderr, flush=True)
                 rows += run_llamacpp(
                     model.path,
                     kind,
-                    depths,
-                    ns.n_prompt,
-                    ns.n_gen,
+                    tests,
                     1,
                     threads,
                     on_row=show,

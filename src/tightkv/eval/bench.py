@@ -1,7 +1,10 @@
 """Prompt and generation speed, llama-bench style, optionally beside llama.cpp.
 
-Tests: ``pp512`` (a 512-token prompt into an empty cache) and ``tg128 @ dN``
-(128 decode steps after N tokens of context). Both engines get the same token
+Tests: ``pp512`` (a 512-token prompt into an empty cache), ``pp512 @ dN`` (the
+same prompt after N tokens of context, llama-bench's ``-d`` for pp), ``tg128 @ dN``
+(128 decode steps after N tokens of context) and ``ttft N`` (a whole document of N
+tokens into an empty cache, in the engine's own prompt chunks, and its first token
+picked: the wait before a reply starts). Both engines get the same token
 ids, the same threads and the same depths; no sampling is timed, as in
 llama-bench. llama.cpp (llama-cpp-python) runs in a child process so that the
 two engines' memory never mixes, and as its users run it: `LLAMA_SETTINGS`
@@ -35,6 +38,23 @@ INSTALL_HINT = (
 os.environ.setdefault("TIGHTKV_KERNEL_BUILD", "full")
 
 
+@dataclass(frozen=True)
+class Tests:
+    """What each engine and KV type is timed on."""
+
+    n_prompt: int = 512  # pp: prompt tokens (0: no pp test)
+    n_gen: int = 128  # tg: decode steps
+    depths: tuple[int, ...] = (16,)  # tg after this many tokens
+    pp_depths: tuple[int, ...] = ()  # pp after this many tokens
+    docs: tuple[int, ...] = ()  # ttft: documents of this many tokens
+
+    def tokens(self) -> int:
+        """The most tokens any test holds at once."""
+        return max(
+            [d + self.n_gen + 1 for d in self.depths] + [d + self.n_prompt for d in self.pp_depths] + [*self.docs, 64]
+        )
+
+
 @dataclass
 class Row:
     engine: str
@@ -47,6 +67,7 @@ class Row:
     peak_rss: int = 0
     gb_s: float = 0.0
     build: str = ""  # llama.cpp rows: the instruction sets its library was built with
+    seconds: float = 0.0  # pp and ttft rows: the median time of the timed part
 
     def summary(self) -> str:
         """One line, as llama-bench prints a row when it finishes."""
@@ -64,6 +85,7 @@ class Row:
             "peak_rss": self.peak_rss,
             "gb_s": round(self.gb_s, 2),
             **({"build": self.build} if self.build else {}),
+            **({"seconds": round(self.seconds, 3)} if self.seconds else {}),
         }
 
 
@@ -133,20 +155,94 @@ def write_json(path: str, script: str, **fields) -> None:
     print(f"wrote {path}")
 
 
-# --- tightkv ---------------------------------------------------------------------
-def _ours_pp(model, kv: str, ids: list[int]) -> float:
-    from ..engine.generate import prefill
+# --- the tests, on either engine ---------------------------------------------------
+@dataclass
+class Measured:
+    """One test's runs on one engine: tokens per second and seconds of each run."""
 
-    cache = model.new_cache(kv)
-    t = time.perf_counter()
-    prefill(model.net, ids, cache)
-    return len(ids) / (time.perf_counter() - t)
+    kind: str  # pp, tg or ttft
+    n: int  # prompt tokens, decode steps or document tokens
+    depth: int
+    tok_s: list[float]
+    seconds: list[float]
+    kv_bytes: int = 0
+
+
+def measure(engine, tests: Tests, reps: int, on_test: Callable | None = None) -> list[Measured]:
+    """Time `tests` on an engine (`_Ours` or `_Llama`, each with `vocab` and `bos`): reset(),
+    eval(ids, label) (a prompt or a fill, in the engine's own chunks, a bar where labelled),
+    step(id) (one decode step), first(ids, label) (eval, then the first token picked) and
+    kv_bytes(); `on_test(Measured)` sees each test as it finishes."""
+    vocab, bos, name = engine.vocab, engine.bos, engine.name
+    out = []
+
+    def run(kind: str, n: int, depth: int, fill: list[int], timed: Callable[[], object], warm=()) -> None:
+        tok_s, seconds = [], []
+        for _ in range(reps):
+            engine.reset()
+            if fill:
+                engine.eval(fill, f"{name} filling d{depth}")
+            for tok in warm:
+                engine.step(tok)
+            t = time.perf_counter()
+            timed()
+            seconds.append(time.perf_counter() - t)
+            tok_s.append(n / seconds[-1])
+        out.append(Measured(kind, n, depth, tok_s, seconds, engine.kv_bytes()))
+        if on_test:
+            on_test(out[-1])
+
+    def context(depth: int) -> list[int]:
+        return [bos] + bench_tokens(depth - 1, vocab, 2) if depth else []
+
+    engine.reset()
+    engine.eval([bos] + bench_tokens(63, vocab, 1))  # warm-up: kernels compiled, pages touched
+    if tests.n_prompt:  # -p 0 skips the prompt tests, as in llama-bench
+        for depth in (0, *tests.pp_depths):
+            prompt = ([] if depth else [bos]) + bench_tokens(tests.n_prompt - (0 if depth else 1), vocab, 1)
+            run("pp", tests.n_prompt, depth, context(depth), lambda: engine.eval(prompt))
+    steps = bench_tokens(tests.n_gen + 1, vocab, 3)
+    for depth in tests.depths:  # the first step warms the decode path, untimed
+        run("tg", tests.n_gen, depth, context(depth), lambda: [engine.step(t) for t in steps[1:]], steps[:1])
+    for n in tests.docs:
+        doc = [bos] + bench_tokens(n - 1, vocab, 4)
+        run("ttft", n, 0, [], lambda: engine.first(doc, f"{name} document of {n} tokens"))
+    return out
+
+
+class _Ours:
+    """tightkv as `measure` drives it: the product's prefill and decode step on one KV type."""
+
+    def __init__(self, model, kv: str):
+        self.model, self.kv, self.name = model, kv, f"tightkv {kv}"  # the name labels its progress bars
+        self.vocab, self.bos = model.args.vocab_size, model.tokenizer.bos_id
+        self.cache: list = []
+
+    def reset(self) -> None:
+        self.cache = self.model.new_cache(self.kv)
+
+    def eval(self, ids: list[int], label: str | None = None):
+        from ..engine.generate import prefill
+
+        bar = _fill_bar(label, len(ids)) if label else None
+        return prefill(self.model.net, ids, self.cache, progress=bar)
+
+    def step(self, tok: int) -> None:
+        from ..engine.generate import decode_step
+
+        decode_step(self.model.net, tok, self.cache)
+
+    def first(self, ids: list[int], label: str) -> int:
+        return int(self.eval(ids, label).argmax())
+
+    def kv_bytes(self) -> int:
+        return sum(c.nbytes for c in self.cache)
 
 
 def _fill_bar(what: str, total: int):
-    """A progress callback for filling a depth: a bar on stderr (tqdm on a
-    terminal, plain lines elsewhere), closed with a summary line at the end
-    unless the fill is one prefill piece (its row follows at once)."""
+    """A progress callback for a fill or a document: a bar on stderr (tqdm on a terminal,
+    plain lines elsewhere), closed with a summary line at the end unless the fill is one
+    prefill piece (its row follows at once)."""
     from ..engine.generate import PREFILL_CHUNK
     from ..progress import Progress
 
@@ -160,17 +256,37 @@ def _fill_bar(what: str, total: int):
     return update
 
 
-def _ours_tg(model, kv: str, context: list[int], steps: list[int]) -> tuple[float, int]:
-    from ..engine.generate import decode_step, prefill
+def _rows(engine: str, kv: str, measured: list[Measured], **fields) -> list[Row]:
+    """Measured tests as table rows (the medians), with `fields` (peak RSS, build) on each."""
+    return [
+        Row(
+            engine,
+            kv,
+            test_name(m.kind, m.n, m.depth) if m.kind != "ttft" else f"ttft {m.n}",
+            m.depth,
+            statistics.median(m.tok_s),
+            m.tok_s,
+            m.kv_bytes,
+            seconds=statistics.median(m.seconds) if m.kind != "tg" else 0.0,
+            **fields,
+        )
+        for m in measured
+    ]
 
-    cache = model.new_cache(kv)
-    prefill(model.net, context, cache, progress=_fill_bar(f"tightkv {kv} filling d{len(context)}", len(context)))
-    decode_step(model.net, steps[0], cache)  # warm the decode path
-    t = time.perf_counter()
-    for tok in steps[1:]:
-        decode_step(model.net, tok, cache)
-    elapsed = time.perf_counter() - t
-    return (len(steps) - 1) / elapsed, sum(c.nbytes for c in cache)
+
+def run_tightkv(model, kv: str, tests: Tests, reps: int, on_row: Callable[[Row], None] | None = None) -> list[Row]:
+    """tightkv's rows for one KV type; `on_row` sees each row as it finishes."""
+    weight_bytes = read_per_token(model.gguf).per_token  # a mixture of experts: its routed experts' share
+
+    def row(m: Measured) -> Row:
+        (r,) = _rows("tightkv", kv, [m], peak_rss=peak_rss())
+        if m.kind == "tg":
+            r.gb_s = (weight_bytes + m.kv_bytes) * r.tok_s / 1e9
+        return _report(r, on_row)
+
+    rows = []
+    measure(_Ours(model, kv), tests, reps, on_test=lambda m: rows.append(row(m)))
+    return rows
 
 
 def _report(row: Row, on_row: Callable[[Row], None] | None) -> Row:
@@ -179,68 +295,49 @@ def _report(row: Row, on_row: Callable[[Row], None] | None) -> Row:
     return row
 
 
-def run_tightkv(
-    model, kv: str, depths: list[int], n_prompt: int, n_gen: int, reps: int, on_row: Callable[[Row], None] | None = None
-) -> list[Row]:
-    """tightkv's pp and tg rows for one KV type; `on_row` sees each row as it finishes."""
-    vocab = model.args.vocab_size
-    rows = []
-    weight_bytes = read_per_token(model.gguf).per_token  # a mixture of experts: its routed experts' share
-    prompt = [model.tokenizer.bos_id] + bench_tokens(max(n_prompt, 64) - 1, vocab, 1)
-    _ours_pp(model, kv, prompt[:64])  # warm-up: kernels compiled, pages touched
-    if n_prompt > 0:  # -p 0 skips the prompt test, as in llama-bench
-        runs = [_ours_pp(model, kv, prompt[:n_prompt]) for _ in range(reps)]
-        rows.append(
-            _report(
-                Row("tightkv", kv, test_name("pp", n_prompt, 0), 0, statistics.median(runs), runs, peak_rss=peak_rss()),
-                on_row,
-            )
-        )
-    for depth in depths:
-        context = [model.tokenizer.bos_id] + bench_tokens(depth - 1, vocab, 2)
-        steps = bench_tokens(n_gen + 1, vocab, 3)
-        measured = [_ours_tg(model, kv, context, steps) for _ in range(reps)]
-        runs = [m[0] for m in measured]
-        kv_bytes = measured[-1][1]
-        tps = statistics.median(runs)
-        rows.append(
-            _report(
-                Row(
-                    "tightkv",
-                    kv,
-                    test_name("tg", n_gen, depth),
-                    depth,
-                    tps,
-                    runs,
-                    kv_bytes,
-                    peak_rss(),
-                    (weight_bytes + kv_bytes) * tps / 1e9,
-                ),
-                on_row,
-            )
-        )
-    return rows
-
-
 # --- llama.cpp (child process) --------------------------------------------------
-def _llama_child(path, kv, depths, n_prompt, n_gen, reps, threads, gpu_layers, queue):
+class _Llama:
+    """llama.cpp as `measure` drives it (llama-cpp-python's eval: its n_batch chunks)."""
+
+    name = "llama.cpp"
+
+    def __init__(self, m):
+        self.m, self.vocab, self.bos = m, m.n_vocab(), m.token_bos()
+
+    def reset(self) -> None:
+        self.m.reset()
+
+    def eval(self, ids: list[int], label: str | None = None) -> None:
+        self.m.eval(ids)
+
+    def step(self, tok: int) -> None:
+        self.m.eval([tok])
+
+    def first(self, ids: list[int], label: str) -> int:
+        self.m.eval(ids)
+        return int(np.argmax(self.m.scores[self.m.n_tokens - 1]))
+
+    def kv_bytes(self) -> int:
+        return 0
+
+
+def _llama_child(path, kv, tests, reps, threads, gpu_layers, queue):
     try:
-        queue.put(("ok", _llama_measure(path, kv, depths, n_prompt, n_gen, reps, threads, gpu_layers)))
+        queue.put(("ok", _llama_measure(path, kv, tests, reps, threads, gpu_layers)))
     except Exception as err:  # reported to the parent as one line
         queue.put(("error", f"{type(err).__name__}: {err}"))
 
 
-def _llama_measure(path, kv, depths, n_prompt, n_gen, reps, threads, gpu_layers=0):
+def _llama_measure(path, kv, tests: Tests, reps: int, threads: int, gpu_layers: int = 0):
     from .. import restore_openmp_env
 
     restore_openmp_env()  # llama.cpp as its users run it
     import llama_cpp
     from llama_cpp import Llama
 
-    ctx = max(depths + [n_prompt]) + n_gen + 8
     m = Llama(
         str(path),
-        n_ctx=ctx,
+        n_ctx=tests.tokens() + 8,
         n_threads=threads,
         n_threads_batch=threads,
         n_batch=512,
@@ -250,40 +347,15 @@ def _llama_measure(path, kv, depths, n_prompt, n_gen, reps, threads, gpu_layers=
         verbose=False,
         **LLAMA_SETTINGS,
     )
-    vocab = m.n_vocab()
-    out = []
-    prompt = [m.token_bos()] + bench_tokens(max(n_prompt, 64) - 1, vocab, 1)
-    runs = []
-    for _ in range(reps + 1 if n_prompt > 0 else 0):
-        m.reset()
-        t = time.perf_counter()
-        m.eval(prompt[:n_prompt])
-        runs.append(n_prompt / (time.perf_counter() - t))
-    if runs:
-        out.append(("pp", n_prompt, 0, runs[1:]))
-    for depth in depths:
-        context = [m.token_bos()] + bench_tokens(depth - 1, vocab, 2)
-        steps = bench_tokens(n_gen + 1, vocab, 3)
-        runs = []
-        for _ in range(reps):
-            m.reset()
-            m.eval(context)
-            m.eval(steps[:1])
-            t = time.perf_counter()
-            for tok in steps[1:]:
-                m.eval([tok])
-            runs.append((len(steps) - 1) / (time.perf_counter() - t))
-        out.append(("tg", n_gen, depth, runs))
+    measured = measure(_Llama(m), tests, reps)
     build = llama_build(llama_cpp.llama_print_system_info().decode())
-    return out, peak_rss(), build + (f", {gpu_layers} layers offloaded" if gpu_layers else "")
+    return measured, peak_rss(), build + (f", {gpu_layers} layers offloaded" if gpu_layers else "")
 
 
 def run_llamacpp(
     path,
     kv: str,
-    depths: list[int],
-    n_prompt: int,
-    n_gen: int,
+    tests: Tests,
     reps: int,
     threads: int,
     on_row: Callable[[Row], None] | None = None,
@@ -302,33 +374,14 @@ def run_llamacpp(
         return []
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(
-        target=_llama_child, args=(str(path), kv, depths, n_prompt, n_gen, reps, threads, gpu_layers, queue)
-    )
+    proc = ctx.Process(target=_llama_child, args=(str(path), kv, tests, reps, threads, gpu_layers, queue))
     proc.start()
     status, payload = queue.get()
     proc.join()
     if status != "ok":
         raise TightKVError(f"llama.cpp failed: {payload}")
     measured, rss, build = payload
-    rows = []
-    for kind, n, depth, runs in measured:
-        rows.append(
-            _report(
-                Row(
-                    "llama.cpp",
-                    kv,
-                    test_name(kind, n, depth),
-                    depth,
-                    statistics.median(runs),
-                    runs,
-                    peak_rss=rss,
-                    build=build,
-                ),
-                on_row,
-            )
-        )
-    return rows
+    return [_report(r, on_row) for r in _rows("llama.cpp", kv, measured, peak_rss=rss, build=build)]
 
 
 def llama_build(info: str) -> str:
@@ -346,7 +399,7 @@ def llama_build(info: str) -> str:
 
 def merge_runs(rows: list[Row]) -> list[Row]:
     """One row per engine, KV type and test from rows measured in separate rounds: the runs
-    pooled, their median the figure (bandwidth scaled with it), in first-seen order."""
+    pooled, their median the figure (bandwidth and seconds scaled with it), in first-seen order."""
     merged: dict[tuple, Row] = {}
     for r in rows:
         key = (r.engine, r.kv, r.test)
@@ -359,12 +412,14 @@ def merge_runs(rows: list[Row]) -> list[Row]:
     for m in merged.values():
         tps = statistics.median(m.tok_s_runs)
         m.gb_s = m.gb_s / m.tok_s * tps if m.tok_s else 0.0
+        m.seconds = m.seconds * m.tok_s / tps if tps else 0.0  # a run's tokens are fixed: time scales inversely
         m.tok_s = tps
     return list(merged.values())
 
 
 def format_table(rows: list[Row], bandwidth: float | None = None) -> str:
-    """A llama-bench-like table, with the ratio to llama.cpp's same test and KV type, the KV
+    """A llama-bench-like table: tokens per second, the seconds a pp or ttft run took (a
+    ttft ratio of 1.25x is a wait of 0.8x llama.cpp's), the ratio to llama.cpp's same test and KV type, the KV
     cache's bytes, the bandwidth achieved, and the peak RSS of the engine's process so far
     (tightkv runs every KV type in one process, llama.cpp each in its own); above it,
     llama.cpp's settings when llama.cpp rows are among them."""
@@ -373,10 +428,10 @@ def format_table(rows: list[Row], bandwidth: float | None = None) -> str:
     settings = f"llama.cpp rows: flash_attn={LLAMA_SETTINGS['flash_attn']}, swa_full={LLAMA_SETTINGS['swa_full']}"
     lines = [settings] if theirs else []  # llama.cpp's settings only where llama.cpp ran
     lines += [
-        f"| engine    | {'kv':<{w}} | test            |      t/s | vs llama.cpp f16 | vs same kv | KV MiB | GB/s "
-        "| peak RSS MiB |",
-        f"|-----------|{'-' * (w + 2)}|-----------------|---------:|---------:|---------:|-------:|-----:"
-        "|-------------:|",
+        f"| engine    | {'kv':<{w}} | test            |      t/s |       s | vs llama.cpp f16 | vs same kv | KV MiB "
+        "| GB/s | peak RSS MiB |",
+        f"|-----------|{'-' * (w + 2)}|-----------------|---------:|--------:|---------:|---------:|-------:"
+        "|-----:|-------------:|",
     ]
     for r in rows:
         f16 = theirs.get((r.test, "f16"))
@@ -385,9 +440,10 @@ def format_table(rows: list[Row], bandwidth: float | None = None) -> str:
         ratio_same = f"{r.tok_s / same:.2f}x" if same and r.engine == "tightkv" else ""
         kv_mib = f"{r.kv_bytes / 2**20:.1f}" if r.kv_bytes else ""
         gbs = f"{r.gb_s:.1f}" if r.gb_s else ""
+        secs = f"{r.seconds:.2f}" if r.seconds else ""
         rss = f"{r.peak_rss / 2**20:.0f}" if r.peak_rss else ""
         lines.append(
-            f"| {r.engine:<9} | {r.kv:<{w}} | {r.test:<15} | {r.tok_s:8.2f} | {ratio:>8} | {ratio_same:>8} "
+            f"| {r.engine:<9} | {r.kv:<{w}} | {r.test:<15} | {r.tok_s:8.2f} | {secs:>7} | {ratio:>8} | {ratio_same:>8} "
             f"| {kv_mib:>6} | {gbs:>4} | {rss:>12} |"
         )
     return "\n".join(lines)
