@@ -314,8 +314,11 @@ class _Llama:
         self.m.eval([tok])
 
     def first(self, ids: list[int], label: str) -> int:
-        self.m.eval(ids)
-        return int(np.argmax(self.m.scores[self.m.n_tokens - 1]))
+        import llama_cpp
+
+        self.m.eval(ids)  # keeps no logits without logits_all: the context's last row is read
+        logits = llama_cpp.llama_get_logits_ith(self.m._ctx.ctx, -1)
+        return int(np.argmax(np.ctypeslib.as_array(logits, shape=(self.vocab,))))
 
     def kv_bytes(self) -> int:
         return 0
