@@ -31,6 +31,8 @@ each one's commands, and the doc that cites them):
     weight-kernels    bench/bench_qmatmul.py: each block type's dot, and the kernel/tiles crossover (docs/speed.md)
     attention-kernel  bench/bench_attention.py: the attention kernel alone at depth 8192, integer paths on/off
     step-overhead     bench/step_overhead.py: a decode step's time in the kernels and between them
+    long-context      tightkv bench --pp-depths --ttft: a prompt at 32K, a 32K document's first token and
+                      decode at 32K beside llama.cpp, both models (about an hour each on 2 cores)
     kv-auto           bench/kv_auto.py: what --kv auto picks under five budgets (needs --brief; docs/kv-cache.md)
     serving           bench/bench_serving.py: prefix reuse, concurrent streams beside llama-server, memory
                       (docs/server.md; --llama-server names the binary bench/build_llama_server.sh builds)
@@ -125,7 +127,7 @@ class _Values(dict):
 def run_extra(name: str) -> None:
     values = _Values(out=str(OUT), root=str(ROOT), llama_server=str(LLAMA_SERVER))
     for name_, *args in EXTRA[name][1]:
-        script(name_, *(a.format_map(values) for a in args))
+        (tightkv if name_ == "tightkv" else lambda *a: script(name_, *a))(*(a.format_map(values) for a in args))
 
 
 def run_machine() -> None:

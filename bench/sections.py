@@ -77,10 +77,12 @@ SECTIONS = [
 ]
 
 # the figures of the other docs: section -> (the doc that cites them, its runs: a bench script and
-# its arguments each). `make_benchmarks.py --only SECTION` runs them; a plain run runs SECTIONS only.
+# its arguments each, or "tightkv" and the CLI's). `make_benchmarks.py --only SECTION` runs them; a plain run runs SECTIONS only.
 # In the arguments {out} is docs/bench, {root} the repository, {qwen} Qwen2.5-Coder-0.5B-Instruct's
 # GGUF (bench/qwen_model.py), {brief} and {llama_server} what make_benchmarks.py's --brief and
 # --llama-server name, and {json_STEM} docs/bench/STEM_<kernel path>.json (one file per instruction path).
+LONG_ARGS = ["--depths", "32704", "--n-gen", "32", "-p", "512", "--pp-depths", "32256", "--ttft", "32768"]
+LONG_ARGS += ["-c", "32768", "-r", "1", "--compare", "kvarn4,f16", "--threads", "2", "--vs-llamacpp"]
 QMATMUL_TYPES = "Q4_0,Q8_0,Q5_0,Q4_K,Q5_K,Q6_K,IQ4_NL,IQ4_XS,IQ3_XXS,IQ3_S,IQ2_XXS,IQ2_XS,IQ2_S,IQ1_S,IQ1_M,TQ1_0"
 EXTRA = {
     "weight-types": (
@@ -103,6 +105,13 @@ EXTRA = {
         [
             ["bench_attention.py", "--depth", "8192", "--shape", "gemma,qwen", "--types", "f16,progressive,kvarn4"]
             + ["--int8", "on,off", "--threads", "1", "--cpu-time", "--json", "{json_attention_kernel_int8_d8192}"]
+        ],
+    ),
+    "long-context": (  # #56's goals: a 512-token prompt at 32K, a 32K document, decode at 32K
+        "docs/speed.md",
+        [
+            ["tightkv", "bench", *LONG_ARGS, "--json", "{json_speed_long}"],
+            ["tightkv", "bench", "{qwen}", *LONG_ARGS, "--json", "{json_speed_long_qwen}"],
         ],
     ),
     "step-overhead": ("docs/speed.md", [["step_overhead.py", "--model", "{qwen}", "--threads", "2"]]),
