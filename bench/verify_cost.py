@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 from tightkv import Model
 from tightkv.engine import speculative
@@ -43,7 +44,8 @@ def measure(name: str | None, kv: str, depth: int, rows: list[int], reps: int) -
     if speculative.room(cache) < max(rows):
         raise SystemExit(f"the cache takes only {speculative.room(cache)} rows here: pick another --depth")
     step = median_ms(lambda: decode_step(model.net, tokens[0], cache), cache, depth, reps)
-    out = {"model": model.path.name, "kv": kv, "depth": depth, "step_ms": round(step, 2), "rows": {}}
+    label = Path(name).name if name else "gemma3:270m"  # a registry name as typed, a file by its name
+    out = {"model": label, "kv": kv, "depth": depth, "step_ms": round(step, 2), "rows": {}}
     one_call = speculative._one_call
     for k in rows:
         verify = lambda: speculative.verify(model.net, tokens[:k], cache)  # noqa: E731
@@ -55,7 +57,7 @@ def measure(name: str | None, kv: str, depth: int, rows: list[int], reps: int) -
             speculative._one_call = one_call
         out["rows"][k] = {"one_call_ms": round(together, 2), "row_by_row_ms": round(apart, 2)}
         print(
-            f"{model.path.name} {kv} d{depth}: step {step:.2f} ms; {k} rows {together:.2f} ms in one call "
+            f"{label} {kv} d{depth}: step {step:.2f} ms; {k} rows {together:.2f} ms in one call "
             f"({together / step:.2f} steps), {apart:.2f} ms row by row ({apart / step:.2f} steps)",
             flush=True,
         )
