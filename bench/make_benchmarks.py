@@ -31,7 +31,6 @@ each one's commands, and the doc that cites them):
     weight-kernels    bench/bench_qmatmul.py: each block type's dot, and the kernel/tiles crossover (docs/speed.md)
     attention-kernel  bench/bench_attention.py: the attention kernel alone at depth 8192, integer paths on/off
     step-overhead     bench/step_overhead.py: a decode step's time in the kernels and between them
-    verify-cost       bench/verify_cost.py: a speculative verification of k rows against a decode step
     long-context      tightkv bench --pp-depths --ttft: a prompt at 32K, a 32K document's first token and
                       decode at 32K beside llama.cpp, both models (about an hour each on 2 cores)
     kv-auto           bench/kv_auto.py: what --kv auto picks under five budgets (needs --brief; docs/kv-cache.md)

@@ -132,10 +132,6 @@ EXTRA = {
         "docs/speed.md",
         [["speculative.py", "--server", "{llama_server}", "--json", "{json_speculative}"]],
     ),
-    "verify-cost": (
-        "docs/speed.md",
-        [["verify_cost.py", "gemma3:270m", "{qwen}", "--json", "{json_verify_cost}"]],
-    ),
     "ppl-long": (
         "docs/benchmarks.md",
         [

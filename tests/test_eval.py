@@ -115,7 +115,7 @@ def test_bench_prompt_at_depth_and_time_to_first_token(tmp_path):
     rows = {row["test"]: row for row in json.loads(out.read_text())["rows"]}
     assert list(rows) == ["pp32", "pp32 @ d64", "tg4 @ d16", "ttft 600"]
     for test, n in (("pp32", 32), ("pp32 @ d64", 32), ("ttft 600", 600)):
-        assert rows[test]["seconds"] * rows[test]["tok_s"] == pytest.approx(n, rel=0.01)
+        assert rows[test]["seconds"] * rows[test]["tok_s"] == pytest.approx(n, rel=0.02)
     assert "seconds" not in rows["tg4 @ d16"]
     assert rows["ttft 600"]["kv_bytes"] > rows["pp32 @ d64"]["kv_bytes"] > rows["pp32"]["kv_bytes"] > 0
     assert "tightkv f16 document of 600 tokens" in r.stderr  # two prompt chunks: a bar of its own

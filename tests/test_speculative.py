@@ -71,35 +71,6 @@ def test_verification_rows_are_decode_steps(embedded, kv):
         assert torch.equal(rows, steps)
 
 
-@pytest.mark.parametrize("kv", ["f16", None])
-def test_verification_attends_in_one_call_past_the_window(embedded, kv, monkeypatch):
-    """Past Gemma's 512-token window and the kernel's 256-token chunks, each row of a
-    verification sees another window start, yet the layers attend all rows in one kernel
-    call (`_one_call`) and every row still equals its decode step bit for bit."""
-    from tightkv.engine import speculative
-
-    ids = embedded.tokenize(TEXT * 12)
-    assert len(ids) > 1100
-    calls = []
-    one_call = speculative._one_call
-
-    def counted(layer, q, k):
-        calls.append(one_call(layer, q, k))
-        return calls[-1]
-
-    monkeypatch.setattr(speculative, "_one_call", counted)
-    for start in (700, 1000, 1030):
-        cache = embedded.new_cache(kv)
-        prefill(embedded.net, ids[:start], cache)
-        n = min(8, room(cache))
-        assert n >= 6
-        rows, _ = verify(embedded.net, ids[start : start + n], cache)
-        assert trim_to(cache, start)
-        steps = torch.stack([decode_step(embedded.net, t, cache) for t in ids[start : start + n]])
-        assert torch.equal(rows, steps), (start, (rows - steps).abs().max())
-    assert calls and all(calls)
-
-
 @pytest.mark.parametrize("family", ["mistral3-q8_0", "gpt-oss-mxfp4", "qwen35-q8_0"])
 @pytest.mark.parametrize("kv", ["f16", None])
 def test_verification_rows_other_families(family, kv):

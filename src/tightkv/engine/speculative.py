@@ -13,12 +13,10 @@ Exact, not approximate:
 
 - Each row of the verification computes what a one-token decode step computes: the weights go
   through the block-dot kernel for all rows at once (its rows are independent: batch
-  invariance), and attention takes all rows in one call of the fused kernel, which sums a
-  call of up to 16 positions row by row as a decode step's call would (`RowLayer`). Where that
-  cannot be relied on (the torch reference path, a layer still fitting its key scales, groups
-  of 8 query heads or more per KV head, whose decode steps take the kernel's many-row path),
-  attention runs row by row, each row appended and attended as a decode step is. Recurrent
-  layers (hybrid models) step row by row.
+  invariance), and attention runs row by row (`rowwise`), each row appended and attended as a
+  decode step is (the fused attention kernel's sums depend on how many rows it takes at once,
+  so one call for k + 1 rows would not be the decode step's). Recurrent layers (hybrid
+  models) step row by row the same way.
 - Drafts are point masses (a lookup, or a draft model's greedy choice). For those the standard
   speculative-sampling rule (accept d with probability p(d), else draw from p without d) is the
   same as drawing t from p and keeping d when t == d; so each verified position draws exactly
@@ -235,8 +233,6 @@ class RowLayer(BatchLayer):
         self.sums: list | None = [_sums(layer)] if _summing(layer) else None  # before each row, and after the last
 
     def attend(self, q, k, v, scale, sinks=None) -> torch.Tensor:
-        if self.sums is None and _one_call(self.layer, q, k):
-            return self.layer.attend(q, k, v, scale, sinks)
         if self.sums is None:
             return super().attend(q, k, v, scale, sinks)
         c, outs = self.layer, []
@@ -249,21 +245,6 @@ class RowLayer(BatchLayer):
         """Back to the query sums after the first `rows` rows (the cache trimmed there)."""
         if self.sums:
             self.layer._qstep, self.layer._qn = self.sums[rows]
-
-
-def _one_call(layer, q: torch.Tensor, k: torch.Tensor | None) -> bool:
-    """Whether the layer attends q's rows (H, T, D) in one fused-kernel call that sums each row
-    as its decode step would (kernels/csrc/attention.cpp: a call of few positions, each
-    position's rows on the few-row paths)."""
-    from ..kernels import attention as kernel
-    from ..kv.cache import DenseCache
-    from ..kv.compressed import CompressedCache
-
-    if k is None or q.shape[1] > kernel.MAX_T or q.shape[0] // k.shape[0] >= kernel.FEW_ROWS or kernel.lib() is None:
-        return False
-    if type(layer) is CompressedCache:
-        return layer.fused
-    return type(layer) is DenseCache and kernel.dims_ok(q.shape[2], layer.values.shape[2])
 
 
 def _sums(c) -> tuple:

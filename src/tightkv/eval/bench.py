@@ -85,7 +85,7 @@ class Row:
             "peak_rss": self.peak_rss,
             "gb_s": round(self.gb_s, 2),
             **({"build": self.build} if self.build else {}),
-            **({"seconds": round(self.seconds, 3)} if self.seconds else {}),
+            **({"seconds": round(self.seconds, 6)} if self.seconds else {}),
         }
 
 

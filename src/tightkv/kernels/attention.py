@@ -55,9 +55,6 @@ from . import qmatmul as qm
 from .abi import Kind, Seg
 
 MAX_T = 16  # query positions per call the kernel takes for a dense cache (decode, speculative steps)
-# a call of up to MAX_T positions with fewer query rows per KV head and position than this sums
-# each row as a one-position call would (attention.cpp: STEP_T, PRE_ROWS)
-FEW_ROWS = 8
 CHUNK_TOKENS = 256  # tokens per chunk a thread claims
 BLOCK = 32  # tokens the kernel scores and sums at a time (aligned to each segment's start)
 

@@ -188,7 +188,6 @@ struct Ctx {
   float *part;            // per chunk (rows, Dv + 2): acc, m, l
   const int64_t *row_chunks, *row_first;
   int64_t rt;  // rows per tile
-  bool few;    // score and sum every chunk's rows on the few-row paths (see tk_attn: a call of few positions)
   float *out;  // (Hkv, R, Dv)
   const float *sinks;  // (Hkv R / T) per query head, or null
 };
@@ -1353,7 +1352,7 @@ static void chunk_fn_attn(const void *p, int64_t c) {
     for (int64_t i = 0; i < Dv; i++) o[i] = 0.f;
     o[Dv] = -INFINITY; o[Dv + 1] = 0.f;
   }
-  const bool many = nrows >= PRE_ROWS && !x->few;
+  const bool many = nrows >= PRE_ROWS;
   const bool decoded = many || TK_AVX2 || (is_ab(s.vkind) && Dv % 32);  // value_block decodes a block first
   avec<float> sc(nrows * BT), kT(many ? D * BT : 0), kscl(BT), vt(decoded ? BT * (D > Dv ? D : Dv) : 0),
       pv(many ? nrows * Dv : 0), qt(is_ak(s.kkind) ? nrows * D : 0), kb(nrows), tmp(is_av(s.vkind) ? nrows * W : 0),
@@ -1559,24 +1558,16 @@ extern "C" int tk_attn(const attn::AttnArgs *args) {
   }
   for (int64_t i = 0; i < nseg; i++)
     if (cx.segs[i].body) { cx.any_body = true; cx.kperm |= cx.segs[i].kkind == TQ4; cx.vperm |= cx.segs[i].vkind == TQ4; }
-  const int64_t ROW_TILE = 64, PARALLEL_MACS = 1 << 18, STEP_T = 16;
-  // A call of up to STEP_T positions (decode steps, a speculative verification) sums each row as
-  // the call of its position alone would: its paths are those of one position's rows (pr), and
-  // its token chunks lie on the segment's grid of chunk_tokens. Where those are few (under
-  // PRE_ROWS) each tile holds pr rows, so a verification's rows equal decode steps bit for bit
-  // (the few-row paths sum each row on its own).
-  const int64_t pr = T <= STEP_T ? R / T : R, few = T <= STEP_T && pr < PRE_ROWS;
-  const int64_t rt = few ? pr : R <= ROW_TILE ? R : ROW_TILE;
-  cx.few = few;
+  const int64_t ROW_TILE = 64, PARALLEL_MACS = 1 << 18, rt = R <= ROW_TILE ? R : ROW_TILE;
   // tq4 keys: VNNI in decode and prefill; AVX2 in decode steps (few rows per tile)
-  cx.i8k = (g_int8_mask & 1) && cx.kperm && (TK_I8 ? D % 128 == 0 : TK_AVX2 && D % 64 == 0 && pr < PRE_ROWS);
+  cx.i8k = (g_int8_mask & 1) && cx.kperm && (TK_I8 ? D % 128 == 0 : TK_AVX2 && D % 64 == 0 && rt < PRE_ROWS);
   cx.i8v = TK_I8 && (g_int8_mask & 2) && cx.vperm && Dv % 128 == 0;
   // AVX2 integer paths for 4-bit affine keys and KVarN values: decode steps (few rows per tile)
   bool av4 = false;
   for (int64_t i = 0; i < nseg; i++) av4 |= cx.segs[i].body && cx.segs[i].vkind == AV4;
-  cx.i8ak = TK_AVX2 && (g_int8_mask & 1) && D % 64 == 0 && pr < PRE_ROWS;
+  cx.i8ak = TK_AVX2 && (g_int8_mask & 1) && D % 64 == 0 && rt < PRE_ROWS;
   // values: each pair of rows unpacks the codes again, so beyond 4 rows decoding once wins
-  cx.i8av = TK_AVX2 && (g_int8_mask & 2) && Dv % 64 == 0 && pr <= 4 && av4;
+  cx.i8av = TK_AVX2 && (g_int8_mask & 2) && Dv % 64 == 0 && rt <= 4 && av4;
   const int64_t rows = Hkv * R;
   std::vector<int32_t> ksrc(D), q8src(D), vsrc(Dv);
   // tq4 lanes: per block of w = 32 channels (16 in a tail) the even channels, then the odd
@@ -1610,7 +1601,7 @@ extern "C" int tk_attn(const attn::AttnArgs *args) {
   // chunks: per segment, head and row tile, the tile's visible token range, split in
   // pieces of chunk_tokens while a single tile holds all rows (decode)
   const int64_t ntiles = (R + rt - 1) / rt;
-  const bool split = ntiles == 1 || T <= STEP_T;
+  const bool split = ntiles == 1;
   std::vector<int64_t> chunks, poff;
   std::vector<std::vector<int64_t>> per_tile(Hkv * ntiles);
   int64_t total = 0, work = 0;  // work: token-row pairs scored
@@ -1623,16 +1614,15 @@ extern "C" int tk_attn(const attn::AttnArgs *args) {
         if (hi > lo) { a = lo < a ? lo : a; e = hi > e ? hi : e; }
       }
       if (e <= a) continue;
+      const int64_t step = split ? chunk_tokens : e - a;
       for (int64_t h = 0; h < Hkv; h++)
-        for (int64_t c0 = a, c1; c0 < e; c0 = c1) {
-          c1 = split ? (c0 / chunk_tokens + 1) * chunk_tokens : e;  // split: on the grid of chunk_tokens
-          c1 = c1 < e ? c1 : e;
+        for (int64_t c0 = a; c0 < e; c0 += step) {
           per_tile[h * ntiles + ti].push_back((int64_t)chunks.size() / CH);
-          const int64_t v[CH] = {sgi, h, c0, c1, r0, r1};
+          const int64_t v[CH] = {sgi, h, c0, c0 + step < e ? c0 + step : e, r0, r1};
           chunks.insert(chunks.end(), v, v + CH);
           poff.push_back(total);
           total += (r1 - r0) * (Dv + 2);
-          work += (c1 - c0) * (r1 - r0);
+          work += ((c0 + step < e ? c0 + step : e) - c0) * (r1 - r0);
         }
     }
   const int64_t nch = (int64_t)chunks.size() / CH;
