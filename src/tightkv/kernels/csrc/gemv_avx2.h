@@ -113,16 +113,6 @@ struct Q3_K {
     }
   }
 };
-// Q4_K, Q5_K, Q6_K: their shapes; `rowsk` reads their blocks (KBlock).
-struct Q4_K {
-  enum { QK = 256, TS = 144 };
-};
-struct Q5_K {
-  enum { QK = 256, TS = 176 };
-};
-struct Q6_K {
-  enum { QK = 256, TS = 210 };
-};
 
 
 // Sums of four adjacent u8 x s8 products per int32 lane: one VNNI instruction where the

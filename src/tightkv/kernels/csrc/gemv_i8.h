@@ -50,4 +50,14 @@ static ALWAYS_INLINE void k_scale_bytes(const uint8_t *q, uint32_t u[4]) {
   u[2] = mins03;
   u[0] &= m6;  // scales 0-3
 }
+// Q4_K, Q5_K, Q6_K: their shapes; `rowsk` reads their blocks (KBlock, per instruction set).
+struct Q4_K {
+  enum { QK = 256, TS = 144 };
+};
+struct Q5_K {
+  enum { QK = 256, TS = 176 };
+};
+struct Q6_K {
+  enum { QK = 256, TS = 210 };
+};
 }  // namespace i8

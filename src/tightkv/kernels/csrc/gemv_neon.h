@@ -108,15 +108,6 @@ struct Q3_K {
     }
   }
 };
-struct Q4_K {
-  enum { QK = 256, TS = 144 };
-};
-struct Q5_K {
-  enum { QK = 256, TS = 176 };
-};
-struct Q6_K {
-  enum { QK = 256, TS = 210 };
-};
 
 // 16 signed bytes times 16: each 4's dot in an int32 lane.
 static ALWAYS_INLINE int32x4_t dot16(int8x16_t a, const int8_t *x) { return vdotq_s32(vdupq_n_s32(0), a, vld1q_s8(x)); }
