@@ -331,9 +331,9 @@ class CompressedCache:
 
     def _body_capacity(self, need: int) -> int:
         """Units to allocate for the body when `need` do not fit."""
-        if self.window is not None:  # live units plus what compaction may leave dead
+        if self.window is not None:  # live units, and as many dead ones before `_forget` compacts
             live = -(-(self.window + self.tile) // self.tile) + 1
-            return max(need, live + max(live, 64))
+            return max(need, 2 * live + 2)
         if self.max_tokens is not None and need * self.tile <= self.max_tokens:
             return -(-(self.max_tokens - self.sink) // self.tile)
         return max(need, 64, need * 3 // 2)
@@ -439,6 +439,7 @@ class CompressedCache:
             cap = max(self.step, (idx.numel() + self.step - 1) // self.step * self.step)
             self.exact_k, self.exact_v = _take(self.exact_k, idx, cap), _take(self.exact_v, idx, cap)
             self.nsink, self.pool_start = ns, p0
+            self._kernel_inputs = ((), None)  # let the old stores go now, not at the next attend
 
     # --- attention ----------------------------------------------------------------
     def _attention(
