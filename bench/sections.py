@@ -114,6 +114,13 @@ EXTRA = {
             ["tightkv", "bench", "{qwen}", *LONG_ARGS, "--json", "{json_speed_long_qwen}"],
         ],
     ),
+    "memory": (  # #56: where a 32K run's memory goes, phase by phase, beside llama.cpp's
+        "docs/speed.md",
+        [
+            ["memory_breakdown.py", "gemma3:270m", "-n", "32752", "--kv", "kvarn4,f16", "--llama-kv", "q8_0,f16"]
+            + ["--json", "{json_memory_breakdown}"]
+        ],
+    ),
     "step-overhead": ("docs/speed.md", [["step_overhead.py", "--model", "{qwen}", "--threads", "2"]]),
     "prompt-paths": (
         "docs/speed.md",

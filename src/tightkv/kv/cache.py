@@ -218,9 +218,8 @@ class DenseCache:
     def _append(self, k, v):
         T = k.shape[1]
         need = self.length + T
-        if need > self.keys.shape[1]:  # a global layer grows by half: a long prompt copies it O(log n) times
-            grown = self.keys.shape[1] * 3 // 2 if self.window is None else 0
-            capacity = (max(need, grown) + self.step - 1) // self.step * self.step
+        if need > self.keys.shape[1]:
+            capacity = (need + self.step - 1) // self.step * self.step
             self.keys = _grow(self.keys, capacity)
             self.values = _grow(self.values, capacity)
         self.keys[:, self.length : need] = k
