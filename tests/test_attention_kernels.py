@@ -9,7 +9,7 @@ import torch
 from tightkv.kernels import attention as attn
 from tightkv.kernels import build
 from tightkv.kv import fused
-from tightkv.kv.cache import DenseCache
+from tightkv.kv.cache import DenseCache, causal_window_mask, dense_attention
 from tightkv.kv.compressed import CompressedCache
 from tightkv.kv.spec import parse_kv
 
@@ -72,9 +72,13 @@ def test_dense_fast_equals_reference(kind, hkv, H, d, window, T):
             b = ref.attend(q, k, v, 0.1)
             assert a.shape == b.shape == (H, q.shape[1], d)
             assert _rel(a, b) < 1e-2 if kind != "f32" else _rel(a, b) < 1e-4
+            if i == 0:  # the prompt, against torch's attention over the keys and values as stored
+                pos = torch.arange(q.shape[1])
+                kv = [t.to(fast.dtype) for t in (k, v)]
+                assert _rel(a, dense_attention(q, *kv, causal_window_mask(pos, pos, window), 0.1)) < 1e-5
     finally:
         attn.run = orig
-    assert len(used) == 20  # every decode step took the kernel
+    assert len(used) == 21  # the prompt and every decode step took the kernel
 
 
 SPECS = [

@@ -202,10 +202,9 @@ class DenseCache:
         """Attend q (H, T, D) at the last T positions over the stored history, appending
         nothing: a layer sharing this one's KV (`kv.shared`), after this one's attend."""
         T = q.shape[1]
-        if T <= fused.MAX_T:  # decode: the fused kernel, straight from storage
-            out = fused.dense_attend(self, q, scale, sinks)
-            if out is not None:
-                return out if out.dtype == q.dtype else out.to(q.dtype)
+        out = fused.dense_attend(self, q, scale, sinks)  # the fused kernel, straight from storage
+        if out is not None:
+            return out if out.dtype == q.dtype else out.to(q.dtype)
         # only the keys some query of the chunk can see: what else is held (tokens not yet
         # shifted out of the window) must not change the sums, so a restored cache attends alike
         lo = self.start if self.window is None else max(self.start, self.offset - T - self.window + 1)

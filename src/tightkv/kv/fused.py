@@ -32,10 +32,11 @@ def takes(kcodec, vcodec, tile: int) -> bool:
 
 # --- dense cache ------------------------------------------------------------------
 def dense_attend(cache, q: torch.Tensor, scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor | None:
-    """DenseCache attention for its last T positions (T <= MAX_T) -> (H, T, Dv) float32;
+    """DenseCache attention for its last T positions -> (H, T, Dv) float32, straight from
+    the stores (a prompt chunk too: no float32 copy of the history, no (T, S) mask);
     sinks (H,): a value-less logit per head in each softmax, or None."""
     H, T, D = q.shape
-    if T > MAX_T or not kernel.dims_ok(D, cache.values.shape[2]):
+    if not kernel.dims_ok(D, cache.values.shape[2]):
         return None
     lib = kernel.lib()
     if lib is None:
@@ -45,12 +46,17 @@ def dense_attend(cache, q: torch.Tensor, scale: float, sinks: torch.Tensor | Non
     if held is None or held[0] is not keys or held[1] is not values:
         kind = kernel.DENSE_KINDS[cache.dtype]
         held = cache._packed = (keys, values, kernel.pack([kernel.segment(kind, kind, False, (keys,), (values,))]))
-    ranges = []
     start, win = cache.start, cache.window
-    for t in range(T):
-        p = cache.offset - T + t
-        lo = max(start, p - win + 1) if win is not None else start
-        ranges += [lo - start, min(p + 1, start + cache.length) - start]
+    if T <= MAX_T:  # a decode step: plain ints
+        ranges = []
+        for t in range(T):
+            p = cache.offset - T + t
+            lo = max(start, p - win + 1) if win is not None else start
+            ranges += [lo - start, min(p + 1, start + cache.length) - start]
+    else:
+        p = cache.offset - T + torch.arange(T)
+        lo = (p - win + 1).clamp_min(start) if win is not None else torch.full_like(p, start)
+        ranges = torch.stack([lo - start, (p + 1).clamp_max(start + cache.length) - start], 1).contiguous()
     return kernel.run(lib, q, keys.shape[0], values.shape[2], scale, held[2], ranges, sinks=sinks)
 
 
