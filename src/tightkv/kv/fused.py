@@ -42,21 +42,25 @@ def dense_attend(cache, q: torch.Tensor, scale: float, sinks: torch.Tensor | Non
     if lib is None:
         return None
     keys, values = cache.keys, cache.values
-    held = cache._packed  # the packed segment, kept while the stores stay
-    if held is None or held[0] is not keys or held[1] is not values:
-        kind = kernel.DENSE_KINDS[cache.dtype]
-        held = cache._packed = (keys, values, kernel.pack([kernel.segment(kind, kind, False, (keys,), (values,))]))
+    kind = kernel.DENSE_KINDS[cache.dtype]
     start, win = cache.start, cache.window
-    if T <= MAX_T:  # a decode step: plain ints
-        ranges = []
-        for t in range(T):
-            p = cache.offset - T + t
-            lo = max(start, p - win + 1) if win is not None else start
-            ranges += [lo - start, min(p + 1, start + cache.length) - start]
-    else:
+    if T > MAX_T:  # a prompt chunk: a segment from the first key a row sees, so that what the
+        # store holds below it (not yet shifted out of the window) cannot change the sums
         p = cache.offset - T + torch.arange(T)
         lo = (p - win + 1).clamp_min(start) if win is not None else torch.full_like(p, start)
-        ranges = torch.stack([lo - start, (p + 1).clamp_max(start + cache.length) - start], 1).contiguous()
+        base = int(lo[0]) - start
+        ks, vs = keys[:, base : cache.length], values[:, base : cache.length]
+        seg = kernel.pack([kernel.segment(kind, kind, False, (ks,), (vs,))])
+        ranges = torch.stack([lo, (p + 1).clamp_max(start + cache.length)], 1) - (start + base)
+        return kernel.run(lib, q, keys.shape[0], values.shape[2], scale, seg, ranges.contiguous(), sinks=sinks)
+    held = cache._packed  # the packed segment, kept while the stores stay
+    if held is None or held[0] is not keys or held[1] is not values:
+        held = cache._packed = (keys, values, kernel.pack([kernel.segment(kind, kind, False, (keys,), (values,))]))
+    ranges = []
+    for t in range(T):
+        p = cache.offset - T + t
+        lo = max(start, p - win + 1) if win is not None else start
+        ranges += [lo - start, min(p + 1, start + cache.length) - start]
     return kernel.run(lib, q, keys.shape[0], values.shape[2], scale, held[2], ranges, sinks=sinks)
 
 
