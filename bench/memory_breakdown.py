@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import sys
 from collections import Counter
 
@@ -47,8 +48,6 @@ def reset_peak() -> None:
 
 def split(gguf: str) -> dict[str, int]:
     """Resident bytes by kind of mapping (PARTS)."""
-    import os
-
     real = os.path.realpath(gguf)
     parts: Counter = Counter()
     kind = "anon"
