@@ -93,23 +93,13 @@ def _ours(gguf: str, kv: str, tokens: int, threads: int) -> dict:
 def _llama(gguf: str, kv: str, tokens: int, threads: int) -> dict:
     from tightkv import restore_openmp_env
 
-    restore_openmp_env()  # llama.cpp as its users run it
-    from llama_cpp import Llama
+    restore_openmp_env()  # before libgomp loads, as `open_llama` does
+    import llama_cpp  # noqa: F401  (the imports phase counts it)
 
     out = {"imports": snapshot(gguf)}
-    from tightkv.eval.bench import LLAMA_KV_TYPES, LLAMA_SETTINGS, _Llama
+    from tightkv.eval.bench import _Llama, open_llama
 
-    m = Llama(
-        gguf,
-        n_ctx=tokens + 16,
-        n_threads=threads,
-        n_threads_batch=threads,
-        n_batch=512,
-        type_k=LLAMA_KV_TYPES[kv],
-        type_v=LLAMA_KV_TYPES[kv],
-        verbose=False,
-        **LLAMA_SETTINGS,
-    )
+    m = open_llama(gguf, tokens + 16, kv, threads)
     out["loaded"] = snapshot(gguf)
     return _phases(_Llama(m), gguf, tokens, out, lambda: 0)
 
@@ -177,9 +167,13 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ns = ap.parse_args()
     from tightkv.eval.bench import machine
+    from tightkv.errors import TightKVError
     from tightkv.registry import resolve
 
-    gguf = str(resolve(ns.model))
+    try:
+        gguf = str(resolve(ns.model, pull=False))
+    except TightKVError as err:
+        raise SystemExit(f"error: {err}") from None
     runs = [("tightkv", k) for k in ns.kv.split(",") if k] + [("llama.cpp", k) for k in ns.llama_kv.split(",") if k]
     rows = []
     for engine, kv in runs:

@@ -115,25 +115,9 @@ def ours(path: Path, kv: str, depth: int, n_gen: int, threads: int, reps: int, v
 def llamacpp(
     path: Path, kv: str, depth: int, n_gen: int, threads: int, reps: int, vocab: int = 0, warmup: int = 1
 ) -> dict:
-    from tightkv import restore_openmp_env
+    from tightkv.eval.bench import open_llama, peak_rss
 
-    restore_openmp_env()  # llama.cpp as its users run it (in its own process)
-    from llama_cpp import Llama
-
-    from tightkv.eval.bench import LLAMA_KV_TYPES, peak_rss
-
-    kw = {"flash_attn": True, "swa_full": False}  # as llama-server and llama-cli run
-    m = Llama(
-        str(path),
-        n_ctx=max(depth + n_gen + 8, 520),
-        n_threads=threads,
-        n_threads_batch=threads,
-        n_batch=512,
-        type_k=LLAMA_KV_TYPES[kv],
-        type_v=LLAMA_KV_TYPES[kv],
-        verbose=False,
-        **kw,
-    )
+    m = open_llama(path, max(depth + n_gen + 8, 520), kv, threads)  # in its own process
     context, steps = [1] + tokens(depth - 1, 2, vocab), tokens(n_gen + warmup, 3, vocab)
     if warmup > 1:  # as ours: a throwaway prefill first
         m.eval(tokens(512, 4, vocab))

@@ -331,16 +331,18 @@ def _llama_child(path, kv, tests, reps, threads, gpu_layers, queue):
         queue.put(("error", f"{type(err).__name__}: {err}"))
 
 
-def _llama_measure(path, kv, tests: Tests, reps: int, threads: int, gpu_layers: int = 0):
+def open_llama(path, n_ctx: int, kv: str, threads: int, gpu_layers: int = 0):
+    """llama-cpp-python's `Llama` on a GGUF as every row of ours runs it: a `kv` cache
+    (llama.cpp's type name), 512-token batches, `LLAMA_SETTINGS`, libgomp's own defaults
+    (call in the child process that measures it)."""
     from .. import restore_openmp_env
 
     restore_openmp_env()  # llama.cpp as its users run it
-    import llama_cpp
     from llama_cpp import Llama
 
-    m = Llama(
+    return Llama(
         str(path),
-        n_ctx=tests.tokens() + 8,
+        n_ctx=n_ctx,
         n_threads=threads,
         n_threads_batch=threads,
         n_batch=512,
@@ -350,6 +352,12 @@ def _llama_measure(path, kv, tests: Tests, reps: int, threads: int, gpu_layers: 
         verbose=False,
         **LLAMA_SETTINGS,
     )
+
+
+def _llama_measure(path, kv, tests: Tests, reps: int, threads: int, gpu_layers: int = 0):
+    m = open_llama(path, tests.tokens() + 8, kv, threads, gpu_layers)
+    import llama_cpp
+
     measured = measure(_Llama(m), tests, reps)
     build = llama_build(llama_cpp.llama_print_system_info().decode())
     return measured, peak_rss(), build + (f", {gpu_layers} layers offloaded" if gpu_layers else "")
