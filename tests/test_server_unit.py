@@ -172,3 +172,41 @@ def test_a_job_being_prepared_still_counts_against_the_queue():
         release.set()
         sch.stop()
         loop.close()
+
+
+def test_a_lazy_load_is_seen_only_once_its_listing_knows_the_model(gguf):
+    """A request that waits for a lazy load (the every-model server's first request) must
+    find the model's listing filled in: the web page's document list reads its KV type
+    to say which stored caches open warm (a race that showed in CI as 'stored')."""
+    import asyncio
+
+    from tightkv import Model
+    from tightkv.server.pool import Resident, ensure_loaded
+
+    told, release = threading.Event(), threading.Event()
+    listing = {}
+
+    def ready(model):
+        told.set()
+        release.wait(30)  # the listing is still being filled in
+        listing["kv"] = str(model.kv)
+
+    sch = Scheduler(lambda: Model(gguf, threads=1), parallel=1, max_queue=1, on_ready=ready, lazy=True)
+    sch.start()
+    resident = Resident(None, sch, pinned=False)
+
+    async def wait_for_load():
+        task = asyncio.ensure_future(ensure_loaded(resident, timeout=60))
+        await asyncio.get_running_loop().run_in_executor(None, told.wait, 60)
+        await asyncio.sleep(0.3)
+        assert not task.done() and sch.model is None  # loaded, but not seen before its listing is
+        release.set()
+        await task
+        return listing.get("kv")
+
+    try:
+        assert asyncio.run(wait_for_load()) == "kvarn4"
+        assert sch.model is not None and sch.batch is not None
+    finally:
+        release.set()
+        sch.stop(timeout=10)

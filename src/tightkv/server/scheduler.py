@@ -308,17 +308,18 @@ class Scheduler:
                 task.fail(Unavailable("the server is shutting down"))
 
     def _load_model(self) -> None:
+        """Load the model and its batch; they are seen (`model` set) only once its listing
+        knows it too (`on_ready`), so a request that waited for the load reads them whole."""
         self.loading = True
         try:
-            self.model = self._load()
-            self.batch = Batch.for_model(
-                self.model, self.cache_ram, self.cache_disk, self.cache_disk_tokens, notice=log.warning
-            )
+            model = self._load()
+            batch = Batch.for_model(model, self.cache_ram, self.cache_disk, self.cache_disk_tokens, notice=log.warning)
+            if self._on_ready:
+                self._on_ready(model)
         finally:
             self.loading = False
+        self.model, self.batch = model, batch
         self.last_used = time.monotonic()
-        if self._on_ready:
-            self._on_ready(self.model)
 
     def _reload(self) -> None:
         began = time.perf_counter()
