@@ -286,3 +286,13 @@ def test_bench_rounds_pool_into_one_row_per_test():
     assert merged[0].peak_rss == 7 and merged[0].gb_s == 4.0 and rows[0].tok_s_runs == [10.0]
     info = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 0 | FMA = 1 | LLAMAFILE = 1 | "
     assert llama_build(info) == "SSE3 AVX AVX2 FMA LLAMAFILE"
+
+
+def test_bench_holds_its_longest_test():
+    """The context llama.cpp is opened with holds every test: the prompt into an empty
+    cache too (pp512 after tg32 @ d16 once got a 72-token context and failed)."""
+    from tightkv.eval.bench import Tests
+
+    assert Tests(n_prompt=512, n_gen=32, depths=(16,)).tokens() == 512
+    assert Tests(n_prompt=512, n_gen=32, depths=(16,), pp_depths=(1024,)).tokens() == 1536
+    assert Tests(n_prompt=0, n_gen=32, depths=(16,)).tokens() == 64

@@ -51,7 +51,9 @@ class Tests:
     def tokens(self) -> int:
         """The most tokens any test holds at once."""
         return max(
-            [d + self.n_gen + 1 for d in self.depths] + [d + self.n_prompt for d in self.pp_depths] + [*self.docs, 64]
+            [d + self.n_gen + 1 for d in self.depths]
+            + [d + self.n_prompt for d in (0, *self.pp_depths) if self.n_prompt]
+            + [*self.docs, 64]
         )
 
 
