@@ -23,6 +23,7 @@ from tightkv.kernels import build
 ENTRY_POINTS = [
     "tk_gemv",
     "tk_gemv_parts",
+    "tk_gemv_float",
     "tk_ffn_block",
     "tk_qkv_block",
     "tk_glu",

@@ -131,6 +131,37 @@ def test_kquants_take_activations_in_blocks_of_256(target):
             check_gemv(lib, qtype, rows, k=768)
 
 
+@pytest.mark.parametrize("target", ["native", "avx2", "portable"])
+def test_half_weights_take_the_float_kernel(target):
+    """F16 and BF16 weights (whole F16/BF16 models, Gemma 4's per-layer projection) multiply
+    in tk_gemv_float, widened in registers, not dequantized to a float32 copy per call: 1 to
+    9 rows and rows of 37 to 2,048 columns (a tail past the last 32 and 16) against float64."""
+    if build.library() is None:
+        pytest.skip(build.status())
+    lib = build.load(None if target == "native" else target)
+    g = torch.Generator().manual_seed(5)
+    for qtype, kind in (("F16", 0), ("BF16", 1)):
+        for k in (37, 48, 200, 2048):
+            w = torch.randn(70, k, generator=g).to(qm.FLOAT_TYPES[qtype])
+            for rows in (1, 3, 8, 9):
+                x = torch.randn(rows, k, generator=g)
+                y = torch.empty(rows, 70)
+                assert lib.tk_gemv_float(kind, w.data_ptr(), 2 * k, 70, k, x.data_ptr(), rows, y.data_ptr(), 2) == 0
+                assert rel_err(y, (x.double() @ w.double().T).float()) < 1e-6
+    assert lib.tk_gemv_float(0, w.data_ptr(), k, 70, k, x.data_ptr(), 1, y.data_ptr(), 1) == 1  # rows too short
+
+
+def test_half_weights_decode_through_the_kernel(monkeypatch):
+    """A decode row of an F16 or BF16 QuantLinear is one tk_gemv_float call (no tiles)."""
+    if build.library() is None:
+        pytest.skip(build.status())
+    for qtype in ("F16", "BF16"):
+        lin = make_linear(qtype)
+        x = torch.randn(1, IN)
+        monkeypatch.setattr(lin, "_ref_tile", None)  # the tiles' dequantizer: a call would fail
+        assert rel_err(lin(x), x @ lin.raw.float().T) < 1e-6
+
+
 def test_kernel_is_available_here():
     build.library()
     assert build.status().startswith("loaded")

@@ -214,6 +214,7 @@ FUNCTIONS = {
     # weights (csrc/qmatmul.cpp)
     "tk_gemv": (_i32, [_i32, _p, _i64, _i64, _i64, _p, _i64, _p, _i32]),
     "tk_gemv_parts": (_i32, [_i32, _p, _p, _p, _p, _i64, _p, _i64, _p, _i32]),
+    "tk_gemv_float": (_i32, [_i32, _p, _i64, _i64, _i64, _p, _i64, _p, _i32]),
     "tk_gemv_each": (_i32, [_i32, _p, _p, _p, _i64, _i64, _p, _p, _i32]),
     "tk_moe_row": (
         _i32,

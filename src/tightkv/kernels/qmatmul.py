@@ -181,6 +181,8 @@ class QuantLinear(torch.nn.Module):
             if raw.dtype == torch.uint8:
                 raw = raw.reshape(out_features, self.row_bytes).view(FLOAT_TYPES[qtype])
             raw = raw.reshape(out_features, in_features)  # (out, in) float
+            if raw.stride(1) != 1:
+                raw = raw.contiguous()
         else:
             if raw.dtype != torch.uint8:
                 raise ValueError(f"{qtype} weight must be uint8 block bytes, not {raw.dtype}")
@@ -189,6 +191,7 @@ class QuantLinear(torch.nn.Module):
                 raw = raw.contiguous()
         self.register_buffer("raw", raw, persistent=False)
         self._tid = TYPE_IDS.get(qtype, -1)  # kernel type id; -1 for float types
+        self._half = {"F16": 0, "BF16": 1}.get(qtype)  # tk_gemv_float's weights (decode rows)
         self._nbytes = raw.numel() * raw.element_size()
         # the block kernel's view of `raw` (never moved: the module stays on the CPU)
         self._ptr, self._ld = raw.data_ptr(), raw.stride(0) * raw.element_size()
@@ -226,7 +229,7 @@ class QuantLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x float32 (..., in_features) -> float32 (..., out_features)."""
         k, n = self.in_features, self.out_features
-        lib = build.library() if self._tid >= 0 and _BACKEND == "fast" else None
+        lib = build.library() if (self._tid >= 0 or self._half is not None) and _BACKEND == "fast" else None
         if (
             lib is not None and x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.float32 and x.is_contiguous()
         ):  # decode: one row, straight to the kernel
@@ -239,6 +242,12 @@ class QuantLinear(torch.nn.Module):
         m = x2.shape[0]
         if self.qtype == "F32":
             y = F.linear(x2, self.raw)
+        elif self._half is not None:  # F16, BF16: the kernel for a few rows, else float32 tiles
+            y = (
+                self._gemv(lib, x2, m)
+                if lib is not None and m <= gemv_max_rows(lib)
+                else self._tiled(x2, self._ref_tile)
+            )
         elif lib is not None:
             if takes_kernel(lib, (self.qtype,), m):
                 y = self._gemv(lib, x2, m)
@@ -277,7 +286,13 @@ class QuantLinear(torch.nn.Module):
         """The block-dot kernel: x2 (M, in) contiguous float32 -> (M, out)."""
         n, k = self.out_features, self.in_features
         y = torch.empty(m, n)  # (M, out)
-        if lib.tk_gemv(self._tid, self._ptr, self._ld, n, k, x2.data_ptr(), m, y.data_ptr(), self._threads(m)):
+        if self._half is not None:
+            failed = lib.tk_gemv_float(
+                self._half, self._ptr, self._ld, n, k, x2.data_ptr(), m, y.data_ptr(), self._threads(m)
+            )
+        else:
+            failed = lib.tk_gemv(self._tid, self._ptr, self._ld, n, k, x2.data_ptr(), m, y.data_ptr(), self._threads(m))
+        if failed:
             raise self._error(k)
         return y
 

@@ -381,6 +381,86 @@ extern "C" int tk_dequant(int type, const uint8_t *w, int64_t ldw, int64_t N, in
   return group(type, w, ldw, N, K, out, nth);
 }
 
+// --- float weights (F16, BF16) -------------------------------------------------------------
+// y (M, N) = x (M, K) times W (N, K) stored as IEEE half or bfloat16 (what GGUF's F16 and BF16
+// tensors hold): each weight widened to float32 and multiplied with the float32 activations
+// (llama.cpp rounds the activations to the weight's type first; we keep them exact, as the
+// prompt's dequantized tiles do). Rows of W in chunks over the pool, MB activation rows a pass.
+struct FloatCtx {
+  const uint8_t *w;
+  int64_t ldw, N, K, rows, M;
+  const float *x;
+  float *y;
+};
+
+template <bool BF, int MR>
+static void float_rows(const FloatCtx *g, int64_t r0, int64_t r1, const float *x, float *y) {
+  const int64_t K = g->K;
+  for (int64_t r = r0; r < r1; r++) {
+    const uint16_t *w = (const uint16_t *)(g->w + r * g->ldw);
+    V acc[MR][2];
+    for (int m = 0; m < MR; m++) acc[m][0] = acc[m][1] = vzero();
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+      const V w0 = BF ? ld_bf16(w + k) : ld_f16(w + k), w1 = BF ? ld_bf16(w + k + 16) : ld_f16(w + k + 16);
+      for (int m = 0; m < MR; m++) {
+        acc[m][0] = vfma(w0, vld(x + m * K + k), acc[m][0]);
+        acc[m][1] = vfma(w1, vld(x + m * K + k + 16), acc[m][1]);
+      }
+    }
+    if (k + 16 <= K) {
+      const V w0 = BF ? ld_bf16(w + k) : ld_f16(w + k);
+      for (int m = 0; m < MR; m++) acc[m][0] = vfma(w0, vld(x + m * K + k), acc[m][0]);
+      k += 16;
+    }
+    for (int m = 0; m < MR; m++) {
+      float s = vsum(vadd(acc[m][0], acc[m][1]));
+      for (int64_t j = k; j < K; j++) {
+        float wj;
+        if (BF) {
+          const uint32_t u = (uint32_t)w[j] << 16;
+          memcpy(&wj, &u, 4);
+        } else {
+          wj = h2f((const uint8_t *)(w + j));
+        }
+        s += wj * x[m * K + j];
+      }
+      y[m * g->N + r] = s;
+    }
+  }
+}
+
+template <bool BF>
+static void float_chunk(const void *p, int64_t c) {
+  const FloatCtx *g = (const FloatCtx *)p;
+  const int64_t r0 = c * g->rows, r1 = r0 + g->rows < g->N ? r0 + g->rows : g->N;
+  for (int64_t m0 = 0; m0 < g->M; m0 += MB) {
+    const float *x = g->x + m0 * g->K;
+    float *y = g->y + m0 * g->N;
+    switch (g->M - m0 < MB ? g->M - m0 : MB) {
+      case 1: float_rows<BF, 1>(g, r0, r1, x, y); break;
+      case 2: float_rows<BF, 2>(g, r0, r1, x, y); break;
+      case 3: float_rows<BF, 3>(g, r0, r1, x, y); break;
+      case 4: float_rows<BF, 4>(g, r0, r1, x, y); break;
+      case 5: float_rows<BF, 5>(g, r0, r1, x, y); break;
+      case 6: float_rows<BF, 6>(g, r0, r1, x, y); break;
+      case 7: float_rows<BF, 7>(g, r0, r1, x, y); break;
+      default: float_rows<BF, 8>(g, r0, r1, x, y); break;
+    }
+  }
+}
+
+// bf16: 0 for F16 weights, 1 for BF16. 0 on success, 1 a bad shape.
+extern "C" int tk_gemv_float(int bf16, const uint8_t *w, int64_t ldw, int64_t N, int64_t K, const float *x, int64_t M,
+                             float *y, int nth) {
+  if (N < 1 || K < 1 || M < 0 || ldw < 2 * K) return 1;
+  if (M == 0) return 0;
+  const int64_t rows = chunk_rows(N, ldw, nth);
+  FloatCtx g = {w, ldw, N, K, rows, M, x, y};
+  run_chunks(bf16 ? float_chunk<true> : float_chunk<false>, &g, (N + rows - 1) / rows, nth);
+  return 0;
+}
+
 // --- sublayers in one call (decode rows) --------------------------------------------------
 // The same kernels as the calls one by one, in the same order, so the same numbers: a decode
 // step makes two calls a layer instead of a dozen, with no Python between them.

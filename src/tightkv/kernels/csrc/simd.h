@@ -1,4 +1,5 @@
-// 16-lane float (V) and int32 (VI) vectors for the block kernels, per instruction set.
+// 16-lane float (V) and int32 (VI) vectors for the block kernels, per instruction set; ld_f16
+// and ld_bf16 widen 16 half or bfloat16 weights to a V.
 #pragma once
 #include "common.h"
 
@@ -24,6 +25,10 @@ static inline VI isub(VI a, int c) { return _mm512_sub_epi32(a, _mm512_set1_epi3
 static inline VI isrl(VI a, int c) { return _mm512_srli_epi32(a, c); }
 static inline VI isll(VI a, int c) { return _mm512_slli_epi32(a, c); }
 static inline VI ibit16(uint32_t h) { return _mm512_maskz_mov_epi32((__mmask16)(h & 0xFFFF), _mm512_set1_epi32(16)); }
+static inline V ld_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline V ld_bf16(const uint16_t *p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 struct V { __m256 a, b; };
 struct VI { __m256i a, b; };
@@ -64,6 +69,20 @@ static inline VI ibit16(uint32_t h) {
   __m256i a = _mm256_cmpeq_epi32(_mm256_and_si256(hv, ma), ma), b = _mm256_cmpeq_epi32(_mm256_and_si256(hv, mb), mb);
   return {_mm256_and_si256(a, sixteen), _mm256_and_si256(b, sixteen)};
 }
+static inline V ld_f16(const uint16_t *p) {
+#if defined(__F16C__)
+  return {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
+#else
+  alignas(32) float f[16];
+  for (int i = 0; i < 16; i++) f[i] = h2f((const uint8_t *)(p + i));
+  return vld(f);
+#endif
+}
+static inline V ld_bf16(const uint16_t *p) {
+  __m256i a = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+  __m256i b = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 8)));
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16))};
+}
 #else  // portable: GCC/clang vector extensions, lowered to whatever SIMD the target has
 typedef float V __attribute__((vector_size(64)));
 typedef int32_t VI __attribute__((vector_size(64)));
@@ -90,6 +109,19 @@ static inline VI isll(VI a, int c) { return a << c; }
 static inline VI ibit16(uint32_t h) {
   const VI lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   return (((VI{} + (int32_t)(h & 0xFFFF)) >> lane) & 1) << 4;
+}
+static inline V ld_f16(const uint16_t *p) {
+  V r;
+  for (int i = 0; i < 16; i++) r[i] = h2f((const uint8_t *)(p + i));
+  return r;
+}
+static inline V ld_bf16(const uint16_t *p) {
+  V r;
+  for (int i = 0; i < 16; i++) {
+    const uint32_t u = (uint32_t)p[i] << 16;
+    memcpy((float *)&r + i, &u, 4);
+  }
+  return r;
 }
 #endif
 
