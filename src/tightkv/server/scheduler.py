@@ -316,9 +316,9 @@ class Scheduler:
             batch = Batch.for_model(model, self.cache_ram, self.cache_disk, self.cache_disk_tokens, notice=log.warning)
             if self._on_ready:
                 self._on_ready(model)
+            self.model, self.batch = model, batch
         finally:
             self.loading = False
-        self.model, self.batch = model, batch
         self.last_used = time.monotonic()
 
     def _reload(self) -> None:
