@@ -88,11 +88,7 @@ class SPMTokenizer(Tokenizer):
             self._byte_ids.append(i)
 
         # character pairs that occur inside some vocab entry; no merge crosses any other pair
-        pairs = set()
-        for t in self.texts:
-            for k in range(len(t) - 1):
-                pairs.add(t[k : k + 2])
-        self._pairs = frozenset(pairs)
+        self._pairs = frozenset({t[k : k + 2] for t in self.texts for k in range(len(t) - 1)})
         self._cache: dict[str, list[int]] = {}
         self._pieces: dict[int, bytes] = {}
 
