@@ -44,6 +44,7 @@ typedef _Float16 half_t;
 #define UNROLL _Pragma("GCC unroll 8")
 #define ALWAYS_INLINE_LAMBDA __attribute__((always_inline))
 static inline float h2f(const uint8_t *p) { half_t h; memcpy(&h, p, 2); return (float)h; }
+static inline float bf2f(uint16_t b) { const uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 
 // v (D) := v H per block of hb channels (H the unnormalized Hadamard matrix, hb a power of

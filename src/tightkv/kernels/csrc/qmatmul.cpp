@@ -415,16 +415,7 @@ static void float_rows(const FloatCtx *g, int64_t r0, int64_t r1, const float *x
     }
     for (int m = 0; m < MR; m++) {
       float s = vsum(vadd(acc[m][0], acc[m][1]));
-      for (int64_t j = k; j < K; j++) {
-        float wj;
-        if (BF) {
-          const uint32_t u = (uint32_t)w[j] << 16;
-          memcpy(&wj, &u, 4);
-        } else {
-          wj = h2f((const uint8_t *)(w + j));
-        }
-        s += wj * x[m * K + j];
-      }
+      for (int64_t j = k; j < K; j++) s += (BF ? bf2f(w[j]) : h2f((const uint8_t *)(w + j))) * x[m * K + j];
       y[m * g->N + r] = s;
     }
   }

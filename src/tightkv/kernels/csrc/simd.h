@@ -117,10 +117,7 @@ static inline V ld_f16(const uint16_t *p) {
 }
 static inline V ld_bf16(const uint16_t *p) {
   V r;
-  for (int i = 0; i < 16; i++) {
-    const uint32_t u = (uint32_t)p[i] << 16;
-    memcpy((float *)&r + i, &u, 4);
-  }
+  for (int i = 0; i < 16; i++) r[i] = bf2f(p[i]);
   return r;
 }
 #endif
