@@ -95,6 +95,68 @@ def test_chunked_prefill_equals_decode(spec, window):
     assert (one - run([1] * N)).abs().max() < 2e-2
 
 
+STEP_CASES = [
+    # spec, kv heads, query heads, dim, sliding window
+    ("f16", 1, 4, 256, None),
+    ("f16", 2, 14, 64, 300),
+    ("kvarn4", 1, 4, 256, None),  # the default cache at Gemma 3's shape
+    ("kvarn4", 2, 14, 64, None),  # a group of 7 (Qwen2.5-0.5B)
+    ("kvarn4", 1, 4, 256, 512),  # a sliding layer: each row's window starts elsewhere
+    ("q8_0", 1, 8, 128, None),  # a group of 8 (gpt-oss): a decode step takes the matmul path
+    ("tq4", 2, 4, 128, None),  # the int8 tq4 paths
+    ("tq3", 1, 4, 64, None),
+    ("kivi2", 2, 4, 64, None),
+    ("q8_0:kvarn2", 1, 2, 64, None),
+]
+
+
+def run_as_steps(spec, hkv, H, d, window) -> None:
+    """A few new positions attended in one call equal, bit for bit, the same positions
+    attended one decode step at a time (on two caches filled alike)."""
+    from tightkv.engine.speculative import room
+
+    def filled():
+        g = torch.Generator().manual_seed(3)
+        cache = parse_kv(spec).make_cache(0, 1, hkv, d, d, window)
+        for T in (512, 300):
+            cache.attend(*random_step(T, H, hkv, d, d, g, 1.0), 0.1)
+        for _ in range(300):  # short of an encode or a window's drop
+            if room([cache]) >= 9:
+                return cache, g
+            cache.attend(*random_step(1, H, hkv, d, d, g, 1.0), 0.1)
+        raise AssertionError("no room for 9 rows")
+
+    (one, g1), (steps, g2) = filled(), filled()
+    q, k, v = random_step(9, H, hkv, d, d, g1, 1.0)
+    assert one.steps_exact(9) and getattr(one, "kscale", 0) is not None
+    out = one.attend(q, k, v, 0.1)
+    each = [steps.attend(q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], 0.1) for t in range(9)]
+    assert torch.equal(out, torch.cat(each, 1))
+
+
+@pytest.mark.parametrize("spec,hkv,H,d,window", STEP_CASES)
+def test_a_few_rows_in_one_call_are_their_decode_steps(spec, hkv, H, d, window):
+    """What makes a speculative verification exact without attending row by row: the kernel
+    computes each of a few positions as its own decode step would (`engine/speculative.py`)."""
+    run_as_steps(spec, hkv, H, d, window)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["avx2", "portable"])
+def test_a_few_rows_in_one_call_are_their_decode_steps_other_builds(target, monkeypatch):
+    """The same on the AVX2 build (its integer decode paths) and the portable one."""
+    import platform
+
+    from tightkv.kernels import build
+
+    if platform.machine() not in ("x86_64", "AMD64") or build.library() is None:
+        pytest.skip("needs an x86-64 machine with a C++ compiler")
+    lib = build.load(target)
+    monkeypatch.setattr(build, "library", lambda: lib)
+    for case in STEP_CASES:
+        run_as_steps(*case)
+
+
 def test_prefill_attends_to_compressed_keys():
     """A long prefill is not an exact-attention run in disguise."""
     g = torch.Generator().manual_seed(2)

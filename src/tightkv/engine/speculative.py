@@ -233,6 +233,8 @@ class RowLayer(BatchLayer):
         self.sums: list | None = [_sums(layer)] if _summing(layer) else None  # before each row, and after the last
 
     def attend(self, q, k, v, scale, sinks=None) -> torch.Tensor:
+        if self.sums is None and _steps_exact(self.layer, q.shape[1]):  # one kernel call, each row its step's
+            return self.layer.attend(q, k, v, scale, sinks)
         if self.sums is None:
             return super().attend(q, k, v, scale, sinks)
         c, outs = self.layer, []
@@ -245,6 +247,12 @@ class RowLayer(BatchLayer):
         """Back to the query sums after the first `rows` rows (the cache trimmed there)."""
         if self.sums:
             self.layer._qstep, self.layer._qn = self.sums[rows]
+
+
+def _steps_exact(layer, rows: int) -> bool:
+    """Whether the layer attends `rows` rows in one call as that many decode steps would."""
+    exact = getattr(layer, "steps_exact", None)
+    return exact is not None and exact(rows)
 
 
 def _sums(c) -> tuple:

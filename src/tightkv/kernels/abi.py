@@ -131,7 +131,8 @@ class AttnArgs(ctypes.Structure):
     R = (H / Hkv) * T rows per KV head; each side's body rotation (signs, Hadamard block),
     channel scale and centre (null: none); `nseg` segments and their ranges (nseg, T, 2);
     codebooks (16 floats, null: none); the output (Hkv, R, Dv); a sink logit per query head
-    (null: none)."""
+    (null: none); steps (non-zero: each query position computed as a decode step of it alone
+    computes it, bit for bit)."""
 
     _fields_ = [
         ("q", _p),
@@ -156,6 +157,7 @@ class AttnArgs(ctypes.Structure):
         ("chunk_tokens", _i64),
         ("out", _p),
         ("sinks", _p),
+        ("steps", _i64),
         ("scale", _f32),
         ("nth", ctypes.c_int32),
     ]

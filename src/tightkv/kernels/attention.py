@@ -54,7 +54,7 @@ from . import abi, build
 from . import qmatmul as qm
 from .abi import Kind, Seg
 
-MAX_T = 16  # query positions per call the kernel takes for a dense cache (decode, speculative steps)
+MAX_T = 32  # query positions a call computes as decode steps (a dense cache's calls beyond: prompt chunks)
 CHUNK_TOKENS = 256  # tokens per chunk a thread claims
 BLOCK = 32  # tokens the kernel scores and sums at a time (aligned to each segment's start)
 
@@ -180,6 +180,7 @@ def run(
         chunk_tokens=CHUNK_TOKENS,
         out=out.data_ptr(),
         sinks=_ptr(sinks),
+        steps=int(T <= MAX_T),
         scale=scale,
         nth=build.threads(),
     )

@@ -198,6 +198,10 @@ class DenseCache:
             self._drop_outside_window()
         return out
 
+    def steps_exact(self, T: int) -> bool:
+        """Whether attending T new positions at once gives each what T decode steps give."""
+        return fused.steps_exact(T, self.keys.shape[2], self.values.shape[2])
+
     def attend_last(self, q, scale, sinks=None):
         """Attend q (H, T, D) at the last T positions over the stored history, appending
         nothing: a layer sharing this one's KV (`kv.shared`), after this one's attend."""

@@ -128,6 +128,10 @@ class CompressedCache:
             self._forget()
         return out
 
+    def steps_exact(self, T: int) -> bool:
+        """Whether attending T new positions at once gives each what T decode steps give."""
+        return fused.steps_exact(T, self.dk, self.dv, self.fused)
+
     def attend_last(self, q: torch.Tensor, scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """Attend q (H, T, D) at the last T positions over the stored history, appending
         nothing: a layer sharing this one's KV (`kv.shared`), after this one's attend."""

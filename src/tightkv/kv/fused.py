@@ -30,6 +30,13 @@ def takes(kcodec, vcodec, tile: int) -> bool:
     )
 
 
+def steps_exact(T: int, d: int, dv: int, fused: bool = True) -> bool:
+    """Whether one call for T positions over a cache of head dims d, dv computes each position
+    bit for bit as its own decode step would (the kernel's steps calls: a speculative
+    verification in one call); `fused`: whether the cache's formats take the kernel."""
+    return fused and T <= MAX_T and kernel.dims_ok(d, dv) and kernel.lib() is not None
+
+
 # --- dense cache ------------------------------------------------------------------
 def dense_attend(cache, q: torch.Tensor, scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor | None:
     """DenseCache attention for its last T positions -> (H, T, Dv) float32, straight from

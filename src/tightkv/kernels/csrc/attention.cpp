@@ -138,7 +138,9 @@ static_assert(sizeof(Seg) == 32 * 8, "segment descriptor");
 // (null: none); nseg segments and each query position's range in each, ranges (nseg, T, 2);
 // the codebooks of codebook kinds (16 floats; null: none); tokens per chunk a thread claims
 // in a decode step; the output (Hkv, R, Dv); per query head a sink logit that enters each
-// row's softmax as one more score with no value (gpt-oss; null: none); threads. kernels/abi.py mirrors this struct,
+// row's softmax as one more score with no value (gpt-oss; null: none); steps (non-zero: each
+// query position computed bit for bit as a decode step of that position alone computes it:
+// a speculative verification; see tk_attn); threads. kernels/abi.py mirrors this struct,
 // as it does Seg and enum Kind (tests/test_kernel_abi.py checks that they agree).
 struct AttnArgs {
   const float *q;
@@ -155,10 +157,11 @@ struct AttnArgs {
   int64_t chunk_tokens;
   float *out;
   const float *sinks;
+  int64_t steps;
   float scale;
   int32_t nth;
 };
-static_assert(sizeof(AttnArgs) == 23 * 8, "tk_attn's arguments");
+static_assert(sizeof(AttnArgs) == 24 * 8, "tk_attn's arguments");
 
 struct Ctx {
   int64_t Hkv, R, T, D, Dv;
@@ -188,6 +191,7 @@ struct Ctx {
   float *part;            // per chunk (rows, Dv + 2): acc, m, l
   const int64_t *row_chunks, *row_first;
   int64_t rt;  // rows per tile
+  int64_t prow;  // rows per query position in a steps call (the path's choices follow them), else 0
   float *out;  // (Hkv, R, Dv)
   const float *sinks;  // (Hkv R / T) per query head, or null
 };
@@ -1019,7 +1023,9 @@ struct Work {
   float *sc;              // (nrows, BT): scores, then softmax weights
   const int64_t *lo, *hi;  // each row's visible tokens within the chunk
   const char *alive;
+  bool many;                   // many rows (prefill): a block's keys and values decoded once, scored by matmul
   float *kT, *kscl, *vt, *pv;  // many rows: a key block transposed and its scales, a value block, the rows' sums
+  float *lanes;                // AVX2 few rows: (rows, 8 keys, 8 lanes) dots
   const uint8_t *k[4], *v[4];  // this head's fields
   float *qt, *kb;   // affine keys: the queries times the group's channel scales A, their dots with its B
   int64_t kgroup;   // the group qt holds (-1: none yet)
@@ -1070,7 +1076,7 @@ static void score_few(Work &w, int64_t j0, int64_t n, const float *q, const floa
   const float *bias = w.bias;
   const int64_t *lo = w.lo, *hi = w.hi;
   float *sc = w.sc;
-  alignas(32) float lanes[PRE_ROWS * 64];  // (rows, 8 keys, 8 lanes)
+  float *lanes = w.lanes;  // (rows, 8 keys, 8 lanes)
   for (int64_t g = 0; g < n; g += 8) {
     const int ng = n - g < 8 ? (int)(n - g) : 8;
     alignas(32) float ks[8] = {};
@@ -1163,7 +1169,7 @@ static void score_block(Work &w, int64_t j0, int64_t n) {
     return;
   }
 #endif
-  if (nrows >= PRE_ROWS) {  // many rows (prefill): the block's keys decoded, transposed, one matmul
+  if (w.many) {  // many rows (prefill): the block's keys decoded, transposed, one matmul
     float *vt = w.vt, *kT = w.kT, *kscl = w.kscl;
     for (int64_t j = 0; j < BT; j++) {
       const uint8_t *k0 = kb0 + (j0 + j) * s.kt0, *k1 = kb1 ? kb1 + (j0 + j) * s.kt1 : nullptr;
@@ -1254,7 +1260,7 @@ static void value_block(Work &w, int64_t j0, int64_t n) {
     return;
   }
 #endif
-  if (nrows >= PRE_ROWS) {  // many rows (prefill): the block's values decoded once, one matmul
+  if (w.many) {  // many rows (prefill): the block's values decoded once, one matmul
     float *vt = w.vt, *pv = w.pv;
     for (int64_t j = 0; j < BT; j++) {
       if (j < n)
@@ -1352,11 +1358,11 @@ static void chunk_fn_attn(const void *p, int64_t c) {
     for (int64_t i = 0; i < Dv; i++) o[i] = 0.f;
     o[Dv] = -INFINITY; o[Dv + 1] = 0.f;
   }
-  const bool many = nrows >= PRE_ROWS;
+  const bool many = (x->prow ? x->prow : nrows) >= PRE_ROWS;
   const bool decoded = many || TK_AVX2 || (is_ab(s.vkind) && Dv % 32);  // value_block decodes a block first
   avec<float> sc(nrows * BT), kT(many ? D * BT : 0), kscl(BT), vt(decoded ? BT * (D > Dv ? D : Dv) : 0),
       pv(many ? nrows * Dv : 0), qt(is_ak(s.kkind) ? nrows * D : 0), kb(nrows), tmp(is_av(s.vkind) ? nrows * W : 0),
-      z(nrows);
+      z(nrows), lanes(TK_AVX2 && !many ? nrows * 64 : 0);
   std::vector<int64_t> lo(nrows), hi(nrows);
   std::vector<char> alive(nrows + 4, 0);
   const int64_t *rg = x->ranges + ch[0] * T * 2;
@@ -1366,7 +1372,7 @@ static void chunk_fn_attn(const void *p, int64_t c) {
     hi[r] = rg[2 * t + 1] < e ? rg[2 * t + 1] : e;
   }
   w.sc = sc.data(); w.kT = kT.data(); w.kscl = kscl.data(); w.vt = vt.data(); w.pv = pv.data();
-  w.qt = qt.data(); w.kb = kb.data(); w.tmp = tmp.data(); w.z = z.data();
+  w.qt = qt.data(); w.kb = kb.data(); w.tmp = tmp.data(); w.z = z.data(); w.many = many; w.lanes = lanes.data();
   const bool i8ak = x->i8ak && s.kkind == AK4 && !many && s.kd2 >= 128;  // not per 32 tokens (KIVI): too few to pay
   avec<int8_t> q8(i8ak ? nrows * D : 0);
   avec<float> q8s(i8ak ? nrows * (D / 64) : 0);
@@ -1558,16 +1564,24 @@ extern "C" int tk_attn(const attn::AttnArgs *args) {
   }
   for (int64_t i = 0; i < nseg; i++)
     if (cx.segs[i].body) { cx.any_body = true; cx.kperm |= cx.segs[i].kkind == TQ4; cx.vperm |= cx.segs[i].vkind == TQ4; }
-  const int64_t ROW_TILE = 64, PARALLEL_MACS = 1 << 18, rt = R <= ROW_TILE ? R : ROW_TILE;
+  // A steps call (a speculative verification) computes each query position as a decode step
+  // of it alone would: all rows in one tile, split in chunks of tokens as a decode step is
+  // (chunks aligned to multiples of chunk_tokens, so that positions whose windows start
+  // apart still share their bounds), and every path chosen for the rows of one position
+  // (prow), not for the rows of the call. Each row's sums then run the same operations in
+  // the same order (a row's arithmetic never depends on the rows beside it).
+  const int64_t ROW_TILE = 64, PARALLEL_MACS = 1 << 18;
+  const int64_t rt = args->steps || R <= ROW_TILE ? R : ROW_TILE, prow = args->steps ? R / T : rt;
+  cx.prow = args->steps ? prow : 0;
   // tq4 keys: VNNI in decode and prefill; AVX2 in decode steps (few rows per tile)
-  cx.i8k = (g_int8_mask & 1) && cx.kperm && (TK_I8 ? D % 128 == 0 : TK_AVX2 && D % 64 == 0 && rt < PRE_ROWS);
+  cx.i8k = (g_int8_mask & 1) && cx.kperm && (TK_I8 ? D % 128 == 0 : TK_AVX2 && D % 64 == 0 && prow < PRE_ROWS);
   cx.i8v = TK_I8 && (g_int8_mask & 2) && cx.vperm && Dv % 128 == 0;
   // AVX2 integer paths for 4-bit affine keys and KVarN values: decode steps (few rows per tile)
   bool av4 = false;
   for (int64_t i = 0; i < nseg; i++) av4 |= cx.segs[i].body && cx.segs[i].vkind == AV4;
-  cx.i8ak = TK_AVX2 && (g_int8_mask & 1) && D % 64 == 0 && rt < PRE_ROWS;
+  cx.i8ak = TK_AVX2 && (g_int8_mask & 1) && D % 64 == 0 && prow < PRE_ROWS;
   // values: each pair of rows unpacks the codes again, so beyond 4 rows decoding once wins
-  cx.i8av = TK_AVX2 && (g_int8_mask & 2) && Dv % 64 == 0 && rt <= 4 && av4;
+  cx.i8av = TK_AVX2 && (g_int8_mask & 2) && Dv % 64 == 0 && prow <= 4 && av4;
   const int64_t rows = Hkv * R;
   std::vector<int32_t> ksrc(D), q8src(D), vsrc(Dv);
   // tq4 lanes: per block of w = 32 channels (16 in a tail) the even channels, then the odd
@@ -1614,9 +1628,9 @@ extern "C" int tk_attn(const attn::AttnArgs *args) {
         if (hi > lo) { a = lo < a ? lo : a; e = hi > e ? hi : e; }
       }
       if (e <= a) continue;
-      const int64_t step = split ? chunk_tokens : e - a;
+      const int64_t step = split ? chunk_tokens : e - a, first = split ? a - a % step : a;
       for (int64_t h = 0; h < Hkv; h++)
-        for (int64_t c0 = a; c0 < e; c0 += step) {
+        for (int64_t c0 = first; c0 < e; c0 += step) {
           per_tile[h * ntiles + ti].push_back((int64_t)chunks.size() / CH);
           const int64_t v[CH] = {sgi, h, c0, c0 + step < e ? c0 + step : e, r0, r1};
           chunks.insert(chunks.end(), v, v + CH);
