@@ -13,7 +13,7 @@ import torch
 
 from tightkv import Model
 from tightkv.engine.generate import decode_step, prefill
-from tightkv.engine.speculative import NgramDrafter, room, verify
+from tightkv.engine.speculative import NgramDrafter, Speculator, room, verify
 from tightkv.errors import TightKVError
 from tightkv.kv.cache import trim_to
 
@@ -118,7 +118,7 @@ def test_model_draft_low_bit_copy(embedded, ftype="Q2_0"):
     found = sorted(REQUANTIZED.glob(f"gemma3-270m-*-{ftype}.gguf"))
     if not found:
         pytest.skip(f"no {ftype} copy of the embedded model under {REQUANTIZED}")
-    stats = same_with_and_without(embedded, embedded.chat_ids(COPY), "f16", 30, model_draft=str(found[0]))
+    stats = same_with_and_without(embedded, embedded.chat_ids(COPY), "f16", 60, model_draft=str(found[0]))
     assert stats.draft_n > 0
 
 
@@ -210,6 +210,26 @@ def test_ngram_drafter_longest_latest_match():
     assert d.propose([1, 2, 3, 9, 1, 2, 3, 7, 5, 2, 3, 9, 1], 2) == [2, 3]  # 4-gram [3, 9, 1] beats the rest
     assert d.propose([4, 5, 6], 4) == []
     assert NgramDrafter().propose([5, 1, 2, 3, 1, 2, 3], 5) == [1, 2, 3, 1, 2]  # a loop goes on past the end
+
+
+def test_draft_length_pays_for_its_rows():
+    """The draft length follows the acceptance and the timed cost of a verified row: long where
+    drafts are taken and rows are cheap, short where rows cost, none (then a pause and a probe)
+    where drafts are refused."""
+    s = Speculator(NgramDrafter(), draft_max=16)
+    s.timed(1, 0.010)  # a decode step: 10 ms
+    for _ in range(10):
+        s.timed(9, 0.018)  # 8 more rows: 1 ms each
+        s.taken(8, 8)
+    assert s.row_cost == pytest.approx(0.1, abs=0.02) and s.length() == 16
+    for _ in range(10):
+        s.timed(5, 0.030)  # 5 ms a row, and three of four drafted tokens taken
+        s.taken(4, 3)
+    assert 0 < s.length() < 4
+    for _ in range(4):
+        s.taken(4, 0)
+    assert s.length() == 0
+    assert (s.drafted, s.accepted) == (136, 110)
 
 
 def test_run_verbose_counts(embedded, capsys):

@@ -13,10 +13,11 @@ Exact, not approximate:
 
 - Each row of the verification computes what a one-token decode step computes: the weights go
   through the block-dot kernel for all rows at once (its rows are independent: batch
-  invariance), and attention runs row by row (`rowwise`), each row appended and attended as a
-  decode step is (the fused attention kernel's sums depend on how many rows it takes at once,
-  so one call for k + 1 rows would not be the decode step's). Recurrent layers (hybrid
-  models) step row by row the same way.
+  invariance), and attention takes all rows (`rowwise`), each row appended and attended as a
+  decode step is, in one call of the fused kernel that computes each row as its decode step
+  would (`steps` calls: the paths chosen for one position's rows, chunks where a decode step
+  has them); elsewhere (the torch reference, a layer still fitting its key scales) row by row.
+  Recurrent layers (hybrid models) step row by row.
 - Drafts are point masses (a lookup, or a draft model's greedy choice). For those the standard
   speculative-sampling rule (accept d with probability p(d), else draw from p without d) is the
   same as drawing t from p and keeping d when t == d; so each verified position draws exactly
@@ -27,9 +28,11 @@ Exact, not approximate:
   channel scales during the verification; a recurrent state goes back to a checkpoint taken
   before it, and the accepted tokens are stepped again.
 
-Adaptive (`Speculator`): the draft length follows the recent acceptance (doubling while drafts
-are taken whole, back to what was accepted when not), and after a draft of which nothing was
-accepted, speculation pauses for a number of steps that doubles with each such draft in a row.
+Adaptive (`Speculator`): the draft length is the one expected to give the most tokens per unit
+of time, from the recent acceptance and what a verified row has been timed to cost beside a
+decode step (a verification of k rows cost 1.45 steps at k = 4 and 4.7 at 16 on Gemma 3 270M,
+2.2 and 6.6 on Qwen2.5-Coder-0.5B: `bench/verify_cost.py`); where no draft pays, speculation
+pauses for a number of steps that doubles each time in a row, then probes with a short draft.
 
 Lookup drafts are on by default (`DEFAULT_SPEC`), on these measurements (one thread, CPU time per
 generated token, 2-core AMD EPYC with AVX-512 VNNI, greedy, 200 tokens after a chat prompt):
@@ -43,6 +46,7 @@ a weight, its 896-wide rows falling back to larger types) drafting the code edit
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Iterator, Protocol
 
@@ -56,7 +60,11 @@ DEFAULT_SPEC = "ngram-simple"  # what generate speculates with when not told (me
 DRAFT_MAX = 16  # llama.cpp's --draft-max default
 NGRAM_MAX, NGRAM_MIN = 4, 2  # the longest and shortest n-gram looked up
 DRAFT_P_MIN = 0.75  # a draft model stops drafting below this probability of its best token
-MAX_PAUSE = 32  # steps without speculation at most after drafts that were wholly rejected
+MAX_PAUSE = 32  # steps without speculation at most, when no draft pays
+PROBE = 2  # the draft length that probes after a pause
+ACCEPT_DECAY = 0.9  # the weight a drafted token keeps in the acceptance odds for each newer one
+ROW_COST = 0.3  # a verified row's cost beyond a decode step, in steps, until one is timed
+COST_EMA = 0.3  # the weight of each new timing in the averages
 VOCAB_SLACK = 128  # a draft model's vocabulary may be this much shorter or longer (llama.cpp's)
 
 
@@ -289,14 +297,37 @@ def verify(model, tokens: list[int], cache: list) -> tuple[torch.Tensor, list]:
 
 
 class Speculator:
-    """One sequence's speculation: its drafter, the adaptive draft length and pause, and the
-    counts (`drafted`, `accepted`: llama-server's draft_n and draft_n_accepted)."""
+    """One sequence's speculation: its drafter, the draft length that pays, the pause, and the
+    counts (`drafted`, `accepted`: llama-server's draft_n and draft_n_accepted).
+
+    The length: with p the recent chance that a drafted token is taken (drafted tokens counted
+    with weights that decay by ACCEPT_DECAY a token) and c what a verified row costs beyond a
+    decode step, in decode steps (timed as it runs: it grows with the model's width and the
+    rows, ROW_COST before any is timed), a draft of n tokens is expected to give
+    1 + p + .. + p^n tokens for 1 + c n steps; the n with the most tokens a step is drafted,
+    none where no draft beats a plain step. Then speculation pauses for a number of steps
+    that doubles each time in a row, and probes with a draft of PROBE tokens after it."""
 
     def __init__(self, drafter: Drafter, draft_max: int = DRAFT_MAX, draft_min: int = 0):
         self.drafter, self.draft_max, self.draft_min = drafter, draft_max, draft_min
-        self.length = min(draft_max, 4)  # the next draft's length, adapted
-        self.pause = self.paused = 0  # steps to skip after a rejected draft, and how many are left
+        self.odds = [1.0, 1.0]  # drafted tokens taken and refused, weighted by age
+        self.row_cost = ROW_COST
+        self.step_s: float | None = None  # a decode step's seconds, averaged as they are timed
+        self.pause = self.paused = 0  # steps to go without drafts, and how many are left
+        self.probe = False  # the pause has run out: the next draft is a probe
         self.drafted = self.accepted = 0
+        self.draft_s = 0.0  # the last draft's seconds (a draft model's forward)
+
+    def length(self) -> int:
+        """The draft length expected to give the most tokens per unit of time (0: none pays)."""
+        p = self.odds[0] / (self.odds[0] + self.odds[1])
+        best, n_best, tokens, pn = 1.0, 0, 1.0, 1.0
+        for n in range(1, self.draft_max + 1):
+            pn *= p
+            tokens += pn
+            if tokens / (1 + self.row_cost * n) > best:
+                best, n_best = tokens / (1 + self.row_cost * n), n
+        return n_best
 
     def draft(self, seq) -> list[int]:
         """The draft after the sequence's history (its pending token last); [] to step plainly."""
@@ -305,30 +336,41 @@ class Speculator:
             return []
         from ..kernels import qmatmul
 
-        n = min(self.length, seq.max_tokens - len(seq.ids) - 1, room(seq.cache) - 1, qmatmul.kernel_rows() - 1)
+        n = self.length()
+        if n == 0 and not self.probe:  # no draft pays now: pause, then probe
+            self.pause = min(MAX_PAUSE, max(1, 2 * self.pause))
+            self.paused, self.probe = self.pause, True
+            return []
+        n = n or PROBE
+        self.probe = False
+        n = min(n, seq.max_tokens - len(seq.ids) - 1, room(seq.cache) - 1, qmatmul.kernel_rows() - 1)
         if n < max(1, self.draft_min):
             return []
+        t = time.perf_counter()
         out = self.drafter.propose(seq.history, n)
+        self.draft_s = time.perf_counter() - t
         if len(out) >= max(1, self.draft_min):
             return out
-        if getattr(self.drafter, "costly", False):  # a draft model that ran for nothing pauses too
-            self.taken(0, 0)
+        if getattr(self.drafter, "costly", False):  # a draft model that ran for nothing: as a token refused
+            self.odds[1] += 1
         return []
 
     def taken(self, drafted: int, accepted: int) -> None:
-        """Adapt to a verification that took `accepted` of `drafted` tokens (0 of 0: a draft
-        model that offered nothing)."""
+        """Count a verification that took `accepted` of `drafted` tokens."""
         self.drafted += drafted
         self.accepted += accepted
-        if drafted and accepted == drafted:
-            self.length = min(self.draft_max, 2 * self.length)
-        elif drafted:
-            self.length = max(1, accepted + 1, self.length // 2)
+        fade = ACCEPT_DECAY**drafted
+        self.odds = [self.odds[0] * fade + accepted, self.odds[1] * fade + (accepted < drafted)]
         if accepted:
             self.pause = 0
-        else:
-            self.pause = min(MAX_PAUSE, max(1, 2 * self.pause))
-            self.paused = self.pause
+
+    def timed(self, rows: int, seconds: float) -> None:
+        """Average in a forward of `rows` rows that took `seconds` (a decode step: 1 row)."""
+        if rows == 1:
+            self.step_s = seconds if self.step_s is None else self.step_s + COST_EMA * (seconds - self.step_s)
+        elif self.step_s:
+            c = min(3.0, max(0.01, (seconds - self.step_s) / ((rows - 1) * self.step_s)))
+            self.row_cost += COST_EMA * (c - self.row_cost)
 
     def run(self, seq) -> Iterator:
         """Run the sequence's pending token, with drafts after it where they are offered, and
@@ -339,14 +381,18 @@ class Speculator:
         while seq.pending is not None:
             draft = self.draft(seq)
             if not draft:
+                t = time.perf_counter()
                 seq.advance(decode_step(seq.model, seq.pending, seq.cache))
+                self.timed(1, time.perf_counter() - t)
                 return
             yield from self._verify(seq, draft)
 
     def _verify(self, seq, draft: list[int]) -> Iterator:
         o = seq.cache[0].offset
         held = _checkpoint(seq.cache)
+        t = time.perf_counter()
         rows, self.layers = verify(seq.model, [seq.pending] + draft, seq.cache)
+        self.timed(len(draft) + 1, time.perf_counter() - t + self.draft_s)
         for i, d in enumerate(draft):
             seq.advance(rows[i])
             if not seq.can_sample:
