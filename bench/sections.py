@@ -137,7 +137,10 @@ EXTRA = {
     ),
     "speculative": (
         "docs/speed.md",
-        [["speculative.py", "--server", "{llama_server}", "--json", "{json_speculative}"]],
+        [
+            ["speculative.py", "--server", "{llama_server}", "--json", "{json_speculative}"],
+            ["verify_cost.py", "--json", "{json_verify_cost}"],
+        ],
     ),
     "ppl-long": (
         "docs/benchmarks.md",

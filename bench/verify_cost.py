@@ -62,7 +62,7 @@ def run_model(name: str, args) -> dict:
 
         return go
 
-    row = {"depth": depth, "kv": model.kv, "decode_ms": round(timed(step, args.reps), 2), "verify": {}}
+    row = {"depth": depth, "kv": str(model.kv), "decode_ms": round(timed(step, args.reps), 2), "verify": {}}
     one_call = speculative._steps_exact
     for k in args.rows:
         one = timed(verify(k), args.reps)

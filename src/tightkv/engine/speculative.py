@@ -30,18 +30,14 @@ Exact, not approximate:
 
 Adaptive (`Speculator`): the draft length is the one expected to give the most tokens per unit
 of time, from the recent acceptance and what a verified row has been timed to cost beside a
-decode step (a verification of k rows cost 1.45 steps at k = 4 and 4.7 at 16 on Gemma 3 270M,
-2.2 and 6.6 on Qwen2.5-Coder-0.5B: `bench/verify_cost.py`); where no draft pays, speculation
+decode step (a verification of k rows cost 1.5 steps at k = 4 and 4.6 at 16 on Gemma 3 270M,
+2.3 and 6.5 on Qwen2.5-Coder-0.5B: docs/speed.md); where no draft pays, speculation
 pauses for a number of steps that doubles each time in a row, then probes with a short draft.
 
-Lookup drafts are on by default (`DEFAULT_SPEC`), on these measurements (one thread, CPU time per
-generated token, 2-core AMD EPYC with AVX-512 VNNI, greedy, 200 tokens after a chat prompt):
-Gemma 3 270M copying a 960-token text 2.05x (kvarn4) and 2.19x (f16), its open story 1.36x (it
-repeats itself); Qwen2.5-Coder-0.5B copying 1.85x, a code edit (a parameter renamed through a
-40-line function) 1.28x, open generation 1.00x (10 of 30 drafted tokens accepted: the pause keeps
-a rejected draft from costing). Draft models do not pay with these two: Qwen's Q2_K copy (5.2 bits
-a weight, its 896-wide rows falling back to larger types) drafting the code edit 0.80x with 181 of
-186 drafts accepted, the embedded model's Q2_0 copy 0.80x: a copy costs about what the target does.
+Lookup drafts are on by default (`DEFAULT_SPEC`): measured at about 3,800 tokens of context on
+both real models (docs/speed.md, `bench/speculative.py`), they gave 1.09-1.69x our plain decode,
+open generation included. Draft models do not pay with these two: Qwen's Q2_K copy (5.2 bits a
+weight) reads the prompt into its own cache and costs about what the target does (0.19x).
 """
 
 from __future__ import annotations
