@@ -98,10 +98,10 @@ def test_chunked_prefill_equals_decode(spec, window):
 STEP_CASES = [
     # spec, kv heads, query heads, dim, sliding window
     ("f16", 1, 4, 256, None),
-    ("f16", 2, 14, 64, 300),
+    ("f16", 2, 14, 64, 2048),
     ("kvarn4", 1, 4, 256, None),  # the default cache at Gemma 3's shape
     ("kvarn4", 2, 14, 64, None),  # a group of 7 (Qwen2.5-0.5B)
-    ("kvarn4", 1, 4, 256, 512),  # a sliding layer: each row's window starts elsewhere
+    ("kvarn4", 1, 4, 256, 2048),  # a sliding layer whose window still holds everything
     ("q8_0", 1, 8, 128, None),  # a group of 8 (gpt-oss): a decode step takes the matmul path
     ("tq4", 2, 4, 128, None),  # the int8 tq4 paths
     ("tq3", 1, 4, 64, None),
@@ -129,7 +129,7 @@ def run_as_steps(spec, hkv, H, d, window) -> None:
     (one, g1), (steps, g2) = filled(), filled()
     q, k, v = random_step(9, H, hkv, d, d, g1, 1.0)
     assert one.steps_exact(9) and getattr(one, "kscale", 0) is not None
-    out = one.attend(q, k, v, 0.1)
+    out = one.attend(q, k, v, 0.1, steps=True)
     each = [steps.attend(q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], 0.1) for t in range(9)]
     assert torch.equal(out, torch.cat(each, 1))
 
@@ -139,6 +139,15 @@ def test_a_few_rows_in_one_call_are_their_decode_steps(spec, hkv, H, d, window):
     """What makes a speculative verification exact without attending row by row: the kernel
     computes each of a few positions as its own decode step would (`engine/speculative.py`)."""
     run_as_steps(spec, hkv, H, d, window)
+
+
+@pytest.mark.parametrize("spec", ["f16", "kvarn4"])
+def test_rows_whose_windows_start_apart_are_not_taken_as_steps(spec):
+    """A sliding layer past its window: each row's window starts elsewhere, so a steps call
+    would not chunk as their decode steps do; such a layer attends row by row."""
+    cache = parse_kv(spec).make_cache(0, 1, 1, 64, 64, 300)
+    cache.attend(*random_step(296, 4, 1, 64, 64, torch.Generator().manual_seed(0), 1.0), 0.1)
+    assert cache.steps_exact(4) and not cache.steps_exact(5)
 
 
 @pytest.mark.slow
@@ -155,6 +164,37 @@ def test_a_few_rows_in_one_call_are_their_decode_steps_other_builds(target, monk
     monkeypatch.setattr(build, "library", lambda: lib)
     for case in STEP_CASES:
         run_as_steps(*case)
+
+
+@pytest.mark.parametrize("spec,window", [("tq3", 300), ("kvarn4", 300), ("q8_0:tq4", 200)])
+def test_a_sliding_layer_takes_drafts_and_trims_back_to_its_decode_state(spec, window):
+    """Across a sliding layer's compactions: wherever `room` lets k rows in, k rows attended
+    (row by row, as a verification past the window does) and trimmed back to the first j leave
+    the state of a cache that took only those j (tq3's one-token units leave the window at
+    every step, yet the layer takes drafts)."""
+    from tightkv.engine.speculative import room
+    from tightkv.kv.cache import trim_to
+
+    def rows(cache, q, k, v, n):
+        return torch.cat([cache.attend(q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], 0.1) for t in range(n)], 1)
+
+    g = torch.Generator().manual_seed(5)
+    spec_cache, plain = (parse_kv(spec).make_cache(0, 1, 1, 64, 64, window) for _ in range(2))
+    first = random_step(400, 4, 1, 64, 64, g, 1.0)
+    spec_cache.attend(*first, 0.1), plain.attend(*first, 0.1)
+    verified = 0
+    for i in range(500):
+        T = max(1, min(6, room([spec_cache])))
+        q, k, v = random_step(T, 4, 1, 64, 64, g, 1.0)
+        out = rows(spec_cache, q, k, v, T)
+        kept = 1 + i % T
+        if T > 1:
+            assert trim_to([spec_cache], spec_cache.offset - T + kept)
+            verified += 1
+        assert torch.equal(out[:, :kept], rows(plain, q, k, v, kept))
+    assert verified > 300, verified
+    a, b = spec_cache.state(), plain.state()
+    assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
 
 
 def test_prefill_attends_to_compressed_keys():

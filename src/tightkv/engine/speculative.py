@@ -16,7 +16,8 @@ Exact, not approximate:
   invariance), and attention takes all rows (`rowwise`), each row appended and attended as a
   decode step is, in one call of the fused kernel that computes each row as its decode step
   would (`steps` calls: the paths chosen for one position's rows, chunks where a decode step
-  has them); elsewhere (the torch reference, a layer still fitting its key scales) row by row.
+  has them); elsewhere (the torch reference, a layer still fitting its key scales, a sliding
+  layer whose rows' windows start apart) row by row.
   Recurrent layers (hybrid models) step row by row.
 - Drafts are point masses (a lookup, or a draft model's greedy choice). For those the standard
   speculative-sampling rule (accept d with probability p(d), else draw from p without d) is the
@@ -200,19 +201,13 @@ def room(cache: list) -> int:
 
 
 def _compressed_room(c) -> int:
-    """Rows before a compressed layer encodes (its flush boundary) or its window's horizon drops
-    a tile or the sink. (While its key scales are still to be fitted, the queries' squares it
-    sums are kept row by row and put back by `RowLayer.keep`.)"""
-    o = c.offset
+    """Rows before a compressed layer encodes (its flush boundary) or compacts its stores (a
+    sliding layer drops what left its window: `CompressedCache.compacts_after`). (While its key
+    scales are still to be fitted, the queries' squares it sums are kept row by row and put back
+    by `RowLayer.keep`.)"""
     encodes_at = c.sink + c.recent - 1 + c.flush * ((c.body_end - c.sink) // c.flush + 1)
-    most = encodes_at - o
-    if c.window is not None:
-        h1 = max(0, o + 1 - c.window + 1)  # the horizon after one step
-        unit_end = c.body_start + c.tile * (max(0, h1 - c.body_start) // c.tile + 1)
-        most = min(most, unit_end - o + c.window - 2)
-        if c.nsink > h1:
-            most = min(most, c.nsink + c.window - 2 - o)
-    return most
+    most = encodes_at - c.offset
+    return most if c.window is None else min(most, c.compacts_after() - 1)
 
 
 def rowwise(cache: list, rows: int):
@@ -238,7 +233,7 @@ class RowLayer(BatchLayer):
 
     def attend(self, q, k, v, scale, sinks=None) -> torch.Tensor:
         if self.sums is None and _steps_exact(self.layer, q.shape[1]):  # one kernel call, each row its step's
-            return self.layer.attend(q, k, v, scale, sinks)
+            return self.layer.attend(q, k, v, scale, sinks, steps=True)
         if self.sums is None:
             return super().attend(q, k, v, scale, sinks)
         c, outs = self.layer, []

@@ -54,7 +54,7 @@ from . import abi, build
 from . import qmatmul as qm
 from .abi import Kind, Seg
 
-MAX_T = 32  # query positions a call computes as decode steps (a dense cache's calls beyond: prompt chunks)
+MAX_T = 32  # query positions of a steps call at most; a dense cache's calls beyond are prompt chunks
 CHUNK_TOKENS = 256  # tokens per chunk a thread claims
 BLOCK = 32  # tokens the kernel scores and sums at a time (aligned to each segment's start)
 
@@ -141,12 +141,14 @@ def run(
     kcb=None,
     vcb=None,
     sinks=None,
+    steps: bool = False,
 ) -> torch.Tensor:
     """q (H, T, D) -> (H, T, Dv) float32. segs: `Seg`s (`segment`), as a list or `pack`ed,
     of which the first `nseg` (default all) are attended. ranges: per segment and query
     position, lo, hi (a list of ints, or a contiguous int64 tensor). krot, vrot: the body
     codecs' rotations as (signs (D,) float32, Hadamard block), or None. sinks: (H,) float32,
-    a logit per head that joins each row's softmax with no value (gpt-oss), or None."""
+    a logit per head that joins each row's softmax with no value (gpt-oss), or None. steps: each
+    position computed as its decode step would (a verification: `kv.fused.steps_exact`)."""
     H, T, D = q.shape
     qf = q if q.dtype == torch.float32 and q.is_contiguous() else q.float().contiguous()
     out = torch.empty(H, T, dv)
@@ -180,7 +182,7 @@ def run(
         chunk_tokens=CHUNK_TOKENS,
         out=out.data_ptr(),
         sinks=_ptr(sinks),
-        steps=int(T <= MAX_T),
+        steps=int(steps),
         scale=scale,
         nth=build.threads(),
     )

@@ -189,24 +189,25 @@ class DenseCache:
         self.values = torch.empty(num_kv_heads, 0, value_dim or head_dim, dtype=self.dtype)  # (Hkv, capacity, Dv)
         self._packed = None  # the fused kernel's segment for these stores (`fused.dense_attend`)
 
-    def attend(self, q, k, v, scale, sinks=None):
+    def attend(self, q, k, v, scale, sinks=None, steps=False):
+        """steps: the rows computed as decode steps, where `steps_exact` said so (a verification)."""
         if self.reread:  # what these rows see stays held for attend_last: drop before the next append
             self._drop_outside_window()
         self._append(k, v)
-        out = self.attend_last(q, scale, sinks)
+        out = self.attend_last(q, scale, sinks, steps)
         if not self.reread:
             self._drop_outside_window()
         return out
 
     def steps_exact(self, T: int) -> bool:
         """Whether attending T new positions at once gives each what T decode steps give."""
-        return fused.steps_exact(T, self.keys.shape[2], self.values.shape[2])
+        return fused.steps_exact(self, T, self.keys.shape[2], self.values.shape[2])
 
-    def attend_last(self, q, scale, sinks=None):
+    def attend_last(self, q, scale, sinks=None, steps=False):
         """Attend q (H, T, D) at the last T positions over the stored history, appending
         nothing: a layer sharing this one's KV (`kv.shared`), after this one's attend."""
         T = q.shape[1]
-        out = fused.dense_attend(self, q, scale, sinks)  # the fused kernel, straight from storage
+        out = fused.dense_attend(self, q, scale, sinks, steps)  # the fused kernel, straight from storage
         if out is not None:
             return out if out.dtype == q.dtype else out.to(q.dtype)
         # only the keys some query of the chunk can see: what else is held (tokens not yet

@@ -118,19 +118,26 @@ class CompressedCache:
 
     # --- protocol -------------------------------------------------------------
     def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, sinks: torch.Tensor | None = None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float,
+        sinks: torch.Tensor | None = None,
+        steps: bool = False,
     ) -> torch.Tensor:
+        """steps: the rows computed as decode steps, where `steps_exact` said so (a verification)."""
         if self.reread:  # what these rows see stays held for attend_last: forget before the next append
             self._forget()
         b = self._last_b = self.append(k, v, q)
-        out = self.attend_stored(q, b, scale, sinks)
+        out = self.attend_stored(q, b, scale, sinks, steps)
         if not self.reread:
             self._forget()
         return out
 
     def steps_exact(self, T: int) -> bool:
         """Whether attending T new positions at once gives each what T decode steps give."""
-        return fused.steps_exact(T, self.dk, self.dv, self.fused)
+        return fused.steps_exact(self, T, self.dk, self.dv, self.fused)
 
     def attend_last(self, q: torch.Tensor, scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """Attend q (H, T, D) at the last T positions over the stored history, appending
@@ -156,12 +163,12 @@ class CompressedCache:
         return boundary(torch.arange(start, end), self.sink, self.recent, self.flush).clamp_min(body_before)
 
     def attend_stored(
-        self, q: torch.Tensor, b: torch.Tensor, scale: float, sinks: torch.Tensor | None = None
+        self, q: torch.Tensor, b: torch.Tensor, scale: float, sinks: torch.Tensor | None = None, steps: bool = False
     ) -> torch.Tensor:
         """Attend q (H, T, D), the last T positions, over the stored history -> (H, T, Dv);
         sinks (H,): a logit per head that joins each softmax with no value, or None."""
         T = q.shape[1]
-        out = fused.compressed_attend(self, q, self.offset - T, b, scale, sinks)
+        out = fused.compressed_attend(self, q, self.offset - T, b, scale, sinks, steps)
         if out is None:  # formats or shapes it does not take: the torch reference
             out = self._attention(q, torch.arange(self.offset - T, self.offset), b, scale, sinks)
         return out if out.dtype == q.dtype else out.to(q.dtype)
@@ -418,6 +425,19 @@ class CompressedCache:
         ns = self.nsink if self.nsink > h else 0
         return ns, min(self.offset, max(self.body_end, h, self.pool_start)), self.offset
 
+    def compacts_after(self) -> int | float:
+        """How many more tokens (no encode between) until `_forget` compacts the stores of this
+        sliding layer, dropping what trimming back would need: the k-th new token's; inf if never."""
+        o, w, inf = self.offset, self.window, float("inf")
+        n = (self.body_end - self.body_start) // self.tile
+        need = _units_to_compact(n)
+        body = self.body_start + need * self.tile + w - 1 - o if n >= need else inf
+        dead = max(self.body_end, self.pool_start) - self.pool_start  # pool entries dead already
+        sink = inf
+        if _compacts_exact(dead + self.nsink, self.exact_k.shape[1]):  # once the sink leaves the window
+            sink = 1 if _compacts_exact(dead, self.exact_k.shape[1]) else self.nsink + w - 1 - o
+        return max(1, min(body, sink))
+
     def _holds_from(self, pos: int) -> bool:
         """Whether every position in [pos, offset) is still stored (exact or compressed)."""
         if pos < self.sink and self.nsink < min(self.sink, self.offset):
@@ -430,7 +450,7 @@ class CompressedCache:
         if self.window is None and self.body_end <= self.pool_start:
             return  # nothing dead: a global cache whose pool holds no token the body also holds
         u0, n = self._live_units()
-        if u0 and (u0 >= 64 or 2 * u0 >= n):
+        if u0 >= _units_to_compact(n):  # (`compacts_after` says when, ahead)
             for store in (self.body_k, self.body_v):
                 for t in store.values():  # move the live units to the front, in place
                     t[:, : n - u0] = t[:, u0:n].clone()
@@ -438,7 +458,7 @@ class CompressedCache:
         ns, p0, p1 = self._live_exact()
         p0 = max(self.body_end, self.pool_start)  # dead tokens not yet compressed stay until they are
         dead = (self.nsink - ns) + (p0 - self.pool_start)
-        if dead >= 64 or (dead and 2 * dead >= self.exact_k.shape[1]):
+        if _compacts_exact(dead, self.exact_k.shape[1]):
             idx = torch.cat([torch.arange(ns), self._pool_index(p0) + torch.arange(p1 - p0)])
             cap = max(self.step, (idx.numel() + self.step - 1) // self.step * self.step)
             self.exact_k, self.exact_v = _take(self.exact_k, idx, cap), _take(self.exact_v, idx, cap)
@@ -555,6 +575,16 @@ def _grow(t: torch.Tensor, capacity: int, dim: int) -> torch.Tensor:
     new = torch.empty(shape, dtype=t.dtype)
     new.narrow(dim, 0, t.shape[dim]).copy_(t)
     return new
+
+
+def _units_to_compact(n: int) -> int:
+    """Dead body units from which `_forget` compacts a body of n units (64, or half of it)."""
+    return max(1, min(64, -(-n // 2)))
+
+
+def _compacts_exact(dead: int, capacity: int) -> bool:
+    """Whether `_forget` compacts an exact store of `capacity` entries with `dead` of them dead."""
+    return dead >= 64 or bool(dead and 2 * dead >= capacity)
 
 
 def _take(t: torch.Tensor, idx: torch.Tensor, capacity: int) -> torch.Tensor:

@@ -30,18 +30,23 @@ def takes(kcodec, vcodec, tile: int) -> bool:
     )
 
 
-def steps_exact(T: int, d: int, dv: int, fused: bool = True) -> bool:
-    """Whether one call for T positions over a cache of head dims d, dv computes each position
-    bit for bit as its own decode step would (the kernel's steps calls: a speculative
-    verification in one call); `fused`: whether the cache's formats take the kernel."""
-    return fused and T <= MAX_T and kernel.dims_ok(d, dv) and kernel.lib() is not None
+def steps_exact(cache, T: int, d: int, dv: int, fused: bool = True) -> bool:
+    """Whether one call (``attend(..., steps=True)``) for the next T positions of `cache` (head
+    dims d, dv) computes each position bit for bit as its own decode step would: the kernel's
+    steps calls, where every position sees from the same first token (a global layer, or a
+    sliding one whose window still holds everything: the kernel's chunks start there);
+    `fused`: whether the cache's formats take the kernel."""
+    same_start = cache.window is None or cache.offset + T <= cache.window
+    return fused and same_start and T <= MAX_T and kernel.dims_ok(d, dv) and kernel.lib() is not None
 
 
 # --- dense cache ------------------------------------------------------------------
-def dense_attend(cache, q: torch.Tensor, scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor | None:
+def dense_attend(
+    cache, q: torch.Tensor, scale: float, sinks: torch.Tensor | None = None, steps: bool = False
+) -> torch.Tensor | None:
     """DenseCache attention for its last T positions -> (H, T, Dv) float32, straight from
     the stores (a prompt chunk too: no float32 copy of the history, no (T, S) mask);
-    sinks (H,): a value-less logit per head in each softmax, or None."""
+    sinks (H,): a value-less logit per head in each softmax, or None; steps: `steps_exact`."""
     H, T, D = q.shape
     if not kernel.dims_ok(D, cache.values.shape[2]):
         return None
@@ -68,15 +73,22 @@ def dense_attend(cache, q: torch.Tensor, scale: float, sinks: torch.Tensor | Non
         p = cache.offset - T + t
         lo = max(start, p - win + 1) if win is not None else start
         ranges += [lo - start, min(p + 1, start + cache.length) - start]
-    return kernel.run(lib, q, keys.shape[0], values.shape[2], scale, held[2], ranges, sinks=sinks)
+    return kernel.run(lib, q, keys.shape[0], values.shape[2], scale, held[2], ranges, sinks=sinks, steps=steps)
 
 
 # --- compressed cache -------------------------------------------------------------
 def compressed_attend(
-    cache, q: torch.Tensor, q_pos0: int, b: torch.Tensor, scale: float, sinks: torch.Tensor | None = None
+    cache,
+    q: torch.Tensor,
+    q_pos0: int,
+    b: torch.Tensor,
+    scale: float,
+    sinks: torch.Tensor | None = None,
+    steps: bool = False,
 ) -> torch.Tensor | None:
     """CompressedCache attention for T positions q_pos0.. whose bodies end at b (T,):
-    decode steps and prefill chunks alike (no limit on T) -> (H, T, Dv) float32."""
+    decode steps and prefill chunks alike (no limit on T) -> (H, T, Dv) float32; steps:
+    `steps_exact`."""
     if not cache.fused:
         return None
     lib = kernel.lib()
@@ -86,8 +98,8 @@ def compressed_attend(
     ranges = (_decode_ranges if q.shape[1] <= MAX_T else _prefill_ranges)(cache, q.shape[1], q_pos0, b, body)
     segs, tables = cache.kernel_inputs()
     if not body:
-        return kernel.run(lib, q, cache.hkv, cache.dv, scale, segs, ranges, nseg=2, sinks=sinks)
-    return kernel.run(lib, q, cache.hkv, cache.dv, scale, segs, ranges, sinks=sinks, **tables)
+        return kernel.run(lib, q, cache.hkv, cache.dv, scale, segs, ranges, nseg=2, sinks=sinks, steps=steps)
+    return kernel.run(lib, q, cache.hkv, cache.dv, scale, segs, ranges, sinks=sinks, steps=steps, **tables)
 
 
 def kernel_inputs(cache) -> tuple:

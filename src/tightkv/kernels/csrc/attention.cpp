@@ -1566,10 +1566,10 @@ extern "C" int tk_attn(const attn::AttnArgs *args) {
     if (cx.segs[i].body) { cx.any_body = true; cx.kperm |= cx.segs[i].kkind == TQ4; cx.vperm |= cx.segs[i].vkind == TQ4; }
   // A steps call (a speculative verification) computes each query position as a decode step
   // of it alone would: all rows in one tile, split in chunks of tokens as a decode step is
-  // (chunks aligned to multiples of chunk_tokens, so that positions whose windows start
-  // apart still share their bounds), and every path chosen for the rows of one position
-  // (prow), not for the rows of the call. Each row's sums then run the same operations in
-  // the same order (a row's arithmetic never depends on the rows beside it).
+  // (from the first token a row sees in each segment: the caller sees that every position
+  // sees from the same token, kv/fused.py steps_exact), and every path chosen for the rows of
+  // one position (prow), not for the rows of the call. Each row's sums then run the same
+  // operations in the same order (a row's arithmetic never depends on the rows beside it).
   const int64_t ROW_TILE = 64, PARALLEL_MACS = 1 << 18;
   const int64_t rt = args->steps || R <= ROW_TILE ? R : ROW_TILE, prow = args->steps ? R / T : rt;
   cx.prow = args->steps ? prow : 0;
@@ -1628,9 +1628,9 @@ extern "C" int tk_attn(const attn::AttnArgs *args) {
         if (hi > lo) { a = lo < a ? lo : a; e = hi > e ? hi : e; }
       }
       if (e <= a) continue;
-      const int64_t step = split ? chunk_tokens : e - a, first = split ? a - a % step : a;
+      const int64_t step = split ? chunk_tokens : e - a;
       for (int64_t h = 0; h < Hkv; h++)
-        for (int64_t c0 = first; c0 < e; c0 += step) {
+        for (int64_t c0 = a; c0 < e; c0 += step) {
           per_tile[h * ntiles + ti].push_back((int64_t)chunks.size() / CH);
           const int64_t v[CH] = {sgi, h, c0, c0 + step < e ? c0 + step : e, r0, r1};
           chunks.insert(chunks.end(), v, v + CH);
