@@ -232,9 +232,9 @@ class RowLayer(BatchLayer):
         self.sums: list | None = [_sums(layer)] if _summing(layer) else None  # before each row, and after the last
 
     def attend(self, q, k, v, scale, sinks=None) -> torch.Tensor:
-        if self.sums is None and _steps_exact(self.layer, q.shape[1]):  # one kernel call, each row its step's
-            return self.layer.attend(q, k, v, scale, sinks, steps=True)
         if self.sums is None:
+            if _steps_exact(self.layer, q.shape[1]):  # one kernel call, each row its step's
+                return self.layer.attend(q, k, v, scale, sinks, steps=True)
             return super().attend(q, k, v, scale, sinks)
         c, outs = self.layer, []
         for i in range(q.shape[1]):

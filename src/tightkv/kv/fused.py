@@ -30,14 +30,14 @@ def takes(kcodec, vcodec, tile: int) -> bool:
     )
 
 
-def steps_exact(cache, T: int, d: int, dv: int, fused: bool = True) -> bool:
+def steps_exact(cache, T: int, d: int, dv: int, takes_kernel: bool = True) -> bool:
     """Whether one call (``attend(..., steps=True)``) for the next T positions of `cache` (head
     dims d, dv) computes each position bit for bit as its own decode step would: the kernel's
     steps calls, where every position sees from the same first token (a global layer, or a
     sliding one whose window still holds everything: the kernel's chunks start there);
-    `fused`: whether the cache's formats take the kernel."""
+    `takes_kernel`: whether the cache's formats take the kernel."""
     same_start = cache.window is None or cache.offset + T <= cache.window
-    return fused and same_start and T <= MAX_T and kernel.dims_ok(d, dv) and kernel.lib() is not None
+    return takes_kernel and same_start and T <= MAX_T and kernel.dims_ok(d, dv) and kernel.lib() is not None
 
 
 # --- dense cache ------------------------------------------------------------------
