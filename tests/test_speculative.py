@@ -60,8 +60,10 @@ def same_with_and_without(model: Model, ids: list[int], kv: str | None, n: int, 
 @pytest.mark.parametrize("kv", ["f16", None])
 def test_verification_rows_are_decode_steps(embedded, kv):
     """Each row of a verification forward gives the very logits of a one-token decode step, on
-    the f16 and the default compressed cache (batch invariance kept on this path)."""
-    ids = embedded.tokenize(TEXT * 2)
+    the f16 and the default compressed cache (batch invariance kept on this path), before and
+    past the 512-token sliding window (each row's window then starts a token later)."""
+    ids = embedded.tokenize(TEXT * 6)
+    assert len(ids) > 600
     for start in (40, len(ids) - 12):
         cache = embedded.new_cache(kv)
         prefill(embedded.net, ids[:start], cache)

@@ -15,9 +15,9 @@ Exact, not approximate:
   through the block-dot kernel for all rows at once (its rows are independent: batch
   invariance), and attention takes all rows (`rowwise`), each row appended and attended as a
   decode step is, in one call of the fused kernel that computes each row as its decode step
-  would (`steps` calls: the paths chosen for one position's rows, chunks where a decode step
-  has them); elsewhere (the torch reference, a layer still fitting its key scales, a sliding
-  layer whose rows' windows start apart) row by row.
+  would (`steps` calls: the paths chosen for one position's rows, each row's tokens split where
+  its decode step splits them, from wherever its window starts); elsewhere (the torch
+  reference, a layer still fitting its key scales) row by row.
   Recurrent layers (hybrid models) step row by row.
 - Drafts are point masses (a lookup, or a draft model's greedy choice). For those the standard
   speculative-sampling rule (accept d with probability p(d), else draw from p without d) is the

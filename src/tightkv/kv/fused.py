@@ -33,11 +33,9 @@ def takes(kcodec, vcodec, tile: int) -> bool:
 def steps_exact(cache, T: int, d: int, dv: int, takes_kernel: bool = True) -> bool:
     """Whether one call (``attend(..., steps=True)``) for the next T positions of `cache` (head
     dims d, dv) computes each position bit for bit as its own decode step would: the kernel's
-    steps calls, where every position sees from the same first token (a global layer, or a
-    sliding one whose window still holds everything: the kernel's chunks start there);
-    `takes_kernel`: whether the cache's formats take the kernel."""
-    same_start = cache.window is None or cache.offset + T <= cache.window
-    return takes_kernel and same_start and T <= MAX_T and kernel.dims_ok(d, dv) and kernel.lib() is not None
+    steps calls (each row's tokens split as its decode step splits them, from the first token
+    its window shows); `takes_kernel`: whether the cache's formats take the kernel."""
+    return takes_kernel and T <= MAX_T and kernel.dims_ok(d, dv) and kernel.lib() is not None
 
 
 # --- dense cache ------------------------------------------------------------------

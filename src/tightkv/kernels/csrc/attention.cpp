@@ -186,7 +186,8 @@ struct Ctx {
   float *q8mul;
   uint8_t klut[64], vlut[64];  // K: codebook / kstep + LUT_OFF (u8); V: codebook / vstep (s8)
   // chunks, and those of each (head, row tile) for the merge
-  const int64_t *chunks;  // (nchunks, CH): seg, head, token start, end, row start, end
+  const int64_t *chunks;  // (nchunks, CH): seg, head, token start, end, row start, end, piece (steps: else -1)
+  int64_t step;           // a steps call: tokens per piece, each row's pieces from its own first token
   const int64_t *poff;    // where each chunk's partial starts in part
   float *part;            // per chunk (rows, Dv + 2): acc, m, l
   const int64_t *row_chunks, *row_first;
@@ -198,7 +199,7 @@ struct Ctx {
 
 static const int BT = 32;
 static const int VROWS = TK_AVX2 ? 2 : 4;  // rows whose value sums stay in registers (2 x 4 x 16 lanes)
-static const int CH = 6;
+static const int CH = 7;
 static const int64_t PRE_ROWS = 8;  // rows from which the float path scores a block by one matmul
 // f(std::integral_constant<int, NR>()) for nr rows (1..4): the row count a kernel is built for.
 template <class F>
@@ -914,6 +915,70 @@ static inline __attribute__((always_inline)) void add_values(float *o, int64_t W
   }
 }
 
+// More rows than one dot_key or add_values call takes (a group of 7, a verification's
+// positions): each stored vector decoded once, as those calls decode it, into kx (D floats)
+// or vt (n, Dv), then every group of rows runs the same multiply-adds over the decoded
+// floats. Decoding is exact, so a row sums bit for bit as it does from the codes.
+template <int KIND>
+static inline void decode_once(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, int64_t D, const f16v &cb,
+                               float *out) {
+  for (int64_t b = 0; b < D / 32; b++) {
+    f16v x0, x1;
+    load32<KIND>(p0, p1, p2, b, cb, x0, x1);
+    st(out + 32 * b, x0);
+    st(out + 32 * b + 16, x1);
+  }
+  if (D % 32) st(out + D - 16, load16<KIND>(p0, p1, nullptr, D / 16 - 1, 0, cb));
+}
+
+// dot_key's sums against a key decoded by decode_once.
+template <int NR>
+static inline __attribute__((always_inline)) void dot_decoded(const float *q, const float *kx, int64_t D, float *dots) {
+  f16v a0[NR], a1[NR];
+  for (int u = 0; u < NR; u++) a0[u] = a1[u] = f16v{};
+  for (int64_t b = 0; b < D / 32; b++) {
+    const f16v x0 = ld(kx + 32 * b), x1 = ld(kx + 32 * b + 16);
+    for (int u = 0; u < NR; u++) {
+      a0[u] = fma(ld(q + u * D + 32 * b), x0, a0[u]);
+      a1[u] = fma(ld(q + u * D + 32 * b + 16), x1, a1[u]);
+    }
+  }
+  if (D % 32) {
+    const f16v x = ld(kx + D - 16);
+    for (int u = 0; u < NR; u++) a0[u] = fma(ld(q + u * D + D - 16), x, a0[u]);
+  }
+  for (int u = 0; u < NR; u++) dots[u] = hsum(a0[u] + a1[u]);
+}
+
+// add_values' sums over n values decoded by decode_once (vt: n, Dv).
+template <int NR>
+static inline __attribute__((always_inline)) void add_values_decoded(float *o, int64_t W, const float *w,
+                                                                     const float *vt, int64_t n, int64_t Dv) {
+  for (int64_t b = 0; b < Dv / 32; b++) {
+    f16v a0[NR], a1[NR];
+    for (int u = 0; u < NR; u++) { a0[u] = ld(o + u * W + 32 * b); a1[u] = ld(o + u * W + 32 * b + 16); }
+    for (int64_t j = 0; j < n; j++) {
+      const f16v x0 = ld(vt + j * Dv + 32 * b), x1 = ld(vt + j * Dv + 32 * b + 16);
+      for (int u = 0; u < NR; u++) {
+        const f16v pw = splat(w[u * BT + j]);
+        a0[u] = fma(pw, x0, a0[u]);
+        a1[u] = fma(pw, x1, a1[u]);
+      }
+    }
+    for (int u = 0; u < NR; u++) { st(o + u * W + 32 * b, a0[u]); st(o + u * W + 32 * b + 16, a1[u]); }
+  }
+  if (Dv % 32) {
+    const int64_t c = Dv / 16 - 1;
+    f16v a[NR];
+    for (int u = 0; u < NR; u++) a[u] = ld(o + u * W + 16 * c);
+    for (int64_t j = 0; j < n; j++) {
+      const f16v x = ld(vt + j * Dv + 16 * c);
+      for (int u = 0; u < NR; u++) a[u] = fma(splat(w[u * BT + j]), x, a[u]);
+    }
+    for (int u = 0; u < NR; u++) st(o + u * W + 16 * c, a[u]);
+  }
+}
+
 // out rows (NR, W apart) += sum_j w[u][j] * vt_j over n decoded value vectors (vt: n, Dv).
 template <int NR>
 static inline void add_decoded(float *o, int64_t W, const float *w, const float *vt, int64_t n, int64_t Dv) {
@@ -1024,6 +1089,7 @@ struct Work {
   const int64_t *lo, *hi;  // each row's visible tokens within the chunk
   const char *alive;
   bool many;                   // many rows (prefill): a block's keys and values decoded once, scored by matmul
+  bool once;                   // AVX-512 and portable builds, more than 4 rows: each key and value decoded once into vt
   float *kT, *kscl, *vt, *pv;  // many rows: a key block transposed and its scales, a value block, the rows' sums
   float *lanes;                // AVX2 few rows: (rows, 8 keys, 8 lanes) dots
   const uint8_t *k[4], *v[4];  // this head's fields
@@ -1197,15 +1263,19 @@ static void score_block(Work &w, int64_t j0, int64_t n) {
   else score_few<KK, false>(w, j0, n, q, kb);
   (void)alive;
 #else
-  for (int64_t j = 0; j < n; j++) {  // few rows (decode): each key decoded once per 4 rows
+  for (int64_t j = 0; j < n; j++) {  // few rows (decode): each key decoded once per 4 rows, or once (w.once)
     const int64_t tok = j0 + j;
     const uint8_t *k0 = kb0 + tok * s.kt0, *k1 = kb1 ? kb1 + tok * s.kt1 : nullptr;
     const float ks = vec_scale<KK>(k1);
+    if (w.once) decode_once<KK>(k0, k1, nullptr, D, x->kcb, w.vt);
     for (int64_t r0 = 0; r0 < nrows; r0 += 4) {
       const int nr = nrows - r0 < 4 ? (int)(nrows - r0) : 4;
       float dots[4] = {0.f, 0.f, 0.f, 0.f};
       if (alive[r0] | alive[r0 + 1] | alive[r0 + 2] | alive[r0 + 3])
-        with_rows(nr, [&](auto NR) ALWAYS_INLINE_LAMBDA { dot_key<KK, NR>(q + r0 * D, k0, k1, D, x->kcb, dots); });
+        with_rows(nr, [&](auto NR) ALWAYS_INLINE_LAMBDA {
+          if (w.once) dot_decoded<NR>(q + r0 * D, w.vt, D, dots);
+          else dot_key<KK, NR>(q + r0 * D, k0, k1, D, x->kcb, dots);
+        });
       for (int u = 0; u < nr; u++) {
         const int64_t r = r0 + u;
         float v = dots[u];
@@ -1307,12 +1377,21 @@ static void value_block(Work &w, int64_t j0, int64_t n) {
       }
     }
   } else {
+#if !TK_AVX2
+    if (w.once)
+      for (int64_t j = 0; j < n; j++)
+        decode_once<VK>(v0 + j * s.vt0, v1 ? v1 + j * s.vt1 : nullptr, v2 ? v2 + j * s.vt2 : nullptr, Dv, x->vcb,
+                        w.vt + j * Dv);
+#endif
     for (int64_t r0 = 0; r0 < nrows; r0 += VROWS) {
       const int nr = nrows - r0 < VROWS ? (int)(nrows - r0) : VROWS;
       if (!(alive[r0] | alive[r0 + 1] | alive[r0 + 2] | alive[r0 + 3])) continue;
       float *o = out + r0 * W;
       const float *wr = sc + r0 * BT;
       with_rows(nr, [&](auto NR) ALWAYS_INLINE_LAMBDA {
+#if !TK_AVX2
+        if (w.once) return add_values_decoded<NR>(o, W, wr, w.vt, n, Dv);
+#endif
         add_values<VK, NR>(o, W, wr, v0, v1, v2, s.vt0, s.vt1, s.vt2, n, Dv, x->vcb);
       });
     }
@@ -1359,7 +1438,8 @@ static void chunk_fn_attn(const void *p, int64_t c) {
     o[Dv] = -INFINITY; o[Dv + 1] = 0.f;
   }
   const bool many = (x->prow ? x->prow : nrows) >= PRE_ROWS;
-  const bool decoded = many || TK_AVX2 || (is_ab(s.vkind) && Dv % 32);  // value_block decodes a block first
+  const bool once = !TK_AVX2 && !many && nrows > VROWS;
+  const bool decoded = many || once || TK_AVX2 || (is_ab(s.vkind) && Dv % 32);  // value_block decodes a block first
   avec<float> sc(nrows * BT), kT(many ? D * BT : 0), kscl(BT), vt(decoded ? BT * (D > Dv ? D : Dv) : 0),
       pv(many ? nrows * Dv : 0), qt(is_ak(s.kkind) ? nrows * D : 0), kb(nrows), tmp(is_av(s.vkind) ? nrows * W : 0),
       z(nrows), lanes(TK_AVX2 && !many ? nrows * 64 : 0);
@@ -1368,11 +1448,13 @@ static void chunk_fn_attn(const void *p, int64_t c) {
   const int64_t *rg = x->ranges + ch[0] * T * 2;
   for (int64_t r = 0; r < nrows; r++) {
     const int64_t t = (ra + r) % T;
-    lo[r] = rg[2 * t] > a ? rg[2 * t] : a;
-    hi[r] = rg[2 * t + 1] < e ? rg[2 * t + 1] : e;
+    // a steps call's piece k of a row: [lo + k step, lo + (k + 1) step) of its own range, as its decode step splits it
+    const int64_t a_r = ch[6] < 0 ? a : rg[2 * t] + ch[6] * x->step, e_r = ch[6] < 0 ? e : a_r + x->step;
+    lo[r] = rg[2 * t] > a_r ? rg[2 * t] : a_r;
+    hi[r] = rg[2 * t + 1] < e_r ? rg[2 * t + 1] : e_r;
   }
   w.sc = sc.data(); w.kT = kT.data(); w.kscl = kscl.data(); w.vt = vt.data(); w.pv = pv.data();
-  w.qt = qt.data(); w.kb = kb.data(); w.tmp = tmp.data(); w.z = z.data(); w.many = many; w.lanes = lanes.data();
+  w.qt = qt.data(); w.kb = kb.data(); w.tmp = tmp.data(); w.z = z.data(); w.many = many; w.once = once; w.lanes = lanes.data();
   const bool i8ak = x->i8ak && s.kkind == AK4 && !many && s.kd2 >= 128;  // not per 32 tokens (KIVI): too few to pay
   avec<int8_t> q8(i8ak ? nrows * D : 0);
   avec<float> q8s(i8ak ? nrows * (D / 64) : 0);
@@ -1565,11 +1647,11 @@ extern "C" int tk_attn(const attn::AttnArgs *args) {
   for (int64_t i = 0; i < nseg; i++)
     if (cx.segs[i].body) { cx.any_body = true; cx.kperm |= cx.segs[i].kkind == TQ4; cx.vperm |= cx.segs[i].vkind == TQ4; }
   // A steps call (a speculative verification) computes each query position as a decode step
-  // of it alone would: all rows in one tile, split in chunks of tokens as a decode step is
-  // (from the first token a row sees in each segment: the caller sees that every position
-  // sees from the same token, kv/fused.py steps_exact), and every path chosen for the rows of
-  // one position (prow), not for the rows of the call. Each row's sums then run the same
-  // operations in the same order (a row's arithmetic never depends on the rows beside it).
+  // of it alone would: all rows in one tile, each row's tokens split in pieces as its decode
+  // step splits them (from the first token the row sees in each segment, wherever a sliding
+  // window starts it), and every path chosen for the rows of one position (prow), not for the
+  // rows of the call. Each row's sums then run the same operations in the same order (a row's
+  // arithmetic never depends on the rows beside it).
   const int64_t ROW_TILE = 64, PARALLEL_MACS = 1 << 18;
   const int64_t rt = args->steps || R <= ROW_TILE ? R : ROW_TILE, prow = args->steps ? R / T : rt;
   cx.prow = args->steps ? prow : 0;
@@ -1613,32 +1695,55 @@ extern "C" int tk_attn(const attn::AttnArgs *args) {
   const int64_t nprep = (rows + PREP_ROWS - 1) / PREP_ROWS, nth_rows = rows >= 256 ? nth : 1;
   run_chunks(prep_rows, &cx, nprep, nth_rows);
   // chunks: per segment, head and row tile, the tile's visible token range, split in
-  // pieces of chunk_tokens while a single tile holds all rows (decode)
+  // pieces of chunk_tokens while a single tile holds all rows (decode). A steps call splits
+  // each row's own range from its first token (a sliding window starts a token later at each
+  // position): piece k of every row in one chunk, over the union of those pieces.
   const int64_t ntiles = (R + rt - 1) / rt;
   const bool split = ntiles == 1;
   std::vector<int64_t> chunks, poff;
   std::vector<std::vector<int64_t>> per_tile(Hkv * ntiles);
   int64_t total = 0, work = 0;  // work: token-row pairs scored
+  auto add_chunk = [&](int64_t sgi, int64_t ti, int64_t c0, int64_t c1, int64_t r0, int64_t r1, int64_t k) {
+    for (int64_t h = 0; h < Hkv; h++) {
+      per_tile[h * ntiles + ti].push_back((int64_t)chunks.size() / CH);
+      const int64_t v[CH] = {sgi, h, c0, c1, r0, r1, k};
+      chunks.insert(chunks.end(), v, v + CH);
+      poff.push_back(total);
+      total += (r1 - r0) * (Dv + 2);
+      work += (c1 - c0) * (r1 - r0);
+    }
+  };
   for (int64_t sgi = 0; sgi < nseg; sgi++)
     for (int64_t ti = 0; ti < ntiles; ti++) {
       const int64_t r0 = ti * rt, r1 = r0 + rt < R ? r0 + rt : R;
-      int64_t a = INT64_MAX, e = 0;
-      for (int64_t r = r0; r < r1; r++) {
-        const int64_t t = r % T, lo = ranges[(sgi * T + t) * 2], hi = ranges[(sgi * T + t) * 2 + 1];
-        if (hi > lo) { a = lo < a ? lo : a; e = hi > e ? hi : e; }
+      const int64_t *rg = ranges + sgi * T * 2;
+      int64_t a = INT64_MAX, e = 0, pieces = 0;
+      for (int64_t t = 0; t < (r1 - r0 < T ? r1 - r0 : T); t++) {  // the positions' ranges (rows r and r + T alike)
+        const int64_t lo = rg[2 * ((r0 + t) % T)], hi = rg[2 * ((r0 + t) % T) + 1];
+        if (hi <= lo) continue;
+        a = lo < a ? lo : a; e = hi > e ? hi : e;
+        const int64_t np = (hi - lo + chunk_tokens - 1) / chunk_tokens;
+        pieces = np > pieces ? np : pieces;
       }
       if (e <= a) continue;
-      const int64_t step = split ? chunk_tokens : e - a;
-      for (int64_t h = 0; h < Hkv; h++)
-        for (int64_t c0 = a; c0 < e; c0 += step) {
-          per_tile[h * ntiles + ti].push_back((int64_t)chunks.size() / CH);
-          const int64_t v[CH] = {sgi, h, c0, c0 + step < e ? c0 + step : e, r0, r1};
-          chunks.insert(chunks.end(), v, v + CH);
-          poff.push_back(total);
-          total += (r1 - r0) * (Dv + 2);
-          work += ((c0 + step < e ? c0 + step : e) - c0) * (r1 - r0);
+      if (!args->steps) {
+        const int64_t step = split ? chunk_tokens : e - a;
+        for (int64_t c0 = a; c0 < e; c0 += step) add_chunk(sgi, ti, c0, c0 + step < e ? c0 + step : e, r0, r1, -1);
+        continue;
+      }
+      for (int64_t k = 0; k < pieces; k++) {  // piece k's union over the rows that have one
+        int64_t c0 = INT64_MAX, c1 = 0;
+        for (int64_t t = 0; t < T; t++) {
+          const int64_t lo = rg[2 * t], hi = rg[2 * t + 1], p0 = lo + k * chunk_tokens;
+          if (hi <= p0) continue;
+          c0 = p0 < c0 ? p0 : c0;
+          const int64_t p1 = p0 + chunk_tokens < hi ? p0 + chunk_tokens : hi;
+          c1 = p1 > c1 ? p1 : c1;
         }
+        add_chunk(sgi, ti, c0, c1, r0, r1, k);
+      }
     }
+  cx.step = chunk_tokens;
   const int64_t nch = (int64_t)chunks.size() / CH;
   std::vector<int64_t> row_chunks, row_first(1, 0);
   for (auto &v : per_tile) { row_chunks.insert(row_chunks.end(), v.begin(), v.end()); row_first.push_back(row_chunks.size()); }
