@@ -5,8 +5,9 @@
 A document of `--depth` tokens (the essays) is prefilled into the model's default cache; then
 a decode step, and verifications of k rows (`engine/speculative.verify`) two ways: attention in
 one kernel call that computes each row as its decode step would (the kernel's steps calls, what
-speculation runs), and row by row (one attention call per row, what it ran before). Each is
-timed `--reps` times (medians, milliseconds) and the cache trimmed back after each. Lookup
+speculation runs), and row by row (one attention call per row, what it ran before). The three
+are timed in turn for `--reps` rounds (medians, milliseconds), so that a busy machine slows
+all three alike, and the cache is trimmed back after each. Lookup
 drafts pay when a verification of k rows costs well under the k decode steps its accepted
 tokens replace; the ratio column says how many decode steps one verification costs.
 """
@@ -26,15 +27,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 from speculative import ESSAYS, machine, model_paths
 
 
-def timed(fn, reps: int) -> float:
-    """Median milliseconds of `reps` calls (one warm-up call first)."""
-    fn()
-    out = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t) * 1000)
-    return statistics.median(out)
+def timed(fns: list, reps: int) -> list[float]:
+    """Median milliseconds of each of `fns`, called in turn for `reps` rounds (after one
+    warm-up round)."""
+    times: list[list[float]] = [[] for _ in fns]
+    for r in range(reps + 1):
+        for fn, out in zip(fns, times):
+            t = time.perf_counter()
+            fn()
+            if r:
+                out.append((time.perf_counter() - t) * 1000)
+    return [statistics.median(t) for t in times]
 
 
 @torch.inference_mode()
@@ -62,21 +65,32 @@ def run_model(name: str, args) -> dict:
 
         return go
 
-    row = {"depth": depth, "kv": str(model.kv), "decode_ms": round(timed(step, args.reps), 2), "verify": {}}
     one_call = speculative._steps_exact
+
+    def row_by_row(k: int):
+        def go():
+            speculative._steps_exact = lambda layer, rows: False  # attention row by row
+            try:
+                verify(k)()
+            finally:
+                speculative._steps_exact = one_call
+
+        return go
+
+    row = {"depth": depth, "kv": str(model.kv), "verify": {}}
     for k in args.rows:
-        one = timed(verify(k), args.reps)
-        speculative._steps_exact = lambda layer, rows: False  # attention row by row
-        try:
-            rowwise = timed(verify(k), args.reps)
-        finally:
-            speculative._steps_exact = one_call
-        row["verify"][k] = {"one_call_ms": round(one, 2), "row_by_row_ms": round(rowwise, 2)}
+        step_ms, one, rowwise = timed([step, verify(k), row_by_row(k)], args.reps)
+        row["verify"][k] = {
+            "decode_ms": round(step_ms, 2),
+            "one_call_ms": round(one, 2),
+            "row_by_row_ms": round(rowwise, 2),
+        }
         print(
-            f"  {k:2d} rows: one call {one:7.2f} ms ({one / row['decode_ms']:.2f} steps), "
-            f"row by row {rowwise:7.2f} ms ({rowwise / row['decode_ms']:.2f} steps)",
+            f"  {k:2d} rows: decode step {step_ms:6.2f} ms, one call {one:7.2f} ms ({one / step_ms:.2f} steps), "
+            f"row by row {rowwise:7.2f} ms ({rowwise / step_ms:.2f} steps)",
             flush=True,
         )
+    row["decode_ms"] = round(statistics.median(v["decode_ms"] for v in row["verify"].values()), 2)
     return row
 
 
@@ -96,7 +110,7 @@ def main() -> int:
     for name in args.models.split(","):
         m = doc["models"][name] = run_model(name, args)
         for k, v in m["verify"].items():
-            d = m["decode_ms"]
+            d = v["decode_ms"]
             print(
                 f"| {name} | {m['depth']} | {d} | {k} | {v['one_call_ms']} ({v['one_call_ms'] / d:.2f}) | "
                 f"{v['row_by_row_ms']} ({v['row_by_row_ms'] / d:.2f}) |"
