@@ -61,6 +61,24 @@ static inline float hsum(f16v a) {
   float s = 0; for (int i = 0; i < 16; i++) s += a[i]; return s;
 #endif
 }
+#if defined(__AVX512F__)
+// hsum of 16 vectors at once: lane k of the result is hsum(v[k]) to the bit, each sum formed
+// from the pairs _mm512_reduce_add_ps forms (halves of 8, of 4, then pairs 2 apart, then
+// neighbours), in the same order; a + b == b + a exactly.
+static inline __m512 hsum16(const __m512 *v) {
+  __m512 t[8], u[4], w[2];
+  for (int k = 0; k < 8; k++)  // lanes i + (i + 8): key k in quarters 0-1, key k + 8 in 2-3
+    t[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[k], v[k + 8], 0xEE), _mm512_shuffle_f32x4(v[k], v[k + 8], 0x44));
+  for (int k = 0; k < 4; k++)  // + 4 apart: quarters hold keys k, k + 8, k + 4, k + 12
+    u[k] = _mm512_add_ps(_mm512_shuffle_f32x4(t[k], t[k + 4], 0x88), _mm512_shuffle_f32x4(t[k], t[k + 4], 0xDD));
+  for (int k = 0; k < 2; k++)  // + 2 apart
+    w[k] = _mm512_add_ps(_mm512_shuffle_ps(u[k], u[k + 2], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(u[k], u[k + 2], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15), r);
+}
+#endif
 static inline float hmax(f16v a) {
 #if defined(__AVX512F__)
   return _mm512_reduce_max_ps((__m512)a);
@@ -198,6 +216,11 @@ struct Ctx {
 };
 
 static const int BT = 32;
+#if defined(__AVX512F__)
+#define TK_512 1  // few rows score keys decoded a block at a time (score_decoded)
+#else
+#define TK_512 0
+#endif
 static const int VROWS = TK_AVX2 ? 2 : 4;  // rows whose value sums stay in registers (2 x 4 x 16 lanes)
 static const int CH = 7;
 static const int64_t PRE_ROWS = 8;  // rows from which the float path scores a block by one matmul
@@ -916,9 +939,10 @@ static inline __attribute__((always_inline)) void add_values(float *o, int64_t W
 }
 
 // More rows than one dot_key or add_values call takes (a group of 7, a verification's
-// positions): each stored vector decoded once, as those calls decode it, into kx (D floats)
-// or vt (n, Dv), then every group of rows runs the same multiply-adds over the decoded
-// floats. Decoding is exact, so a row sums bit for bit as it does from the codes.
+// positions), and on AVX-512 every few-row block's keys (score_decoded): each stored vector
+// decoded once, as those calls decode it, into D floats, then every group of rows runs the
+// same multiply-adds over the decoded floats. Decoding is exact, so a row sums bit for bit
+// as it does from the codes.
 template <int KIND>
 static inline void decode_once(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, int64_t D, const f16v &cb,
                                float *out) {
@@ -978,6 +1002,56 @@ static inline __attribute__((always_inline)) void add_values_decoded(float *o, i
     for (int u = 0; u < NR; u++) st(o + u * W + 16 * c, a[u]);
   }
 }
+
+#if defined(__AVX512F__)
+// Scores of rows (q: D apart) against n keys decoded by decode_once (kx: n, D), ks[j] each
+// key's scale, kb[r] a per-row offset (or null): 16 keys of a row at a time, each dot summed as
+// dot_key sums it (two chains, the tail into the first, their sum, then hsum's pairs: hsum16),
+// then the offset, the scale, the bias and what the row sees as vectors, one store per 16.
+static void score_decoded(const float *q, const float *kx, const float *ks, const float *kb, const float *bias,
+                          const int64_t *lo, const int64_t *hi, const char *alive, int64_t nrows, int64_t j0,
+                          int64_t n, int64_t D, float *sc) {
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  for (int64_t r = 0; r < nrows; r++) {
+    const float *qr = q + r * D;
+    for (int64_t g = 0; g < n; g += 16) {
+      if (!alive[r]) {  // sees none of the block
+        _mm512_storeu_ps(sc + r * BT + g, ninf);
+        continue;
+      }
+      __m512 v[16];
+      for (int k0 = 0; k0 < 16; k0 += 4) {  // 4 keys at a time: 8 chains in flight
+        const float *kk = kx + (g + k0) * D;
+        __m512 a0[4], a1[4];
+        for (int i = 0; i < 4; i++) a0[i] = a1[i] = _mm512_setzero_ps();
+        if (g + k0 < n) {
+          for (int64_t b = 0; b < D / 32; b++) {
+            const __m512 q0 = _mm512_loadu_ps(qr + 32 * b), q1 = _mm512_loadu_ps(qr + 32 * b + 16);
+            for (int i = 0; i < 4; i++) {
+              a0[i] = _mm512_fmadd_ps(q0, _mm512_loadu_ps(kk + i * D + 32 * b), a0[i]);
+              a1[i] = _mm512_fmadd_ps(q1, _mm512_loadu_ps(kk + i * D + 32 * b + 16), a1[i]);
+            }
+          }
+          if (D % 32) {
+            const __m512 qt = _mm512_loadu_ps(qr + D - 16);
+            for (int i = 0; i < 4; i++) a0[i] = _mm512_fmadd_ps(qt, _mm512_loadu_ps(kk + i * D + D - 16), a0[i]);
+          }
+        }
+        for (int i = 0; i < 4; i++) v[k0 + i] = _mm512_add_ps(a0[i], a1[i]);
+      }
+      __m512 s = hsum16(v);
+      if (kb) s = _mm512_add_ps(s, _mm512_set1_ps(kb[r]));
+      s = _mm512_mul_ps(s, _mm512_loadu_ps(ks + g));
+      if (bias) s = _mm512_add_ps(s, _mm512_set1_ps(bias[r]));
+      const __m512i tok = _mm512_add_epi32(_mm512_set1_epi32((int)(j0 + g)), iota);
+      const __mmask16 in = _mm512_cmpge_epi32_mask(tok, _mm512_set1_epi32((int)lo[r])) &
+                           _mm512_cmplt_epi32_mask(tok, _mm512_set1_epi32((int)hi[r]));
+      _mm512_storeu_ps(sc + r * BT + g, _mm512_mask_blend_ps(in, ninf, s));
+    }
+  }
+}
+#endif
 
 // out rows (NR, W apart) += sum_j w[u][j] * vt_j over n decoded value vectors (vt: n, Dv).
 template <int NR>
@@ -1089,7 +1163,7 @@ struct Work {
   const int64_t *lo, *hi;  // each row's visible tokens within the chunk
   const char *alive;
   bool many;                   // many rows (prefill): a block's keys and values decoded once, scored by matmul
-  bool once;                   // AVX-512 and portable builds, more than 4 rows: each key and value decoded once into vt
+  bool once;                   // AVX-512 and portable builds, more than 4 rows: each value (portable: key) decoded once into vt
   float *kT, *kscl, *vt, *pv;  // many rows: a key block transposed and its scales, a value block, the rows' sums
   float *lanes;                // AVX2 few rows: (rows, 8 keys, 8 lanes) dots
   const uint8_t *k[4], *v[4];  // this head's fields
@@ -1262,6 +1336,17 @@ static void score_block(Work &w, int64_t j0, int64_t n) {
   else if (KK == TQ4 && w.q8) score_few<KK, true>(w, j0, n, q, w.kb);  // kb: the codebook offset per row
   else score_few<KK, false>(w, j0, n, q, kb);
   (void)alive;
+#elif defined(__AVX512F__)
+  {  // few rows (decode, a verification): the block's keys decoded once, 16 scored a row at a time
+    alignas(64) float ks[BT] = {};
+    for (int64_t j = 0; j < n; j++) {
+      const uint8_t *k0 = kb0 + (j0 + j) * s.kt0, *k1 = kb1 ? kb1 + (j0 + j) * s.kt1 : nullptr;
+      decode_once<KK>(k0, k1, nullptr, D, x->kcb, w.vt + j * D);
+      ks[j] = vec_scale<KK>(k1);
+    }
+    if (n % 4) memset(w.vt + n * D, 0, (4 - n % 4) * D * sizeof(float));  // the last 4 keys' tail, scored unseen
+    score_decoded(q, w.vt, ks, kb, bias, lo, hi, alive, nrows, j0, n, D, sc);
+  }
 #else
   for (int64_t j = 0; j < n; j++) {  // few rows (decode): each key decoded once per 4 rows, or once (w.once)
     const int64_t tok = j0 + j;
@@ -1439,7 +1524,7 @@ static void chunk_fn_attn(const void *p, int64_t c) {
   }
   const bool many = (x->prow ? x->prow : nrows) >= PRE_ROWS;
   const bool once = !TK_AVX2 && !many && nrows > VROWS;
-  const bool decoded = many || once || TK_AVX2 || (is_ab(s.vkind) && Dv % 32);  // value_block decodes a block first
+  const bool decoded = many || once || TK_AVX2 || TK_512 || (is_ab(s.vkind) && Dv % 32);  // a block decoded first
   avec<float> sc(nrows * BT), kT(many ? D * BT : 0), kscl(BT), vt(decoded ? BT * (D > Dv ? D : Dv) : 0),
       pv(many ? nrows * Dv : 0), qt(is_ak(s.kkind) ? nrows * D : 0), kb(nrows), tmp(is_av(s.vkind) ? nrows * W : 0),
       z(nrows), lanes(TK_AVX2 && !many ? nrows * 64 : 0);
