@@ -36,7 +36,7 @@ decode step (a verification of k rows cost 1.55 steps at k = 4 and 4.9 at 16 on 
 pauses for a number of steps that doubles each time in a row, then probes with a short draft.
 
 Lookup drafts are on by default (`DEFAULT_SPEC`): measured at about 3,800 tokens of context on
-both real models (docs/speed.md, `bench/speculative.py`), they gave 1.36-2.05x our plain decode,
+both real models (docs/speed.md, `bench/speculative.py`), they gave 1.40-2.38x our plain decode,
 open generation included. Draft models do not pay with these two: Qwen's Q2_K copy (5.2 bits a
 weight) reads the prompt into its own cache and costs about what the target does (0.20x).
 """
