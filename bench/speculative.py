@@ -12,9 +12,8 @@ Each task runs greedily (`--n-gen` tokens) through our engine on its default KV 
 without speculation (`spec_type="none"`: lookup drafts are on by default) and with prompt
 lookup (`--spec-type ngram-simple`), the two in turn `--repeat` times (the median of each),
 and on Qwen's edit drafted by a Q2_K copy of Qwen made by llama.cpp's quantizer; then through
-llama-server
-(built from the llama.cpp that llama-cpp-python 0.3.36 vendors: bench/build_llama_server.sh)
-with flash attention, its f16 cache, 2 threads and one slot, once per `--llama-types` entry.
+llama-server (built from the llama.cpp that llama-cpp-python 0.3.36 vendors:
+bench/build_llama_server.sh) with flash attention, its f16 cache, 2 threads and one slot, once per `--llama-types` entry.
 Both engines get the same prompt token ids. Decode speed is generated tokens over decode
 seconds (the prompt excluded, as llama-server's `predicted_per_second`). The speculative
 output is checked equal to the plain output (greedy: it must be, token for token).

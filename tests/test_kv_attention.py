@@ -163,7 +163,7 @@ def test_a_few_rows_in_one_call_are_their_decode_steps_other_builds(target, monk
 @pytest.mark.parametrize("spec,window", [("tq3", 300), ("kvarn4", 300), ("q8_0:tq4", 200)])
 def test_a_sliding_layer_takes_drafts_and_trims_back_to_its_decode_state(spec, window):
     """Across a sliding layer's compactions: wherever `room` lets k rows in, k rows attended
-    (row by row, as a verification past the window does) and trimmed back to the first j leave
+    (as decode steps; a verification's one call computes the same) and trimmed back to the first j leave
     the state of a cache that took only those j (tq3's one-token units leave the window at
     every step, yet the layer takes drafts)."""
     from tightkv.engine.speculative import room

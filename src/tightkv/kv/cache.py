@@ -201,7 +201,7 @@ class DenseCache:
 
     def steps_exact(self, T: int) -> bool:
         """Whether attending T new positions at once gives each what T decode steps give."""
-        return fused.steps_exact(self, T, self.keys.shape[2], self.values.shape[2])
+        return fused.steps_exact(T, self.keys.shape[2], self.values.shape[2])
 
     def attend_last(self, q, scale, sinks=None, steps=False):
         """Attend q (H, T, D) at the last T positions over the stored history, appending

@@ -137,7 +137,7 @@ class CompressedCache:
 
     def steps_exact(self, T: int) -> bool:
         """Whether attending T new positions at once gives each what T decode steps give."""
-        return fused.steps_exact(self, T, self.dk, self.dv, self.fused)
+        return fused.steps_exact(T, self.dk, self.dv, self.fused)
 
     def attend_last(self, q: torch.Tensor, scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """Attend q (H, T, D) at the last T positions over the stored history, appending

@@ -30,9 +30,9 @@ def takes(kcodec, vcodec, tile: int) -> bool:
     )
 
 
-def steps_exact(cache, T: int, d: int, dv: int, takes_kernel: bool = True) -> bool:
-    """Whether one call (``attend(..., steps=True)``) for the next T positions of `cache` (head
-    dims d, dv) computes each position bit for bit as its own decode step would: the kernel's
+def steps_exact(T: int, d: int, dv: int, takes_kernel: bool = True) -> bool:
+    """Whether one call (``attend(..., steps=True)``) for the next T positions of a cache of head
+    dims d, dv computes each position bit for bit as its own decode step would: the kernel's
     steps calls (each row's tokens split as its decode step splits them, from the first token
     its window shows); `takes_kernel`: whether the cache's formats take the kernel."""
     return takes_kernel and T <= MAX_T and kernel.dims_ok(d, dv) and kernel.lib() is not None
