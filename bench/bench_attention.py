@@ -19,6 +19,7 @@ import json
 import statistics
 import time
 
+import tightkv  # noqa: F401  (before torch: its OpenMP defaults, `tightkv._openmp_defaults`, as users get them)
 import torch
 
 SHAPES = {"gemma": (1, 4, 256), "qwen": (2, 14, 64), "llama": (8, 32, 128), "phi": (32, 32, 96), "d80": (4, 16, 80)}

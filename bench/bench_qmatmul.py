@@ -21,6 +21,7 @@ import argparse
 import time
 
 import numpy as np
+import tightkv  # noqa: F401  (before torch: its OpenMP defaults, `tightkv._openmp_defaults`, as users get them)
 import torch
 
 from tightkv.gguf import quants

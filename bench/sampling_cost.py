@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 
+import tightkv  # noqa: F401  (before torch: its OpenMP defaults, `tightkv._openmp_defaults`, as users get them)
 import torch
 
 from tightkv import Model

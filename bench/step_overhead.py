@@ -14,6 +14,7 @@ import argparse
 import collections
 import time
 
+import tightkv  # noqa: F401  (before torch: its OpenMP defaults, `tightkv._openmp_defaults`, as users get them)
 import torch
 
 from tightkv import Model

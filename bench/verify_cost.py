@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import tightkv  # noqa: F401  (before torch: its OpenMP defaults, `tightkv._openmp_defaults`, as users get them)
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))

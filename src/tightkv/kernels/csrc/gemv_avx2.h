@@ -659,6 +659,72 @@ static void rows512(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const
 }
 
 #if defined(__AVX512VNNI__)
+// The types `rows512x2` takes: signed codes, no mins, one pair of 32-weight groups (two
+// blocks) per iteration of rows512's VNNI path.
+template <class T>
+struct Pairs2 {
+  static constexpr bool OK =
+      Wide<T>::OK ? Wide<T>::NP == 1 && Wide<T>::SIGNED && !Wide<T>::MIN : T::QK == 32 && T::SIGNED && !T::MIN;
+  // From how many activation rows: Q8_0's 34-byte blocks stay bound by memory below 5 rows,
+  // where one weight row at a time streamed faster (Gemma 3's 262,144 x 640 output, Zen 5).
+  static constexpr int FROM = T::TS == 34 ? 5 : 2;
+};
+// One iteration's codes (as unsigned w + 128) and lane scales, as rows512's VNNI path has them.
+template <class T>
+static ALWAYS_INLINE void signed_pair(const uint8_t *b, __m512i &qu, __m512 &s) {
+  if constexpr (Wide<T>::OK) {
+    __m512 mn;
+    Wide<T>::load(b, &qu, &s, mn);
+  } else {
+    __m256i q[2];
+    __m256 sv[2];
+    UNROLL for (int k = 0; k < 2; k++)
+      T::visit(b + k * T::TS, [&](int, __m256i qq, float s0, float s1, float, float) ALWAYS_INLINE_LAMBDA {
+        q[k] = qq;
+        sv[k] = halves(s0, s1);
+      });
+    qu = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q[0]), q[1], 1), _mm512_set1_epi8((char)0x80));
+    s = _mm512_insertf32x8(_mm512_castps256_ps512(sv[0]), sv[1], 1);
+  }
+}
+
+// rows512 for several activation rows, two weight rows at a time: each activation row's
+// codes and scales are loaded once for both, halving the loads and address arithmetic per
+// product where a few rows (a verification, a batch) keep the kernel busy with arithmetic
+// rather than memory. Each weight row runs the very operations rows512 runs for it, in the
+// same order, so its sums are bit for bit those of rows512 (and of a row alone).
+template <class T, int M>
+static void rows512x2(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ &x, float *y, int64_t ldy) {
+  static_assert(T::QK == 32, "one pair of groups per iteration");
+  const int64_t K = x.K, G = K / 32;
+  int64_t r = r0;
+  for (; r + 1 < r1; r += 2) {
+    const uint8_t *b0 = w + r * ldw, *b1 = b0 + ldw;
+    __m512 acc0[M], acc1[M];
+    for (int m = 0; m < M; m++) acc0[m] = acc1[m] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g += 2, b0 += 2 * T::TS, b1 += 2 * T::TS) {
+      prefetch_ahead(b0 + PREFETCH, 2 * T::TS);  // twice rows512's distance: two rows' blocks an iteration
+      prefetch_ahead(b1 + PREFETCH, 2 * T::TS);
+      __m512i qu0, qu1;
+      __m512 s0, s1;
+      signed_pair<T>(b0, qu0, s0);
+      signed_pair<T>(b1, qu1, s1);
+      for (int m = 0; m < M; m++) {
+        const __m512i xv = _mm512_loadu_si512((const void *)(x.q + m * K + 32 * g));
+        const float *dc = x.d8 + 16 * (m * G + g);
+        const __m512 d = _mm512_loadu_ps(dc), d16 = _mm512_loadu_ps(dc + 16);
+        acc0[m] = _mm512_fmadd_ps(_mm512_fmsub_ps(_mm512_cvtepi32_ps(dot4x(qu0, xv)), d, d16), s0, acc0[m]);
+        acc1[m] = _mm512_fmadd_ps(_mm512_fmsub_ps(_mm512_cvtepi32_ps(dot4x(qu1, xv)), d, d16), s1, acc1[m]);
+      }
+    }
+    for (int m = 0; m < M; m++) {
+      y[m * ldy + r] = _mm512_reduce_add_ps(acc0[m]);
+      y[m * ldy + r + 1] = _mm512_reduce_add_ps(acc1[m]);
+    }
+  }
+  if (r < r1) rows512<T, M>(w, ldw, r, r1, x, y, ldy);
+}
+
 #define TK_GEMM 1
 // A prompt's products, every block type's, as a GEMM: a chunk's weight rows
 // are unpacked once (per thread and call, `GemmPack`) into int8 codes laid out 16 rows by
@@ -784,6 +850,10 @@ static void chunk(const void *p, int64_t c) {
 #if TK_GEMV_512
 #if TK_GEMM
     if (g->gemm) return gemm_rows<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
+#endif
+#if defined(__AVX512VNNI__)
+    if constexpr (Pairs2<T>::OK && M >= Pairs2<T>::FROM)
+      if (g->x.K % 64 == 0) return rows512x2<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
 #endif
     if (g->x.K % 64 == 0) return rows512<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
 #endif
