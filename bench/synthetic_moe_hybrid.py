@@ -29,7 +29,10 @@ temporary directory:
 
 Rows: each engine fills its cache to `depth` tokens with a prefill (pp, tokens/s; at depth
 512 that is pp512), then decodes `n-gen` tokens (tg; the first step not timed). Ours with
-the default cache, llama.cpp with f16 and q8_0 caches. For the MoE models (and gemma4),
+the default cache, llama.cpp with f16 and q8_0 caches. `--rounds R` runs the engines R times
+in turn, each run in a fresh process, and keeps each engine's round of median decode speed
+(every round's in `tg_rounds`): a shared machine's speed drifts by 10-30% over minutes, alike
+for both engines. For the MoE models (and gemma4),
 `--bytes` also measures the weight bytes one decode step reads: the file's pages are dropped
 from memory (madvise and posix_fadvise DONTNEED, read-around off), one token decoded, and
 the pages then resident counted (mincore), against the routed experts' rows plus the dense
@@ -477,6 +480,12 @@ def main() -> None:
         default=16,
         help="decode steps before the timed ones (an MoE step touches experts not yet mapped)",
     )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every engine this many times in turn, each in a fresh process (the round of median decode speed)",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ours", default="kvarn4", help="our KV types (default: the default cache), comma-separated")
     ap.add_argument("--llamacpp", default="f16,q8_0")
@@ -491,7 +500,7 @@ def main() -> None:
     )
     ns = ap.parse_args()
     doc = {"models": {k: MODELS[k] for k in ns.models.split(",")}, "threads": ns.threads, "n_gen": ns.n_gen}
-    doc["warmup"] = ns.warmup
+    doc["warmup"], doc["rounds"] = ns.warmup, ns.rounds
     doc["machine"] = base_machine()
     rows = doc["rows"] = []
     kept = json.loads(Path(ns.json).read_text()) if ns.merge and ns.json and Path(ns.json).exists() else {}
@@ -516,14 +525,30 @@ def main() -> None:
             for depth in (int(d) for d in ns.depths.split(",")):
                 runs = [(base.ours, "tightkv", kv) for kv in filter(None, ns.ours.split(","))]
                 runs += [(base.llamacpp, "llama.cpp", kv) for kv in filter(None, ns.llamacpp.split(","))]
-                for fn, engine, kv in runs:
-                    print(f"{kind} depth {depth}: {engine} {kv} ...", file=sys.stderr, flush=True)
-                    args = (path, kv, depth, ns.n_gen, ns.threads, ns.reps, MODELS[kind]["vocab"], ns.warmup)
-                    row = base.isolated(fn, *args)
-                    rows.append({"model": kind, **row})
-                    if ns.json:
-                        Path(ns.json).write_text(json.dumps(merged(kept, doc), indent=1))
+                got: dict[tuple[str, str], list[dict]] = {}
+                for r in range(ns.rounds):  # the engines in turn, each in a process of its own
+                    for fn, engine, kv in runs:
+                        print(
+                            f"{kind} depth {depth}: {engine} {kv} (round {r + 1}/{ns.rounds}) ...",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        args = (path, kv, depth, ns.n_gen, ns.threads, ns.reps, MODELS[kind]["vocab"], ns.warmup)
+                        got.setdefault((engine, kv), []).append(base.isolated(fn, *args))
+                rows.extend({"model": kind, **median_round(runs)} for runs in got.values())
+                if ns.json:
+                    Path(ns.json).write_text(json.dumps(merged(kept, doc), indent=1))
     print_table(rows)
+
+
+def median_round(runs: list[dict]) -> dict:
+    """Of one engine's rounds, the one with the median decode speed, with every round's speed
+    (`tg_rounds`): on a shared machine the engines' speeds drift together over minutes, so
+    rounds taken in turn and compared at their medians cancel most of it."""
+    row = dict(sorted(runs, key=lambda r: r["tg_tok_s"])[(len(runs) - 1) // 2])
+    if len(runs) > 1:
+        row["tg_rounds"] = [r["tg_tok_s"] for r in runs]
+    return row
 
 
 def merged(kept: dict, doc: dict) -> dict:
@@ -533,6 +558,7 @@ def merged(kept: dict, doc: dict) -> dict:
     key = lambda r: (r["model"], r["depth"], r["engine"], r["kv"])  # noqa: E731
     new = {key(r) for r in doc["rows"]}
     out = {**kept, **{k: v for k, v in doc.items() if k != "rows"}}
+    out["models"] = {**kept.get("models", {}), **doc["models"]}
     out["rows"] = [r for r in kept.get("rows", []) if key(r) not in new] + doc["rows"]
     for part in ("moe_bytes", "gptoss_bytes", "gemma4_bytes", "memory"):
         if part in kept and part not in doc:

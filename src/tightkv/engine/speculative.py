@@ -31,12 +31,12 @@ Exact, not approximate:
 
 Adaptive (`Speculator`): the draft length is the one expected to give the most tokens per unit
 of time, from the recent acceptance and what a verified row has been timed to cost beside a
-decode step (a verification of k rows cost 1.55 steps at k = 4 and 4.9 at 16 on Gemma 3 270M,
-2.2 and 7.3 on Qwen2.5-Coder-0.5B: docs/speed.md); where no draft pays, speculation
+decode step (a verification of k rows cost 1.51 steps at k = 4 and 3.72 at 16 on Gemma 3 270M,
+1.98 and 5.68 on Qwen2.5-Coder-0.5B: docs/speed.md); where no draft pays, speculation
 pauses for a number of steps that doubles each time in a row, then probes with a short draft.
 
 Lookup drafts are on by default (`DEFAULT_SPEC`): measured at about 3,800 tokens of context on
-both real models (docs/speed.md, `bench/speculative.py`), they gave 1.40-2.38x our plain decode,
+both real models (docs/speed.md, `bench/speculative.py`), they gave 1.32-2.46x our plain decode,
 open generation included. Draft models do not pay with these two: Qwen's Q2_K copy (5.2 bits a
 weight) reads the prompt into its own cache and costs about what the target does (0.20x).
 """
