@@ -93,6 +93,46 @@ def render_ppl_long(d: dict) -> list[str]:
     return parts
 
 
+def render_ruler(d: dict, name: str) -> list[str]:
+    """RULER-style tasks (#52): each type's mean score per task and length with its 95% Wilson
+    interval, the mean over the lengths measured, and the last type's difference from the first."""
+    types = d["types"].split(",")
+    parts = [
+        f"## RULER-style tasks: {d['model']}",
+        "",
+        f"`python bench/ruler.py {d['model']}` ({d['machine']['cpu']}, kernels {d['machine']['kernels']}; "
+        f"[{name}](bench/{name})): {d['samples']} samples per task and length on the essays, seed {d['seed']}, "
+        f"scored by exact containment; {d['seconds'] / 3600:.1f} hours of wall time so far.",
+        "",
+        f"The last column counts the samples (the same prompts) that {types[-1]} scored below and above {types[0]}.",
+        "",
+        "| task | length | " + " | ".join(types) + f" | {types[-1]} - {types[0]} (points) | samples lower / higher |",
+        "|---|---:|" + "---:|" * (len(types) + 2),
+    ]
+    for task, run in d["tasks"].items():
+        res = run["results"]
+        lengths = sorted(res[types[0]]["cells"], key=int)
+        for length in [*lengths, "mean"] if len(lengths) > 1 else lengths:
+            base = {x["id"]: x["score"] for x in res[types[0]]["samples"] if length in ("mean", str(x["length"]))}
+            last = {x["id"]: x["score"] for x in res[types[-1]]["samples"] if x["id"] in base}
+            moved = f"{sum(last[i] < base[i] for i in last)} / {sum(last[i] > base[i] for i in last)}"
+            means, cols = [], []
+            for t in types:
+                if length == "mean":
+                    scores = [x["score"] for x in res[t]["samples"]]
+                    means.append(sum(scores) / len(scores))
+                    cols.append(f"{100 * means[-1]:.1f}%")
+                else:
+                    c = res[t]["cells"][length]
+                    means.append(c["mean"])
+                    cols.append(f"{100 * c['mean']:.1f}% [{100 * c['lo']:.0f}-{100 * c['hi']:.0f}]")
+            label = f"**mean of {len(lengths)}**" if length == "mean" else length
+            parts.append(
+                f"| {task} | {label} | " + " | ".join(cols) + f" | {100 * (means[-1] - means[0]):+.1f} | {moved} |"
+            )
+    return parts + [""]
+
+
 def _ppl_long_rows(engine: str, cell: dict, ctxs: list[str], longest: str) -> list[str]:
     kinds = [k for k, r in cell.items() if isinstance(r, dict) and "by_ctx" in r]
     rows = []
@@ -232,6 +272,9 @@ def render() -> str:
     parts += render_policy(_load("kv_policy"))
     for path in sorted(OUT.glob("ppl_long_*.json")):
         parts += render_ppl_long(json.loads(path.read_text()))
+    for path in sorted(OUT.glob("ruler_*.json")):
+        if not path.name.endswith(".part.json"):  # a sweep's task in progress
+            parts += render_ruler(json.loads(path.read_text()), path.name)
     niah = _load("niah")
     if niah:
         parts += [

@@ -3,16 +3,18 @@ task and length, on f16 and the default cache, for one model: issue #52's goal i
 default's mean score within 3 points of f16 on every task, averaged over lengths.
 
     python bench/ruler.py MODEL [--lengths 4096,8192,16384] [--samples 40] [--types f16,kvarn4]
-        [--name NAME] [--json PATH]
+        [--tasks ...] [--name NAME] [--json PATH]
 
 MODEL is a registry name or a .gguf path; the JSON goes to docs/bench/ruler_NAME.json
 (NAME: the registry name with ':' as '-', or the file's stem). The haystack is the
-essays (`tightkv.eval.corpus`). Each task is one `tightkv niah --task` run, merged into
-the JSON as it ends, so an interrupted sweep resumes at the next task (a task already
-there with the same lengths, samples and types is kept). Prefill dominates: the full
+essays (`tightkv.eval.corpus`). Each (length, task) is one `tightkv niah --task` run,
+merged into the JSON as it ends: an interrupted sweep resumes at the next one, and a
+later run with other lengths adds them (a sample's prompt depends only on the seed, task,
+length and index, so a length run alone is the same as in a longer sweep). Shorter
+lengths run first, every task at one length before the next. Prefill dominates: the full
 sweep is 6 tasks x 40 samples x (4,096 + 8,192 + 16,384) tokens, 6.9M prompt tokens a
-type, many hours on 2 cores; `--samples` and `--lengths` size it (add 32768 where the
-model's f16 scores above chance at 16K).
+type, many hours on 2 cores; `--samples`, `--lengths` and `--tasks` size it (add 32768
+where the model's f16 scores above chance at 16K).
 """
 
 from __future__ import annotations
@@ -34,34 +36,45 @@ def default_name(model: str) -> str:
     return path.stem.lower() if model.endswith(".gguf") else model.replace(":", "-").replace("/", "-")
 
 
-def run_task(ns, task: str, part: Path) -> dict:
-    """One `tightkv niah --task TASK` over the lengths and types; its JSON."""
-    cmd = [sys.executable, "-m", "tightkv.cli", "niah", ns.model, "--task", task, "--lengths", ns.lengths]
+def run_one(ns, task: str, length: int, part: Path) -> dict:
+    """One `tightkv niah --task TASK --lengths LENGTH` over the types: its JSON's cells
+    and samples per type, and its wall time."""
+    cmd = [sys.executable, "-m", "tightkv.cli", "niah", ns.model, "--task", task, "--lengths", str(length)]
     cmd += ["--samples", str(ns.samples), "--seed", str(ns.seed), "--compare", ns.types]
     cmd += ["--haystack", str(ns.haystack), "--threads", str(ns.threads), "--json", str(part)]
     print("$ tightkv " + " ".join(cmd[3:]), flush=True)
     t0 = time.time()
     subprocess.run(cmd, check=True)
-    doc = json.loads(part.read_text())
-    return {"seconds": round(time.time() - t0), "prompts": doc["prompts"], "results": doc["results"][task]}
+    results = json.loads(part.read_text())["results"][task]
+    return {"seconds": round(time.time() - t0), "results": results}
+
+
+def merge(run: dict, one: dict, length: int) -> None:
+    """Add one length's run to a task's results (each type's cells and samples)."""
+    run["seconds"] = run.get("seconds", 0) + one["seconds"]
+    for t, r in one["results"].items():
+        into = run.setdefault("results", {}).setdefault(t, {"cells": {}, "samples": []})
+        into["cells"][str(length)] = r["cells"][str(length)]
+        into["samples"] = [s for s in into["samples"] if s["length"] != length] + r["samples"]
 
 
 def summary(doc: dict) -> str:
-    """Per task: each type's mean score over lengths, and the last type's difference from
-    the first (the baseline) in points."""
+    """Per task: the lengths measured, each type's mean score over them, and the last type's
+    difference from the first (the baseline) in points."""
     types = doc["types"].split(",")
-    lines = [f"{'task':<12}" + "".join(f"{t:>12}" for t in types) + f"{'diff (pts)':>12}"]
+    lines = [f"{'task':<12}{'lengths':>18}" + "".join(f"{t:>12}" for t in types) + f"{'diff (pts)':>12}"]
     for task, run in doc["tasks"].items():
+        lengths = ",".join(sorted(run["results"][types[0]]["cells"], key=int))
         means = []
         for t in types:
             scores = [x["score"] for x in run["results"][t]["samples"]]
             means.append(sum(scores) / len(scores))
         row = "".join(f"{m:>12.1%}" for m in means)
-        lines.append(f"{task:<12}{row}{100 * (means[-1] - means[0]):>+12.1f}")
+        lines.append(f"{task:<12}{lengths:>18}{row}{100 * (means[-1] - means[0]):>+12.1f}")
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", help="registry name or .gguf path")
     ap.add_argument("--lengths", default="4096,8192,16384")
@@ -72,27 +85,29 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--name", default=None, help="the JSON's model name (default: from MODEL)")
     ap.add_argument("--json", type=Path, default=None, help="default docs/bench/ruler_NAME.json")
-    ns = ap.parse_args()
+    ns = ap.parse_args(argv)
     from tightkv.eval.bench import machine
     from tightkv.eval.corpus import essays_path
 
     ns.haystack = essays_path()
     out = ns.json or ROOT / "docs" / "bench" / f"ruler_{ns.name or default_name(ns.model)}.json"
     doc = json.loads(out.read_text()) if out.exists() else {}
-    same = {"lengths": ns.lengths, "samples": ns.samples, "seed": ns.seed, "types": ns.types}
-    if any(doc.get(k) != v for k, v in same.items()):
-        doc = {}  # another sweep's file: start again
+    same = {"samples": ns.samples, "seed": ns.seed, "types": ns.types}
+    if any(doc.get(k) != v for k, v in same.items()) or "lengths" in doc:
+        doc = {}  # another sweep's file (or one of a whole sweep per task): start again
     doc.update(model=ns.model, haystack=ns.haystack.name, **same, machine=machine(), tasks=doc.get("tasks", {}))
     part = out.with_suffix(".part.json")
-    for task in ns.tasks.split(","):
-        if task in doc["tasks"]:
-            print(f"{task}: kept from {out}")
-            continue
-        doc["tasks"][task] = run_task(ns, task, part)
-        doc["seconds"] = sum(run["seconds"] for run in doc["tasks"].values())
-        out.write_text(json.dumps(doc, indent=1) + "\n")
+    for length in sorted(int(n) for n in ns.lengths.split(",")):
+        for task in ns.tasks.split(","):
+            run = doc["tasks"].setdefault(task, {})
+            if str(length) in run.get("results", {}).get(ns.types.split(",")[0], {}).get("cells", {}):
+                print(f"{task} at {length}: kept from {out}")
+                continue
+            merge(run, run_one(ns, task, length, part), length)
+            doc["seconds"] = sum(r.get("seconds", 0) for r in doc["tasks"].values())
+            out.write_text(json.dumps(doc, indent=1) + "\n")
     part.unlink(missing_ok=True)
-    print(f"\n{ns.model}: mean score over lengths {ns.lengths}, {ns.samples} samples a task and length")
+    print(f"\n{ns.model}: mean score over the lengths measured, {ns.samples} samples a task and length")
     print(summary(doc))
     print(f"wall time {doc['seconds']} s; {out}")
     return 0

@@ -535,7 +535,7 @@ def main() -> None:
                         )
                         args = (path, kv, depth, ns.n_gen, ns.threads, ns.reps, MODELS[kind]["vocab"], ns.warmup)
                         got.setdefault((engine, kv), []).append(base.isolated(fn, *args))
-                rows.extend({"model": kind, **median_round(runs)} for runs in got.values())
+                rows.extend({"model": kind, **median_round(measured)} for measured in got.values())
                 if ns.json:
                     Path(ns.json).write_text(json.dumps(merged(kept, doc), indent=1))
     print_table(rows)

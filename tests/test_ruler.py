@@ -158,3 +158,26 @@ def test_endpoint_answers_as_the_local_engine(smoke, tmp_path):
     for task in TASKS:
         (got,) = next(iter(remote["results"][task].values()))["samples"]
         assert got == doc["results"][task]["f16"]["samples"][0], task
+
+
+def test_the_sweep_adds_lengths_and_keeps_what_it_has(tmp_path, capsys):
+    """bench/ruler.py runs each (length, task) on its own and merges it into the JSON: a
+    second run with another length adds that length's cells and samples beside the first's,
+    and a length already there is kept, not run again."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import ruler
+
+    out = tmp_path / "ruler.json"
+    args = ["gemma3:270m", "--tasks", "single", "--samples", "1", "--types", "f16,q8_0", "--threads", "1"]
+    assert ruler.main([*args, "--lengths", "512", "--json", str(out)]) == 0
+    first = json.loads(out.read_text())["tasks"]["single"]["results"]
+    assert ruler.main([*args, "--lengths", "512,640", "--json", str(out)]) == 0
+    assert "single at 512: kept" in capsys.readouterr().out
+    both = json.loads(out.read_text())["tasks"]["single"]["results"]
+    for kv in ("f16", "q8_0"):
+        assert sorted(both[kv]["cells"]) == ["512", "640"] and both[kv]["cells"]["512"] == first[kv]["cells"]["512"]
+        assert sorted(s["length"] for s in both[kv]["samples"]) == [512, 640]
+    assert not (tmp_path / "ruler.part.json").exists()
