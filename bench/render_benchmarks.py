@@ -95,7 +95,8 @@ def render_ppl_long(d: dict) -> list[str]:
 
 def render_ruler(d: dict, name: str) -> list[str]:
     """RULER-style tasks (#52): each type's mean score per task and length with its 95% Wilson
-    interval, the mean over the lengths measured, and the last type's difference from the first."""
+    interval, the mean over the lengths measured, the last type's difference from the first, and
+    how many of the same prompts it scored below and above the first."""
     types = d["types"].split(",")
     parts = [
         f"## RULER-style tasks: {d['model']}",
