@@ -26,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from tightkv.eval.ruler import TASKS
+from tightkv.errors import TightKVError
+from tightkv.eval.ruler import TASKS, parse_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +45,7 @@ def run_one(ns, task: str, length: int, part: Path) -> dict:
     cmd += ["--haystack", str(ns.haystack), "--threads", str(ns.threads), "--json", str(part)]
     print("$ tightkv " + " ".join(cmd[3:]), flush=True)
     t0 = time.time()
-    subprocess.run(cmd, check=True)
+    subprocess.run(cmd, check=True)  # tightkv niah prints its own one-line error
     results = json.loads(part.read_text())["results"][task]
     return {"seconds": round(time.time() - t0), "results": results}
 
@@ -86,6 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default=None, help="the JSON's model name (default: from MODEL)")
     ap.add_argument("--json", type=Path, default=None, help="default docs/bench/ruler_NAME.json")
     ns = ap.parse_args(argv)
+    try:
+        parse_tasks(ns.tasks)
+        if any(int(n) < 1 for n in ns.lengths.split(",")):
+            raise ValueError
+    except TightKVError as err:
+        ap.error(str(err))
+    except ValueError:
+        ap.error(f"--lengths must be positive integers, got {ns.lengths!r}")
     from tightkv.eval.bench import machine
     from tightkv.eval.corpus import essays_path
 
@@ -103,7 +112,12 @@ def main(argv: list[str] | None = None) -> int:
             if str(length) in run.get("results", {}).get(ns.types.split(",")[0], {}).get("cells", {}):
                 print(f"{task} at {length}: kept from {out}")
                 continue
-            merge(run, run_one(ns, task, length, part), length)
+            try:
+                one = run_one(ns, task, length, part)
+            except subprocess.CalledProcessError as err:
+                print(f"error: tightkv niah exited with {err.returncode} on {task} at {length}", file=sys.stderr)
+                return err.returncode
+            merge(run, one, length)
             doc["seconds"] = sum(r.get("seconds", 0) for r in doc["tasks"].values())
             out.write_text(json.dumps(doc, indent=1) + "\n")
     part.unlink(missing_ok=True)

@@ -499,6 +499,8 @@ def main() -> None:
         "--merge", action="store_true", help="keep the JSON's other rows (a partial rerun replaces its own)"
     )
     ns = ap.parse_args()
+    if ns.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {ns.rounds}")
     doc = {"models": {k: MODELS[k] for k in ns.models.split(",")}, "threads": ns.threads, "n_gen": ns.n_gen}
     doc["warmup"], doc["rounds"] = ns.warmup, ns.rounds
     doc["machine"] = base_machine()
