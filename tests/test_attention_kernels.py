@@ -127,7 +127,7 @@ SPECS = [
 def int8(request):
     have = attn.set_int8(request.param, request.param)
     if request.param and not have:
-        pytest.skip("no integer attention path in this build (neither AVX-512 VNNI nor AVX2)")
+        pytest.skip("no integer attention path in this build (AVX-512 VNNI, AVX2 or NEON)")
     yield request.param
     attn.set_int8()
 
@@ -135,14 +135,15 @@ def int8(request):
 @pytest.mark.parametrize("spec,hkv,H,d,window,T", SPECS)
 def test_compressed_fast_equals_reference(spec, hkv, H, d, window, T, int8):
     """Prefill chunks and decode steps. Float dots agree to rounding; the integer paths (tq4 with d % 128 == 0
-    on AVX-512 VNNI; tq4 keys and 4-bit KVarN with d % 64 == 0 on AVX2) within their quantization of the
+    on AVX-512 VNNI; tq4 keys and 4-bit KVarN with d % 64 == 0 on AVX2 and NEON) within their quantization of the
     query and the weights (see the next test for its size)."""
     sp = parse_kv(spec)
     has = lambda name: any(t.startswith(name) for t in (sp.k, sp.v))  # noqa: E731
     # int8 queries: the outputs of these random, flat attentions move by up to 5% of their max with
     # AVX2's 4-bit KVarN keys (the next test, and the integer paths' PPL and KLD in docs/kv-cache.md, size it)
     rel, ab = (1e-2, 1e-3)
-    avx2 = build.simd_name(build.library()) == "avx2"
+    # the few-row integer paths: AVX2's, and the same sums on NEON
+    avx2 = build.simd_name(build.library()).startswith(("avx2", "neon"))
     if int8 and has("tq4") and d % 128 == 0 and not avx2:
         rel, ab = 3e-2, None
     if int8 and has("tq4") and d % 64 == 0 and avx2:  # the keys' 7-bit codebook
@@ -184,7 +185,7 @@ def test_int8_path_error_is_small_next_to_the_codecs(spec, hkv, H, d, bound):
     queries against a 7-bit codebook) 0.06-0.12, 4-bit KVarN on AVX2 (int8 queries against the
     key codes, u8 weights over the value codes) 0.15-0.19."""
     if not attn.set_int8():
-        pytest.skip("no integer attention path in this build (neither AVX-512 VNNI nor AVX2)")
+        pytest.skip("no integer attention path in this build (AVX-512 VNNI, AVX2 or NEON)")
     g = torch.Generator().manual_seed(6)
     cache = parse_kv(spec).make_cache(0, 1, hkv, d, d, None)
     exact = DenseCache("f32", hkv, d, d, None)

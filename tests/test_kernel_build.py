@@ -118,3 +118,19 @@ def test_quick_build_gives_the_same_logits(embedded, quick, kv, monkeypatch):
     monkeypatch.setattr(build, "_lib", quick)
     fast = _steps(embedded, kv)
     assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(full, fast, strict=True))
+
+
+@pytest.mark.parametrize(
+    "hwcap,hwcap2,want",
+    [(0, 0, "portable"), (build.HWCAP_ASIMDDP, 0, "neon"), (build.HWCAP_ASIMDDP, build.HWCAP2_I8MM, "i8mm")],
+)
+def test_arm_targets_follow_the_kernels_hwcaps(monkeypatch, hwcap, hwcap2, want):
+    """Linux on ARM64 takes the CPU's extensions from getauxval (as qemu-user reports its
+    emulated CPU's, where /proc/cpuinfo shows the host's); a target above them is refused."""
+    monkeypatch.setattr(build.sys, "platform", "linux")
+    monkeypatch.setattr(build, "_hwcaps", lambda: (hwcap, hwcap2))
+    monkeypatch.setattr(build, "_cpu_flags", lambda: "flags : avx2 asimddp i8mm")  # ignored when hwcaps answer
+    assert build._arm_target("native") == want
+    if want != "i8mm":
+        with pytest.raises(RuntimeError, match="this CPU has no"):
+            build._arm_target("i8mm")

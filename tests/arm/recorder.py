@@ -28,7 +28,9 @@ from tightkv.kernels import abi, build
 MAX_CALL_BYTES = 4 << 20  # a call reaching more is skipped (whole models' weights)
 MAX_PER_KEY = 3  # calls kept per function and scalar arguments
 MAX_TOTAL = 400 << 20  # bytes recorded in all
-SKIP = {"tk_simd", "tk_gemv_int8", "tk_gemm_rows", "tk_lowbit_ready", "tk_attn_int8"}
+SKIP = {"tk_simd", "tk_gemv_int8", "tk_gemm_rows", "tk_lowbit_ready"}
+# calls that set the library's state for the calls after them: each is recorded, whatever the count
+STATE = {"tk_attn_int8"}
 
 # element types: the driver compares floats within a tolerance and the rest exactly
 DTYPES = {
@@ -95,6 +97,7 @@ class Recorder:
         self.counts: dict[tuple, int] = {}
         self.total = 0
         self.skipped: dict[str, int] = {}  # calls not recorded: a buffer not found, or too large
+        self.int8 = 3  # tk_attn_int8's mask: which attention sides may take the integer paths
 
     def __getattr__(self, name: str):
         fn = getattr(self._lib, name)
@@ -103,7 +106,13 @@ class Recorder:
         return lambda *args: self._call(name, fn, args)
 
     def _call(self, name, fn, args):
-        key = _key(name, args)
+        if name in STATE:
+            if args[0] >= 0:
+                self.int8 = int(args[0])
+            result = fn(*args)
+            self.calls.append(_encode(name, [(0, int(args[0]))], [], [], [], result))
+            return result
+        key = (*_key(name, args), self.int8)
         if self.counts.get(key, 0) >= MAX_PER_KEY or self.total > MAX_TOTAL:
             return fn(*args)
         regions = _Regions()

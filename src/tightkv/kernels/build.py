@@ -190,8 +190,26 @@ def _arm_features() -> set[str]:
     if sys.platform == "darwin":
         names = {"dotprod": "hw.optional.arm.FEAT_DotProd", "i8mm": "hw.optional.arm.FEAT_I8MM"}
         return {f for f, key in names.items() if sysctl(key) == "1"}
+    hwcaps = _hwcaps()
+    if hwcaps is not None:  # what the kernel says this process may run (qemu-user reports its CPU's)
+        hwcap, hwcap2 = hwcaps
+        return {f for f, on in (("dotprod", hwcap & HWCAP_ASIMDDP), ("i8mm", hwcap2 & HWCAP2_I8MM)) if on}
     flags = _cpu_flags().split()
     return {f for f, flag in (("dotprod", "asimddp"), ("i8mm", "i8mm")) if flag in flags}
+
+
+AT_HWCAP, AT_HWCAP2 = 16, 26  # Linux's auxiliary vector: the CPU features of arm64 (asm/hwcap.h)
+HWCAP_ASIMDDP, HWCAP2_I8MM = 1 << 20, 1 << 13
+
+
+def _hwcaps() -> tuple[int, int] | None:
+    """Linux on ARM64: getauxval(AT_HWCAP) and (AT_HWCAP2), or None where libc has no getauxval."""
+    try:
+        getauxval = ctypes.CDLL(None).getauxval
+    except (AttributeError, OSError):
+        return None
+    getauxval.restype, getauxval.argtypes = ctypes.c_ulong, [ctypes.c_ulong]
+    return getauxval(AT_HWCAP), getauxval(AT_HWCAP2)
 
 
 def sysctl(key: str) -> str:

@@ -44,6 +44,16 @@ static inline __m256 lut16(__m256i idx, __m256 cb0, __m256 cb1) {
 #else
 #define TK_AVX2 0
 #endif
+#if !TK_AVX2 && defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD)
+#define TK_NEON 1
+static inline int rnd(float x) { return (int)vcvtns_s32_f32(x); }  // round to nearest (even), as cvtss
+#else
+#define TK_NEON 0
+#endif
+// Integer paths for a few rows (decode steps, short verifications): 4-bit affine keys (KVarN,
+// KIVI) and tq4 keys against int8 queries, and KVarN's 4-bit values against 7-bit weights;
+// NEON's integer sums are AVX2's (see the NEON block below).
+#define TK_I8_FEW (TK_AVX2 || TK_NEON)
 
 // The 16-lane helpers below serve the AVX-512 and portable builds (the AVX2 build has its
 // own loops in AVX2 registers).
@@ -235,10 +245,11 @@ static ALWAYS_INLINE void with_rows(int nr, F &&f) {
   }
 }
 // tq4's integer keys: the u8 codebook's offset (VNNI: 8 bits; AVX2's maddubs: 7, so that no
-// pair sum saturates int16), and the channels per run of even, then odd channels in the
-// int8 query (the code bytes one load splits into nibbles: 64 on AVX-512, 32 on AVX2)
-static const int LUT_OFF = TK_AVX2 ? 64 : 128;
-static const int64_t Q8_RUN = TK_AVX2 ? 64 : 128;
+// pair sum saturates int16; NEON takes AVX2's), and the channels per run of even, then odd
+// channels in the int8 query (the code bytes one load splits into nibbles: 64 on AVX-512, 32
+// on AVX2 and NEON)
+static const int LUT_OFF = TK_I8_FEW ? 64 : 128;
+static const int64_t Q8_RUN = TK_I8_FEW ? 64 : 128;
 
 // Channel i of a group of 32 codes of BITS bits at p, packed as kv/bits.py does.
 template <int BITS>
@@ -596,6 +607,21 @@ static void matmul(const float *A, const float *B, float *C, int64_t n, int64_t 
 }
 #endif
 
+#if TK_I8_FEW
+// NR rows' softmax weights of a block (w: BT apart, n of them) as 7-bit integers q (the
+// block's largest weight at 127, rounded to nearest) and each row's scale ws: w ~ q ws.
+template <int NR>
+static inline void weights_u7(const float *w, int64_t n, uint8_t q[][BT], float *ws) {
+  for (int u = 0; u < NR; u++) {
+    float mx = 0.f;
+    for (int64_t j = 0; j < n; j++) mx = w[u * BT + j] > mx ? w[u * BT + j] : mx;
+    const float inv = mx > 0 ? 127 / mx : 0.f;
+    for (int64_t j = 0; j < BT; j++) q[u][j] = j < n ? (uint8_t)rnd(w[u * BT + j] * inv) : 0;
+    ws[u] = mx / 127;
+  }
+}
+#endif
+
 #if TK_AVX2
 // The same two loops in AVX2 registers (GCC lowers the 16-lane vector type through
 // the stack here): 32 channels of a stored vector as four float vectors.
@@ -802,16 +828,11 @@ template <int NR>
 static inline void add_values_av4_i8(float *o, int64_t W, const float *w, const uint8_t *v0, int64_t vt0, int64_t n,
                                      int64_t Dv) {
   alignas(32) uint16_t wp[NR][BT / 2];  // each pair of tokens' weights as one 16-bit word
+  uint8_t q[NR][BT];
   float ws[NR];
-  for (int u = 0; u < NR; u++) {
-    float mx = 0.f;
-    for (int64_t j = 0; j < n; j++) mx = w[u * BT + j] > mx ? w[u * BT + j] : mx;
-    const float inv = mx > 0 ? 127 / mx : 0.f;
-    uint8_t q[BT];
-    for (int64_t j = 0; j < BT; j++) q[j] = j < n ? (uint8_t)rnd(w[u * BT + j] * inv) : 0;
-    for (int p = 0; p < BT / 2; p++) wp[u][p] = (uint16_t)(q[2 * p] | q[2 * p + 1] << 8);
-    ws[u] = mx / 127;
-  }
+  weights_u7<NR>(w, n, q, ws);
+  for (int u = 0; u < NR; u++)
+    for (int p = 0; p < BT / 2; p++) wp[u][p] = (uint16_t)(q[u][2 * p] | q[u][2 * p + 1] << 8);
   const __m256i m4 = _mm256_set1_epi8(15), e8 = _mm256_set1_epi8(8);
   for (int64_t c = 0; c < Dv / 64; c++) {
     __m256i acc[NR][4];
@@ -937,6 +958,103 @@ static inline __attribute__((always_inline)) void add_values(float *o, int64_t W
     for (int u = 0; u < NR; u++) st(o + u * W + 16 * c, a[u]);
   }
 }
+
+#if TK_NEON
+// AVX2's integer paths on NEON with dot products. Every integer sum is the one AVX2's
+// maddubs and madd give (integer sums do not depend on their order), by `sdot`
+// (vdotq_s32: 16 signed bytes by 16, each 4 summed into an int32 lane) or by widening
+// multiply-adds; only the float steps after them run in another order. The int8 queries
+// and weights are AVX2's, in the same lane orders (q8src, av4_pos). Unlike AVX2's, the key
+// dots give one float per row, not 8 lanes.
+
+// dots[u] = the dot of row u's int8 query (q8, D apart, in nibble order: per 64 channels
+// the 32 even ones, then the 32 odd ones; qs a scale per 64 channels) with one key's 4-bit
+// codes (32 bytes per 64 channels: low nibbles the even channels, high the odd).
+template <int NR>
+static inline __attribute__((always_inline)) void dot_key_i8(const int8_t *q8, const float *qs, const uint8_t *k0,
+                                                             int64_t D, float *dots) {
+  const uint8x16_t m4 = vdupq_n_u8(15);
+  float32x4_t acc[NR];
+  for (int u = 0; u < NR; u++) acc[u] = vdupq_n_f32(0.f);
+  for (int64_t c = 0; c < D / 64; c++) {
+    const uint8x16_t b0 = vld1q_u8(k0 + 32 * c), b1 = vld1q_u8(k0 + 32 * c + 16);
+    const int8x16_t x[4] = {vreinterpretq_s8_u8(vandq_u8(b0, m4)), vreinterpretq_s8_u8(vandq_u8(b1, m4)),
+                            vreinterpretq_s8_u8(vshrq_n_u8(b0, 4)), vreinterpretq_s8_u8(vshrq_n_u8(b1, 4))};
+    for (int u = 0; u < NR; u++) {
+      const int8_t *q = q8 + u * D + 64 * c;
+      int32x4_t s = vdupq_n_s32(0);
+      for (int i = 0; i < 4; i++) s = vdotq_s32(s, x[i], vld1q_s8(q + 16 * i));
+      acc[u] = vfmaq_n_f32(acc[u], vcvtq_f32_s32(s), qs[u * (D / 64) + c]);
+    }
+  }
+  for (int u = 0; u < NR; u++) dots[u] = vaddvq_f32(acc[u]);
+}
+
+// The same for tq4 keys: the nibbles mapped through the 7-bit codebook (lut16: codebook /
+// kstep + 64, below 128, so signed bytes) by `tbl`; one int32 sum over the whole key, times
+// the row's multiplier qm. The caller takes off the offset (64 x the query's byte sum x qm).
+template <int NR>
+static inline __attribute__((always_inline)) void dot_key_tq4_i8(const int8_t *q8, const float *qm, const uint8_t *k0,
+                                                                 int64_t D, const uint8_t *lut16, float *dots) {
+  const uint8x16_t lut = vld1q_u8(lut16), m4 = vdupq_n_u8(15);
+  int32x4_t acc[NR];
+  for (int u = 0; u < NR; u++) acc[u] = vdupq_n_s32(0);
+  for (int64_t c = 0; c < D / 64; c++) {
+    const uint8x16_t b0 = vld1q_u8(k0 + 32 * c), b1 = vld1q_u8(k0 + 32 * c + 16);
+    const int8x16_t x[4] = {vreinterpretq_s8_u8(vqtbl1q_u8(lut, vandq_u8(b0, m4))),
+                            vreinterpretq_s8_u8(vqtbl1q_u8(lut, vandq_u8(b1, m4))),
+                            vreinterpretq_s8_u8(vqtbl1q_u8(lut, vshrq_n_u8(b0, 4))),
+                            vreinterpretq_s8_u8(vqtbl1q_u8(lut, vshrq_n_u8(b1, 4)))};
+    for (int u = 0; u < NR; u++)
+      for (int i = 0; i < 4; i++) acc[u] = vdotq_s32(acc[u], x[i], vld1q_s8(q8 + u * D + 64 * c + 16 * i));
+  }
+  for (int u = 0; u < NR; u++) dots[u] = (float)vaddvq_s32(acc[u]) * qm[u];
+}
+
+// out rows (NR, W apart, lanes in av4_pos order) += sum_j w[u][j] (code_j - 8) over n <= BT
+// tokens of 4-bit codes (vt0 bytes apart; the caller adds 8 sum_j w[u][j]), the weights in
+// 7 bits as on AVX2: each token's 64 centred codes per 32 bytes times its weight, widened
+// and summed into int16 lanes (`smlal`; at most 127 x 8 x 32 over the block), then one
+// conversion to float per block. Eight codes per int16 vector, in av4_pos's runs: the low
+// nibbles of bytes 0-7 and 16-23, then 8-15 and 24-31; then the high nibbles alike.
+template <int NR>
+static inline void add_values_av4_i8(float *o, int64_t W, const float *w, const uint8_t *v0, int64_t vt0, int64_t n,
+                                     int64_t Dv) {
+  uint8_t q[NR][BT];
+  float ws[NR];
+  weights_u7<NR>(w, n, q, ws);
+  const uint8x16_t m4 = vdupq_n_u8(15);
+  const int8x16_t e8 = vdupq_n_s8(8);
+  for (int64_t c = 0; c < Dv / 64; c++) {
+    int16x8_t acc[NR][8];
+    for (int u = 0; u < NR; u++)
+      for (int i = 0; i < 8; i++) acc[u][i] = vdupq_n_s16(0);
+    for (int64_t j = 0; j < n; j++) {
+      const uint8x16_t a0 = vld1q_u8(v0 + j * vt0 + 32 * c), a1 = vld1q_u8(v0 + j * vt0 + 32 * c + 16);
+      const int8x16_t l0 = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(a0, m4)), e8);
+      const int8x16_t l1 = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(a1, m4)), e8);
+      const int8x16_t h0 = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(a0, 4)), e8);
+      const int8x16_t h1 = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(a1, 4)), e8);
+      const int8x8_t x[8] = {vget_low_s8(l0), vget_low_s8(l1), vget_high_s8(l0), vget_high_s8(l1),
+                             vget_low_s8(h0), vget_low_s8(h1), vget_high_s8(h0), vget_high_s8(h1)};
+      for (int u = 0; u < NR; u++) {
+        const int8x8_t wv = vdup_n_s8((int8_t)q[u][j]);
+        for (int i = 0; i < 8; i++) acc[u][i] = vmlal_s8(acc[u][i], x[i], wv);
+      }
+    }
+    for (int u = 0; u < NR; u++) {  // widen to float: out += sums x the row's scale, one rounding (as AVX2's fmadd)
+      const float32x4_t sc = vdupq_n_f32(ws[u]);
+      float *ou = o + u * W + 64 * c;
+      for (int i = 0; i < 8; i++) {
+        const float32x4_t l = vcvtq_f32_s32(vmovl_s16(vget_low_s16(acc[u][i])));
+        const float32x4_t h = vcvtq_f32_s32(vmovl_s16(vget_high_s16(acc[u][i])));
+        vst1q_f32(ou + 8 * i, vfmaq_f32(vld1q_f32(ou + 8 * i), l, sc));
+        vst1q_f32(ou + 8 * i + 4, vfmaq_f32(vld1q_f32(ou + 8 * i + 4), h, sc));
+      }
+    }
+  }
+}
+#endif
 
 // More rows than one dot_key or add_values call takes (a group of 7, a verification's
 // positions), and on AVX-512 every few-row block's keys (score_decoded): each stored vector
@@ -1188,7 +1306,7 @@ static void affine_query(Work &w, int64_t j0) {
     float *o = w.qt + r * D, d = 0.f;
     for (int64_t i = 0; i < D; i++) { o[i] = qr[i] * A[i]; d += qr[i] * B[i]; }
     w.kb[r] = d;
-#if TK_AVX2
+#if TK_I8_FEW
     if (w.q8) {  // int8 with a scale per 64 channels: the 32 even ones, then the 32 odd ones (the codes' nibbles)
       for (int64_t c = 0; c < D / 64; c++) {
         float mx = 0.f;
@@ -1348,16 +1466,23 @@ static void score_block(Work &w, int64_t j0, int64_t n) {
     score_decoded(q, w.vt, ks, kb, bias, lo, hi, alive, nrows, j0, n, D, sc);
   }
 #else
+  // NEON: 4-bit affine and tq4 keys against the rows' int8 queries (w.q8; tq4's kb: the codebook offset per row)
+  const bool i8 = TK_NEON && (is_ak(KK) || KK == TQ4) && w.q8;
+  if (i8 && KK == TQ4) kb = w.kb;
   for (int64_t j = 0; j < n; j++) {  // few rows (decode): each key decoded once per 4 rows, or once (w.once)
     const int64_t tok = j0 + j;
     const uint8_t *k0 = kb0 + tok * s.kt0, *k1 = kb1 ? kb1 + tok * s.kt1 : nullptr;
     const float ks = vec_scale<KK>(k1);
-    if (w.once) decode_once<KK>(k0, k1, nullptr, D, x->kcb, w.vt);
+    if (w.once && !i8) decode_once<KK>(k0, k1, nullptr, D, x->kcb, w.vt);
     for (int64_t r0 = 0; r0 < nrows; r0 += 4) {
       const int nr = nrows - r0 < 4 ? (int)(nrows - r0) : 4;
       float dots[4] = {0.f, 0.f, 0.f, 0.f};
       if (alive[r0] | alive[r0 + 1] | alive[r0 + 2] | alive[r0 + 3])
         with_rows(nr, [&](auto NR) ALWAYS_INLINE_LAMBDA {
+#if TK_NEON
+          if constexpr (KK == TQ4) if (i8) return dot_key_tq4_i8<NR>(w.q8 + r0 * D, w.q8s + r0, k0, D, x->klut, dots);
+          if constexpr (KK == AK4) if (i8) return dot_key_i8<NR>(w.q8 + r0 * D, w.q8s + r0 * (D / 64), k0, D, dots);
+#endif
           if (w.once) dot_decoded<NR>(q + r0 * D, w.vt, D, dots);
           else dot_key<KK, NR>(q + r0 * D, k0, k1, D, x->kcb, dots);
         });
@@ -1430,7 +1555,7 @@ static void value_block(Work &w, int64_t j0, int64_t n) {
       const float *a = pv + r * Dv;
       for (int64_t i = 0; i < Dv; i++) o[i] += a[i];
     }
-#if TK_AVX2
+#if TK_I8_FEW
   } else if (VK == AV4 && x->i8av) {  // KVarN 4-bit values: integer sums, two rows at a time
     for (int64_t r = 0; r < nrows; r++) {  // the codes' centre: 8 times the weights' sum
       float sw = 0.f;
@@ -1442,6 +1567,8 @@ static void value_block(Work &w, int64_t j0, int64_t n) {
       if (nrows - r0 == 1) add_values_av4_i8<1>(out + r0 * W, W, sc + r0 * BT, v0, s.vt0, n, Dv);
       else add_values_av4_i8<2>(out + r0 * W, W, sc + r0 * BT, v0, s.vt0, n, Dv);
     }
+#endif
+#if TK_AVX2
   } else if constexpr (VK != F32 && VK != F16 && VK != BF16) {  // codes: each token decoded once, for all rows
 #else
   } else if (is_ab(VK) && Dv % 32) {  // KIVI values with a scale per 16 channels: decoded first
@@ -1544,7 +1671,7 @@ static void chunk_fn_attn(const void *p, int64_t c) {
   avec<int8_t> q8(i8ak ? nrows * D : 0);
   avec<float> q8s(i8ak ? nrows * (D / 64) : 0);
   if (i8ak) { w.q8 = q8.data(); w.q8s = q8s.data(); }
-  if (TK_AVX2 && x->i8k && s.kkind == TQ4 && !many) {  // tq4 keys: the int8 queries of prep_rows
+  if (TK_I8_FEW && x->i8k && s.kkind == TQ4 && !many) {  // tq4 keys: the int8 queries of prep_rows
     w.q8 = x->q8 + w.hr0 * D; w.q8s = x->q8mul + w.hr0;
     for (int64_t r = 0; r < nrows; r++) w.kb[r] = -(float)x->q8sum[w.hr0 + r] * x->q8mul[w.hr0 + r];
   }
@@ -1580,7 +1707,7 @@ static void chunk_fn_attn(const void *p, int64_t c) {
 static int g_int8_mask = 3;
 extern "C" int tk_attn_int8(int mask) {
   if (mask >= 0) g_int8_mask = mask;
-  return TK_I8 || TK_AVX2 ? g_int8_mask : 0;
+  return TK_I8 || TK_I8_FEW ? g_int8_mask : 0;
 }
 
 namespace attn {
@@ -1740,15 +1867,15 @@ extern "C" int tk_attn(const attn::AttnArgs *args) {
   const int64_t ROW_TILE = 64, PARALLEL_MACS = 1 << 18;
   const int64_t rt = args->steps || R <= ROW_TILE ? R : ROW_TILE, prow = args->steps ? R / T : rt;
   cx.prow = args->steps ? prow : 0;
-  // tq4 keys: VNNI in decode and prefill; AVX2 in decode steps (few rows per tile)
-  cx.i8k = (g_int8_mask & 1) && cx.kperm && (TK_I8 ? D % 128 == 0 : TK_AVX2 && D % 64 == 0 && prow < PRE_ROWS);
+  // tq4 keys: VNNI in decode and prefill; AVX2 and NEON in decode steps (few rows per tile)
+  cx.i8k = (g_int8_mask & 1) && cx.kperm && (TK_I8 ? D % 128 == 0 : TK_I8_FEW && D % 64 == 0 && prow < PRE_ROWS);
   cx.i8v = TK_I8 && (g_int8_mask & 2) && cx.vperm && Dv % 128 == 0;
-  // AVX2 integer paths for 4-bit affine keys and KVarN values: decode steps (few rows per tile)
+  // AVX2 and NEON integer paths for 4-bit affine keys and KVarN values: decode steps (few rows per tile)
   bool av4 = false;
   for (int64_t i = 0; i < nseg; i++) av4 |= cx.segs[i].body && cx.segs[i].vkind == AV4;
-  cx.i8ak = TK_AVX2 && (g_int8_mask & 1) && D % 64 == 0 && prow < PRE_ROWS;
+  cx.i8ak = TK_I8_FEW && (g_int8_mask & 1) && D % 64 == 0 && prow < PRE_ROWS;
   // values: each pair of rows unpacks the codes again, so beyond 4 rows decoding once wins
-  cx.i8av = TK_AVX2 && (g_int8_mask & 2) && Dv % 64 == 0 && prow <= 4 && av4;
+  cx.i8av = TK_I8_FEW && (g_int8_mask & 2) && Dv % 64 == 0 && prow <= 4 && av4;
   const int64_t rows = Hkv * R;
   std::vector<int32_t> ksrc(D), q8src(D), vsrc(Dv);
   // tq4 lanes: per block of w = 32 channels (16 in a tail) the even channels, then the odd
