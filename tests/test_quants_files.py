@@ -158,7 +158,7 @@ GAP = (
 def test_file_against_llamacpp(requant, ftype):
     """Greedy continuations agree up to llama.cpp's first near tie (top-2 margin < 0.5), top-1
     agrees where the margin is clear, and the top-20 logits stay within the bounds the
-    embedded Q4_K_M file meets (max 0.75, mean 0.2; 0.9 and 0.26 with int8 activations, whose
+    embedded Q4_K_M file meets (max 0.75, mean 0.2; 0.9 and 0.35 with int8 activations, whose
     rounding noise alone reaches 0.79: tolerances.py)."""
     from tightkv import Model
 
