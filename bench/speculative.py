@@ -132,7 +132,9 @@ def free_port() -> int:
 
 
 def llama(server: Path, gguf: Path, spec_type: str, prompts: dict[str, list[int]], n_gen: int) -> dict:
-    """One llama-server per speculation type; each task's prompt twice (the second, timed, reuses the prompt)."""
+    """One llama-server per speculation type; each task's prompt twice: one token first (the prompt read
+    into the cache), then the timed reply. (ngram-mod's table outlives a request: a full first
+    reply would be drafted from memory the second time.)"""
     port = free_port()
     cmd = [str(server), "-m", str(gguf), "--port", str(port), "-c", "8192", "-t", "2", "-tb", "2", "-np", "1"]
     cmd += ["-fa", "on", "--no-webui", "--spec-type", spec_type]
@@ -142,10 +144,10 @@ def llama(server: Path, gguf: Path, spec_type: str, prompts: dict[str, list[int]
         for task, ids in prompts.items():
             body = {"prompt": ids, "n_predict": n_gen, "temperature": 0.0, "top_k": 1, "cache_prompt": True}
             body["return_tokens"] = True
-            for _ in range(2):
+            for n_predict in (1, n_gen):  # the prompt read, then the timed reply
                 req = urllib.request.Request(
                     f"http://127.0.0.1:{port}/completion",
-                    json.dumps(body).encode(),
+                    json.dumps(body | {"n_predict": n_predict}).encode(),
                     {"Content-Type": "application/json"},
                 )
                 with urllib.request.urlopen(req, timeout=1200) as r:

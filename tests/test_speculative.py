@@ -214,6 +214,18 @@ def test_ngram_drafter_longest_latest_match():
     assert NgramDrafter().propose([5, 1, 2, 3, 1, 2, 3], 5) == [1, 2, 3, 1, 2]  # a loop goes on past the end
 
 
+def test_ngram_drafter_follows_rewritten_whitespace():
+    """A quote with other indentation stays matched to its source, and a whitespace token the
+    model wrote in place of the drafted one takes its place in later drafts."""
+    text = {10: b"a", 11: b" b", 3: b"\n", 4: b"        ", 7: b"    ", 12: b"c", 13: b"d", 99: b"<end>"}
+    d = NgramDrafter(lambda t, special: text[t])
+    src = [10, 11, 3, 4, 12, 3, 4, 13, 99]
+    assert d.propose(src + [10, 11], 3) == [3, 4, 12]
+    # the model wrote 4 spaces where the draft had 8: matched past them, and 4 drafted from now on
+    assert d.propose(src + [10, 11, 3, 7, 12], 3) == [3, 7, 13]
+    assert NgramDrafter().propose(src + [10, 11, 3, 7, 12], 3) == []  # token for token, no match
+
+
 def test_draft_length_pays_for_its_rows():
     """The draft length follows the acceptance and the timed cost of a verified row: long where
     drafts are taken and rows are cheap, short where rows cost, none (then a pause and a probe)

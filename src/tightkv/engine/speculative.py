@@ -1,9 +1,10 @@
 """Speculative decoding: draft the next tokens cheaply, verify them in one forward of the target.
 
 A drafter (`Drafter`) proposes the tokens after a sequence's history: `NgramDrafter` looks the
-recent tokens up in the prompt and the reply so far (llama.cpp's ngram-simple: the longest
-n-gram match, and the tokens that followed it), `ModelDrafter` runs a small model of the same
-vocabulary greedily. `Speculator.run` then feeds the pending token and the draft,
+recent tokens up in the prompt and the reply so far (as llama.cpp's ngram-simple does: the
+tokens that followed the longest match; ours compares tokens by their text without whitespace,
+so a quote with other line breaks or indentation stays matched), `ModelDrafter` runs a small
+model of the same vocabulary greedily. `Speculator.run` then feeds the pending token and the draft,
 ``[pending, d1 .. dk]``, through the target in one forward of the sequence's own cache, and the
 sequence samples each verified position in turn as it would without speculation: while the
 token it draws is the draft's, the draft's next position is already computed; at the first
@@ -55,7 +56,8 @@ from ..kv.cache import Batch, BatchLayer, trim_to
 SPEC_TYPES = ("none", "ngram-simple", "draft")  # llama.cpp's --spec-type names where they exist
 DEFAULT_SPEC = "ngram-simple"  # what generate speculates with when not told (measured: see above)
 DRAFT_MAX = 16  # llama.cpp's --draft-max default
-NGRAM_MAX, NGRAM_MIN = 4, 2  # the longest and shortest n-gram looked up
+NGRAM_MIN = 2  # the fewest tokens a lookup matches
+LOOKUP_PLACES, LOOKUP_CORES = 256, 32  # a lookup compares the latest places, this many tokens back at most
 DRAFT_P_MIN = 0.75  # a draft model stops drafting below this probability of its best token
 MAX_PAUSE = 32  # steps without speculation at most, when no draft pays
 PROBE = 2  # the draft length that probes after a pause
@@ -99,34 +101,95 @@ class Drafter(Protocol):
 
 
 class NgramDrafter:
-    """Prompt lookup: the longest of the last NGRAM_MAX .. NGRAM_MIN tokens that occurred before
-    in the history (prompt and reply), and the tokens that followed its latest occurrence. The
-    n-grams are indexed as the history grows, so a lookup costs a few dict probes."""
+    """Prompt lookup, robust to the whitespace a reply rewrites: the tokens after the place in
+    the history (prompt and reply) whose tokens before it match the history's last tokens
+    longest, at least NGRAM_MIN of them; the latest such place on a tie.
 
-    def __init__(self, ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN):
-        self.sizes = range(ngram_max, ngram_min - 1, -1)
-        self.index: dict[tuple[int, ...], int] = {}  # n-gram -> the position after its latest occurrence
-        self.indexed = 0  # n-grams ending before this position are in the index
+    Tokens are compared by their text without whitespace (`core`, from `piece`: the
+    tokenizer's `token_piece`), and tokens of whitespace alone are skipped, so a reply that
+    quotes the document with other line breaks or indentation (a paragraph rewrapped, a
+    method taken out of its class) stays matched to it. Where a verification refused a
+    whitespace token of the draft for another whitespace token, later drafts put the one the
+    model chose in its place (an indentation of 8 spaces copied as 4). A match that runs to
+    the end of the history drafts its repetition (a loop). Without `piece` every token is its
+    own core."""
+
+    def __init__(self, piece=None, ngram_min: int = NGRAM_MIN):
+        self.piece, self.ngram_min = piece, ngram_min
+        self._start()
+
+    def _start(self) -> None:
+        self.cores: list = []  # the cores of the history's tokens that are not whitespace alone
+        self.after: list[int] = []  # the history position after each of them
+        self.places: dict[tuple, list[int]] = {}  # NGRAM_MIN cores -> where in `cores` they end
+        self.indexed = 0  # the history positions indexed
+        self.swap: dict[int, int] = {}  # a whitespace token -> the one the model writes for it
+        self.last: tuple[int, list[int]] | None = None  # the history length and the draft after it
+        self._core: dict[int, object] = {}
+
+    def core(self, token: int):
+        """The token's text without whitespace (None: whitespace alone); memoized."""
+        c = self._core.get(token, 0)
+        if c == 0:
+            text = self.piece(token, True) if self.piece else b""
+            c = self._core[token] = (text.strip() or None) if text else token
+        return c
 
     def propose(self, history: list[int], n: int) -> list[int]:
+        if self.indexed > len(history):  # another history (a trimmed chat): start over
+            self._start()
+        self._learn(history)
         self._index(history)
-        for size in self.sizes:
-            at = self.index.get(tuple(history[-size:])) if len(history) > size else None
-            if at is not None:  # what followed it; past the end, what the draft itself repeats (a loop)
-                out = history[at : at + n]
-                while len(out) < n:
-                    out.append(out[len(out) - (len(history) - at)])
-                return out
-        return []
+        at = self._match()
+        if at is None:
+            self.last = None
+            return []
+        tail = len(history) - self.after[-1]  # whitespace the history ends with
+        while tail and at < len(history) and self.core(history[at]) is None:
+            at += 1  # the model wrote its own whitespace already
+        out = history[at : at + n]
+        while out and len(out) < n:  # past the history's end: what the draft itself repeats
+            out.append(out[len(out) - (len(history) - at)])
+        out = [self.swap.get(t, t) for t in out]
+        self.last = (len(history), out)
+        return out
+
+    def _match(self) -> int | None:
+        """The history position after the best earlier match of the last cores, or None."""
+        k, m = len(self.cores), self.ngram_min
+        if k <= m:
+            return None
+        best, longest = None, 0
+        for end in reversed(self.places.get(tuple(self.cores[k - m :]), [])[-LOOKUP_PLACES:]):
+            n = m
+            while n < LOOKUP_CORES and end - n >= 0 and self.cores[end - n] == self.cores[k - 1 - n]:
+                n += 1
+            if n > longest and end < k - 1:
+                best, longest = end, n
+        return None if best is None else self.after[best]
 
     def _index(self, history: list[int]) -> None:
-        if self.indexed > len(history):  # another history (a trimmed chat): start over
-            self.index, self.indexed = {}, 0
-        for end in range(self.indexed, len(history)):  # n-grams that end before the last token
-            for size in self.sizes:
-                if end >= size:
-                    self.index[tuple(history[end - size : end])] = end
+        m = self.ngram_min
+        for pos in range(self.indexed, len(history)):
+            c = self.core(history[pos])
+            if c is None:
+                continue
+            self.cores.append(c)
+            self.after.append(pos + 1)
+            if len(self.cores) >= m:
+                self.places.setdefault(tuple(self.cores[-m:]), []).append(len(self.cores) - 1)
         self.indexed = len(history)
+
+    def _learn(self, history: list[int]) -> None:
+        """A whitespace token of the last draft that the model wrote as another."""
+        if self.last is None:
+            return
+        start, draft = self.last
+        for d, t in zip(draft, history[start:]):
+            if d != t:
+                if self.core(d) is None and self.core(t) is None:
+                    self.swap[d] = t
+                return
 
 
 class ModelDrafter:
@@ -454,7 +517,7 @@ def make_speculator(model, options: SpecOptions | None) -> Speculator | None:
     if options is None or not options.active:
         return None
     if options.spec_type == "ngram-simple":
-        drafter = NgramDrafter()
+        drafter = NgramDrafter(model.tokenizer.token_piece)
     else:
         drafter = ModelDrafter(model.draft_model(options.model_draft))
     return Speculator(drafter, options.draft_max, options.draft_min)
