@@ -37,7 +37,7 @@ decode step (a verification of k rows cost 1.51 steps at k = 4 and 3.72 at 16 on
 pauses for a number of steps that doubles each time in a row, then probes with a short draft.
 
 Lookup drafts are on by default (`DEFAULT_SPEC`): measured at about 3,800 tokens of context on
-both real models (docs/speed.md, `bench/speculative.py`), they gave 1.32-2.46x our plain decode,
+both real models (docs/speed.md, `bench/speculative.py`), they gave 1.51-2.61x our plain decode,
 open generation included. Draft models do not pay with these two: Qwen's Q2_K copy (5.2 bits a
 weight) reads the prompt into its own cache and costs about what the target does (0.20x).
 """
