@@ -117,3 +117,41 @@ def test_prompt_chunks_beside_decode_rows_equal_each_sequence_alone(embedded, kv
     for (seq, rec), (ids, rows) in zip(batch, alone):
         assert seq.ids == ids
         assert len(rec.rows) == len(rows) and all(torch.equal(a, b) for a, b in zip(rec.rows, rows))
+
+
+@pytest.mark.parametrize("kv", ["f16", "kvarn4"])
+def test_speculation_inside_a_batch_gives_each_reply_unchanged(embedded, kv, monkeypatch):
+    """The server's step with several sequences decoding: each one's pending token and its
+    lookup draft ride in one forward (`verify_batch`), and every reply is, token for token,
+    the reply it gives alone without speculation; stop strings and a reply that ends inside a
+    draft included."""
+    from tightkv.engine import batch as batch_mod
+    from tightkv.engine.batch import DONE, Batch, Slot
+
+    texts = [
+        "The lighthouse keeper climbed the spiral stairs every evening at dusk and trimmed the wick.",
+        "def area(width, height):\n    return width * height\n\ndef perimeter(width, height):\n    return 2 * (width + height)",
+        "Wind from the west, a falling glass, fog banks on the northern reef, and a ship in the channel.",
+    ]
+    jobs = [
+        (embedded.chat_ids([{"role": "user", "content": "Repeat exactly, word for word:\n\n" + t}]), opts)
+        for t, opts in zip(texts, [{"max_tokens": 24}, {"max_tokens": 40}, {"max_tokens": 40, "stop": ["ship"]}])
+    ]
+    alone = [embedded.generate(ids, spec_type="none", cache=embedded.new_cache(kv), **opts) for ids, opts in jobs]
+    together = []
+    real = batch_mod.verify_batch
+    monkeypatch.setattr(batch_mod, "verify_batch", lambda *a: together.append(len(a[1])) or real(*a))
+    batch, slots, done = Batch(embedded), [], {}
+    for ids, opts in jobs:
+        cache = embedded.new_cache(kv)
+        seq = embedded.sequence(ids, cache=cache, spec_type="ngram-simple", draft_max=8, **opts)
+        slots.append(Slot(None, seq=seq, cache=cache))
+    while any(s.seq is not None for s in slots):
+        for slot, kind, value in batch.step([s for s in slots if s.seq is not None]):
+            assert kind != "error", value
+            if kind == DONE:
+                done[slots.index(slot)] = value
+    assert together and max(together) == 3  # all three sequences in one forward
+    for i, plain in enumerate(alone):
+        assert done[i].ids == plain.stats.ids, i
+    assert sum(done[i].draft_n_accepted for i in done) > 0

@@ -143,6 +143,27 @@ def test_server_draft_model_counted_once_and_drafting_per_request(server, embedd
     assert json.loads(out.read_text())["draft"] == 0
 
 
+def test_requests_decoding_together_speculate_with_the_same_replies():
+    """Two requests at once on a server of two slots: their drafts ride in the same forward
+    passes, and each reply equals its reply without speculation (the official client)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    others = [{"role": "user", "content": "Repeat the following text exactly, word for word:\n\n" + TEXT[::-1]}]
+    with running("--ctx", CTX, "--parallel", "2") as srv:
+        client = openai_client(srv)
+
+        def ask(messages, extra=None):
+            return client.chat.completions.create(
+                model="gemma3:270m", messages=messages, max_tokens=TOKENS, temperature=0, extra_body=extra
+            )
+
+        with ThreadPoolExecutor(2) as pool:
+            together = list(pool.map(ask, [MESSAGES, others]))
+        alone = [ask(m, {"speculative.n_max": 0}) for m in (MESSAGES, others)]
+        assert [r.choices[0].message.content for r in together] == [r.choices[0].message.content for r in alone]
+        assert together[0].model_extra["timings"]["draft_n_accepted"] > 0
+
+
 def test_serve_refuses_a_draft_model_without_a_model(capsys):
     assert main(["serve", "-md", "gemma3:270m", "--port", "0"]) != 0
     assert "-md/--model-draft drafts for the MODEL served" in capsys.readouterr().err

@@ -7,6 +7,8 @@ one prefill chunk of the oldest sequence still reading its prompt and one token 
 every other, in one forward pass where their rows fit the block-dot kernel
 (`decode_sequences`: the weights are read once for the batch, attention runs per
 sequence over its own cache), else the chunk first and the tokens in one pass after it.
+Sequences that speculate put their drafts beside their tokens in that pass
+(`engine.speculative.verify_batch`) and take every token verified.
 A step returns its events, (slot, kind, value): LOGPROB, PIECE (text), DONE (the
 `GenerationStats`), ERROR, and PREFILLED (the prompt is in the cache). A slot that is
 done or failed is closed (its sequence and cache dropped) before the step returns.
@@ -25,6 +27,7 @@ from ..kernels.qmatmul import kernel_rows
 from .generate import PromptCache, chunk_ends, check_context, decode_sequences
 from .requests import Prepared, prepare
 from .sampling import SamplingParams
+from .speculative import batch_drafts, verify_batch
 
 # event kinds of a step (the server posts the same to its jobs)
 ACCEPTED, PIECE, LOGPROB, DONE, ERROR, PREFILLED = "accepted", "piece", "logprob", "done", "error", "prefilled"
@@ -139,7 +142,7 @@ class Batch:
         batch = self._sample(ready, events)
         if len(batch) == 1 and batch[0].seq.speculator is not None:
             self._speculate(batch[0], events)
-        elif batch:
+        elif batch and not self._speculate_together(batch, events):
             try:
                 decode_sequences(self.model.net, [s.seq for s in batch])
             except Exception as err:  # noqa: BLE001 - a failed batch fails each of its slots
@@ -158,6 +161,33 @@ class Batch:
                     break
         except Exception as err:  # noqa: BLE001 - the request's error (logged on its stream)
             self._fail(slot, err, events)
+
+    def _speculate_together(self, batch: list[Slot], events: list) -> bool:
+        """Every slot's pending token, with its draft after it where its speculator offers
+        one, in one forward (`engine.speculative.verify_batch`); False, having run nothing,
+        where no slot drafts."""
+        drafts = batch_drafts([s.seq for s in batch])
+        if not any(drafts):
+            return False
+        try:
+            parts = [[s.seq.pending] + d for s, d in zip(batch, drafts)]
+            done = verify_batch(batch[0].seq.model, parts, [s.cache for s in batch])
+        except Exception as err:  # noqa: BLE001 - a failed pass fails each of its slots
+            for slot in batch:
+                self._fail(slot, err, events)
+            return True
+        for slot, draft, (rows, layers) in zip(batch, drafts, done):
+            if not draft:
+                slot.seq.advance(rows[0])
+                continue
+            try:
+                for item in slot.seq.speculator.verified(slot.seq, draft, rows, layers):
+                    self._emit(slot, item, events)
+                    if slot.seq is None:
+                        break
+            except Exception as err:  # noqa: BLE001 - the request's error (logged on its stream)
+                self._fail(slot, err, events)
+        return True
 
     def _merged_step(self, filling: Slot, ready: list[Slot], events: list) -> None:
         """The filling slot's next chunk beside one token of each ready slot, in one forward

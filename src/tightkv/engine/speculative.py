@@ -294,6 +294,11 @@ class RowLayer(BatchLayer):
         self.layer = layer
         self.sums: list | None = [_sums(layer)] if _summing(layer) else None  # before each row, and after the last
 
+    @property
+    def offset(self) -> int:
+        """Where the layer's rows start (a batch's query scale by position reads it)."""
+        return self.layer.offset
+
     def attend(self, q, k, v, scale, sinks=None) -> torch.Tensor:
         if self.sums is None:
             if _steps_exact(self.layer, q.shape[1]):  # one kernel call, each row its step's
@@ -350,6 +355,41 @@ def verify(model, tokens: list[int], cache: list) -> tuple[torch.Tensor, list]:
     return logits, batch
 
 
+def batch_drafts(seqs: list) -> list[list[int]]:
+    """Each sequence's draft for one forward beside the others' (`verify_batch`): the rows
+    the block-dot kernel takes beyond one a sequence, shared alike among those that
+    speculate; none for a sequence with recurrent layers (its state steps row by row)."""
+    from ..kernels import qmatmul
+    from ..kv.recurrent import RecurrentState
+
+    drafting = [s for s in seqs if s.speculator is not None and not any(isinstance(c, RecurrentState) for c in s.cache)]
+    each = (qmatmul.kernel_rows() - len(seqs)) // max(1, len(drafting))
+    if each < 1:
+        return [[] for _ in seqs]
+    picked = {id(s) for s in drafting}
+    return [s.speculator.draft(s, limit=each) if id(s) in picked else [] for s in seqs]
+
+
+@torch.inference_mode()
+def verify_batch(model, parts: list[list[int]], caches: list[list]) -> list[tuple[torch.Tensor, list | None]]:
+    """Several sequences' rows in one forward: `parts[i]` (a pending token and its draft, or
+    the pending token alone) into `caches[i]`, each row what its decode step gives (the
+    weights' rows are independent within `qmatmul.kernel_rows()`); per sequence its logits
+    (len(parts[i]), vocab) and the `RowLayer`s that ran a draft (None: one row, a decode
+    step's)."""
+    from .generate import torch_threads_for
+
+    rows = [len(p) for p in parts]
+    per = [rowwise(c, n) if n > 1 else None for c, n in zip(caches, rows)]
+    layers = [c if b is None else b for c, b in zip(caches, per)]
+    batch = Batch(BatchLayer([seq[i] for seq in layers], rows) for i in range(len(caches[0])))
+    batch.positions = torch.cat([torch.arange(c[0].offset, c[0].offset + n) for c, n in zip(caches, rows)])
+    tokens = [t for p in parts for t in p]
+    with torch_threads_for(len(tokens)):
+        logits = model(torch.tensor(tokens), batch, logits_at=torch.arange(len(tokens)))
+    return list(zip(logits.split(rows), per))
+
+
 class Speculator:
     """One sequence's speculation: its drafter, the draft length that pays, the pause, and the
     counts (`drafted`, `accepted`: llama-server's draft_n and draft_n_accepted).
@@ -383,8 +423,9 @@ class Speculator:
                 best, n_best = tokens / (1 + self.row_cost * n), n
         return n_best
 
-    def draft(self, seq) -> list[int]:
-        """The draft after the sequence's history (its pending token last); [] to step plainly."""
+    def draft(self, seq, limit: int | None = None) -> list[int]:
+        """The draft after the sequence's history (its pending token last), of `limit` tokens
+        at most; [] to step plainly."""
         if self.paused:
             self.paused -= 1
             return []
@@ -398,6 +439,7 @@ class Speculator:
         n = n or PROBE
         self.probe = False
         n = min(n, seq.max_tokens - len(seq.ids) - 1, room(seq.cache) - 1, qmatmul.kernel_rows() - 1)
+        n = n if limit is None else min(n, limit)
         if n < max(1, self.draft_min):
             return []
         t = time.perf_counter()
@@ -442,11 +484,18 @@ class Speculator:
             yield from self._verify(seq, draft)
 
     def _verify(self, seq, draft: list[int]) -> Iterator:
-        o = seq.cache[0].offset
         held = _checkpoint(seq.cache)
         t = time.perf_counter()
-        rows, self.layers = verify(seq.model, [seq.pending] + draft, seq.cache)
+        rows, layers = verify(seq.model, [seq.pending] + draft, seq.cache)
         self.timed(len(draft) + 1, time.perf_counter() - t + self.draft_s)
+        yield from self.verified(seq, draft, rows, layers, held)
+
+    def verified(self, seq, draft: list[int], rows: torch.Tensor, layers: list, held=None) -> Iterator:
+        """The `GenerationStep`s of a verification that has run: `rows` the logits after the
+        pending token and each drafted one, `layers` the `RowLayer`s that ran them, `held`
+        the recurrent layers' checkpoints from before it (`_checkpoint`)."""
+        self.layers = layers
+        o = seq.cache[0].offset - len(draft) - 1
         for i, d in enumerate(draft):
             seq.advance(rows[i])
             if not seq.can_sample:
