@@ -123,8 +123,7 @@ def test_prompt_chunks_beside_decode_rows_equal_each_sequence_alone(embedded, kv
 def test_speculation_inside_a_batch_gives_each_reply_unchanged(embedded, kv, monkeypatch):
     """The server's step with several sequences decoding: each one's pending token and its
     lookup draft ride in one forward (`verify_batch`), and every reply is, token for token,
-    the reply it gives alone without speculation; stop strings and a reply that ends inside a
-    draft included."""
+    the reply it gives alone without speculation, with a token budget and a stop string."""
     from tightkv.engine import batch as batch_mod
     from tightkv.engine.batch import DONE, Batch, Slot
 
