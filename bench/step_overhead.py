@@ -35,6 +35,8 @@ ENTRY_POINTS = [
     "tk_rope_neox",
     "tk_tq_encode",
     "tk_kvarn_encode",
+    "tk_moe_row",
+    "tk_moe_block",
 ]
 
 

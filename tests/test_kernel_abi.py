@@ -59,7 +59,7 @@ def c_struct(src: str, name: str) -> list[tuple[str, str, bool, tuple[int, ...]]
         assert m, f"struct {name}: cannot read {decl!r}"
         base = m.group(1).rpartition("::")[2]
         for item in m.group(2).split(","):
-            d = re.fullmatch(r"\s*(\*?)\s*(?:const\s+)?(\w+)\s*((?:\[\d+\])*)\s*", item)
+            d = re.fullmatch(r"\s*(\**)\s*(?:const\s+)?(\w+)\s*((?:\[\d+\])*)\s*", item)
             assert d, f"struct {name}: cannot read {item!r}"
             dims = tuple(int(x) for x in re.findall(r"\[(\d+)\]", d.group(3)))
             fields.append((d.group(2), base, bool(d.group(1)), dims))

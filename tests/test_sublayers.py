@@ -4,6 +4,7 @@ run one by one, and the gated unit's kernel (`tk_glu`) against float64."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -61,6 +62,30 @@ def test_sublayers_in_one_call_equal_the_steps_one_by_one(tmp_path, monkeypatch,
         monkeypatch.undo()
         monkeypatch.setattr(sublayers, "ffn_block", counting("ffn", sublayers.ffn_block))
         monkeypatch.setattr(sublayers, "qkv_block", counting("qkv", sublayers.qkv_block))
+
+
+def test_routed_experts_in_one_call_equal_the_steps_one_by_one(monkeypatch):
+    """Qwen3-MoE (llama.cpp's converter, Q8_0 experts): wo, the norms and the routed experts
+    of each decode row in one call (`tk_moe_block`) give the logits of the steps one by one,
+    alone and in a batch of two."""
+    path = Path(__file__).parent / "data" / "families" / "qwen3moe" / "qwen3moe-q8_0.gguf"
+    m = Model(str(path), kv="f32", threads=2)
+    calls = []
+    monkeypatch.setattr(build.library(), "tk_moe_block", counted(build.library().tk_moe_block, calls))
+    for rows in ([[1, 5, 9, 13]], [[1, 5, 9, 13], [2, 4, 6, 8, 10, 12]]):
+        fused = decode_rows(m, rows)
+        assert calls and all(layer._ffn_plan.experts is not None for layer in m.net.layers)
+        with monkeypatch.context() as off:
+            off.setattr(sublayers, "ffn_block", lambda *a: None)
+            assert torch.equal(fused, decode_rows(m, rows))
+
+
+def counted(fn, calls: list):
+    def wrapped(*args):
+        calls.append(1)
+        return fn(*args)
+
+    return wrapped
 
 
 def test_float_weights_take_the_steps(tmp_path):

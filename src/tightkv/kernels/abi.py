@@ -5,7 +5,8 @@ declares and Python hands over, in one place.
   names its kind with a member (`kv/codecs.py`, ``kernel_kind``).
 - `BLOCK_TYPES` / `TYPE_IDS`: the weight kernels' type numbers (`csrc/qmatmul.cpp`, ``DISPATCH``).
 - `Seg`, `AttnArgs`: what `tk_attn` takes (a segment of stored tokens; the call's arguments).
-- `Part`, `Product`, `FfnPlan`, `QkvPlan`: the sublayer plans `tk_ffn_block` and `tk_qkv_block` take.
+- `Part`, `Product`, `FfnPlan`, `QkvPlan`, `MoePlan`: the sublayer plans `tk_ffn_block`,
+  `tk_qkv_block`, `tk_moe_row` and `tk_moe_block` take.
 - `FUNCTIONS`: each exported function's result and argument types, as `build.py` declares them.
 
 Each mirrors a C++ declaration field by field; ``tests/test_kernel_abi.py`` parses the C++
@@ -209,7 +210,36 @@ class QkvPlan(ctypes.Structure):
     ]
 
 
-STRUCTS = (Seg, AttnArgs, Part, Product, FfnPlan, QkvPlan)  # each mirrors the C++ struct of its name
+class MoePlan(ctypes.Structure):
+    """A block's router and experts as `tk_moe_row` and `tk_moe_block` take them
+    (`csrc/qmatmul.cpp`, ``struct MoePlan``): the router (E, K) float32 and its bias (null:
+    none); k experts used, renormalized where `norm`, times `scale` (0: not); gate and up
+    (E, 2) and down (E,) types, addresses and row strides; the expert width ff and the act
+    (`sublayers.ACT_IDS`); the experts' biases (null: none)."""
+
+    _fields_ = [
+        ("R", _p),
+        ("rb", _p),
+        ("E", _i64),
+        ("K", _i64),
+        ("k", _i64),
+        ("norm", _i64),
+        ("ff", _i64),
+        ("act", _i64),
+        ("gu_types", _p),
+        ("gu_ws", _p),
+        ("gu_lds", _p),
+        ("d_types", _p),
+        ("d_ws", _p),
+        ("d_lds", _p),
+        ("gb", _p),
+        ("ub", _p),
+        ("db", _p),
+        ("scale", ctypes.c_double),
+    ]
+
+
+STRUCTS = (Seg, AttnArgs, Part, Product, FfnPlan, QkvPlan, MoePlan)  # each mirrors the C++ struct of its name
 
 # name: (result type, argument types) of each exported function (None: void)
 FUNCTIONS = {
@@ -218,10 +248,7 @@ FUNCTIONS = {
     "tk_gemv_parts": (_i32, [_i32, _p, _p, _p, _p, _i64, _p, _i64, _p, _i32]),
     "tk_gemv_float": (_i32, [_i32, _p, _i64, _i64, _i64, _p, _i64, _p, _i32]),
     "tk_gemv_each": (_i32, [_i32, _p, _p, _p, _i64, _i64, _p, _p, _i32]),
-    "tk_moe_row": (
-        _i32,
-        [_p, _p, _p, _i64, _i64, _i32, _i32, _f32, *[_p] * 9, _i64, _i32, _p, _p, _p, _i32],
-    ),
+    "tk_moe_row": (_i32, [_p, _p, _p, _p, _p, _i32]),
     "tk_dequant": (_i32, [_i32, _p, _i64, _i64, _i64, _p, _i32]),
     "tk_simd": (_i32, []),
     "tk_gemv_int8": (_i32, []),
@@ -236,6 +263,7 @@ FUNCTIONS = {
     "tk_rope_neox": (None, [_p, _p, _p, _i64, _i64, _i64, _i64, _p]),
     "tk_qkv_heads": (None, [_p, _i64, _i64, _i64, _i64, _p, _p, _f32, _p, _p, _i64, _p, _p, _p]),
     "tk_ffn_block": (_i32, [_p, _p, _p, _i64, _f32, _p, _p, _p, _i32, _i64]),
+    "tk_moe_block": (_i32, [_p, _p, _p, _p, _i64, _f32, _p, _p, _p, _i32, _i64]),
     "tk_qkv_block": (_i32, [_p, _p, _i64, _f32, _p, _p, _i64, _p, _p, _p, _i32, _i64]),
     # a Gated DeltaNet decode token (csrc/recurrent.cpp)
     "tk_gdn_step": (

@@ -7,9 +7,11 @@ the file has them, the gated units, the k down projections each over its own exp
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
-from . import build
+from . import abi, build
 from . import qmatmul as qm
 from .sublayers import ACT_IDS
 
@@ -28,9 +30,10 @@ class ExpertTable:
         downs: list,
         k: int,
         scale: float,
+        act: str,
         biases: tuple | None = None,
     ):
-        """biases: (router (E,), gate (E, ff), up (E, ff), down (E, hidden)) float32, or None."""
+        """act: the gated unit's (`sublayers.ACT_IDS`); biases: (router (E,), gate (E, ff), up (E, ff), down (E, hidden)) float32, or None."""
         parts = [*gates, *ups, *downs]
         self.router = router.raw if router.qtype == "F32" else None  # (experts, hidden)
         self.ok = self.router is not None and all(p.type_id >= 0 for p in parts) and 2 * k <= MAX_PARTS
@@ -47,37 +50,42 @@ class ExpertTable:
 
         self.gate_up = table(list(zip(gates, ups)))  # each (experts, 2)
         self.down = table([[d] for d in downs])  # each (experts, 1)
-        self.args = [a.data_ptr() for a in (*self.gate_up, *self.down)]
-        self.bias_args = [None if b is None else b.data_ptr() for b in self.biases]
+        self.plan = None
+        if self.ok:  # points at the router, the tables and the biases, which this object holds
+            self.plan = abi.MoePlan(
+                self.router.data_ptr(),
+                _ptr(self.biases[0]),
+                self.router.shape[0],
+                self.hidden,
+                k,
+                1,
+                self.ff,
+                ACT_IDS[act],
+                *(t.data_ptr() for t in (*self.gate_up, *self.down)),
+                *map(_ptr, self.biases[1:]),
+                scale,
+            )
+        self.address = None if self.plan is None else ctypes.addressof(self.plan)
 
-    def rows(self, x: torch.Tensor, act: str) -> torch.Tensor | None:
+    def rows(self, x: torch.Tensor) -> torch.Tensor | None:
         """The routed experts' weighted sum for each row of x (T, hidden), a row at a time,
         within the rows the block-dot kernel takes; None where the kernels do not apply."""
         lib = qm.small_ops(x)
-        if lib is None or not self.ok or x.shape[0] > max(1, qm.kernel_rows()):
+        if lib is None or not self.usable(x.shape[0]):
             return None
         x = x.contiguous()
         out = torch.empty_like(x)
         ids, weights = torch.empty(self.k, dtype=torch.int32), torch.empty(self.k)
-        E, nth = self.router.shape[0], build.threads()
         for t in range(x.shape[0]):
-            if lib.tk_moe_row(
-                x[t].data_ptr(),
-                self.router.data_ptr(),
-                self.bias_args[0],
-                E,
-                self.hidden,
-                self.k,
-                1,
-                self.scale,
-                *self.args,
-                *self.bias_args[1:],
-                self.ff,
-                ACT_IDS[act],
-                ids.data_ptr(),
-                weights.data_ptr(),
-                out[t].data_ptr(),
-                nth,
-            ):
+            args = (x[t].data_ptr(), ids.data_ptr(), weights.data_ptr(), out[t].data_ptr(), build.threads())
+            if lib.tk_moe_row(self.address, *args):
                 raise RuntimeError("tightkv kernel: the routed experts failed")
         return out
+
+    def usable(self, rows: int) -> bool:
+        """Whether `tk_moe_row` takes this table for a call of `rows` rows."""
+        return self.plan is not None and rows <= max(1, qm.kernel_rows())
+
+
+def _ptr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()

@@ -5,7 +5,7 @@ the residual add and norm, gate and up, the gated unit, down, the next add and n
 before attention, the q/k/v projection, its bias, per-head norms and RoPE. Run op by op
 from Python, a decode step of a 24-layer model makes some 300 calls, and each finds its
 caches cold after the weights streamed through: on a 2-core AVX2 EPYC that was a quarter
-of a Qwen2.5 0.5B step. `ffn_block` and `qkv_block` run each chain in one call of the
+of a Qwen2.5 0.5B step. `ffn_block` (dense or routed experts) and `qkv_block` run each chain in one call of the
 same kernels in the same order, so the numbers are the ones the steps give one by one
 (tested). They apply to rows that take the block-dot kernel (`qmatmul.gemv_max_rows`)
 and weights kept as blocks; elsewhere they return None and the caller runs the steps.
@@ -53,13 +53,21 @@ def _usable(lib, x: torch.Tensor) -> bool:
 
 class FfnPlan:
     """The output projection wo and the feed-forward half of a block, as `tk_ffn_block` takes
-    them: `plan`, an `abi.FfnPlan` (None where the kernel does not apply), and its address
-    (built once; holds the norms it points at)."""
+    them, or as `tk_moe_block` takes them where the feed-forward half is routed experts (an
+    `ExpertTable` as `mlp.table`, and no shared expert): `plan`, an `abi.FfnPlan` (None where
+    the kernels do not apply; for experts its gate_up and down are empty), `experts` (the
+    table, or None) and the plan's address (built once; holds the norms it points at)."""
 
     def __init__(self, wo, mlp, post_attn_norm, ffn_norm, post_ffn_norm, act: str):
         self.norms = (post_attn_norm, ffn_norm, post_ffn_norm)  # kept alive: the plan points at them
-        products = [_product(m) for m in (wo, mlp.gate_up, mlp.down)]
-        self.d, self.ff = wo.out_features, mlp.down.in_features
+        table = getattr(mlp, "table", None)
+        self.experts = table if table is not None and table.plan is not None and mlp.shared is None else None
+        if table is not None:
+            products = [_product(wo), abi.Product(), abi.Product()] if self.experts else [None]
+            self.d, self.ff = wo.out_features, table.ff
+        else:
+            products = [_product(m) for m in (wo, mlp.gate_up, mlp.down)]
+            self.d, self.ff = wo.out_features, mlp.down.in_features
         self.plan = (
             None
             if None in products or not _floats(self.norms)
@@ -71,13 +79,14 @@ class FfnPlan:
 def ffn_block(
     block, a: torch.Tensor, x: torch.Tensor, next_norm: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """A decoder block's output projection and feed-forward half: from the attention's rows a
-    (T, width) and the residual stream x (T, d), the new stream and its next_norm (T, d) each,
-    as `models.decoder.Block` computes them op by op; None where the kernel does not apply.
+    """A decoder block's output projection and feed-forward half (dense, or routed experts):
+    from the attention's rows a (T, width) and the residual stream x (T, d), the new stream
+    and its next_norm (T, d) each, as `models.decoder.Block` computes them op by op; None
+    where the kernels do not apply.
 
-    block: attn.wo, mlp (gate_up, down, act), ffn_norm, and post_attn_norm / post_ffn_norm
-    (None where absent); its `FfnPlan` is built on first use and kept on it (the plan points
-    at its weights and norms, and goes with them)."""
+    block: attn.wo, mlp (gate_up, down, act; or an MoE's table), ffn_norm, and post_attn_norm /
+    post_ffn_norm (None where absent); its `FfnPlan` is built on first use and kept on it (the
+    plan points at its weights and norms, and goes with them)."""
     plan = block.__dict__.get("_ffn_plan")
     if plan is None:
         m = block.mlp
@@ -88,9 +97,12 @@ def ffn_block(
     if not _usable(lib, a) or not x.is_contiguous() or next_norm.dtype != torch.float32:
         return None
     T = a.shape[0]
+    if plan.experts is not None and not plan.experts.usable(T):
+        return None
     xo, y = torch.empty(T, plan.d), torch.empty(T, plan.d)
-    if lib.tk_ffn_block(
-        plan.address,
+    head = (plan.address,) if plan.experts is None else (plan.address, plan.experts.address)
+    rc = (lib.tk_ffn_block if plan.experts is None else lib.tk_moe_block)(
+        *head,
         a.data_ptr(),
         x.data_ptr(),
         T,
@@ -100,7 +112,8 @@ def ffn_block(
         y.data_ptr(),
         build.threads(),
         qm.PARALLEL_MIN_BYTES,
-    ):
+    )
+    if rc:
         raise RuntimeError("tightkv kernel: the feed-forward sublayer failed")
     return xo, y
 

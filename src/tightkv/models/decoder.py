@@ -170,8 +170,8 @@ class Block(torch.nn.Module):
         self.eps = args.rms_norm_eps
         self.attn = GatedDeltaNet(args, w, i) if args.recurrent(i) else Attention(args, w, i)
         self.mlp = MoE(args, w, i) if args.num_experts else MLP(args, w, i)
-        # wo through the feed-forward half in one kernel call
-        self.fused = isinstance(self.mlp, MLP) and not isinstance(self.attn.wo, Biased)
+        # wo through the feed-forward half (dense or routed experts) in one kernel call
+        self.fused = not isinstance(self.attn.wo, Biased)
         self.attn_norm = w.vector(p + "attn_norm.weight")  # (hidden,)
         self.ffn_norm = w.vector(p + args.ffn_norm + ".weight")  # (hidden,)
         self.post_attn_norm = w.vector(p + "post_attention_norm.weight") if args.post_norms else None

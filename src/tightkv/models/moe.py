@@ -45,7 +45,7 @@ class MoE(torch.nn.Module):
             b = {n: w.vector(p + f"ffn_{n}.bias", shape) for n, shape in shapes.items()}
             self.biases = (b["gate_inp"], torch.cat([b["gate_exps"], b["up_exps"]], 1), b["down_exps"])
         table_biases = None if self.biases is None else (b["gate_inp"], b["gate_exps"], b["up_exps"], b["down_exps"])
-        self.table = ExpertTable(self.router, gates, ups, self.down, self.k, self.scale, table_biases)
+        self.table = ExpertTable(self.router, gates, ups, self.down, self.k, self.scale, self.act, table_biases)
         if not 0 < self.k <= len(self.down):
             raise GGUFError(
                 f"{w.g.path}: {args.architecture}.expert_used_count is {self.k}, of {len(self.down)} experts"
@@ -75,7 +75,7 @@ class MoE(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (T, hidden) -> (T, hidden)."""
-        out = self.table.rows(x, self.act)  # decode rows: a kernel call each
+        out = self.table.rows(x)  # decode rows: a kernel call each
         if out is None:
             out = self.routed(x)
         if self.shared is not None:

@@ -236,29 +236,61 @@ extern "C" void tk_glu(const float *gu, int64_t rows, int64_t ff, int act, float
   }
 }
 
-// A decode row's routed experts (models/moe.py), from its normed row x (K,): the router's
-// logits R x + rb (R (E, K) float32; rb (E,) or null), their softmax, the k largest
-// probabilities (the lower expert first on a tie), renormalized to sum 1 where `norm` (as
-// gpt-oss's softmax of the k largest logits is) and times `scale` (0: not); then out (K,) = sum_j w_j (down_j(act(gate_j x + gb_j) * (up_j x + ub_j)) +
-// db_j), the j in order. The experts' tables, indexed by expert: gate and up (E, 2) types,
-// addresses, row strides; down (E,); their width ff; the biases gb, ub (E, ff) and db (E, K),
-// or null. ids and weights (k,): the choice, written. 0 on success, 1 a bad shape, else as
-// tk_gemv_parts.
-extern "C" int tk_moe_row(const float *x, const float *R, const float *rb, int64_t E, int64_t K, int k, int norm,
-                          float scale, const int *gu_types, const uint8_t *const *gu_ws,
-                          const int64_t *gu_lds, const int *d_types, const uint8_t *const *d_ws, const int64_t *d_lds,
-                          const float *gb, const float *ub, const float *db, int64_t ff, int act, int32_t *ids,
-                          float *weights, float *out, int nth) {
+// The router's logits p[e] = R[e] . x + rb[e], ROUTER_CHUNK experts a chunk of the pool
+// (a 128-expert router of hidden 2048 is 1 MiB of float32 a layer); each logit summed alike
+// whatever thread takes it.
+const int64_t ROUTER_CHUNK = 8;
+struct Router {
+  const float *x, *R, *rb;
+  int64_t K, E;
+  float *p;
+};
+static void router_chunk(const void *ctx, int64_t c) {
+  const Router &r = *(const Router *)ctx;
+  const int64_t end = (c + 1) * ROUTER_CHUNK < r.E ? (c + 1) * ROUTER_CHUNK : r.E;
+  for (int64_t e = c * ROUTER_CHUNK; e < end; e++) {
+    const float *w = r.R + e * r.K;
+    V acc = vzero();
+    for (int64_t i = 0; i < r.K; i += 16) acc = vfma(vld(w + i), vld(r.x + i), acc);
+    r.p[e] = vsum(acc) + (r.rb ? r.rb[e] : 0.f);
+  }
+}
+
+// A block's routed experts (models/moe.py), as tk_moe_row and tk_moe_block read them: the
+// router R (E, K) float32 and its bias rb (E,) or null; k experts used, their weights
+// renormalized to sum 1 where `norm` (as gpt-oss's softmax of the k largest logits is) and
+// times `scale` (0: not); the experts' tables, indexed by expert: gate and up (E, 2) types,
+// addresses and row strides, down's (E,); their width ff; the biases gb, ub (E, ff) and
+// db (E, K), or null; act as tk_glu's.
+struct MoePlan {
+  const float *R, *rb;
+  int64_t E, K, k, norm, ff, act;
+  const int32_t *gu_types;
+  const uint8_t **gu_ws;
+  const int64_t *gu_lds;
+  const int32_t *d_types;
+  const uint8_t **d_ws;
+  const int64_t *d_lds;
+  const float *gb, *ub, *db;
+  double scale;
+};
+static_assert(sizeof(MoePlan) == 18 * 8, "experts plan");
+
+// A decode row's routed experts, from its normed row x (K,): the router's logits R x + rb,
+// their softmax, the k largest probabilities (the lower expert first on a tie), weighted
+// as the plan says; then out (K,) = sum_j w_j (down_j(act(gate_j x + gb_j) * (up_j x + ub_j))
+// + db_j), the j in order. ids and weights (k,): the choice, written. 0 on success, 1 a bad
+// shape, else as tk_gemv_parts.
+extern "C" int tk_moe_row(const MoePlan *m, const float *x, int32_t *ids, float *weights, float *out, int nth) {
+  const int64_t E = m->E, K = m->K, ff = m->ff;
+  const int k = (int)m->k;
+  const float scale = (float)m->scale;
   if (k < 1 || 2 * k > MAX_PARTS || k > E || E > 4096 || K % 32 || ff % 32) return 1;
   float p[4096];
+  const Router rt = {x, m->R, m->rb, K, E, p};
+  run_chunks(router_chunk, &rt, (E + ROUTER_CHUNK - 1) / ROUTER_CHUNK, nth);
   float top = -INFINITY;
-  for (int64_t e = 0; e < E; e++) {
-    const float *r = R + e * K;
-    V acc = vzero();
-    for (int64_t i = 0; i < K; i += 16) acc = vfma(vld(r + i), vld(x + i), acc);
-    p[e] = vsum(acc) + (rb ? rb[e] : 0.f);
-    top = p[e] > top ? p[e] : top;
-  }
+  for (int64_t e = 0; e < E; e++) top = p[e] > top ? p[e] : top;
   double total = 0.0;
   for (int64_t e = 0; e < E; e++) total += (p[e] = exp_f(p[e] - top));
   for (int64_t e = 0; e < E; e++) p[e] = (float)(p[e] / total);
@@ -274,7 +306,7 @@ extern "C" int tk_moe_row(const float *x, const float *R, const float *rb, int64
     sum += (weights[j] = p[best]);
   }
   for (int j = 0; j < k; j++) {
-    if (norm) weights[j] /= sum > 6.103515625e-5f ? sum : 6.103515625e-5f;
+    if (m->norm) weights[j] /= sum > 6.103515625e-5f ? sum : 6.103515625e-5f;
     if (scale != 0.f && scale != 1.f) weights[j] *= scale;
   }
   int types[MAX_PARTS];
@@ -283,16 +315,17 @@ extern "C" int tk_moe_row(const float *x, const float *R, const float *rb, int64
   for (int j = 0; j < k; j++)
     for (int g = 0; g < 2; g++) {  // gate, then up, of each routed expert
       const int64_t at = 2 * (int64_t)ids[j] + g;
-      types[2 * j + g] = gu_types[at], ws[2 * j + g] = gu_ws[at], lds[2 * j + g] = gu_lds[at], Ns[2 * j + g] = ff;
+      types[2 * j + g] = m->gu_types[at], ws[2 * j + g] = m->gu_ws[at], lds[2 * j + g] = m->gu_lds[at], Ns[2 * j + g] = ff;
     }
   thread_local avec<float> gu, h, ys;
   gu.resize(2 * k * ff); h.resize(k * ff); ys.resize(k * K);
   int rc = tk_gemv_parts(2 * k, types, ws, lds, Ns, K, x, 1, gu.data(), nth);
   if (rc) return rc;
+  const float *gb = m->gb, *ub = m->ub, *db = m->db;
   for (int j = 0; j < k && gb; j++)
     for (int64_t i = 0; i < ff; i++) gu[2 * j * ff + i] += gb[ids[j] * ff + i], gu[(2 * j + 1) * ff + i] += ub[ids[j] * ff + i];
-  tk_glu(gu.data(), k, ff, act, h.data());
-  for (int j = 0; j < k; j++) types[j] = d_types[ids[j]], ws[j] = d_ws[ids[j]], lds[j] = d_lds[ids[j]];
+  tk_glu(gu.data(), k, ff, (int)m->act, h.data());
+  for (int j = 0; j < k; j++) types[j] = m->d_types[ids[j]], ws[j] = m->d_ws[ids[j]], lds[j] = m->d_lds[ids[j]];
   if ((rc = tk_gemv_each(k, types, ws, lds, K, ff, h.data(), ys.data(), nth))) return rc;
   for (int j = 0; j < k && db; j++)
     for (int64_t i = 0; i < K; i++) ys[j * K + i] += db[ids[j] * K + i];
@@ -303,7 +336,6 @@ extern "C" int tk_moe_row(const float *x, const float *R, const float *rb, int64
   }
   return 0;
 }
-
 
 // out[r] = the index of the first largest of the n floats of row r (rows ld apart), as
 // torch.argmax gives it (a NaN is never the largest here): 16 running maxima, then a scan
@@ -509,6 +541,27 @@ extern "C" int tk_ffn_block(const FfnPlan *p, const float *a, const float *x, in
   if ((rc = run_product(p->gate_up, p->d, y1.data(), M, gu.data(), nth, min_bytes))) return rc;
   tk_glu(gu.data(), M, p->ff, (int)p->act, h.data());
   if ((rc = run_product(p->down, p->ff, h.data(), M, o.data(), nth, min_bytes))) return rc;
+  tk_add_rms_norm(x1.data(), o.data(), p->post_ffn_norm, next_norm, M, p->d, eps, xo, y);
+  return 0;
+}
+
+// A mixture-of-experts block's output projection and routed experts, from the attention's
+// rows a (M, width): o = a Wo; x1, y1 = add_rms_norm(x, o, post_attn_norm, ffn_norm); each
+// row of y1 through tk_moe_row; xo, y = add_rms_norm(x1, experts, post_ffn_norm, next_norm).
+// p's wo and norms (its gate_up and down are not read), m the experts. 0 on success, else
+// the failing call's code.
+extern "C" int tk_moe_block(const FfnPlan *p, const MoePlan *m, const float *a, const float *x, int64_t M, float eps,
+                            const float *next_norm, float *xo, float *y, int nth, int64_t min_bytes) {
+  if (product_rows(p->wo) != p->d || m->K != p->d) return 1;
+  thread_local avec<float> o, x1, y1;
+  o.resize(M * p->d); x1.resize(M * p->d); y1.resize(M * p->d);
+  int rc = run_product(p->wo, p->width, a, M, o.data(), nth, min_bytes);
+  if (rc) return rc;
+  tk_add_rms_norm(x, o.data(), p->post_attn_norm, p->ffn_norm, M, p->d, eps, x1.data(), y1.data());
+  int32_t ids[MAX_PARTS];
+  float weights[MAX_PARTS];
+  for (int64_t r = 0; r < M; r++)
+    if ((rc = tk_moe_row(m, y1.data() + r * p->d, ids, weights, o.data() + r * p->d, nth))) return rc;
   tk_add_rms_norm(x1.data(), o.data(), p->post_ffn_norm, next_norm, M, p->d, eps, xo, y);
   return 0;
 }
