@@ -32,7 +32,8 @@ Rows: each engine fills its cache to `depth` tokens with a prefill (pp, tokens/s
 the default cache, llama.cpp with f16 and q8_0 caches. `--rounds R` runs the engines R times
 in turn, each run in a fresh process, and keeps each engine's round of median decode speed
 (every round's in `tg_rounds`): a shared machine's speed drifts by 10-30% over minutes, alike
-for both engines. For the MoE models (and gemma4),
+for both engines. With rounds, it also prints each round's ratio of ours to llama.cpp's run
+of the same round, and their median. For the MoE models (and gemma4),
 `--bytes` also measures the weight bytes one decode step reads: the file's pages are dropped
 from memory (madvise and posix_fadvise DONTNEED, read-around off), one token decoded, and
 the pages then resident counted (mincore), against the routed experts' rows plus the dense
@@ -48,6 +49,7 @@ import argparse
 import ctypes
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -590,6 +592,25 @@ def print_table(rows: list[dict]) -> None:
             f"| {ratio('tg_tok_s', f16):>5} | {ratio('tg_tok_s', q8):>5} | {r['pp_tok_s']:6.1f} "
             f"| {ratio('pp_tok_s', f16):>5} | {r['peak_rss'] / 2**20:6.0f} |"
         )
+    for r in rows:  # each round's ratio against llama.cpp's run of the same round
+        for kv in ("f16", "q8_0"):
+            ref = next(
+                (
+                    x
+                    for x in rows
+                    if x["model"] == r["model"]
+                    and x["depth"] == r["depth"]
+                    and x["kv"] == kv
+                    and x["engine"] == "llama.cpp"
+                ),
+                None,
+            )
+            if r["engine"] == "tightkv" and ref and len(r.get("tg_rounds", [])) == len(ref.get("tg_rounds", [])) > 1:
+                each = [a / b for a, b in zip(r["tg_rounds"], ref["tg_rounds"])]
+                print(
+                    f"{r['model']} d{r['depth']} {r['kv']} / llama.cpp {kv}, round by round: "
+                    f"{' '.join(f'{x:.2f}' for x in each)}, median {statistics.median(each):.2f}x"
+                )
 
 
 if __name__ == "__main__":
