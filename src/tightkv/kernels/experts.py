@@ -1,9 +1,10 @@
 """A decode row's mixture of experts in one kernel call (`tk_moe_row`): the router's softmax
-and top-k, gate and up of the k routed
-experts over the row (`tk_gemv_parts`, the activations quantized once), their biases where
+and top-k, gate and up of the k routed experts over the row (`tk_gemv_parts`, the activations quantized once), their biases where
 the file has them, the gated units, the k down projections each over its own expert's unit
 (`tk_gemv_each`), and their weighted sum. Per expert the same arithmetic as its
-`QuantLinear` alone; every row alike, alone or in a batch."""
+`QuantLinear` alone; every row alike, alone or in a batch. The table's `plan` is what the
+kernels read (`abi.MoePlan`); `sublayers.ffn_block` hands it to `tk_moe_block` with the
+block's output projection and norms."""
 
 from __future__ import annotations
 
@@ -33,11 +34,12 @@ class ExpertTable:
         act: str,
         biases: tuple | None = None,
     ):
-        """act: the gated unit's (`sublayers.ACT_IDS`); biases: (router (E,), gate (E, ff), up (E, ff), down (E, hidden)) float32, or None."""
+        """act: the gated unit's (`sublayers.ACT_IDS`); biases: (router (E,), gate (E, ff),
+        up (E, ff), down (E, hidden)) float32, or None."""
         parts = [*gates, *ups, *downs]
         self.router = router.raw if router.qtype == "F32" else None  # (experts, hidden)
         self.ok = self.router is not None and all(p.type_id >= 0 for p in parts) and 2 * k <= MAX_PARTS
-        self.k, self.scale = k, scale
+        self.k = k
         self.biases = [None] * 4 if biases is None else [b.contiguous() for b in biases]
         self.ff, self.hidden = gates[0].out_features, gates[0].in_features
 
