@@ -76,7 +76,7 @@ def test_the_experts_are_mxfp4_and_decode_rows_take_the_expert_kernel(refs):
     assert moe.down[0].qtype == "MXFP4" and moe.gate_up[0].parts[0].qtype == "MXFP4"
     assert moe.table.ok and moe.biases is not None
     x = torch.randn(3, m.args.hidden_size) * 3
-    kernel = moe.table.rows(x, moe.act)
+    kernel = moe.table.rows(x)
     assert kernel is not None
     torch.testing.assert_close(kernel, moe.routed(x), atol=2e-3, rtol=2e-3)
 
