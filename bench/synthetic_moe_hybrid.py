@@ -583,8 +583,7 @@ def print_table(rows: list[dict]) -> None:
     )
     print("|--------|------:|-----------|-------------|-------:|-----:|-----:|-------:|------:|------:|")
     for r in rows:
-        same = [x for x in rows if x["model"] == r["model"] and x["depth"] == r["depth"] and x["engine"] == "llama.cpp"]
-        ref = {x["kv"]: x for x in same}
+        ref = llama_rows(rows, r)
         f16, q8 = ref.get("f16"), ref.get("q8_0")
         ratio = lambda key, x: f"{r[key] / x[key]:.2f}x" if x else ""  # noqa: E731
         print(
@@ -592,25 +591,21 @@ def print_table(rows: list[dict]) -> None:
             f"| {ratio('tg_tok_s', f16):>5} | {ratio('tg_tok_s', q8):>5} | {r['pp_tok_s']:6.1f} "
             f"| {ratio('pp_tok_s', f16):>5} | {r['peak_rss'] / 2**20:6.0f} |"
         )
-    for r in rows:  # each round's ratio against llama.cpp's run of the same round
-        for kv in ("f16", "q8_0"):
-            ref = next(
-                (
-                    x
-                    for x in rows
-                    if x["model"] == r["model"]
-                    and x["depth"] == r["depth"]
-                    and x["kv"] == kv
-                    and x["engine"] == "llama.cpp"
-                ),
-                None,
-            )
-            if r["engine"] == "tightkv" and ref and len(r.get("tg_rounds", [])) == len(ref.get("tg_rounds", [])) > 1:
+    for r in (r for r in rows if r["engine"] == "tightkv"):  # each round against llama.cpp's same round
+        for kv, ref in llama_rows(rows, r).items():
+            if len(r.get("tg_rounds", [])) == len(ref.get("tg_rounds", [])) > 1:
                 each = [a / b for a, b in zip(r["tg_rounds"], ref["tg_rounds"])]
                 print(
                     f"{r['model']} d{r['depth']} {r['kv']} / llama.cpp {kv}, round by round: "
                     f"{' '.join(f'{x:.2f}' for x in each)}, median {statistics.median(each):.2f}x"
                 )
+
+
+def llama_rows(rows: list[dict], r: dict) -> dict[str, dict]:
+    """llama.cpp's rows of r's model and depth, by cache type."""
+    return {
+        x["kv"]: x for x in rows if x["model"] == r["model"] and x["depth"] == r["depth"] and x["engine"] == "llama.cpp"
+    }
 
 
 if __name__ == "__main__":

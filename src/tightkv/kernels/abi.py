@@ -213,7 +213,7 @@ class QkvPlan(ctypes.Structure):
 class MoePlan(ctypes.Structure):
     """A block's router and experts as `tk_moe_row` and `tk_moe_block` take them
     (`csrc/qmatmul.cpp`, ``struct MoePlan``): the router (E, K) float32 and its bias (null:
-    none); k experts used, renormalized where `norm`, times `scale` (0: not); gate and up
+    none); k experts used, renormalized to sum 1, times `scale` (0: not); gate and up
     (E, 2) and down (E,) types, addresses and row strides; the expert width ff and the act
     (`sublayers.ACT_IDS`); the experts' biases (null: none)."""
 
@@ -223,7 +223,6 @@ class MoePlan(ctypes.Structure):
         ("E", _i64),
         ("K", _i64),
         ("k", _i64),
-        ("norm", _i64),
         ("ff", _i64),
         ("act", _i64),
         ("gu_types", _p),

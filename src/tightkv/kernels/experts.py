@@ -60,7 +60,6 @@ class ExpertTable:
                 self.router.shape[0],
                 self.hidden,
                 k,
-                1,
                 self.ff,
                 ACT_IDS[act],
                 *(t.data_ptr() for t in (*self.gate_up, *self.down)),

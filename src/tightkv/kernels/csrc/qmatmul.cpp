@@ -258,13 +258,13 @@ static void router_chunk(const void *ctx, int64_t c) {
 
 // A block's routed experts (models/moe.py), as tk_moe_row and tk_moe_block read them: the
 // router R (E, K) float32 and its bias rb (E,) or null; k experts used, their weights
-// renormalized to sum 1 where `norm` (as gpt-oss's softmax of the k largest logits is) and
-// times `scale` (0: not); the experts' tables, indexed by expert: gate and up (E, 2) types,
+// renormalized to sum 1 (as gpt-oss's softmax of the k largest logits is) and times `scale`
+// (0: not); the experts' tables, indexed by expert: gate and up (E, 2) types,
 // addresses and row strides, down's (E,); their width ff; the biases gb, ub (E, ff) and
 // db (E, K), or null; act as tk_glu's.
 struct MoePlan {
   const float *R, *rb;
-  int64_t E, K, k, norm, ff, act;
+  int64_t E, K, k, ff, act;
   const int32_t *gu_types;
   const uint8_t **gu_ws;
   const int64_t *gu_lds;
@@ -274,7 +274,7 @@ struct MoePlan {
   const float *gb, *ub, *db;
   double scale;
 };
-static_assert(sizeof(MoePlan) == 18 * 8, "experts plan");
+static_assert(sizeof(MoePlan) == 17 * 8, "experts plan");
 
 // A decode row's routed experts, from its normed row x (K,): the router's logits R x + rb,
 // their softmax, the k largest probabilities (the lower expert first on a tie), weighted
@@ -306,7 +306,7 @@ extern "C" int tk_moe_row(const MoePlan *m, const float *x, int32_t *ids, float 
     sum += (weights[j] = p[best]);
   }
   for (int j = 0; j < k; j++) {
-    if (m->norm) weights[j] /= sum > 6.103515625e-5f ? sum : 6.103515625e-5f;
+    weights[j] /= sum > 6.103515625e-5f ? sum : 6.103515625e-5f;
     if (scale != 0.f && scale != 1.f) weights[j] *= scale;
   }
   int types[MAX_PARTS];
