@@ -27,6 +27,14 @@ typedef uint16_t u16x16 __attribute__((vector_size(32)));
 static inline f16v ld(const float *p) { f16v r; memcpy(&r, p, 64); return r; }
 static inline void st(float *p, f16v a) { memcpy(p, &a, 64); }
 static inline f16v splat(float a) { return f16v{} + a; }
+// *p in every lane: one broadcast load on AVX-512 (splat adds a zero vector first)
+static inline f16v bcast(const float *p) {
+#if defined(__AVX512F__)
+  return (f16v)_mm512_set1_ps(*p);
+#else
+  return splat(*p);
+#endif
+}
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define TK_AVX2 1
 static inline float hmax8(__m256 s) {
@@ -232,6 +240,7 @@ static const int BT = 32;
 #define TK_512 0
 #endif
 static const int VROWS = TK_AVX2 ? 2 : 4;  // rows whose value sums stay in registers (2 x 4 x 16 lanes)
+static const int ONCE_ROWS = 8;  // AVX-512, values decoded once: the same, 2 x 8 x 16 lanes (add_rows_decoded)
 static const int CH = 7;
 static const int64_t PRE_ROWS = 8;  // rows from which the float path scores a block by one matmul
 // f(std::integral_constant<int, NR>()) for nr rows (1..4): the row count a kernel is built for.
@@ -940,7 +949,7 @@ static inline __attribute__((always_inline)) void add_values(float *o, int64_t W
       f16v x0, x1;
       load32<KIND>(v0 + j * vt0, v1 ? v1 + j * vt1 : nullptr, v2 ? v2 + j * vt2 : nullptr, b, cb, x0, x1);
       for (int u = 0; u < NR; u++) {
-        const f16v pw = splat(w[u * BT + j]);
+        const f16v pw = bcast(w + u * BT + j);
         a0[u] = fma(pw, x0, a0[u]);
         a1[u] = fma(pw, x1, a1[u]);
       }
@@ -953,7 +962,7 @@ static inline __attribute__((always_inline)) void add_values(float *o, int64_t W
     for (int u = 0; u < NR; u++) a[u] = ld(o + u * W + 16 * c);
     for (int64_t j = 0; j < n; j++) {
       const f16v x = load16<KIND>(v0 + j * vt0, v1 ? v1 + j * vt1 : nullptr, nullptr, c, 0, cb);
-      for (int u = 0; u < NR; u++) a[u] = fma(splat(w[u * BT + j]), x, a[u]);
+      for (int u = 0; u < NR; u++) a[u] = fma(bcast(w + u * BT + j), x, a[u]);
     }
     for (int u = 0; u < NR; u++) st(o + u * W + 16 * c, a[u]);
   }
@@ -1102,7 +1111,7 @@ static inline __attribute__((always_inline)) void add_values_decoded(float *o, i
     for (int64_t j = 0; j < n; j++) {
       const f16v x0 = ld(vt + j * Dv + 32 * b), x1 = ld(vt + j * Dv + 32 * b + 16);
       for (int u = 0; u < NR; u++) {
-        const f16v pw = splat(w[u * BT + j]);
+        const f16v pw = bcast(w + u * BT + j);
         a0[u] = fma(pw, x0, a0[u]);
         a1[u] = fma(pw, x1, a1[u]);
       }
@@ -1115,20 +1124,48 @@ static inline __attribute__((always_inline)) void add_values_decoded(float *o, i
     for (int u = 0; u < NR; u++) a[u] = ld(o + u * W + 16 * c);
     for (int64_t j = 0; j < n; j++) {
       const f16v x = ld(vt + j * Dv + 16 * c);
-      for (int u = 0; u < NR; u++) a[u] = fma(splat(w[u * BT + j]), x, a[u]);
+      for (int u = 0; u < NR; u++) a[u] = fma(bcast(w + u * BT + j), x, a[u]);
     }
     for (int u = 0; u < NR; u++) st(o + u * W + 16 * c, a[u]);
   }
 }
 
 #if defined(__AVX512F__)
+// Every row's sums (out: nrows, W apart) over n values decoded once (vt: n, Dv), ONCE_ROWS rows
+// at a time (more chains in flight than VROWS), each row's as add_values_decoded sums it alone.
+static void add_rows_decoded(float *out, int64_t W, const float *sc, const float *vt, const char *alive,
+                             int64_t nrows, int64_t n, int64_t Dv) {
+  for (int64_t r0 = 0; r0 < nrows; r0 += ONCE_ROWS) {
+    const int64_t nr = nrows - r0 < ONCE_ROWS ? nrows - r0 : ONCE_ROWS;
+    bool any = false;
+    for (int64_t u = 0; u < nr; u++) any |= alive[r0 + u];
+    if (!any) continue;
+    float *o = out + r0 * W;
+    const float *wr = sc + r0 * BT;
+    switch (nr) {
+      case 1: add_values_decoded<1>(o, W, wr, vt, n, Dv); break;
+      case 2: add_values_decoded<2>(o, W, wr, vt, n, Dv); break;
+      case 3: add_values_decoded<3>(o, W, wr, vt, n, Dv); break;
+      case 4: add_values_decoded<4>(o, W, wr, vt, n, Dv); break;
+      case 5: add_values_decoded<5>(o, W, wr, vt, n, Dv); break;
+      case 6: add_values_decoded<6>(o, W, wr, vt, n, Dv); break;
+      case 7: add_values_decoded<7>(o, W, wr, vt, n, Dv); break;
+      default: add_values_decoded<ONCE_ROWS>(o, W, wr, vt, n, Dv); break;
+    }
+  }
+}
+#endif
+
+#if defined(__AVX512F__)
 // Scores of rows (q: D apart) against n keys decoded by decode_once (kx: n, D), ks[j] each
 // key's scale, kb[r] a per-row offset (or null): 16 keys of a row at a time, each dot summed as
 // dot_key sums it (two chains, the tail into the first, their sum, then hsum's pairs: hsum16),
 // then the offset, the scale, the bias and what the row sees as vectors, one store per 16.
-static void score_decoded(const float *q, const float *kx, const float *ks, const float *kb, const float *bias,
-                          const int64_t *lo, const int64_t *hi, const char *alive, int64_t nrows, int64_t j0,
-                          int64_t n, int64_t D, float *sc) {
+template <int DD>  // the head dim where known when compiled (0: D)
+static void score_decoded_d(const float *q, const float *kx, const float *ks, const float *kb, const float *bias,
+                            const int64_t *lo, const int64_t *hi, const char *alive, int64_t nrows, int64_t j0,
+                            int64_t n, int64_t Drt, float *sc) {
+  const int64_t D = DD ? DD : Drt;
   const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512 ninf = _mm512_set1_ps(-INFINITY);
   for (int64_t r = 0; r < nrows; r++) {
@@ -1167,6 +1204,17 @@ static void score_decoded(const float *q, const float *kx, const float *ks, cons
                            _mm512_cmplt_epi32_mask(tok, _mm512_set1_epi32((int)hi[r]));
       _mm512_storeu_ps(sc + r * BT + g, _mm512_mask_blend_ps(in, ninf, s));
     }
+  }
+}
+
+static void score_decoded(const float *q, const float *kx, const float *ks, const float *kb, const float *bias,
+                          const int64_t *lo, const int64_t *hi, const char *alive, int64_t nrows, int64_t j0,
+                          int64_t n, int64_t D, float *sc) {
+  switch (D) {
+    case 64: return score_decoded_d<64>(q, kx, ks, kb, bias, lo, hi, alive, nrows, j0, n, D, sc);
+    case 128: return score_decoded_d<128>(q, kx, ks, kb, bias, lo, hi, alive, nrows, j0, n, D, sc);
+    case 256: return score_decoded_d<256>(q, kx, ks, kb, bias, lo, hi, alive, nrows, j0, n, D, sc);
+    default: return score_decoded_d<0>(q, kx, ks, kb, bias, lo, hi, alive, nrows, j0, n, D, sc);
   }
 }
 #endif
@@ -1517,11 +1565,8 @@ static void value_block(Work &w, int64_t j0, int64_t n) {
       const uint8_t *zp = w.v[2] + j0 * s.vt2;
       alignas(64) float zs[BT] = {};
       for (int64_t j = 0; j < n; j++) zs[j] = f16s(zp + j * s.vt2);
-      for (int64_t r = 0; r < nrows; r++) {
-        float zr = 0.f;
-        for (int64_t j = 0; j < BT; j++) zr += sc[r * BT + j] * zs[j];
-        w.z[r] = zr;
-      }
+      const f16v z0 = ld(zs), z1 = ld(zs + 16);
+      for (int64_t r = 0; r < nrows; r++) w.z[r] = hsum(fma(ld(sc + r * BT + 16), z1, ld(sc + r * BT) * z0));
       out = w.tmp;
       memset(out, 0, nrows * W * sizeof(float));
     }
@@ -1594,6 +1639,10 @@ static void value_block(Work &w, int64_t j0, int64_t n) {
       for (int64_t j = 0; j < n; j++)
         decode_once<VK>(v0 + j * s.vt0, v1 ? v1 + j * s.vt1 : nullptr, v2 ? v2 + j * s.vt2 : nullptr, Dv, x->vcb,
                         w.vt + j * Dv);
+#endif
+#if defined(__AVX512F__)
+    if (w.once) add_rows_decoded(out, W, sc, w.vt, alive, nrows, n, Dv);
+    else
 #endif
     for (int64_t r0 = 0; r0 < nrows; r0 += VROWS) {
       const int nr = nrows - r0 < VROWS ? (int)(nrows - r0) : VROWS;
