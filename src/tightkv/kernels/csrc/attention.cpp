@@ -1548,6 +1548,62 @@ static void score_block(Work &w, int64_t j0, int64_t n) {
 #endif
 }
 
+#if defined(__AVX512F__)
+// A 16 x 16 tile of floats transposed in registers: r[k] becomes column k.
+static inline void transpose16(__m512 *r) {
+  __m512 t[16];
+  for (int i = 0; i < 8; i++) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; i++) {
+    r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int i = 0; i < 2; i++)
+    for (int k = 0; k < 4; k++) {
+      t[8 * i + k] = _mm512_shuffle_f32x4(r[8 * i + k], r[8 * i + 4 + k], 0x88);
+      t[8 * i + 4 + k] = _mm512_shuffle_f32x4(r[8 * i + k], r[8 * i + 4 + k], 0xDD);
+    }
+  for (int k = 0; k < 8; k++) {
+    r[k] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88);
+    r[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xDD);
+  }
+}
+#endif
+
+// KVarN values: each row's zero-point sum z[r] = sum_j sc[r][j] zs[j] over a block, the
+// products rounded, then added in order from 0, as a scalar loop adds them. AVX-512: 16 rows
+// at a time, rows in lanes (their products transposed), so that no lane is extracted to be
+// added (a scalar loop's in-order vector reduction extracts each one); the same sums.
+static void zero_point_sums(const float *sc, const float *zs, int64_t nrows, float *z) {
+#if defined(__AVX512F__)
+  const __m512 z0 = _mm512_loadu_ps(zs), z1 = _mm512_loadu_ps(zs + 16);
+  for (int64_t r0 = 0; r0 < nrows; r0 += 16) {
+    const int64_t nr = nrows - r0 < 16 ? nrows - r0 : 16;
+    __m512 a[16], b[16];  // products 0-15 and 16-31 of each row, then of each column
+    for (int k = 0; k < 16; k++) {
+      a[k] = k < nr ? _mm512_mul_ps(_mm512_loadu_ps(sc + (r0 + k) * BT), z0) : _mm512_setzero_ps();
+      b[k] = k < nr ? _mm512_mul_ps(_mm512_loadu_ps(sc + (r0 + k) * BT + 16), z1) : _mm512_setzero_ps();
+    }
+    transpose16(a);
+    transpose16(b);
+    __m512 s = _mm512_setzero_ps();
+    for (int j = 0; j < 16; j++) s = _mm512_add_ps(s, a[j]);
+    for (int j = 0; j < 16; j++) s = _mm512_add_ps(s, b[j]);
+    _mm512_mask_storeu_ps(z + r0, (__mmask16)((1u << nr) - 1), s);
+  }
+#else
+  for (int64_t r = 0; r < nrows; r++) {
+    float zr = 0.f;
+    for (int64_t j = 0; j < BT; j++) zr += sc[r * BT + j] * zs[j];
+    z[r] = zr;
+  }
+#endif
+}
+
 // The rows' states += their softmax weights (w.sc) times the values of tokens j0 .. j0+n-1.
 template <int VK>
 static void value_block(Work &w, int64_t j0, int64_t n) {
@@ -1565,8 +1621,7 @@ static void value_block(Work &w, int64_t j0, int64_t n) {
       const uint8_t *zp = w.v[2] + j0 * s.vt2;
       alignas(64) float zs[BT] = {};
       for (int64_t j = 0; j < n; j++) zs[j] = f16s(zp + j * s.vt2);
-      const f16v z0 = ld(zs), z1 = ld(zs + 16);
-      for (int64_t r = 0; r < nrows; r++) w.z[r] = hsum(fma(ld(sc + r * BT + 16), z1, ld(sc + r * BT) * z0));
+      zero_point_sums(sc, zs, nrows, w.z);
       out = w.tmp;
       memset(out, 0, nrows * W * sizeof(float));
     }
