@@ -140,6 +140,7 @@ EXTRA = {
         [
             ["speculative.py", "--server", "{llama_server}", "--json", "{json_speculative}"],
             ["verify_cost.py", "--json", "{json_verify_cost}"],
+            ["spec_replay.py", "--json", "{json_spec_replay}"],
         ],
     ),
     "ppl-long": (

@@ -1,11 +1,14 @@
 """How a decode step's time splits between the C kernels and the Python/torch between them.
 
     python bench/step_overhead.py [--model PATH] [--kv f16] [--threads 1] [--streams 1] [--steps 30] [--rounds 3]
+                                  [--depth 16] [--rows 1]
 
 Wraps each kernel entry point the model calls with a timer, runs decode steps at
-depth 16 (with --streams N, batched steps of N sequences, as the server runs them), and prints per round: the step, the time inside the kernel calls, the rest
-(Python, torch ops, caches gone cold after the weights streamed through), and each
-entry point's share with its calls per step.
+depth `--depth` (16 tokens; more: that many tokens of the essays) (with --streams N, batched
+steps of N sequences, as the server runs them; with --rows K, speculative verifications of K
+rows, `engine/speculative.verify`, the cache trimmed back after each), and prints per round: the
+step, the time inside the kernel calls, the rest (Python, torch ops, caches gone cold after the
+weights streamed through), and each entry point's share with its calls per step.
 """
 
 from __future__ import annotations
@@ -13,13 +16,18 @@ from __future__ import annotations
 import argparse
 import collections
 import time
+from pathlib import Path
 
 import tightkv  # noqa: F401  (before torch: its OpenMP defaults, `tightkv._openmp_defaults`, as users get them)
 import torch
 
 from tightkv import Model
+from tightkv.engine import speculative
 from tightkv.engine.generate import decode_batch, prefill
 from tightkv.kernels import build
+from tightkv.kv.cache import trim_to
+
+ESSAYS = Path(__file__).resolve().parents[2] / "shared" / "data" / "essays.txt"
 
 ENTRY_POINTS = [
     "tk_gemv",
@@ -62,30 +70,42 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=1, help="sequences decoded together per step")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--depth", type=int, default=16, help="tokens in the cache before the steps")
+    ap.add_argument("--rows", type=int, default=1, help="rows a step runs: more than 1, a verification of that many")
     args = ap.parse_args()
-    model = Model(args.model, kv=args.kv, threads=args.threads, context_length=4096)
+    model = Model(args.model, kv=args.kv, threads=args.threads, context_length=max(4096, args.depth + 64))
     torch.set_num_threads(args.threads)
     lib = build.library()
     spent, calls = collections.defaultdict(float), collections.Counter()
     for name in ENTRY_POINTS:
         setattr(lib, name, Timed(name, getattr(lib, name), spent, calls))
-    prompt = model.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 3)[:16]
+    text = (
+        ESSAYS.read_text(encoding="utf-8") if args.depth > 16 else "The quick brown fox jumps over the lazy dog. " * 3
+    )
+    prompt = model.tokenizer.encode(text[: 8 * args.depth])[: args.depth]
     caches = [model.new_cache() for _ in range(args.streams)]
     for cache in caches:
         prefill(model.net, prompt, cache)
     tokens = [100 + i for i in range(args.streams)]
+
+    def run_step():
+        if args.rows == 1:
+            return decode_batch(model.net, tokens, caches)
+        speculative.verify(model.net, prompt[-args.rows + 1 :] + tokens[:1], caches[0])
+        assert trim_to(caches[0], len(prompt))
+
     for _ in range(5):
-        decode_batch(model.net, tokens, caches)
+        run_step()
     print(
-        f"{build.status()}, {args.threads} thread(s), KV {args.kv}, {args.streams} stream(s), "
-        f"{args.steps} steps per round"
+        f"{build.status()}, {args.threads} thread(s), KV {args.kv}, {args.streams} stream(s), depth {len(prompt)}, "
+        f"{args.rows} row(s) a step, {args.steps} steps per round"
     )
     for _ in range(args.rounds):
         spent.clear()
         calls.clear()
         t = time.perf_counter()
         for _ in range(args.steps):
-            decode_batch(model.net, tokens, caches)
+            run_step()
         step = (time.perf_counter() - t) / args.steps
         inside = sum(spent.values()) / args.steps
         parts = ", ".join(f"{k} {v / args.steps * 1e3:.2f} ms ({calls[k] // args.steps})" for k, v in spent.items())
