@@ -725,6 +725,56 @@ static void rows512x2(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, con
   if (r < r1) rows512<T, M>(w, ldw, r, r1, x, y, ldy);
 }
 
+// rowsk on 512-bit registers (VNNI): groups 2p and 2p + 1 of a block in one register (low
+// half, high half), so one maddubs and one dpwssd do what rowsk does in two of each. Integer
+// sums are exact in any order, and the halves' sum is rowsk's two chains' sum lane for lane,
+// so from there each row runs rowsk's float operations in rowsk's order: the same sums, bit
+// for bit.
+template <class T, int M>
+static void rowsk512(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ &x, float *y, int64_t ldy) {
+  const int64_t K = x.K, nb = K / 256;
+  // pair p's scales, from the 8 int16 of its half of the block's 16 (lo, hi: one per 128-bit lane):
+  // group 2p takes scales 4p' and 4p' + 1 in its two 8-lane halves, group 2p + 1 scales 4p' + 2
+  // and 4p' + 3 (p' = p % 2), as rowsk's pick gives them
+  const __m512i pick[2] = {
+      _mm512_setr_epi64(0x0100010001000100LL, 0x0100010001000100LL, 0x0302030203020302LL, 0x0302030203020302LL,
+                        0x0504050405040504LL, 0x0504050405040504LL, 0x0706070607060706LL, 0x0706070607060706LL),
+      _mm512_setr_epi64(0x0908090809080908LL, 0x0908090809080908LL, 0x0B0A0B0A0B0A0B0ALL, 0x0B0A0B0A0B0A0B0ALL,
+                        0x0D0C0D0C0D0C0D0CLL, 0x0D0C0D0C0D0C0D0CLL, 0x0F0E0F0E0F0E0F0ELL, 0x0F0E0F0E0F0E0F0ELL)};
+  for (int64_t r = r0; r < r1; r++) {
+    const uint8_t *b = w + r * ldw;
+    __m256 acc[M];
+    for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < nb; j++, b += T::TS) {
+      if (M > 1) prefetch_ahead(b, T::TS);
+      __m256i sc, mn;
+      float d, dmin;
+      KBlock<T>::load(b, sc, mn, d, dmin);
+      const __m512i lo = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sc));
+      const __m512i hi = _mm512_broadcast_i32x4(_mm256_extracti128_si256(sc, 1));
+      __m512i is[M];
+      for (int m = 0; m < M; m++) is[m] = _mm512_setzero_si512();
+      UNROLL for (int p = 0; p < 4; p++) {
+        const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(KBlock<T>::codes(b, 2 * p)),
+                                             KBlock<T>::codes(b, 2 * p + 1), 1);
+        const __m512i s = _mm512_shuffle_epi8(p < 2 ? lo : hi, pick[p % 2]);
+        for (int m = 0; m < M; m++) {
+          const __m512i xv = _mm512_loadu_si512((const void *)(x.k.q + m * K + 256 * j + 64 * p));
+          is[m] = _mm512_dpwssd_epi32(is[m], _mm512_maddubs_epi16(q, xv), s);
+        }
+      }
+      for (int m = 0; m < M; m++) {
+        const float dx = x.k.d[m * nb + j];
+        const __m256i im = _mm256_madd_epi16(mn, ld256((const uint8_t *)(x.k.bs + m * K / 16 + 16 * j)));
+        const __m256i isum = _mm256_add_epi32(_mm512_castsi512_si256(is[m]), _mm512_extracti64x4_epi64(is[m], 1));
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * dx), acc[m]);
+        acc[m] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im), _mm256_set1_ps(dmin * dx), acc[m]);
+      }
+    }
+    for (int m = 0; m < M; m++) y[m * ldy + r] = hsum8(acc[m]);
+  }
+}
+
 #define TK_GEMM 1
 // A prompt's products, every block type's, as a GEMM: a chunk's weight rows
 // are unpacked once (per thread and call, `GemmPack`) into int8 codes laid out 16 rows by
@@ -844,6 +894,9 @@ static void chunk(const void *p, int64_t c) {
   if constexpr (KBlock<T>::OK) {  // their activations come in blocks of 256 (XQ::k), a prompt's in groups of 32
 #if TK_GEMM
     if (g->gemm) return gemm_rows<KVisit<T>, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
+#endif
+#if TK_GEMV_512 && defined(__AVX512VNNI__)
+    return rowsk512<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
 #endif
     rowsk<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
   } else {
