@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import collections
 import time
-from pathlib import Path
 
 import tightkv  # noqa: F401  (before torch: its OpenMP defaults, `tightkv._openmp_defaults`, as users get them)
 import torch
@@ -24,10 +23,9 @@ import torch
 from tightkv import Model
 from tightkv.engine import speculative
 from tightkv.engine.generate import decode_batch, prefill
+from tightkv.eval.corpus import essays
 from tightkv.kernels import build
 from tightkv.kv.cache import trim_to
-
-ESSAYS = Path(__file__).resolve().parents[2] / "shared" / "data" / "essays.txt"
 
 ENTRY_POINTS = [
     "tk_gemv",
@@ -79,9 +77,7 @@ def main() -> None:
     spent, calls = collections.defaultdict(float), collections.Counter()
     for name in ENTRY_POINTS:
         setattr(lib, name, Timed(name, getattr(lib, name), spent, calls))
-    text = (
-        ESSAYS.read_text(encoding="utf-8") if args.depth > 16 else "The quick brown fox jumps over the lazy dog. " * 3
-    )
+    text = essays() if args.depth > 16 else "The quick brown fox jumps over the lazy dog. " * 3
     prompt = model.tokenizer.encode(text[: 8 * args.depth])[: args.depth]
     caches = [model.new_cache() for _ in range(args.streams)]
     for cache in caches:
