@@ -80,3 +80,33 @@ def test_import_shortens_libgomps_spin_and_gives_it_back():
         run_env = env if preset is None else {**env, "GOMP_SPINCOUNT": preset}
         out = subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True, text=True, check=True)
         assert out.stdout.split() == want.split()
+
+
+def test_forcing_the_avx2_path_caps_torch_to_avx2():
+    """`TIGHTKV_SIMD=avx2` emulates an AVX2 machine for torch as well: `import tightkv` caps
+    its kernels (ATEN_CPU_CAPABILITY) and oneDNN's matmuls (ONEDNN_MAX_CPU_ISA) at AVX2 before
+    torch loads, unless the environment sets them; without it nothing is set."""
+    import os
+    import platform
+    import subprocess
+    import sys
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("an x86-64 path")
+
+    code = (
+        "import os, tightkv, torch; "
+        "print(os.environ.get('ONEDNN_MAX_CPU_ISA'), torch.backends.cpu.get_cpu_capability())"
+    )
+    base = {
+        k: v for k, v in os.environ.items() if k not in ("TIGHTKV_SIMD", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={**base, "TIGHTKV_SIMD": "avx2"}, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["AVX2", "AVX2"]
+    out = subprocess.run([sys.executable, "-c", code], env=base, capture_output=True, text=True, check=True)
+    assert out.stdout.split()[0] == "None"
+    preset = {**base, "TIGHTKV_SIMD": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX"}
+    out = subprocess.run([sys.executable, "-c", code], env=preset, capture_output=True, text=True, check=True)
+    assert out.stdout.split()[0] == "AVX"

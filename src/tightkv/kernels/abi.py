@@ -252,6 +252,7 @@ FUNCTIONS = {
     "tk_simd": (_i32, []),
     "tk_gemv_int8": (_i32, []),
     "tk_gemm_rows": (_i32, []),
+    "tk_gemm_type": (_i32, [_i32]),
     "tk_lowbit_table": (_i32, [_i32, _p, _i64]),
     "tk_lowbit_ready": (_i32, [_i32]),
     # per-token ops and sublayers (csrc/qmatmul.cpp); the plans are still handed over as int64 arrays

@@ -26,13 +26,18 @@ Two backends, switched by `set_backend`:
   one 512-bit register where K % 64 == 0, and on VNNI a call of more rows than
   `gemv_max_rows` (a prompt) is a GEMM: each chunk's weight rows unpacked once
   into 16-row tiles of int8 codes, every group of 8 activation rows run over
-  them (`tk_gemm_rows`; about 2x the float32 tiles at 512 rows). Portable builds
+  them (`tk_gemm_rows`; about 2x the float32 tiles at 512 rows). AVX2 builds have
+  a GEMM too: 8-row tiles, the activations as unsigned bytes times the codes by
+  maddubs (Q8_0's by the sign trick), up to four products summed in int16 before one
+  madd where the codes are small, and a 32-weight block's two halves under one float
+  scale; it takes the 32-weight types and the k-quants (`tk_gemm_type`), the IQ and
+  FP4 types keep the tiles (docs/weight-types.md). Portable builds
   decode 16 weights at a time to float32 (no activation quantization).
 
   Prompts (`INT8_PROMPTS`, on by default; ``TIGHTKV_INT8_PROMPTS=0`` turns it
   off) take the kernel at every row count where it beats the float32 tiles: the
-  k-quants on every integer build, every block type where the build has the
-  GEMM; elsewhere, above `gemv_max_rows` rows, row tiles are dequantized
+  k-quants on every integer build, every block type that the build's GEMM takes;
+  elsewhere, above `gemv_max_rows` rows, row tiles are dequantized
   (bit-exact with the reference) for torch's float32 matmul (oneDNN's, see
   `_pick_linear`). `bench/bench_qmatmul.py --crossover` times every layer's
   weights per row count. The measurements score in float32 (`float_prompts`):
@@ -105,16 +110,17 @@ _MAX_ROWS: dict[int, int] = {}  # per loaded library
 def takes_kernel(lib, qtypes, rows: int) -> bool:
     """Whether `rows` input rows of weights of these types take the block-dot kernel: up to
     `gemv_max_rows`, and with `INT8_PROMPTS` (outside `float_prompts`) above it on a build
-    that quantizes the activations: where every type is in `KERNEL_ALWAYS`, and for every
-    block type where the build has the prompt GEMM (`tk_gemm_rows`: AVX-512 VNNI). A set
-    `GEMV_MAX_ROWS` holds for every type."""
+    that quantizes the activations: where every type is in `KERNEL_ALWAYS`, or where the
+    build's prompt GEMM takes every type (`tk_gemm_rows`, `tk_gemm_type`: all block types
+    with AVX-512 VNNI, those with codes within +-64 on AVX2). A set `GEMV_MAX_ROWS` holds
+    for every type."""
     if rows <= gemv_max_rows(lib):
         return True
     if not (INT8_PROMPTS and not getattr(_scoring, "depth", 0) and GEMV_MAX_ROWS is None and lib.tk_gemv_int8()):
         return False
     if all(q in KERNEL_ALWAYS for q in qtypes):
         return True
-    return 0 < lib.tk_gemm_rows() <= rows  # the GEMM (AVX-512 VNNI builds) takes every block type
+    return 0 < lib.tk_gemm_rows() <= rows and all(lib.tk_gemm_type(TYPE_IDS[q]) for q in qtypes)
 
 
 def kernel_rows() -> int:

@@ -775,53 +775,69 @@ static void rowsk512(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, cons
   }
 }
 
-#define TK_GEMM 1
+#define TK_GEMM 1  // the prompt GEMM on 512-bit registers, with VNNI
+#endif
+#else
+#define TK_GEMV_512 0
+#endif
+#if !TK_GEMV_512
+#define TK_GEMM 2  // the prompt GEMM on 256-bit registers (maddubs and madd), AVX2 builds
+#else
+#ifndef TK_GEMM
+#define TK_GEMM 0  // AVX-512 without VNNI: torch's float32 tiles (AVX-512) beat the 256-bit GEMM
+#endif
+#endif
+
 // A prompt's products, every block type's, as a GEMM: a chunk's weight rows
-// are unpacked once (per thread and call, `GemmPack`) into int8 codes laid out 16 rows by
-// 4 codes at a time, with each row's scale (and min) per 16 weights, and every group of
+// are unpacked once (per thread and call, `GemmPack`) into int8 codes laid out TR rows by
+// 4 codes at a time (TR: 16 with VNNI, else 8), with each row's scale (and min) per 16 weights, and every group of
 // activation rows then runs over them: one VNNI product takes 4 codes of 16 weight rows
-// against 4 activations broadcast, so the float work (a scale per 16 weights) is shared by
-// 16 rows, where `rows512` does it per row and pair of groups (the k-quants' `rowsk` per row
+// against 4 activations broadcast (AVX2: maddubs and madd, 8 rows), so the float work (a
+// scale per 16 weights) is shared by TR rows, where `rows512` does it per row and pair of groups (the k-quants' `rowsk` per row
 // and block, on activations in blocks of 256; here theirs are in groups of 32 as every other
 // type's, through `KVisit`). The activations go in as
 // unsigned bytes (q + 128); each row's 128 * sum of its codes per 16 starts its integer sum
 // negated. A row's sums here differ from its sums alone (a decode row), as the float32
 // tiles' do: only calls of at least GEMM_ROWS rows take it.
+#if TK_GEMM
+template <int TR>
 struct GemmPack {
   const uint8_t *w = nullptr;
   int64_t r0 = -1, r1 = -1, K = 0;
   uint64_t epoch = 0;
-  avec<int8_t> codes;   // (tiles, K/16, 4, 16, 4)
-  avec<float> sw, mw;   // (tiles, K/16, 16): scale, min
-  avec<int32_t> nws;    // (tiles, K/16, 16): -128 * the sum of the 16 codes
+  avec<int8_t> codes;   // (tiles, K/16, 4, TR, 4)
+  avec<float> sw, mw;   // (tiles, K/16, TR): scale, min
+  avec<int32_t> nws;    // (tiles, K/16, TR): -128 * the sum of the 16 codes
 };
 extern std::atomic<uint64_t> gemm_epoch;  // a new value per call: a pack never outlives its call
 
-template <class T>
-static const GemmPack &gemm_pack(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, int64_t K) {
-  thread_local GemmPack p;
+// C: an offset taken off every code (a weight s * q - m is s * (q - C) - (m - s * C)), so that
+// the codes of an unsigned type sit around 0.
+template <class T, int TR, int C = 0>
+static const GemmPack<TR> &gemm_pack(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, int64_t K) {
+  thread_local GemmPack<TR> p;
   const uint64_t epoch = gemm_epoch.load(std::memory_order_relaxed);
   if (p.w == w && p.r0 == r0 && p.r1 == r1 && p.K == K && p.epoch == epoch) return p;
-  const int64_t H = K / 16, tiles = (r1 - r0 + 15) / 16;
-  p.codes.assign(tiles * H * 256, 0);
-  p.sw.assign(tiles * H * 16, 0.f);
-  p.mw.assign(tiles * H * 16, 0.f);
-  p.nws.assign(tiles * H * 16, 0);
+  const int64_t H = K / 16, tiles = (r1 - r0 + TR - 1) / TR;
+  p.codes.assign(tiles * H * 16 * TR, 0);
+  p.sw.assign(tiles * H * TR, 0.f);
+  p.mw.assign(tiles * H * TR, 0.f);
+  p.nws.assign(tiles * H * TR, 0);
   for (int64_t r = r0; r < r1; r++) {
-    const int64_t t = (r - r0) / 16, rr = (r - r0) % 16;
+    const int64_t t = (r - r0) / TR, rr = (r - r0) % TR;
     const uint8_t *b = w + r * ldw;
     for (int64_t j = 0; j < K / T::QK; j++, b += T::TS)
       T::visit(b, [&](int e, __m256i q, float s0, float s1, float m0, float m1) ALWAYS_INLINE_LAMBDA {
         alignas(32) int8_t c[32];
-        _mm256_store_si256((__m256i *)c, q);
+        _mm256_store_si256((__m256i *)c, C ? _mm256_sub_epi8(q, _mm256_set1_epi8(C)) : q);
         for (int hh = 0; hh < 2; hh++) {
           const int64_t at = t * H + (j * T::QK + e) / 16 + hh;
           int32_t sum = 0;
           for (int i = 0; i < 16; i++) sum += c[16 * hh + i];
-          for (int k = 0; k < 4; k++) memcpy(&p.codes[(at * 4 + k) * 64 + 4 * rr], c + 16 * hh + 4 * k, 4);
-          p.sw[at * 16 + rr] = hh ? s1 : s0;
-          p.mw[at * 16 + rr] = hh ? m1 : m0;
-          p.nws[at * 16 + rr] = -128 * sum;
+          for (int k = 0; k < 4; k++) memcpy(&p.codes[(at * 4 + k) * 4 * TR + 4 * rr], c + 16 * hh + 4 * k, 4);
+          p.sw[at * TR + rr] = hh ? s1 : s0;
+          p.mw[at * TR + rr] = C ? (hh ? m1 - s1 * C : m0 - s0 * C) : hh ? m1 : m0;
+          p.nws[at * TR + rr] = -128 * sum;
         }
       });
   }
@@ -846,10 +862,14 @@ struct KVisit {
   }
 };
 
+#if TK_GEMM == 1
+template <class T>
+static constexpr bool gemm_takes() { return true; }  // every type of this file
+
 template <class T, int M>
 static void gemm_rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ &x, float *y, int64_t ldy) {
   const int64_t K = x.K, H = K / 16, G = K / 32;
-  const GemmPack &p = gemm_pack<T>(w, ldw, r0, r1, K);
+  const GemmPack<16> &p = gemm_pack<T, 16>(w, ldw, r0, r1, K);
   for (int64_t t = 0; t * 16 < r1 - r0; t++) {
     __m512 acc[M];
     for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
@@ -880,11 +900,116 @@ static void gemm_rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, con
   }
 }
 #else
-#define TK_GEMM 0
+// The AVX2 GEMM multiplies unsigned activations (q + 128) by the codes with maddubs, whose
+// pair sums saturate at int16: it takes the types whose codes stay within +-64, adding
+// GemmSums<T>::N maddubs results in int16 before one madd widens them (N * 2 * 255 * the
+// largest code at most 32767), with the codes less C (gemm_pack) and mins where MIN. Q8_0's
+// codes reach 127: it takes the sign trick instead (SIGNS: |w| times the signed activations
+// given w's signs, as `rows`), one maddubs to each madd.
+template <class T>
+struct GemmSums {
+  enum { N = 0, C = 0, MIN = 0, SIGNS = 0 };
+};
+template <> struct GemmSums<Q8_0> { enum { N = 1, C = 0, MIN = 0, SIGNS = 1 }; };  // -127..127
+template <> struct GemmSums<Q4_0> { enum { N = 4, C = 0, MIN = 0, SIGNS = 0 }; };  // codes -8..7
+template <> struct GemmSums<Q4_1> { enum { N = 4, C = 0, MIN = 1, SIGNS = 0 }; };  // 0..15
+template <> struct GemmSums<Q5_0> { enum { N = 4, C = 0, MIN = 0, SIGNS = 0 }; };  // -16..15
+template <> struct GemmSums<Q5_1> { enum { N = 4, C = 16, MIN = 1, SIGNS = 0 }; };  // 0..31, less 16
+template <> struct GemmSums<Q2_K> { enum { N = 4, C = 0, MIN = 1, SIGNS = 0 }; };  // 0..3
+template <> struct GemmSums<Q3_K> { enum { N = 4, C = 0, MIN = 0, SIGNS = 0 }; };  // -4..3
+template <> struct GemmSums<KVisit<Q4_K>> { enum { N = 4, C = 0, MIN = 1, SIGNS = 0 }; };  // 0..15
+template <> struct GemmSums<KVisit<Q5_K>> { enum { N = 4, C = 16, MIN = 1, SIGNS = 0 }; };  // 0..31, less 16
+template <> struct GemmSums<KVisit<Q6_K>> { enum { N = 2, C = 32, MIN = 0, SIGNS = 0 }; };  // 0..63, less 32: no min left
+template <class T>
+static constexpr bool gemm_takes() { return GemmSums<T>::N > 0; }
+
+// Tiles t .. t + TT - 1 (8 weight rows each) against activation rows m0 .. m0 + MM - 1: each
+// code vector loaded once for MM rows, each activation broadcast once for TT tiles (TT x MM
+// <= 4: the int16 sums and float accumulators stay in 16 registers), each integer sum scaled
+// once per row and scale (16 codes; 32 for the 32-weight blocks). n: the weight rows left from
+// tile t.
+template <class T, int TT, int MM>
+static ALWAYS_INLINE void gemm_tile(const GemmPack<8> &p, int64_t t, const XQ &x, int m0, float *y, int64_t ldy,
+                                    int64_t n) {
+  constexpr int N = GemmSums<T>::N, SIGNS = GemmSums<T>::SIGNS;
+  constexpr int HS = T::QK == 32 ? 2 : 1;  // 16-code steps under one scale (a block of 32)
+  const int64_t K = x.K, H = K / 16, G = K / 32;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[TT][MM];
+  for (int u = 0; u < TT; u++)
+    for (int m = 0; m < MM; m++) acc[u][m] = _mm256_setzero_ps();
+  for (int64_t h0 = 0; h0 < H; h0 += HS) {
+    __m256i is[TT][MM], s16[TT][MM];
+    for (int u = 0; u < TT; u++) {  // the offset of the activations taken as q + 128, or none (SIGNS)
+      const __m256i *nws = (const __m256i *)&p.nws[((t + u) * H + h0) * 8];
+      const __m256i nw = SIGNS ? _mm256_setzero_si256()
+                         : HS == 2 ? _mm256_add_epi32(_mm256_load_si256(nws), _mm256_load_si256(nws + 1))
+                                   : _mm256_load_si256(nws);
+      for (int m = 0; m < MM; m++) is[u][m] = nw;
+    }
+    UNROLL for (int k = 0; k < 4 * HS; k++) {
+      __m256i wv[TT], wa[TT];
+      for (int u = 0; u < TT; u++) {
+        wv[u] = _mm256_load_si256((const __m256i *)&p.codes[(((t + u) * H + h0) * 4 + k) * 32]);
+        if (SIGNS) wa[u] = _mm256_abs_epi8(wv[u]);
+      }
+      for (int m = 0; m < MM; m++) {
+        int32_t xa;
+        memcpy(&xa, (SIGNS ? (const uint8_t *)x.q : x.qu) + (m0 + m) * K + 16 * h0 + 4 * k, 4);
+        const __m256i xv = _mm256_set1_epi32(xa);
+        for (int u = 0; u < TT; u++) {
+          const __m256i pk = SIGNS ? _mm256_maddubs_epi16(wa[u], _mm256_sign_epi8(xv, wv[u]))
+                                   : _mm256_maddubs_epi16(xv, wv[u]);
+          s16[u][m] = k % N ? _mm256_add_epi16(s16[u][m], pk) : pk;
+          if (k % N == N - 1) is[u][m] = _mm256_add_epi32(is[u][m], _mm256_madd_epi16(s16[u][m], ones));
+        }
+      }
+    }
+    for (int m = 0; m < MM; m++) {
+      const __m256 xd = _mm256_set1_ps(x.d[(m0 + m) * G + h0 / 2]);
+      for (int u = 0; u < TT; u++) {
+        const int64_t at = (t + u) * H + h0;
+        acc[u][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[u][m]), _mm256_mul_ps(_mm256_load_ps(&p.sw[at * 8]), xd), acc[u][m]);
+        if (GemmSums<T>::MIN)
+          for (int hh = 0; hh < HS; hh++)
+            acc[u][m] = _mm256_fnmadd_ps(_mm256_load_ps(&p.mw[(at + hh) * 8]), _mm256_set1_ps(x.hs[(m0 + m) * H + h0 + hh]),
+                                         acc[u][m]);
+      }
+    }
+  }
+  for (int u = 0; u < TT; u++)
+    for (int m = 0; m < MM; m++) {
+      float *o = y + (m0 + m) * ldy + 8 * u;
+      const int64_t left = n - 8 * u;
+      if (left >= 8) {
+        _mm256_storeu_ps(o, acc[u][m]);
+      } else {
+        alignas(32) float v[8];
+        _mm256_store_ps(v, acc[u][m]);
+        memcpy(o, v, left * sizeof(float));
+      }
+    }
+}
+
+// Activation rows two at a time over every tile of the chunk, tiles two at a time.
+template <class T, int TT, int M>
+static ALWAYS_INLINE void gemm_tiles(const GemmPack<8> &p, int64_t t, const XQ &x, float *y, int64_t ldy, int64_t n) {
+  UNROLL for (int m0 = 0; m0 < M; m0 += 2) {
+    if (m0 + 1 < M) gemm_tile<T, TT, 2>(p, t, x, m0, y, ldy, n);
+    else gemm_tile<T, TT, 1>(p, t, x, m0, y, ldy, n);
+  }
+}
+
+template <class T, int M>
+static void gemm_rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ &x, float *y, int64_t ldy) {
+  const GemmPack<8> &p = gemm_pack<T, 8, GemmSums<T>::C>(w, ldw, r0, r1, x.K);
+  const int64_t tiles = (r1 - r0 + 7) / 8;
+  int64_t t = 0;
+  for (; t + 1 < tiles; t += 2) gemm_tiles<T, 2, M>(p, t, x, y + r0 + 8 * t, ldy, r1 - r0 - 8 * t);
+  if (t < tiles) gemm_tiles<T, 1, M>(p, t, x, y + r0 + 8 * t, ldy, r1 - r0 - 8 * t);
+}
 #endif
-#else
-#define TK_GEMV_512 0
-#endif
+#endif  // TK_GEMM
 
 
 template <class T, int M>
@@ -893,17 +1018,18 @@ static void chunk(const void *p, int64_t c) {
   int64_t r0 = c * g->rows, r1 = r0 + g->rows < g->N ? r0 + g->rows : g->N;
   if constexpr (KBlock<T>::OK) {  // their activations come in blocks of 256 (XQ::k), a prompt's in groups of 32
 #if TK_GEMM
-    if (g->gemm) return gemm_rows<KVisit<T>, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
+    if (g->gemm) return gemm_rows<KVisit<T>, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);  // every k-quant
 #endif
 #if TK_GEMV_512 && defined(__AVX512VNNI__)
     return rowsk512<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
 #endif
     rowsk<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
   } else {
-#if TK_GEMV_512
 #if TK_GEMM
-    if (g->gemm) return gemm_rows<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
+    if constexpr (gemm_takes<T>())
+      if (g->gemm) return gemm_rows<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);
 #endif
+#if TK_GEMV_512
 #if defined(__AVX512VNNI__)
     if constexpr (Pairs2<T>::OK && M >= Pairs2<T>::FROM)
       if (g->x.K % 64 == 0) return rows512x2<T, M>(g->w, g->ldw, r0, r1, g->x, g->y, g->ldy);

@@ -50,14 +50,23 @@ static bool blocks_of_256(int type) { return type >= 7 && type <= 9; }  // Q4_K,
 
 #if TK_GEMM
 std::atomic<uint64_t> i8::gemm_epoch{0};
-static const int64_t GEMM_ROWS = 41;  // calls of more rows than a decode batch's most (gemv_max_rows) take i8::gemm_rows
+// calls of more rows than a decode batch's most (gemv_max_rows: 40 on AVX-512 builds, 24 on
+// AVX2) take i8::gemm_rows
+static const int64_t GEMM_ROWS = TK_GEMV_512 ? 41 : 25;
 #else
 static const int64_t GEMM_ROWS = 0;
 #endif
 
-// The fewest rows of a call that the GEMM takes (every block type); 0 where this build has
-// none (it needs AVX-512 VNNI).
+// The fewest rows of a call that the GEMM takes; 0 where this build has none (it needs AVX2).
 extern "C" int tk_gemm_rows() { return (int)GEMM_ROWS; }
+
+// 1 where a call of weight type `type` and tk_gemm_rows() rows or more takes the GEMM: every
+// block type with VNNI; on AVX2 the 32-weight types and the k-quants (types 0-9, i8::GemmSums),
+// not the IQ and FP4 types, whose prompts take float32 tiles there.
+extern "C" int tk_gemm_type(int type) {
+  if (!GEMM_ROWS || type < 0 || type >= NTYPES) return 0;
+  return TK_GEMM == 1 || type < 10;
+}
 
 static Act activations(const float *x, int64_t M, int64_t K, int n, const int *types) {
   Act a = {x, nullptr, nullptr, nullptr, nullptr, K, nullptr, nullptr, nullptr, nullptr};
