@@ -327,15 +327,16 @@ def test_stacked_linear_equals_its_parts(rows):
 def test_int8_prompts_take_the_kernel(monkeypatch):
     """With INT8_PROMPTS (the default; TIGHTKV_INT8_PROMPTS=0 turns it off), Q4_K/Q5_K/Q6_K
     weights take the block-dot kernel above gemv_max_rows too (a prompt chunk, as llama.cpp's
-    prompts), alone and stacked; the other block types take the prompt GEMM where the build
-    has it for them (`tk_gemm_rows`, `tk_gemm_type`: every type with AVX-512 VNNI, Q5_0 but
-    not Q8_0 on AVX2), else the float32 tiles; the flag off, or a measurement
+    prompts), alone and stacked; the other block types take it where the build has a prompt
+    GEMM that takes them (`tk_gemm_rows`, `tk_gemm_type`: every type with AVX-512 VNNI, the
+    32-weight types and k-quants on AVX2, where rows below `tk_gemm_rows` run as a decode
+    batch's), else the float32 tiles; the flag off, or a measurement
     (`qmatmul.float_prompts`), keeps the tiles for every type."""
     lib = build.library()
     if lib is None or not lib.tk_gemv_int8():
         pytest.skip("needs the integer build")
     rows = qm.gemv_max_rows(lib) + 24
-    gemm = 0 < lib.tk_gemm_rows() <= rows
+    gemm = lib.tk_gemm_rows() > 0
     q8_gemm = gemm and bool(lib.tk_gemm_type(qm.TYPE_IDS["Q8_0"]))
     x = torch.randn(rows, IN, generator=torch.Generator().manual_seed(5))
     kq = [make_linear(t, seed=i) for i, t in enumerate(KQUANT_ROWS)]

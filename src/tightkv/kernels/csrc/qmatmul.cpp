@@ -50,14 +50,17 @@ static bool blocks_of_256(int type) { return type >= 7 && type <= 9; }  // Q4_K,
 
 #if TK_GEMM
 std::atomic<uint64_t> i8::gemm_epoch{0};
-// calls of more rows than a decode batch's most (gemv_max_rows: 40 on AVX-512 builds, 24 on
-// AVX2) take i8::gemm_rows
-static const int64_t GEMM_ROWS = TK_GEMV_512 ? 41 : 25;
+// calls of this many rows or more take i8::gemm_rows: on VNNI more than a decode batch's most
+// (gemv_max_rows, 40); on AVX2 from 96, where its unpacking of the weights pays (Gemma 3 270M's
+// weights, ms per row at 25 / 32 / 64 / 96 / 512 rows: 1.56 / 1.43 / 1.14 / 1.15 / 0.93, the
+// row kernel 1.2 at every count; bench/bench_qmatmul.py --crossover, Zen 5 capped to AVX2)
+static const int64_t GEMM_ROWS = TK_GEMV_512 ? 41 : 96;
 #else
 static const int64_t GEMM_ROWS = 0;
 #endif
 
-// The fewest rows of a call that the GEMM takes; 0 where this build has none (it needs AVX2).
+// The fewest rows of a call that the GEMM takes; 0 where this build has none (it needs AVX2;
+// AVX-512 builds without VNNI have none).
 extern "C" int tk_gemm_rows() { return (int)GEMM_ROWS; }
 
 // 1 where a call of weight type `type` and tk_gemm_rows() rows or more takes the GEMM: every
