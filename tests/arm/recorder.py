@@ -28,7 +28,7 @@ from tightkv.kernels import abi, build
 MAX_CALL_BYTES = 4 << 20  # a call reaching more is skipped (whole models' weights)
 MAX_PER_KEY = 3  # calls kept per function and scalar arguments
 MAX_TOTAL = 400 << 20  # bytes recorded in all
-SKIP = {"tk_simd", "tk_gemv_int8", "tk_gemm_rows", "tk_lowbit_ready"}
+SKIP = {"tk_simd", "tk_gemv_int8", "tk_gemm_rows", "tk_gemm_type", "tk_lowbit_ready"}
 # calls that set the library's state for the calls after them: each is recorded, whatever the count
 STATE = {"tk_attn_int8"}
 

@@ -788,16 +788,16 @@ static void rowsk512(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, cons
 #endif
 #endif
 
-// A prompt's products, every block type's, as a GEMM: a chunk's weight rows
-// are unpacked once (per thread and call, `GemmPack`) into int8 codes laid out TR rows by
-// 4 codes at a time (TR: 16 with VNNI, else 8), with each row's scale (and min) per 16 weights, and every group of
-// activation rows then runs over them: one VNNI product takes 4 codes of 16 weight rows
-// against 4 activations broadcast (AVX2: maddubs and madd, 8 rows), so the float work (a
-// scale per 16 weights) is shared by TR rows, where `rows512` does it per row and pair of groups (the k-quants' `rowsk` per row
-// and block, on activations in blocks of 256; here theirs are in groups of 32 as every other
-// type's, through `KVisit`). The activations go in as
-// unsigned bytes (q + 128); each row's 128 * sum of its codes per 16 starts its integer sum
-// negated. A row's sums here differ from its sums alone (a decode row), as the float32
+// A prompt's products, every block type's, as a GEMM: a chunk's weight rows are unpacked
+// once (per thread and call, `GemmPack`) into int8 codes laid out TR rows by 4 codes at a
+// time (TR: 16 with VNNI, 8 on AVX2), with each row's scale (and min) per 16 weights, and
+// every group of activation rows then runs over them: one VNNI product takes 4 codes of 16
+// weight rows against 4 activations broadcast (AVX2: maddubs and madd, 8 rows), so the float
+// work (a scale per 16 weights) is shared by TR rows, where `rows512` does it per row and pair
+// of groups (the k-quants' `rowsk` per row and block, on activations in blocks of 256; here
+// theirs are in groups of 32 as every other type's, through `KVisit`). The activations go in
+// as unsigned bytes (q + 128); each row's 128 * sum of its codes per 16 starts its integer
+// sum negated. A row's sums here differ from its sums alone (a decode row), as the float32
 // tiles' do: only calls of at least GEMM_ROWS rows take it.
 #if TK_GEMM
 template <int TR>
@@ -991,7 +991,7 @@ static ALWAYS_INLINE void gemm_tile(const GemmPack<8> &p, int64_t t, const XQ &x
     }
 }
 
-// Activation rows two at a time over every tile of the chunk, tiles two at a time.
+// Tiles t .. t + TT - 1 against every activation row of the group, two rows at a time.
 template <class T, int TT, int M>
 static ALWAYS_INLINE void gemm_tiles(const GemmPack<8> &p, int64_t t, const XQ &x, float *y, int64_t ldy, int64_t n) {
   UNROLL for (int m0 = 0; m0 < M; m0 += 2) {
