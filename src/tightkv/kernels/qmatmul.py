@@ -112,8 +112,8 @@ def takes_kernel(lib, qtypes, rows: int) -> bool:
     `gemv_max_rows`, and with `INT8_PROMPTS` (outside `float_prompts`) above it on a build
     that quantizes the activations: where every type is in `KERNEL_ALWAYS`, or where the
     build's prompt GEMM takes every type (`tk_gemm_rows`, `tk_gemm_type`: all block types
-    with AVX-512 VNNI, those with codes within +-64 on AVX2). A set `GEMV_MAX_ROWS` holds
-    for every type."""
+    with AVX-512 VNNI, the 32-weight types and the k-quants on AVX2). A set `GEMV_MAX_ROWS`
+    holds for every type."""
     if rows <= gemv_max_rows(lib):
         return True
     if not (INT8_PROMPTS and not getattr(_scoring, "depth", 0) and GEMV_MAX_ROWS is None and lib.tk_gemv_int8()):
