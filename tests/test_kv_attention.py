@@ -160,12 +160,15 @@ def test_a_few_rows_in_one_call_are_their_decode_steps_other_builds(target, monk
         run_as_steps(*case)
 
 
-@pytest.mark.parametrize("spec,window", [("tq3", 300), ("kvarn4", 300), ("q8_0:tq4", 200)])
+@pytest.mark.parametrize(
+    "spec,window", [("tq3", 300), ("kvarn4", 300), ("q8_0:tq4", 200), ("kvarn4", None), ("q8_0:tq4", None)]
+)
 def test_a_sliding_layer_takes_drafts_and_trims_back_to_its_decode_state(spec, window):
     """Across a sliding layer's compactions: wherever `room` lets k rows in, k rows attended
     (as decode steps; a verification's one call computes the same) and trimmed back to the first j leave
     the state of a cache that took only those j (tq3's one-token units leave the window at
-    every step, yet the layer takes drafts)."""
+    every step, yet the layer takes drafts). Without a window, a verification whose first row
+    encodes (it is never trimmed) takes drafts up to the next encode."""
     from tightkv.engine.speculative import room
     from tightkv.kv.cache import trim_to
 
@@ -176,17 +179,20 @@ def test_a_sliding_layer_takes_drafts_and_trims_back_to_its_decode_state(spec, w
     spec_cache, plain = (parse_kv(spec).make_cache(0, 1, 1, 64, 64, window) for _ in range(2))
     first = random_step(400, 4, 1, 64, 64, g, 1.0)
     spec_cache.attend(*first, 0.1), plain.attend(*first, 0.1)
-    verified = 0
+    verified = encoding = 0
     for i in range(500):
         T = max(1, min(6, room([spec_cache])))
         q, k, v = random_step(T, 4, 1, 64, 64, g, 1.0)
+        body = spec_cache.body_end
         out = rows(spec_cache, q, k, v, T)
         kept = 1 + i % T
         if T > 1:
             assert trim_to([spec_cache], spec_cache.offset - T + kept)
             verified += 1
+            encoding += spec_cache.body_end > body
         assert torch.equal(out[:, :kept], rows(plain, q, k, v, kept))
     assert verified > 300, verified
+    assert window is not None or encoding > 10, encoding
     a, b = spec_cache.state(), plain.state()
     assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
 

@@ -13,7 +13,7 @@ import torch
 
 from tightkv import Model
 from tightkv.engine.generate import decode_step, prefill
-from tightkv.engine.speculative import NgramDrafter, Speculator, room, verify
+from tightkv.engine.speculative import PROBE, NgramDrafter, Speculator, room, verify
 from tightkv.errors import TightKVError
 from tightkv.kv.cache import trim_to
 
@@ -232,23 +232,42 @@ def test_ngram_drafter_follows_rewritten_whitespace():
 
 
 def test_draft_length_pays_for_its_rows():
-    """The draft length follows the acceptance and the timed cost of a verified row: long where
-    drafts are taken and rows are cheap, short where rows cost, none (then a pause and a probe)
-    where drafts are refused."""
+    """The draft length follows the acceptance and the timed cost of a forward of its rows:
+    long where drafts are taken and rows are cheap, short where rows cost, none where drafts
+    are refused; a slow step now and then (a flush) does not count (the median of the latest)."""
     s = Speculator(NgramDrafter(), draft_max=16)
-    s.timed(1, 0.010)  # a decode step: 10 ms
+    for t in (0.010, 0.010, 0.035, 0.010):
+        s.timed(1, t)  # a decode step: 10 ms, one of them slow
     for _ in range(10):
         s.timed(9, 0.018)  # 8 more rows: 1 ms each
         s.taken(8, 8)
-    assert s.row_cost == pytest.approx(0.1, abs=0.02) and s.length() == 16
+    assert s.costs(1) == [pytest.approx(0.010)] and s.length() == 16
     for _ in range(10):
         s.timed(5, 0.030)  # 5 ms a row, and three of four drafted tokens taken
+        s.timed(9, 0.050)
         s.taken(4, 3)
     assert 0 < s.length() < 4
     for _ in range(4):
         s.taken(4, 0)
     assert s.length() == 0
     assert (s.drafted, s.accepted) == (136, 110)
+
+
+def test_draft_odds_kept_apart_by_strength():
+    """A lookup that matches 17-32 tokens drafts long from the start, one that matches 2
+    drafts short; refusals of weak matches leave the odds of strong ones as they were; where
+    no draft pays, drafts of that strength pause (for 1, then 2, 4 .. of their turns) and
+    then probe with PROBE tokens."""
+    s = Speculator(NgramDrafter(), draft_max=16)
+    assert s.length(5) > 4 * s.length(1) > 0
+    strong = s.length(5)
+    s.group = 1
+    for _ in range(6):
+        s.taken(2, 0)
+    assert s.length(1) == 0 and s.length(5) == strong
+    turns = [s._probe(1) for _ in range(8)]
+    assert turns == [0, 0, PROBE, 0, 0, 0, PROBE, 0]
+    assert s.pause[1] == 4
 
 
 def test_run_verbose_counts(embedded, capsys):

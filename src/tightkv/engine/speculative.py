@@ -26,18 +26,21 @@ Exact, not approximate:
   as the plain path draws (penalties, logit bias, grammar, stop strings, one uniform number per
   token), and a seeded run gives the same tokens with speculation as without.
 - The cache is only ever trimmed where the trim gives back the very state a decode step would
-  have: `room` caps a draft so that no layer compresses, drops out of its window or fits its
-  channel scales during the verification; a recurrent state goes back to a checkpoint taken
-  before it, and the accepted tokens are stepped again.
+  have: `room` caps a draft so that no layer compresses (but on the first row, the pending
+  token's, which is never trimmed), drops out of its window or fits its channel scales during
+  the verification; a recurrent state goes back to a checkpoint taken before it, and the
+  accepted tokens are stepped again.
 
 Adaptive (`Speculator`): the draft length is the one expected to give the most tokens per unit
-of time, from the recent acceptance and what a verified row has been timed to cost beside a
-decode step (a verification of k rows cost 1.51 steps at k = 4 and 3.72 at 16 on Gemma 3 270M,
-1.98 and 5.68 on Qwen2.5-Coder-0.5B: docs/speed.md); where no draft pays, speculation
-pauses for a number of steps that doubles each time in a row, then probes with a short draft.
+of time, from the recent acceptance of drafts of the same strength (a lookup that matches 20
+tokens is taken far more often than one that matches 2) and the timed seconds of a forward of
+each row count (a verification of k rows cost 1.38 steps at k = 2, 2.44 at 8 and 4.11 at 16 on
+Gemma 3 270M, 1.44, 3.09 and 5.43 on Qwen2.5-Coder-0.5B: docs/speed.md); where no draft of a
+strength pays, its drafts pause for a number of their turns that doubles each time in a row,
+then probe with a short draft.
 
 Lookup drafts are on by default (`DEFAULT_SPEC`): measured at about 3,800 tokens of context on
-both real models (docs/speed.md, `bench/speculative.py`), they gave 1.51-2.61x our plain decode,
+both real models (docs/speed.md, `bench/speculative.py`), they gave 1.36-2.76x our plain decode,
 open generation included. Draft models do not pay with these two: Qwen's Q2_K copy (5.2 bits a
 weight) reads the prompt into its own cache and costs about what the target does (0.20x).
 """
@@ -62,8 +65,8 @@ DRAFT_P_MIN = 0.75  # a draft model stops drafting below this probability of its
 MAX_PAUSE = 32  # steps without speculation at most, when no draft pays
 PROBE = 2  # the draft length that probes after a pause
 ACCEPT_DECAY = 0.9  # the weight a drafted token keeps in the acceptance odds for each newer one
-ROW_COST = 0.3  # a verified row's cost beyond a decode step, in steps, until one is timed
-COST_EMA = 0.3  # the weight of each new timing in the averages
+ROW_COST = 0.3  # a verified row's cost beyond a decode step, in steps, where no forward of its rows is timed
+COST_SAMPLES = 5  # the timings of each row count kept (their median: a slow step now and then does not count)
 VOCAB_SLACK = 128  # a draft model's vocabulary may be this much shorter or longer (llama.cpp's)
 
 
@@ -95,7 +98,11 @@ class SpecOptions:
 
 
 class Drafter(Protocol):
-    """What proposes tokens: at most `n` likely next tokens after `history`."""
+    """What proposes tokens: at most `n` likely next tokens after `history`; and, before it,
+    how strong a draft after `history` would be (0: no draft; a draft model: 1, always), the
+    odds of its tokens being taken kept apart by strength (`Speculator`)."""
+
+    def strength(self, history: list[int]) -> int: ...
 
     def propose(self, history: list[int], n: int) -> list[int]: ...
 
@@ -125,6 +132,7 @@ class NgramDrafter:
         self.indexed = 0  # the history positions indexed
         self.swap: dict[int, int] = {}  # a whitespace token -> the one the model writes for it
         self.last: tuple[int, list[int]] | None = None  # the history length and the draft after it
+        self.found: tuple[int, int | None, int] = (-1, None, 0)  # history length, where the match ends, its cores
         self._core: dict[int, object] = {}
 
     def core(self, token: int):
@@ -135,12 +143,19 @@ class NgramDrafter:
             c = self._core[token] = (text.strip() or None) if text else token
         return c
 
-    def propose(self, history: list[int], n: int) -> list[int]:
+    def strength(self, history: list[int]) -> int:
+        """How many cores the best match agrees on (0: none; LOOKUP_CORES at most)."""
         if self.indexed > len(history):  # another history (a trimmed chat): start over
             self._start()
-        self._learn(history)
-        self._index(history)
-        at = self._match()
+        if self.found[0] != len(history):
+            self._learn(history)
+            self._index(history)
+            self.found = (len(history), *self._match())
+        return self.found[2]
+
+    def propose(self, history: list[int], n: int) -> list[int]:
+        self.strength(history)
+        at = self.found[1]
         if at is None:
             self.last = None
             return []
@@ -154,11 +169,12 @@ class NgramDrafter:
         self.last = (len(history), out)
         return out
 
-    def _match(self) -> int | None:
-        """The history position after the best earlier match of the last cores, or None."""
+    def _match(self) -> tuple[int | None, int]:
+        """The history position after the best earlier match of the last cores (None: none),
+        and how many cores it matches."""
         k, m = len(self.cores), self.ngram_min
         if k <= m:
-            return None
+            return None, 0
         best, longest = None, 0
         for end in reversed(self.places.get(tuple(self.cores[k - m :]), [])[-LOOKUP_PLACES:]):
             n = m
@@ -166,7 +182,7 @@ class NgramDrafter:
                 n += 1
             if n > longest and end < k - 1:
                 best, longest = end, n
-        return None if best is None else self.after[best]
+        return (None, 0) if best is None else (self.after[best], longest)
 
     def _index(self, history: list[int]) -> None:
         m = self.ngram_min
@@ -204,6 +220,9 @@ class ModelDrafter:
         self.draft, self.p_min = draft, p_min
         self.cache: list | None = None
         self.held: list[int] = []  # the tokens in the cache
+
+    def strength(self, history: list[int]) -> int:
+        return 1
 
     @torch.inference_mode()
     def propose(self, history: list[int], n: int) -> list[int]:
@@ -265,12 +284,16 @@ def room(cache: list) -> int:
 
 def _compressed_room(c) -> int:
     """Rows before a compressed layer encodes (its flush boundary) or compacts its stores (a
-    sliding layer drops what left its window: `CompressedCache.compacts_after`). (While its key
-    scales are still to be fitted, the queries' squares it sums are kept row by row and put back
-    by `RowLayer.keep`.)"""
+    sliding layer drops what left its window: `CompressedCache.compacts_after`). Where the
+    first row (the pending token, never trimmed) is the one that encodes, the rows after it
+    up to the next boundary: a trim back to any of them keeps the encode. (While its key
+    scales are still to be fitted, the queries' squares it sums are kept row by row and put
+    back by `RowLayer.keep`.)"""
     encodes_at = c.sink + c.recent - 1 + c.flush * ((c.body_end - c.sink) // c.flush + 1)
     most = encodes_at - c.offset
-    return most if c.window is None else min(most, c.compacts_after() - 1)
+    if c.window is not None:
+        return min(most, c.compacts_after() - 1)
+    return most or c.flush
 
 
 def rowwise(cache: list, rows: int):
@@ -391,53 +414,71 @@ def verify_batch(model, parts: list[list[int]], caches: list[list]) -> list[tupl
 
 
 class Speculator:
-    """One sequence's speculation: its drafter, the draft length that pays, the pause, and the
-    counts (`drafted`, `accepted`: llama-server's draft_n and draft_n_accepted).
+    """One sequence's speculation: its drafter, the draft length that pays, the pauses, and
+    the counts (`drafted`, `accepted`: llama-server's draft_n and draft_n_accepted).
 
-    The length: with p the recent chance that a drafted token is taken (drafted tokens counted
-    with weights that decay by ACCEPT_DECAY a token) and c what a verified row costs beyond a
-    decode step, in decode steps (timed as it runs: it grows with the model's width and the
-    rows, ROW_COST before any is timed), a draft of n tokens is expected to give
-    1 + p + .. + p^n tokens for 1 + c n steps; the n with the most tokens a step is drafted,
-    none where no draft beats a plain step. Then speculation pauses for a number of steps
-    that doubles each time in a row, and probes with a draft of PROBE tokens after it."""
+    The length: with p the recent chance that a drafted token is taken, kept apart for drafts
+    of each strength (`Drafter.strength`: a lookup's match of 2, 3-4, 5-8, 9-16 or 17-32
+    tokens, where the odds start at 1:1, 2:1, 4:1, 8:1 and 16:1; drafted tokens counted with
+    weights that decay by ACCEPT_DECAY a token), and the seconds a forward of n rows takes
+    (`costs`: the median of its latest timings), a draft of n tokens is expected to give
+    1 + p + .. + p^n tokens in a forward of n + 1 rows; the n with the most tokens a second
+    is drafted, none where no draft beats a plain step. Then drafts of that strength pause
+    for a number of its turns that doubles each time in a row, and probe with a draft of
+    PROBE tokens after it."""
 
     def __init__(self, drafter: Drafter, draft_max: int = DRAFT_MAX, draft_min: int = 0):
         self.drafter, self.draft_max, self.draft_min = drafter, draft_max, draft_min
-        self.odds = [1.0, 1.0]  # drafted tokens taken and refused, weighted by age
-        self.row_cost = ROW_COST
-        self.step_s: float | None = None  # a decode step's seconds, averaged as they are timed
-        self.pause = self.paused = 0  # steps to go without drafts, and how many are left
-        self.probe = False  # the pause has run out: the next draft is a probe
+        self.odds: dict[int, list[float]] = {}  # strength group -> drafted tokens taken and refused, by age
+        self.secs: dict[int, list[float]] = {}  # rows -> the latest timings of a forward of that many
+        self.pause: dict[int, int] = {}  # strength group -> the turns of its last pause
+        self.wait: dict[int, int] = {}  # strength group -> turns left in its pause (absent: not paused)
+        self.group = 0  # the strength group of the last draft
         self.drafted = self.accepted = 0
         self.draft_s = 0.0  # the last draft's seconds (a draft model's forward)
 
-    def length(self) -> int:
-        """The draft length expected to give the most tokens per unit of time (0: none pays)."""
-        p = self.odds[0] / (self.odds[0] + self.odds[1])
-        best, n_best, tokens, pn = 1.0, 0, 1.0, 1.0
+    def costs(self, most: int) -> list[float]:
+        """The seconds of a forward of 1 .. `most` rows: the median of the latest timings of
+        each row count timed (a slow one, an encode, counts only once most are slow), linear
+        between them, scaled by ROW_COST a row from the nearest beyond them (in those units
+        before any is timed); never less than for fewer rows."""
+        known = {r: sorted(t)[(len(t) - 1) // 2] for r, t in self.secs.items()}  # the lower of two middles
+        out: list[float] = []
+        for n in range(1, most + 1):
+            lo = max((r for r in known if r <= n), default=None)
+            hi = min((r for r in known if r >= n), default=None)
+            if lo is not None and hi is not None:
+                c = known[lo] if lo == hi else known[lo] + (known[hi] - known[lo]) * (n - lo) / (hi - lo)
+            else:
+                near = lo if hi is None else hi
+                c = (1 + ROW_COST * (n - 1)) * (1 if near is None else known[near] / (1 + ROW_COST * (near - 1)))
+            out.append(max(c, out[-1]) if out else c)
+        return out
+
+    def length(self, group: int = 0) -> int:
+        """The draft length expected to give the most tokens per second (0: none pays), for a
+        draft of the strength group."""
+        taken, refused = self._odds(group)
+        p = taken / (taken + refused)
+        cost = self.costs(self.draft_max + 1)
+        best, n_best, tokens, pn = 1 / cost[0], 0, 1.0, 1.0
         for n in range(1, self.draft_max + 1):
             pn *= p
             tokens += pn
-            if tokens / (1 + self.row_cost * n) > best:
-                best, n_best = tokens / (1 + self.row_cost * n), n
+            if tokens / cost[n] > best:
+                best, n_best = tokens / cost[n], n
         return n_best
 
     def draft(self, seq, limit: int | None = None) -> list[int]:
         """The draft after the sequence's history (its pending token last), of `limit` tokens
         at most; [] to step plainly."""
-        if self.paused:
-            self.paused -= 1
-            return []
         from ..kernels import qmatmul
 
-        n = self.length()
-        if n == 0 and not self.probe:  # no draft pays now: pause, then probe
-            self.pause = min(MAX_PAUSE, max(1, 2 * self.pause))
-            self.paused, self.probe = self.pause, True
+        strength = self.drafter.strength(seq.history)
+        if not strength:
             return []
-        n = n or PROBE
-        self.probe = False
+        group = (strength - 1).bit_length()
+        n = self.length(group) or self._probe(group)
         n = min(n, seq.max_tokens - len(seq.ids) - 1, room(seq.cache) - 1, qmatmul.kernel_rows() - 1)
         n = n if limit is None else min(n, limit)
         if n < max(1, self.draft_min):
@@ -445,28 +486,49 @@ class Speculator:
         t = time.perf_counter()
         out = self.drafter.propose(seq.history, n)
         self.draft_s = time.perf_counter() - t
+        self.group = group
         if len(out) >= max(1, self.draft_min):
             return out
         if getattr(self.drafter, "costly", False):  # a draft model that ran for nothing: as a token refused
-            self.odds[1] += 1
+            self._count(group, 0, 1)
         return []
+
+    def _probe(self, group: int) -> int:
+        """Where no draft of the group pays: 0 while its pause lasts (a new pause, twice the
+        last, starts now if none does), PROBE when it is over."""
+        left = self.wait.get(group)
+        if left is None:
+            self.pause[group] = self.wait[group] = min(MAX_PAUSE, max(1, 2 * self.pause.get(group, 0)))
+            return 0
+        if left:
+            self.wait[group] = left - 1
+            return 0
+        del self.wait[group]
+        return PROBE
+
+    def _odds(self, group: int) -> list[float]:
+        """The group's drafted tokens taken and refused, weighted by age; before any, 1:1 for
+        a match of 2 tokens (and a draft model), 2:1 for 3-4, 4:1 for 5-8 .. ."""
+        return self.odds.get(group) or [2 ** max(0, group - 1), 1]
+
+    def _count(self, group: int, taken: float, refused: float, drafted: int = 0) -> None:
+        old = self._odds(group)
+        fade = ACCEPT_DECAY**drafted
+        self.odds[group] = [old[0] * fade + taken, old[1] * fade + refused]
 
     def taken(self, drafted: int, accepted: int) -> None:
         """Count a verification that took `accepted` of `drafted` tokens."""
         self.drafted += drafted
         self.accepted += accepted
-        fade = ACCEPT_DECAY**drafted
-        self.odds = [self.odds[0] * fade + accepted, self.odds[1] * fade + (accepted < drafted)]
+        self._count(self.group, accepted, accepted < drafted, drafted)
         if accepted:
-            self.pause = 0
+            self.pause[self.group] = 0
 
     def timed(self, rows: int, seconds: float) -> None:
-        """Average in a forward of `rows` rows that took `seconds` (a decode step: 1 row)."""
-        if rows == 1:
-            self.step_s = seconds if self.step_s is None else self.step_s + COST_EMA * (seconds - self.step_s)
-        elif self.step_s:
-            c = min(3.0, max(0.01, (seconds - self.step_s) / ((rows - 1) * self.step_s)))
-            self.row_cost += COST_EMA * (c - self.row_cost)
+        """Keep the timing of a forward of `rows` rows that took `seconds` (a decode step: 1 row)."""
+        times = self.secs.setdefault(rows, [])
+        times.append(seconds)
+        del times[:-COST_SAMPLES]
 
     def run(self, seq) -> Iterator:
         """Run the sequence's pending token, with drafts after it where they are offered, and
