@@ -95,8 +95,10 @@ static Act activations(const float *x, int64_t M, int64_t K, int n, const int *t
   if (gemm) {  // the activations as unsigned bytes for the GEMM
     thread_local avec<uint8_t> qu;
     qu.resize(M * K);
-    for (int64_t i = 0; i < M * K; i++) qu[i] = (uint8_t)(q[i] ^ 0x80);
-    a.qu = qu.data();
+    const int8_t *src = q.data();  // plain pointers: a thread_local's every access is a TLS lookup
+    uint8_t *dst = qu.data();
+    for (int64_t i = 0; i < M * K; i++) dst[i] = (uint8_t)(src[i] ^ 0x80);
+    a.qu = dst;
     i8::gemm_epoch.fetch_add(1, std::memory_order_relaxed);
   }
 #endif
@@ -198,8 +200,12 @@ extern "C" void tk_rms_norm(const float *x, const float *w, int64_t rows, int64_
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = x + r * d;
     float *o = out + r * d;
-    double ss = 0.0;
-    for (int64_t i = 0; i < d; i++) ss += (double)xr[i] * xr[i];
+    double lane[8] = {};  // 8 sums in turn, then added pairwise: a vector's lanes, the same for every row count
+    int64_t i = 0;
+    for (; i + 8 <= d; i += 8)
+      for (int k = 0; k < 8; k++) lane[k] += (double)xr[i + k] * xr[i + k];
+    for (; i < d; i++) lane[i % 8] += (double)xr[i] * xr[i];
+    const double ss = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
     const float inv = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
     for (int64_t i = 0; i < d; i++) o[i] = xr[i] * inv * w[i];
   }
