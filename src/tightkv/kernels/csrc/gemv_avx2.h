@@ -815,32 +815,45 @@ extern std::atomic<uint64_t> gemm_epoch;  // a new value per call: a pack never 
 // the codes of an unsigned type sit around 0.
 template <class T, int TR, int C = 0>
 static const GemmPack<TR> &gemm_pack(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, int64_t K) {
-  thread_local GemmPack<TR> p;
+  thread_local GemmPack<TR> pack;
+  GemmPack<TR> &p = pack;  // one TLS lookup, not one per access
   const uint64_t epoch = gemm_epoch.load(std::memory_order_relaxed);
   if (p.w == w && p.r0 == r0 && p.r1 == r1 && p.K == K && p.epoch == epoch) return p;
   const int64_t H = K / 16, tiles = (r1 - r0 + TR - 1) / TR;
-  p.codes.assign(tiles * H * 16 * TR, 0);
-  p.sw.assign(tiles * H * TR, 0.f);
-  p.mw.assign(tiles * H * TR, 0.f);
-  p.nws.assign(tiles * H * TR, 0);
+  p.codes.resize(tiles * H * 16 * TR);  // every entry written below: the rows', then the last tile's padding
+  p.sw.resize(tiles * H * TR);
+  p.mw.resize(tiles * H * TR);
+  p.nws.resize(tiles * H * TR);
+  int8_t *codes = p.codes.data();
+  float *sw = p.sw.data(), *mw = p.mw.data();
+  int32_t *nws = p.nws.data();
   for (int64_t r = r0; r < r1; r++) {
     const int64_t t = (r - r0) / TR, rr = (r - r0) % TR;
     const uint8_t *b = w + r * ldw;
     for (int64_t j = 0; j < K / T::QK; j++, b += T::TS)
       T::visit(b, [&](int e, __m256i q, float s0, float s1, float m0, float m1) ALWAYS_INLINE_LAMBDA {
+        const __m256i cq = C ? _mm256_sub_epi8(q, _mm256_set1_epi8(C)) : q;
         alignas(32) int8_t c[32];
-        _mm256_store_si256((__m256i *)c, C ? _mm256_sub_epi8(q, _mm256_set1_epi8(C)) : q);
+        _mm256_store_si256((__m256i *)c, cq);
+        // each 16's sum: the 8-byte sums of the codes + 128, less 16 x 128
+        const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(cq, _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
+        const int32_t sums[2] = {(int32_t)(_mm256_extract_epi64(sad, 0) + _mm256_extract_epi64(sad, 1)) - 2048,
+                                 (int32_t)(_mm256_extract_epi64(sad, 2) + _mm256_extract_epi64(sad, 3)) - 2048};
         for (int hh = 0; hh < 2; hh++) {
           const int64_t at = t * H + (j * T::QK + e) / 16 + hh;
-          int32_t sum = 0;
-          for (int i = 0; i < 16; i++) sum += c[16 * hh + i];
-          for (int k = 0; k < 4; k++) memcpy(&p.codes[(at * 4 + k) * 4 * TR + 4 * rr], c + 16 * hh + 4 * k, 4);
-          p.sw[at * TR + rr] = hh ? s1 : s0;
-          p.mw[at * TR + rr] = C ? (hh ? m1 - s1 * C : m0 - s0 * C) : hh ? m1 : m0;
-          p.nws[at * TR + rr] = -128 * sum;
+          for (int k = 0; k < 4; k++) memcpy(codes + (at * 4 + k) * 4 * TR + 4 * rr, c + 16 * hh + 4 * k, 4);
+          sw[at * TR + rr] = hh ? s1 : s0;
+          mw[at * TR + rr] = C ? (hh ? m1 - s1 * C : m0 - s0 * C) : hh ? m1 : m0;
+          nws[at * TR + rr] = -128 * sums[hh];
         }
       });
   }
+  for (int64_t rr = (r1 - r0) % TR; rr && rr < TR; rr++)  // the last tile's padding rows: zero weights
+    for (int64_t at = (tiles - 1) * H; at < tiles * H; at++) {
+      for (int k = 0; k < 4; k++) memset(codes + (at * 4 + k) * 4 * TR + 4 * rr, 0, 4);
+      sw[at * TR + rr] = mw[at * TR + rr] = 0.f;
+      nws[at * TR + rr] = 0;
+    }
   p.w = w, p.r0 = r0, p.r1 = r1, p.K = K, p.epoch = epoch;
   return p;
 }
