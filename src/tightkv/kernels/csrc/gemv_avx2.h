@@ -11,6 +11,7 @@
 // order of float sums; tests check it against that.
 #pragma once
 #include <atomic>
+#include <type_traits>
 #include <vector>
 
 #include "gemv_i8.h"
@@ -879,19 +880,28 @@ struct KVisit {
 template <class T>
 static constexpr bool gemm_takes() { return true; }  // every type of this file
 
+// 16-code steps under one weight scale and min (and one activation scale, per 32): two for
+// the 32-weight blocks and Q4_K and Q5_K (a scale per 32), one for the rest (Q6_K: per 16).
+template <class T>
+static constexpr int gemm_halves() {
+  return T::QK == 32 || std::is_same<T, KVisit<Q4_K>>::value || std::is_same<T, KVisit<Q5_K>>::value ? 2 : 1;
+}
+
 template <class T, int M>
 static void gemm_rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, const XQ &x, float *y, int64_t ldy) {
+  constexpr int HS = gemm_halves<T>();
   const int64_t K = x.K, H = K / 16, G = K / 32;
   const GemmPack<16> &p = gemm_pack<T, 16>(w, ldw, r0, r1, K);
   for (int64_t t = 0; t * 16 < r1 - r0; t++) {
     __m512 acc[M];
     for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
-    for (int64_t h = 0; h < H; h++) {
+    for (int64_t h = 0; h < H; h += HS) {
       const int64_t at = t * H + h;
-      const __m512i nw = _mm512_load_si512((const void *)&p.nws[at * 16]);
+      __m512i nw = _mm512_load_si512((const void *)&p.nws[at * 16]);
+      if (HS == 2) nw = _mm512_add_epi32(nw, _mm512_load_si512((const void *)&p.nws[at * 16 + 16]));
       __m512i is[M];
       for (int m = 0; m < M; m++) is[m] = nw;
-      UNROLL for (int k = 0; k < 4; k++) {
+      UNROLL for (int k = 0; k < 4 * HS; k++) {
         const __m512i wv = _mm512_load_si512((const void *)&p.codes[(at * 4 + k) * 64]);
         for (int m = 0; m < M; m++) {
           int32_t xa;
@@ -902,10 +912,11 @@ static void gemm_rows(const uint8_t *w, int64_t ldw, int64_t r0, int64_t r1, con
       const __m512 sw = _mm512_load_ps(&p.sw[at * 16]);
       for (int m = 0; m < M; m++)
         acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[m]), _mm512_mul_ps(sw, _mm512_set1_ps(x.d[m * G + h / 2])), acc[m]);
-      if (T::MIN) {
-        const __m512 mw = _mm512_load_ps(&p.mw[at * 16]);
-        for (int m = 0; m < M; m++) acc[m] = _mm512_fnmadd_ps(mw, _mm512_set1_ps(x.hs[m * H + h]), acc[m]);
-      }
+      if (T::MIN)
+        for (int hh = 0; hh < HS; hh++) {
+          const __m512 mw = _mm512_load_ps(&p.mw[(at + hh) * 16]);
+          for (int m = 0; m < M; m++) acc[m] = _mm512_fnmadd_ps(mw, _mm512_set1_ps(x.hs[m * H + h + hh]), acc[m]);
+        }
     }
     const int64_t n = r1 - r0 - 16 * t;
     const __mmask16 keep = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
