@@ -194,13 +194,13 @@ extern "C" int tk_gemv(int type, const uint8_t *w, int64_t ldw, int64_t N, int64
 }
 
 // Per-token ops, for every row count (a row computes the same alone, in a batch or in a
-// prompt chunk). out (rows, d) = x / rms(x) * w; the sum of squares in double, so that a
-// long sequential sum loses nothing against torch's blocked float one.
+// prompt chunk). out (rows, d) = x / rms(x) * w; the sum of squares in double (8 lanes, then
+// added pairwise: it vectorizes), so that it loses nothing against torch's blocked float one.
 extern "C" void tk_rms_norm(const float *x, const float *w, int64_t rows, int64_t d, float eps, float *out) {
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = x + r * d;
     float *o = out + r * d;
-    double lane[8] = {};  // 8 sums in turn, then added pairwise: a vector's lanes, the same for every row count
+    double lane[8] = {};
     int64_t i = 0;
     for (; i + 8 <= d; i += 8)
       for (int k = 0; k < 8; k++) lane[k] += (double)xr[i + k] * xr[i + k];
