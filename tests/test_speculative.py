@@ -114,14 +114,16 @@ def test_model_draft_embedded_drafting_for_itself(embedded):
     assert stats.draft_n and stats.draft_n_accepted == stats.draft_n, stats
 
 
-def test_model_draft_low_bit_copy(embedded, ftype="Q2_0"):
-    """The embedded model drafted by a low-bit copy of itself (llama.cpp's quantizer, cached by
-    tests/requantized.py where it ran; skipped elsewhere)."""
+def test_model_draft_low_bit_copy(embedded, ftype="IQ2_M"):
+    """The embedded model drafted by a 2-bit copy of itself (llama.cpp's quantizer, cached by
+    tests/requantized.py where it ran; skipped elsewhere). Not Q2_0: that copy of a 270M model
+    is damaged enough that its greedy tokens fall below the draft's confidence bar from the
+    first one, and whether it drafts at all turned on rounding (568e9d9 ended it)."""
     found = sorted(REQUANTIZED.glob(f"gemma3-270m-*-{ftype}.gguf"))
     if not found:
         pytest.skip(f"no {ftype} copy of the embedded model under {REQUANTIZED}")
     stats = same_with_and_without(embedded, embedded.chat_ids(COPY), "f16", 60, model_draft=str(found[0]))
-    assert stats.draft_n > 0
+    assert stats.draft_n_accepted > 0, stats
 
 
 def test_model_draft_vocabulary_mismatch_refused(embedded, qwen):
