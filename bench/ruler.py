@@ -13,7 +13,9 @@ later run with other lengths adds them (a sample's prompt depends only on the se
 length and index, so a length run alone is the same as in a longer sweep). Shorter
 lengths run first, every task at one length before the next. Prefill dominates: the full
 sweep is 6 tasks x 40 samples x (4,096 + 8,192 + 16,384) tokens, 6.9M prompt tokens a
-type, many hours on 2 cores; `--samples`, `--lengths` and `--tasks` size it (add 32768
+type, many hours on 2 cores (less since session 51: each type's prompts take the haystack
+they share before their first needle from a prefix store, `eval.endpoint.LocalTarget`,
+bit for bit what a cold prefill gives); `--samples`, `--lengths` and `--tasks` size it (add 32768
 where the model's f16 scores above chance at 16K).
 """
 

@@ -181,3 +181,17 @@ def test_the_sweep_adds_lengths_and_keeps_what_it_has(tmp_path, capsys):
         assert sorted(both[kv]["cells"]) == ["512", "640"] and both[kv]["cells"]["512"] == first[kv]["cells"]["512"]
         assert sorted(s["length"] for s in both[kv]["samples"]) == [512, 640]
     assert not (tmp_path / "ruler.part.json").exists()
+
+
+def test_prompts_share_their_start_through_the_prefix_store(gen, embedded):
+    """A local target restores the haystack that earlier prompts shared (a chunk end two
+    prompts reached by the same tokens) and answers as a fresh cache does."""
+    from tightkv.eval.endpoint import LocalTarget
+    from tightkv.eval.ruler import ANSWER_TOKENS, STOP
+
+    samples = [gen.sample("single", 1600, i) for i in range(6)]
+    reuse, fresh = LocalTarget(embedded, "kvarn4"), LocalTarget(embedded, "kvarn4", reuse=False)
+    for s in samples:
+        got = reuse.answer(s.ids, ANSWER_TOKENS["single"], stop=STOP)
+        assert got == fresh.answer(s.ids, ANSWER_TOKENS["single"], stop=STOP), s.id
+    assert reuse.prefixes.hits >= 1 and reuse.prefixes.reused_tokens >= 512

@@ -252,20 +252,56 @@ def token_text(tokenizer, token: int) -> str:
 
 
 class LocalTarget:
-    """A KV type on the local model."""
+    """A KV type on the local model.
 
-    def __init__(self, model, kv: str):
+    Prompts that begin alike (the haystack before each prompt's first needle) take what they
+    share from a prefix store in RAM (`engine.prefixes.PrefixStore`): a prompt's chunk ends
+    that an earlier prompt also reached by the same tokens are stored as it is prefilled, and
+    a later prompt restores the longest of them. A cache restored at a chunk end continues bit
+    for bit as a cold prefill does, so every answer is the one a fresh cache gives
+    (`reuse=False`: a fresh cache each time)."""
+
+    def __init__(self, model, kv: str, reuse: bool = True):
+        from ..engine.prefixes import PrefixStore
+
         model.new_cache(kv)  # a bad type name fails here, before any work
         self.model, self.kv, self.label = model, kv, kv
+        self.prefixes = PrefixStore(model, kv) if reuse else None
+        self._seen: set[int] = set()  # hashes of the earlier prompts' ids up to each chunk end
+
+    def _shared_end(self, ids: list[int]) -> int:
+        """The last chunk end before the end of ids that an earlier prompt reached by the
+        same tokens (0: none); this prompt's chunk ends are remembered for the next ones."""
+        from ..engine.generate import PREFILL_CHUNK
+
+        ends = range(PREFILL_CHUNK, len(ids), PREFILL_CHUNK)
+        keys = [hash(tuple(ids[:e])) for e in ends]
+        shared = max((e for e, k in zip(ends, keys) if k in self._seen), default=0)
+        self._seen.update(keys)
+        return shared
+
+    def _cache(self, ids: list[int], progress=None) -> list:
+        """A cache holding the start of ids that earlier prompts shared (restored from the
+        store, or prefilled and stored at each chunk end), or an empty one."""
+        from ..engine.generate import PREFILL_CHUNK
+
+        upto = self._shared_end(ids) if self.prefixes is not None else 0
+        if not upto:
+            return self.model.new_cache(self.kv)
+        say = None if progress is None else lambda done, total: progress(upto - total + done, len(ids))
+        _, cache = self.prefixes.fill(ids[:upto], list(range(PREFILL_CHUNK, upto + 1, PREFILL_CHUNK)), say)
+        return cache
 
     def answer(self, ids: list[int], max_tokens: int, stop: list[str] | None = None, progress=None) -> str:
+        cache = self._cache(ids, progress)
+        held = cache[0].offset if cache else 0
         out = self.model.generate(
             ids,
             max_tokens=max_tokens,
             temperature=0.0,
             stop=stop,
-            cache=self.model.new_cache(self.kv),
-            progress=progress,
+            cache=cache,
+            progress=None if progress is None else lambda done, total: progress(held + done, len(ids)),
         )
         return out.text
 
