@@ -3,6 +3,7 @@
     python bench/bench_attention.py --depth 8192 --shape gemma --types f16,q8_0,progressive,kvarn4
     TIGHTKV_SIMD=avx2 python bench/bench_attention.py ...   # another instruction path
     python bench/bench_attention.py --int8 on,off ...         # the integer paths, then the float ones
+    python bench/bench_attention.py --positions 512 ...       # a prompt chunk of 512 positions at depth
 
 Each row is one layer's attention for one query position (what a decode step pays per
 layer), the minimum and the median of --reps timed calls after a warm-up (the minimum is
@@ -25,8 +26,9 @@ import torch
 SHAPES = {"gemma": (1, 4, 256), "qwen": (2, 14, 64), "llama": (8, 32, 128), "phi": (32, 32, 96), "d80": (4, 16, 80)}
 
 
-def fill(spec: str, hkv: int, h: int, d: int, depth: int, seed: int = 0):
-    """A cache of `spec` holding `depth` random tokens, and one query step's (q, k, v)."""
+def fill(spec: str, hkv: int, h: int, d: int, depth: int, seed: int = 0, positions: int = 1):
+    """A cache of `spec` holding `depth` random tokens, and the (q, k, v) of the next
+    `positions` (one decode step, or a prompt chunk)."""
     from tightkv.kv.spec import parse_kv
 
     g = torch.Generator().manual_seed(seed)
@@ -42,19 +44,19 @@ def fill(spec: str, hkv: int, h: int, d: int, depth: int, seed: int = 0):
         else:
             cache._append(k, v)
     step = (
-        torch.randn(h, 1, d, generator=g),
-        torch.randn(hkv, 1, d, generator=g) + shift,
-        torch.randn(hkv, 1, d, generator=g),
+        torch.randn(h, positions, d, generator=g),
+        torch.randn(hkv, positions, d, generator=g) + shift,
+        torch.randn(hkv, positions, d, generator=g),
     )
     return cache, step
 
 
-def time_type(spec: str, shape: str, depth: int, reps: int, clock=time.perf_counter) -> dict:
-    """Time one decode step's attention (append excluded) over a filled cache."""
+def time_type(spec: str, shape: str, depth: int, reps: int, clock=time.perf_counter, positions: int = 1) -> dict:
+    """Time the attention of the next `positions` (append excluded) over a filled cache."""
     from tightkv.kv.cache import DenseCache
 
     hkv, h, d = SHAPES[shape]
-    cache, (q, k, v) = fill(spec, hkv, h, d, depth)
+    cache, (q, k, v) = fill(spec, hkv, h, d, depth, positions=positions)
     if isinstance(cache, DenseCache):
         cache.attend(q, k, v, d**-0.5)  # the step's token appended, as in decode
         from tightkv.kv import fused
@@ -82,6 +84,7 @@ def time_type(spec: str, shape: str, depth: int, reps: int, clock=time.perf_coun
         "kv": spec,
         "shape": shape,
         "depth": depth,
+        "positions": positions,
         "min_us": round(best * 1e6, 1),
         "median_us": round(statistics.median(times) * 1e6, 1),
         "kv_bytes": nbytes,
@@ -95,6 +98,7 @@ def main() -> None:
     ap.add_argument("--shape", default="gemma", help=f"comma-separated, of {', '.join(SHAPES)}")
     ap.add_argument("--types", default="f16,q8_0,k8v4,progressive,kvarn4,tq3,aggressive,kivi4,q4_0")
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--positions", type=int, default=1, help="query positions: 1 a decode step, more a prompt chunk")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
         "--cpu-time",
@@ -112,13 +116,15 @@ def main() -> None:
     info = machine()
     clock = "thread CPU time" if ns.cpu_time else "wall time"
     print(f"# {info.get('cpu', '?')}; kernels {build.summary()}; {clock}")
+    print(f"# {ns.positions} position(s) at depth {ns.depth}")
     print(f"{'kv':<14} {'int8':<4} {'shape':<6} {'depth':>6} {'min us':>9} {'median us':>10} {'KV MiB':>8} {'GB/s':>6}")
     rows = []
     for mode in ns.int8.split(","):
         attention.set_int8(mode == "on", mode == "on")
         for shape in ns.shape.split(","):
             for spec in ns.types.split(","):
-                r = time_type(spec, shape, ns.depth, ns.reps, time.thread_time if ns.cpu_time else time.perf_counter)
+                timer = time.thread_time if ns.cpu_time else time.perf_counter
+                r = time_type(spec, shape, ns.depth, ns.reps, timer, ns.positions)
                 rows.append({**r, "int8": mode})
                 print(
                     f"{spec:<14} {mode:<4} {shape:<6} {ns.depth:>6} {r['min_us']:>9.1f} {r['median_us']:>10.1f} "

@@ -578,7 +578,9 @@ static inline void mm_block(const float *A, const float *B, float *C, int64_t k,
     for (int v = 0; v < NV; v++) st(C + r * m + j + 16 * v, c[r][v]);
 }
 #if TK_AVX2
-// AVX2 has 16 registers: 4 rows x 16 columns of C (8 accumulators) per block.
+// AVX2 has 16 registers: up to 6 rows x 16 columns of C (12 accumulators) per block, two
+// loads of B and a broadcast of A per step. Each element of C is the same chain of fmas
+// over k in order whatever the rows of its block, so the blocking changes no bit.
 template <int NR>
 static inline void mm_block16(const float *A, const float *B, float *C, int64_t k, int64_t m, int64_t j) {
   __m256 c0[NR], c1[NR];
@@ -594,11 +596,20 @@ static inline void mm_block16(const float *A, const float *B, float *C, int64_t 
   for (int r = 0; r < NR; r++) { _mm256_storeu_ps(C + r * m + j, c0[r]); _mm256_storeu_ps(C + r * m + j + 8, c1[r]); }
 }
 static void matmul(const float *A, const float *B, float *C, int64_t n, int64_t k, int64_t m) {
-  for (int64_t r = 0; r < n; r += 4)
+  for (int64_t r = 0; r < n; r += 6) {
+    const float *a = A + r * k;
+    float *c = C + r * m;
     for (int64_t j = 0; j < m; j += 16) {
-      if (n - r >= 4) mm_block16<4>(A + r * k, B, C + r * m, k, m, j);
-      else for (int64_t q = r; q < n; q++) mm_block16<1>(A + q * k, B, C + q * m, k, m, j);
+      switch (n - r) {
+        case 1: mm_block16<1>(a, B, c, k, m, j); break;
+        case 2: mm_block16<2>(a, B, c, k, m, j); break;
+        case 3: mm_block16<3>(a, B, c, k, m, j); break;
+        case 4: mm_block16<4>(a, B, c, k, m, j); break;
+        case 5: mm_block16<5>(a, B, c, k, m, j); break;
+        default: mm_block16<6>(a, B, c, k, m, j);
+      }
     }
+  }
 }
 #else
 static void matmul(const float *A, const float *B, float *C, int64_t n, int64_t k, int64_t m) {
