@@ -190,7 +190,7 @@ def test_prompts_share_their_start_through_the_prefix_store(gen, embedded):
     from tightkv.eval.ruler import ANSWER_TOKENS, STOP
 
     samples = [gen.sample("single", 1600, i) for i in range(6)]
-    reuse, fresh = LocalTarget(embedded, "kvarn4"), LocalTarget(embedded, "kvarn4", reuse=False)
+    reuse, fresh = LocalTarget(embedded, "kvarn4", 2**30), LocalTarget(embedded, "kvarn4", reuse=False)
     for s in samples:
         got = reuse.answer(s.ids, ANSWER_TOKENS["single"], stop=STOP)
         assert got == fresh.answer(s.ids, ANSWER_TOKENS["single"], stop=STOP), s.id

@@ -261,12 +261,12 @@ class LocalTarget:
     for bit as a cold prefill does, so every answer is the one a fresh cache gives
     (`reuse=False`: a fresh cache each time)."""
 
-    def __init__(self, model, kv: str, reuse: bool = True):
+    def __init__(self, model, kv: str, ram_bytes: int | None = None, reuse: bool = True):
         from ..engine.prefixes import PrefixStore
 
         model.new_cache(kv)  # a bad type name fails here, before any work
         self.model, self.kv, self.label = model, kv, kv
-        self.prefixes = PrefixStore(model, kv) if reuse else None
+        self.prefixes = PrefixStore(model, kv, ram_bytes=ram_bytes) if reuse else None
         self._seen: set[int] = set()  # hashes of the earlier prompts' ids up to each chunk end
 
     def _shared_end(self, ids: list[int]) -> int:
@@ -398,5 +398,13 @@ def open_targets(
     endpoints = {e: Endpoint(e, api_key, served) for e in entries if is_endpoint(e)}  # one per URL
     local = model_named or not all(map(is_endpoint, entries))
     tokens = Tokens.local(model()) if local else Tokens.remote(next(iter(endpoints.values())))
-    targets = [EndpointTarget(endpoints[e], tokens) if e in endpoints else LocalTarget(model(), e) for e in entries]
+    kinds = [e for e in entries if e not in endpoints]
+    ram = 0
+    if kinds:  # the local types' prefix stores share a quarter of the RAM available
+        from ..engine.prefixes import default_ram_budget
+
+        ram = default_ram_budget() // len(kinds)
+    targets = [
+        EndpointTarget(endpoints[e], tokens) if e in endpoints else LocalTarget(model(), e, ram) for e in entries
+    ]
     return tokens, targets
