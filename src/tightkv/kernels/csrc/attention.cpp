@@ -627,6 +627,41 @@ static void matmul(const float *A, const float *B, float *C, int64_t n, int64_t 
 }
 #endif
 
+#if defined(__AVX2__)
+// dst rows a = 0..7 (ld apart) take column a of src's rows b = 0..7 (ls apart).
+static inline void transpose8x8(const float *src, int64_t ls, float *dst, int64_t ld) {
+  __m256 r[8], t[8];
+  for (int b = 0; b < 8; b++) r[b] = _mm256_loadu_ps(src + b * ls);
+  for (int b = 0; b < 8; b += 2) {
+    t[b] = _mm256_unpacklo_ps(r[b], r[b + 1]);
+    t[b + 1] = _mm256_unpackhi_ps(r[b], r[b + 1]);
+  }
+  for (int h = 0; h < 8; h += 4) {  // rows h..h+3: columns 0-1, 2-3 of each 128-bit half
+    r[h] = _mm256_shuffle_ps(t[h], t[h + 2], 0x44);
+    r[h + 1] = _mm256_shuffle_ps(t[h], t[h + 2], 0xEE);
+    r[h + 2] = _mm256_shuffle_ps(t[h + 1], t[h + 3], 0x44);
+    r[h + 3] = _mm256_shuffle_ps(t[h + 1], t[h + 3], 0xEE);
+  }
+  for (int a = 0; a < 4; a++) {
+    _mm256_storeu_ps(dst + a * ld, _mm256_permute2f128_ps(r[a], r[a + 4], 0x20));
+    _mm256_storeu_ps(dst + (a + 4) * ld, _mm256_permute2f128_ps(r[a], r[a + 4], 0x31));
+  }
+}
+#endif
+
+// A block's decoded keys vt (BT, D) as the matmul's B: kT (D, BT).
+static inline void transpose_block(const float *vt, float *kT, int64_t D) {
+#if defined(__AVX2__)
+  if (D % 8 == 0) {
+    for (int64_t i = 0; i < D; i += 8)
+      for (int64_t j = 0; j < BT; j += 8) transpose8x8(vt + j * D + i, D, kT + i * BT + j, BT);
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < D; i++)
+    for (int64_t j = 0; j < BT; j++) kT[i * BT + j] = vt[j * D + i];
+}
+
 #if TK_I8_FEW
 // NR rows' softmax weights of a block (w: BT apart, n of them) as 7-bit integers q (the
 // block's largest weight at 127, rounded to nearest) and each row's scale ws: w ~ q ws.
@@ -1494,8 +1529,7 @@ static void score_block(Work &w, int64_t j0, int64_t n) {
       else memset(vt + j * D, 0, D * sizeof(float));
       kscl[j] = j < n ? vec_scale<KK>(k1) : 0.f;
     }
-    for (int64_t i = 0; i < D; i++)
-      for (int64_t j = 0; j < BT; j++) kT[i * BT + j] = vt[j * D + i];
+    transpose_block(vt, kT, D);
     matmul(q, kT, sc, nrows, D, BT);
     for (int64_t r = 0; r < nrows; r++)
       for (int64_t j = 0; j < n; j++) {
