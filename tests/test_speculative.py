@@ -57,6 +57,13 @@ def same_with_and_without(model: Model, ids: list[int], kv: str | None, n: int, 
     return s1
 
 
+@pytest.fixture
+def fixed_costs(monkeypatch):
+    """Cheap fixed costs per row count for `Speculator`, so that how long a draft is does not
+    turn on this machine's timings."""
+    monkeypatch.setattr(Speculator, "costs", lambda self, most: [1 + 0.05 * i for i in range(most)])
+
+
 @pytest.mark.parametrize("kv", ["f16", None])
 def test_verification_rows_are_decode_steps(embedded, kv):
     """Each row of a verification forward gives the very logits of a one-token decode step, on
@@ -132,14 +139,13 @@ def test_model_draft_vocabulary_mismatch_refused(embedded, qwen):
     assert "\n" not in str(err.value)
 
 
-def test_stop_string_and_end_mid_draft(embedded, monkeypatch):
+def test_stop_string_and_end_mid_draft(embedded, fixed_costs):
     """A stop string inside an accepted draft, and a token budget that ends in the middle of one:
     the same text, ids and finish reason as without speculation. The stop string is the last
     four words of the text that the reply copies (what it copies depends on the build: the
     prompt's int8 rounding differs between instruction paths). The rows' costs are fixed
     (cheap), so the drafts do not turn on this machine's timings (under a loaded CI machine
     one run drafted 4 tokens in all and had none taken)."""
-    monkeypatch.setattr(Speculator, "costs", lambda self, most: [1 + 0.05 * i for i in range(most)])
     ids = embedded.chat_ids(COPY)
     reply = greedy(embedded, ids, None, 80, spec_type="none")[2]
     words = TEXT.split()
@@ -200,12 +206,11 @@ def test_sampling_distribution(embedded):
     assert draws(range(20), spec_type="ngram-simple")[1] == s0[:20]
 
 
-def test_hybrid_recurrent_state_restored(monkeypatch):
+def test_hybrid_recurrent_state_restored(fixed_costs):
     """Qwen3.5's layout (Gated DeltaNet and gated attention), tiny: rejected drafts send the
     recurrent state back to the checkpoint taken before the verification, and the tokens come
     out as without speculation; the prefill checkpoints are left as they were. The rows' costs
     are fixed (cheap), so how long a draft is does not turn on this machine's timings."""
-    monkeypatch.setattr(Speculator, "costs", lambda self, most: [1 + 0.05 * i for i in range(most)])
     path = Path(__file__).parent / "data" / "families" / "qwen35" / "qwen35-f32.gguf"
     m = Model(str(path), kv="f32")
     ids = m.tokenize("a b c d a b c d a b c d a b c")

@@ -294,7 +294,7 @@ class LocalTarget:
 
     def answer(self, ids: list[int], max_tokens: int, stop: list[str] | None = None, progress=None) -> str:
         cache = self._cache(ids, progress)
-        held = cache[0].offset if cache else 0
+        held = cache[0].offset
         out = self.model.generate(
             ids,
             max_tokens=max_tokens,
