@@ -584,15 +584,18 @@ static inline void mm_block(const float *A, const float *B, float *C, int64_t k,
 template <int NR>
 static inline void mm_block16(const float *A, const float *B, float *C, int64_t k, int64_t m, int64_t j) {
   __m256 c0[NR], c1[NR];
+#pragma GCC unroll 6
   for (int r = 0; r < NR; r++) c0[r] = c1[r] = _mm256_setzero_ps();
   for (int64_t i = 0; i < k; i++) {
     const __m256 b0 = _mm256_loadu_ps(B + i * m + j), b1 = _mm256_loadu_ps(B + i * m + j + 8);
+#pragma GCC unroll 6
     for (int r = 0; r < NR; r++) {
       const __m256 a = _mm256_broadcast_ss(A + r * k + i);
       c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
       c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
     }
   }
+#pragma GCC unroll 6
   for (int r = 0; r < NR; r++) { _mm256_storeu_ps(C + r * m + j, c0[r]); _mm256_storeu_ps(C + r * m + j + 8, c1[r]); }
 }
 static void matmul(const float *A, const float *B, float *C, int64_t n, int64_t k, int64_t m) {
@@ -787,13 +790,16 @@ static inline void add_decoded(float *o, int64_t W, const float *w, const float 
   if (Dv % 32) {  // the 16-channel tail
     const int64_t b = Dv - 16;
     __m256 acc[NR][2];
+#pragma GCC unroll 4
     for (int u = 0; u < NR; u++)
       for (int i = 0; i < 2; i++) acc[u][i] = _mm256_loadu_ps(o + u * W + b + 8 * i);
     for (int64_t j = 0; j < n; j++)
+#pragma GCC unroll 4
       for (int u = 0; u < NR; u++) {
         const __m256 pw = _mm256_broadcast_ss(w + u * BT + j);
         for (int i = 0; i < 2; i++) acc[u][i] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(vt + j * Dv + b + 8 * i), acc[u][i]);
       }
+#pragma GCC unroll 4
     for (int u = 0; u < NR; u++)
       for (int i = 0; i < 2; i++) _mm256_storeu_ps(o + u * W + b + 8 * i, acc[u][i]);
   }
