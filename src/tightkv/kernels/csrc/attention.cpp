@@ -1388,6 +1388,8 @@ struct Work {
   float *qt, *kb;   // affine keys: the queries times the group's channel scales A, their dots with its B
   int64_t kgroup;   // the group qt holds (-1: none yet)
   float *tmp, *z;   // KVarN values: a block's sums in code units (nrows, Dv + 2), its zero-point sums
+  float *cv;        // KVarN values: the channel scales of tile vtile (Dv)
+  int64_t vtile;
   int8_t *q8;       // AVX2's integer keys: 4-bit affine, qt per row in nibble order, its scale per 64
   float *q8s;       // channels; tq4, prep_rows' int8 query and its multiplier per row
 };
@@ -1537,15 +1539,16 @@ static void score_block(Work &w, int64_t j0, int64_t n) {
     }
     transpose_block(vt, kT, D);
     matmul(q, kT, sc, nrows, D, BT);
-    for (int64_t r = 0; r < nrows; r++)
-      for (int64_t j = 0; j < n; j++) {
-        const int64_t tok = j0 + j;
-        float v = sc[r * BT + j];
-        if (kb) v += kb[r];
-        v *= kscl[j];
-        if (bias) v += bias[r];
-        sc[r * BT + j] = tok < lo[r] || tok >= hi[r] ? -INFINITY : v;
-      }
+    for (int64_t r = 0; r < nrows; r++) {  // the row's visible keys [a, b): (dot + kb) * scale + bias
+      float *sr = sc + r * BT;
+      const int64_t a = lo[r] > j0 ? (lo[r] < j0 + n ? lo[r] - j0 : n) : 0,
+                    b = hi[r] < j0 + n ? (hi[r] > j0 ? hi[r] - j0 : 0) : n;
+      const float kr = kb ? kb[r] : 0.f, br = bias ? bias[r] : 0.f;
+      if (kb) for (int64_t j = a; j < b; j++) sr[j] += kr;
+      for (int64_t j = a; j < b; j++) sr[j] *= kscl[j];
+      if (bias) for (int64_t j = a; j < b; j++) sr[j] += br;
+      for (int64_t j = 0; j < n; j++) sr[j] = j < a || j >= b ? -INFINITY : sr[j];
+    }
     return;
   }
 #if TK_AVX2
@@ -1673,8 +1676,10 @@ static void value_block(Work &w, int64_t j0, int64_t n) {
       alignas(64) float zs[BT] = {};
       for (int64_t j = 0; j < n; j++) zs[j] = f16s(zp + j * s.vt2);
       zero_point_sums(sc, zs, nrows, w.z);
-      out = w.tmp;
-      memset(out, 0, nrows * W * sizeof(float));
+      if (!w.many) {  // many rows: the matmul's own output (pv) holds the sums
+        out = w.tmp;
+        memset(out, 0, nrows * W * sizeof(float));
+      }
     }
     for (int64_t r = 0; r < nrows; r++)
       for (int64_t j = 0; j < BT; j++) sc[r * BT + j] *= vs[j];
@@ -1700,12 +1705,13 @@ static void value_block(Work &w, int64_t j0, int64_t n) {
       else memset(vt + j * Dv, 0, Dv * sizeof(float));
     }
     matmul(sc, vt, pv, nrows, BT, Dv);  // (rows, BT) @ (BT, Dv)
-    for (int64_t r = 0; r < nrows; r++) {
-      if (!alive[r]) continue;
-      float *o = out + r * W;
-      const float *a = pv + r * Dv;
-      for (int64_t i = 0; i < Dv; i++) o[i] += a[i];
-    }
+    if constexpr (!is_av(VK))
+      for (int64_t r = 0; r < nrows; r++) {
+        if (!alive[r]) continue;
+        float *o = out + r * W;
+        const float *a = pv + r * Dv;
+        for (int64_t i = 0; i < Dv; i++) o[i] += a[i];
+      }
 #if TK_I8_FEW
   } else if (VK == AV4 && x->i8av) {  // KVarN 4-bit values: integer sums, two rows at a time
     for (int64_t r = 0; r < nrows; r++) {  // the codes' centre: 8 times the weights' sum
@@ -1764,14 +1770,17 @@ static void value_block(Work &w, int64_t j0, int64_t n) {
     }
   }
   if constexpr (is_av(VK)) {  // KVarN: the block's code-unit sums times the tile's channel scales
-    const uint8_t *cs = w.v[3] + (j0 / s.vd3) * s.vt3;
-    float C[1024];
-    for (int64_t i = 0; i < Dv; i++) C[i] = f16s(cs + 2 * x->vch[i]);  // in the sums' lane order
+    float *C = w.cv;  // in the sums' lane order, kept while the tile lasts
+    if (j0 / s.vd3 != w.vtile) {
+      w.vtile = j0 / s.vd3;
+      const uint8_t *cs = w.v[3] + w.vtile * s.vt3;
+      for (int64_t i = 0; i < Dv; i++) C[i] = f16s(cs + 2 * x->vch[i]);
+    }
     for (int64_t r = 0; r < nrows; r++) {
       if (!alive[r]) continue;
       float *o = w.part + r * W;
-      const float *t = w.tmp + r * W;
-      for (int64_t i = 0; i < Dv; i++) o[i] += C[i] * (t[i] + w.z[r]);
+      const float *t = w.many ? w.pv + r * Dv : w.tmp + r * W, zr = w.z[r];
+      for (int64_t i = 0; i < Dv; i++) o[i] += C[i] * (t[i] + zr);
     }
   }
 }
@@ -1808,8 +1817,8 @@ static void chunk_fn_attn(const void *p, int64_t c) {
   const bool once = !TK_AVX2 && !many && nrows > VROWS;
   const bool decoded = many || once || TK_AVX2 || TK_512 || (is_ab(s.vkind) && Dv % 32);  // a block decoded first
   avec<float> sc(nrows * BT), kT(many ? D * BT : 0), kscl(BT), vt(decoded ? BT * (D > Dv ? D : Dv) : 0),
-      pv(many ? nrows * Dv : 0), qt(is_ak(s.kkind) ? nrows * D : 0), kb(nrows), tmp(is_av(s.vkind) ? nrows * W : 0),
-      z(nrows), lanes(TK_AVX2 && !many ? nrows * 64 : 0);
+      pv(many ? nrows * Dv : 0), qt(is_ak(s.kkind) ? nrows * D : 0), kb(nrows), tmp(is_av(s.vkind) && !many ? nrows * W : 0),
+      z(nrows), lanes(TK_AVX2 && !many ? nrows * 64 : 0), cv(is_av(s.vkind) ? Dv : 0);
   std::vector<int64_t> lo(nrows), hi(nrows);
   std::vector<char> alive(nrows + 4, 0);
   const int64_t *rg = x->ranges + ch[0] * T * 2;
@@ -1821,7 +1830,7 @@ static void chunk_fn_attn(const void *p, int64_t c) {
     hi[r] = rg[2 * t + 1] < e_r ? rg[2 * t + 1] : e_r;
   }
   w.sc = sc.data(); w.kT = kT.data(); w.kscl = kscl.data(); w.vt = vt.data(); w.pv = pv.data();
-  w.qt = qt.data(); w.kb = kb.data(); w.tmp = tmp.data(); w.z = z.data(); w.many = many; w.once = once; w.lanes = lanes.data();
+  w.qt = qt.data(); w.kb = kb.data(); w.tmp = tmp.data(); w.z = z.data(); w.cv = cv.data(); w.vtile = -1; w.many = many; w.once = once; w.lanes = lanes.data();
   const bool i8ak = x->i8ak && s.kkind == AK4 && !many && s.kd2 >= 128;  // not per 32 tokens (KIVI): too few to pay
   avec<int8_t> q8(i8ak ? nrows * D : 0);
   avec<float> q8s(i8ak ? nrows * (D / 64) : 0);
