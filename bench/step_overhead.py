@@ -8,7 +8,9 @@ depth `--depth` (16 tokens; more: that many tokens of the essays) (with --stream
 steps of N sequences, as the server runs them; with --rows K, speculative verifications of K
 rows, `engine/speculative.verify`, the cache trimmed back after each), and prints per round: the
 step, the time inside the kernel calls, the rest (Python, torch ops, caches gone cold after the
-weights streamed through), and each entry point's share with its calls per step.
+weights streamed through), and each entry point's share with its calls per step. With
+--per-call NAME it also prints entry point NAME's mean time at each of its calls within a step
+(for tk_attn: each layer's attention, so a model's global layers stand apart from its windows).
 """
 
 from __future__ import annotations
@@ -47,16 +49,20 @@ ENTRY_POINTS = [
 
 
 class Timed:
-    """A kernel entry point that adds its wall time and calls to shared counters."""
+    """A kernel entry point that adds its wall time and calls to shared counters (and, where
+    `each` is a list, each call's time to it)."""
 
-    def __init__(self, name, fn, spent, calls):
-        self.name, self.fn, self.spent, self.calls = name, fn, spent, calls
+    def __init__(self, name, fn, spent, calls, each=None):
+        self.name, self.fn, self.spent, self.calls, self.each = name, fn, spent, calls, each
 
     def __call__(self, *args):
         t = time.perf_counter()
         out = self.fn(*args)
-        self.spent[self.name] += time.perf_counter() - t
+        dt = time.perf_counter() - t
+        self.spent[self.name] += dt
         self.calls[self.name] += 1
+        if self.each is not None:
+            self.each.append(dt)
         return out
 
 
@@ -70,13 +76,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--depth", type=int, default=16, help="tokens in the cache before the steps")
     ap.add_argument("--rows", type=int, default=1, help="rows a step runs: more than 1, a verification of that many")
+    ap.add_argument("--per-call", default=None, metavar="NAME", help="also each call of this entry point within a step")
     args = ap.parse_args()
     model = Model(args.model, kv=args.kv, threads=args.threads, context_length=max(4096, args.depth + 64))
     torch.set_num_threads(args.threads)
     lib = build.library()
-    spent, calls = collections.defaultdict(float), collections.Counter()
+    spent, calls, each = collections.defaultdict(float), collections.Counter(), []
     for name in ENTRY_POINTS:
-        setattr(lib, name, Timed(name, getattr(lib, name), spent, calls))
+        setattr(lib, name, Timed(name, getattr(lib, name), spent, calls, each if name == args.per_call else None))
     text = essays() if args.depth > 16 else "The quick brown fox jumps over the lazy dog. " * 3
     prompt = model.tokenizer.encode(text[: 8 * args.depth])[: args.depth]
     caches = [model.new_cache() for _ in range(args.streams)]
@@ -99,6 +106,7 @@ def main() -> None:
     for _ in range(args.rounds):
         spent.clear()
         calls.clear()
+        each.clear()
         t = time.perf_counter()
         for _ in range(args.steps):
             run_step()
@@ -108,6 +116,10 @@ def main() -> None:
         print(
             f"step {step * 1e3:.2f} ms = in kernels {inside * 1e3:.2f} + outside {(step - inside) * 1e3:.2f} | {parts}"
         )
+        if each:
+            per = len(each) // args.steps  # calls a step
+            means = [sum(each[i::per]) / args.steps * 1e3 for i in range(per)]
+            print(f"  {args.per_call} by call within a step, ms: " + " ".join(f"{m:.3f}" for m in means))
 
 
 if __name__ == "__main__":
