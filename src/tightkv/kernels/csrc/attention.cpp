@@ -1388,8 +1388,8 @@ struct Work {
   float *qt, *kb;   // affine keys: the queries times the group's channel scales A, their dots with its B
   int64_t kgroup;   // the group qt holds (-1: none yet)
   float *tmp, *z;   // KVarN values: a block's sums in code units (nrows, Dv + 2), its zero-point sums
-  float *cv;        // KVarN values: the channel scales of tile vtile (Dv; -1: none yet)
-  int64_t vtile;
+  float *cv;        // KVarN values: the channel scales of tile vtile (Dv)
+  int64_t vtile;    // the tile cv holds (-1: none yet)
   int8_t *q8;       // AVX2's integer keys: 4-bit affine, qt per row in nibble order, its scale per 64
   float *q8s;       // channels; tq4, prep_rows' int8 query and its multiplier per row
 };
@@ -1818,7 +1818,8 @@ static void chunk_fn_attn(const void *p, int64_t c) {
   const bool decoded = many || once || TK_AVX2 || TK_512 || (is_ab(s.vkind) && Dv % 32);  // a block decoded first
   avec<float> sc(nrows * BT), kT(many ? D * BT : 0), kscl(BT), vt(decoded ? BT * (D > Dv ? D : Dv) : 0),
       pv(many ? nrows * Dv : 0), qt(is_ak(s.kkind) ? nrows * D : 0), kb(nrows),
-      tmp(is_av(s.vkind) && !many ? nrows * W : 0), z(nrows), lanes(TK_AVX2 && !many ? nrows * 64 : 0), cv(is_av(s.vkind) ? Dv : 0);
+      tmp(is_av(s.vkind) && !many ? nrows * W : 0), z(nrows), lanes(TK_AVX2 && !many ? nrows * 64 : 0),
+      cv(is_av(s.vkind) ? Dv : 0);
   std::vector<int64_t> lo(nrows), hi(nrows);
   std::vector<char> alive(nrows + 4, 0);
   const int64_t *rg = x->ranges + ch[0] * T * 2;
